@@ -1,0 +1,29 @@
+"""Suite-wide pytest rules.
+
+Under CI=true no test may be skipped: a missing Slurm, CRIU, Chromium or database is a
+failure there. Outside CI a skip must say how to get what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not IN_CI or reporter is None:
+        return
+    skipped = reporter.stats.get("skipped", [])
+    if skipped:
+        reporter.write_line(f"CI=true: {len(skipped)} test(s) skipped; skips are failures under CI", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip with `reason` when `condition` is false (and so fail under CI)."""
+    if not condition:
+        pytest.skip(reason)

@@ -1,0 +1,97 @@
+"""Typed helpers that read settings from the environment and fail loudly on bad values.
+
+Every helper raises ImproperlyConfigured naming the variable, so a typo in a deployment
+stops the process at start-up instead of surfacing later as odd behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ImproperlyConfigured(f"{name} must be set")
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use true/false, 1/0, yes/no, on/off)")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_url(name: str, default: str, *, schemes: set[str]) -> str:
+    """A URL whose scheme must be one of `schemes` (checked before anything connects)."""
+    value = os.environ.get(name, default).strip()
+    scheme = urlsplit(value).scheme
+    # "db+postgresql" style prefixes are not accepted: one spelling per engine keeps docs simple.
+    if scheme not in schemes:
+        allowed = ", ".join(sorted(schemes))
+        raise ImproperlyConfigured(f"{name}={value!r}: scheme {scheme!r} is not one of {allowed}")
+    return value
+
+
+def secret_key(var_dir: Path, *, debug: bool) -> str:
+    """SECRET_KEY from the environment; in DEBUG, generated once and kept under var/.
+
+    Production must set it: a key that silently changes on every deploy would log
+    everybody out and invalidate signed tokens.
+    """
+    value = os.environ.get("SECRET_KEY", "").strip()
+    if value:
+        if len(value) < 32:
+            raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters")
+        return value
+    if not debug:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    key_file = var_dir / "secret_key"
+    if key_file.exists():
+        return key_file.read_text().strip()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    generated = secrets.token_urlsafe(50)
+    # O_EXCL: two processes starting at once (web and worker) must agree on one key.
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return key_file.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(generated)
+    return generated

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# System packages the test suite needs (run as root by .ci/run; `make run` never needs it).
+# Idempotent: packages already present cost one dpkg query.
+set -euo pipefail
+
+PACKAGES=(
+  # the real Slurm controller and daemons the inventory and executor tests start on localhost
+  slurm-wlm slurm-client munge
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
