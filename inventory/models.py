@@ -1,0 +1,153 @@
+"""The fleet: clusters, nodes, the versions of their components, and the work on them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from inventory.choices import (
+    ChangeAction,
+    ChangeSource,
+    CheckpointEngine,
+    ClusterKind,
+    ServiceState,
+    WorkloadKind,
+    WorkloadPolicy,
+)
+
+
+class Cluster(models.Model):
+    """A Slurm or Kubernetes cluster, or a static group of nodes fed from files.
+
+    `connection` holds non-secret settings only (API server URL, kube context, Slurm binary
+    folder). Secrets are named, never stored: `secret_env` lists environment variables the
+    sync reads at run time (e.g. {"kubeconfig": "GPUSWEEP_KUBECONFIG_PROD"}).
+    """
+
+    name = models.SlugField(max_length=100, unique=True)
+    kind = models.CharField(max_length=20, choices=ClusterKind.choices())
+    description = models.CharField(max_length=200, blank=True)
+    connection = models.JSONField(default=dict, blank=True)
+    secret_env = models.JSONField(default=dict, blank=True)
+    sync_enabled = models.BooleanField(default=True)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+    last_sync_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Node(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=200)
+    pool = models.CharField(max_length=100, blank=True, db_index=True)
+    labels = models.JSONField(default=dict, blank=True)
+    gpu_model = models.CharField(max_length=100, blank=True, db_index=True)
+    gpu_count = models.PositiveIntegerField(default=0)
+    # Product line as NVIDIA's bulletins name it: data-center GPUs are "tesla".
+    product_line = models.CharField(max_length=40, default="tesla", db_index=True)
+    os_family = models.CharField(max_length=20, default="linux", db_index=True)
+    cpu_milli = models.PositiveIntegerField(null=True, blank=True)
+    memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    scheduler_state = models.CharField(max_length=100, blank=True)
+    service_state = models.CharField(
+        max_length=20, choices=ServiceState.choices(), default=ServiceState.IN_SERVICE, db_index=True
+    )
+    agent_endpoint = models.URLField(blank=True)
+    # SHA-256 of the node's agent token; the token itself lives only on the node.
+    agent_token_sha256 = models.CharField(max_length=64, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    gone_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["cluster_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster_id}/{self.name}"
+
+    def component_versions(self) -> dict[str, str]:
+        return {c.component: c.version for c in self.components.all()}
+
+
+class NodeComponent(models.Model):
+    """One component version on one node. New components need no migration."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="components")
+    component = models.CharField(max_length=63)
+    version = models.CharField(max_length=128)
+    # Zero-padded sort key (inventory.versions); null when the version did not parse.
+    version_key = models.CharField(max_length=200, null=True, blank=True)
+    # "R570" for drivers; empty for other components.
+    branch = models.CharField(max_length=16, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node_id", "component"]
+        constraints = [models.UniqueConstraint(fields=["node", "component"], name="component_unique_per_node")]
+        indexes = [models.Index(fields=["component", "branch", "version_key"], name="component_range_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.component}={self.version}"
+
+    @property
+    def flagged(self) -> bool:
+        return self.version_key is None
+
+
+class Workload(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="workloads")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="workloads", null=True, blank=True)
+    kind = models.CharField(max_length=20, choices=WorkloadKind.choices())
+    scheduler_id = models.CharField(max_length=200, help_text="Slurm job id, pod namespace/name, or agent id")
+    name = models.CharField(max_length=200, blank=True)
+    user = models.CharField(max_length=100, blank=True)
+    state = models.CharField(max_length=40, blank=True)
+    gpus = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    time_limit = models.DurationField(null=True, blank=True)
+    checkpoint_engine = models.CharField(
+        max_length=20, choices=CheckpointEngine.choices(), default=CheckpointEngine.NONE
+    )
+    policy = models.CharField(max_length=20, choices=WorkloadPolicy.choices(), default=WorkloadPolicy.CHECKPOINT)
+    engine = models.CharField(max_length=100, blank=True, help_text="e.g. triton, vllm")
+    engine_version = models.CharField(max_length=100, blank=True)
+    model_name = models.CharField(max_length=200, blank=True)
+    model_version = models.CharField(max_length=100, blank=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    gone_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster_id", "kind", "scheduler_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "kind", "scheduler_id"], name="workload_unique_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.scheduler_id}"
+
+
+class ChangeLog(models.Model):
+    """What changed in the inventory, when, and from which source (NetBox ObjectChange-style)."""
+
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    source = models.CharField(max_length=20, choices=ChangeSource.choices())
+    action = models.CharField(max_length=10, choices=ChangeAction.choices())
+    object_type = models.CharField(max_length=40)
+    object_id = models.BigIntegerField(null=True)
+    object_repr = models.CharField(max_length=300)
+    changes = models.JSONField(default=dict, help_text="{field: [before, after]}")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"], name="changelog_object_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M} {self.source} {self.action} {self.object_repr}"

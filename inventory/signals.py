@@ -1,0 +1,10 @@
+"""Signals other apps hook into.
+
+`node_versions_changed` is sent after the transaction that changed them commits, with
+`node_ids`: only nodes whose component versions changed, so exposure recomputation stays
+incremental.
+"""
+
+from django.dispatch import Signal
+
+node_versions_changed = Signal()
