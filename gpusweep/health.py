@@ -33,7 +33,8 @@ def _check_broker() -> dict[str, Any]:
 
 
 def _check_workers() -> dict[str, Any]:
-    replies = celery_app.control.ping(timeout=settings.GPUSWEEP_READYZ_PING_TIMEOUT)
+    # limit=1: answer as soon as one worker replies instead of waiting out the timeout.
+    replies = celery_app.control.ping(timeout=settings.GPUSWEEP_READYZ_PING_TIMEOUT, limit=1)
     workers = sorted(name for reply in replies or [] for name in reply)
     return {"ok": bool(workers), "workers": workers}
 
