@@ -1,0 +1,1 @@
+"""The executors app has no models; back ends are configured per cluster (connection["executor"])."""

@@ -1,0 +1,182 @@
+"""The operations a sweep needs from a cluster back end, and how a back end is chosen.
+
+Shaped like Django's email back ends: one base class, back ends named by a dotted path (or a
+short alias), chosen per cluster by ``cluster.connection["executor"]`` and otherwise by the
+``GPUSWEEP_EXECUTOR`` setting or environment variable, loaded with ``get_executor(cluster)``.
+
+Every mutating operation takes an ``operation_id`` chosen by the caller. A back end must make
+repeating an operation id return the first result without doing anything twice: that is what
+lets a Celery task be killed at any point and simply run again.
+
+Errors are typed so the campaign engine knows what to do: ``TemporaryExecutorError`` (the agent
+did not answer, a timeout) means retry the same step later; ``PermanentExecutorError`` (the
+checkpoint failed, the target refused the image, the patch failed) means this node has failed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from inventory.models import Cluster
+
+ALIASES = {
+    "memory": "executors.memory.MemoryExecutor",
+    "local": "executors.local.LocalExecutor",
+}
+DEFAULT_EXECUTOR = "local"
+
+
+class ExecutorError(Exception):
+    """Base of every error a back end raises."""
+
+
+class TemporaryExecutorError(ExecutorError):
+    """The step may succeed if tried again (unreachable agent, timeout, busy)."""
+
+
+class PermanentExecutorError(ExecutorError):
+    """The step cannot succeed on this node; the node sweep fails (and is undone if not yet patched)."""
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    """A node as the back end needs it: identity, where its agent listens, and its known facts."""
+
+    cluster: str
+    name: str
+    node_id: int | None = None
+    endpoint: str = ""
+    gpu_model: str = ""
+    gpu_count: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    id: str
+    name: str = ""
+    gpus: int = 0
+    checkpoint_engine: str = "none"
+    state: str = "running"
+    # For demo/test workloads that count steps: the last step counted (None when unknown).
+    steps: int | None = None
+    fingerprint: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    checkpoint_id: str
+    sha256: str
+    total_bytes: int = 0
+    steps: int | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    workload_id: str
+    node: str
+    steps: int | None = None
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    component: str
+    before: str
+    after: str
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    healthy: bool
+    versions: dict[str, str]
+    output: str = ""
+
+
+class Executor:
+    """Base class of every back end. Subclasses implement all operations."""
+
+    name = "base"
+
+    def __init__(self, cluster: Cluster | None = None, **options: Any) -> None:
+        self.cluster = cluster
+        self.options = options
+
+    # -- reads -----------------------------------------------------------------------
+    def facts(self, node: NodeRef) -> dict[str, str]:
+        """The node's current component versions as the node itself reports them."""
+        raise NotImplementedError
+
+    def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
+        raise NotImplementedError
+
+    # -- the sweep's steps -----------------------------------------------------------
+    def drain(self, node: NodeRef, operation_id: str) -> None:
+        """Stop admitting new work on the node (cordon / Slurm drain / agent maintenance)."""
+        raise NotImplementedError
+
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+        """Save the workload's running state and stop it on `node`."""
+        raise NotImplementedError
+
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
+        """Stop a workload without saving its state (cold restart policy)."""
+        raise NotImplementedError
+
+    def restore(self, target: NodeRef, checkpoint_id: str, operation_id: str) -> RestoreResult:
+        """Place a checkpointed workload on `target` and resume it there."""
+        raise NotImplementedError
+
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+        raise NotImplementedError
+
+    def reboot(self, node: NodeRef, operation_id: str) -> None:
+        raise NotImplementedError
+
+    def verify(self, node: NodeRef) -> VerifyResult:
+        raise NotImplementedError
+
+    def return_to_service(self, node: NodeRef, operation_id: str) -> None:
+        raise NotImplementedError
+
+    def undo(self, node: NodeRef, operation_id: str) -> None:
+        """Leave maintenance without patching (abort, or a failure before the patch)."""
+        raise NotImplementedError
+
+
+def _configured_name(cluster: Cluster | None) -> str:
+    if cluster is not None:
+        chosen = (cluster.connection or {}).get("executor")
+        if chosen:
+            return str(chosen)
+    return str(getattr(settings, "GPUSWEEP_EXECUTOR", "") or os.environ.get("GPUSWEEP_EXECUTOR", DEFAULT_EXECUTOR))
+
+
+def executor_class(name: str) -> type[Executor]:
+    path = ALIASES.get(name, name)
+    module_name, _, class_name = path.rpartition(".")
+    try:
+        cls = getattr(import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"executor {name!r} cannot be loaded ({path}): {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Executor)):
+        raise ImproperlyConfigured(f"executor {name!r} ({path}) is not an executors.base.Executor")
+    return cls
+
+
+def get_executor(cluster: Cluster | None = None, **options: Any) -> Executor:
+    """The back end for `cluster`: its connection's "executor", else the setting, else local."""
+    options = {**((cluster.connection or {}).get("executor_options", {}) if cluster else {}), **options}
+    return executor_class(_configured_name(cluster))(cluster, **options)

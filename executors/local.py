@@ -1,0 +1,115 @@
+"""The `local` back end: every node is a gpusweep agent reached over its HTTP API.
+
+Used by the demo and the tests (agents on this machine), and by any static cluster whose nodes
+run the agent. Scheduling is the agent's own: maintenance mode stops it admitting work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from executors.agent_client import AgentClient
+from executors.base import (
+    CheckpointResult,
+    Executor,
+    NodeRef,
+    PatchResult,
+    PermanentExecutorError,
+    RestoreResult,
+    VerifyResult,
+    WorkloadInfo,
+)
+
+FINGERPRINT_FIELDS = ("engine", "engine_version", "model_name", "model_version")
+
+
+class LocalExecutor(Executor):
+    name = "local"
+
+    def client(self, node: NodeRef) -> AgentClient:
+        return AgentClient(
+            node.endpoint, node.cluster, node.name,
+            secret=self.options.get("secret"),
+            request_timeout=float(self.options.get("request_timeout", 10)),
+            operation_timeout=float(self.options.get("operation_timeout", 600)),
+        )
+
+    def facts(self, node: NodeRef) -> dict[str, str]:
+        facts = self.client(node).get("/v1/facts")
+        return {str(k): str(v) for k, v in (facts.get("components") or {}).items()}
+
+    def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
+        answer = self.client(node).get("/v1/workloads")
+        found = []
+        for item in answer.get("workloads", []):
+            if item.get("state", "running") != "running":
+                continue
+            steps = item.get("steps")
+            found.append(WorkloadInfo(
+                id=str(item.get("id") or item.get("scheduler_id")), name=str(item.get("name", "")),
+                gpus=int(item.get("gpus") or 0), checkpoint_engine=str(item.get("checkpoint_engine", "none")),
+                state=str(item.get("state", "running")), steps=int(steps) if steps is not None else None,
+                fingerprint={k: str(item.get(k, "")) for k in FINGERPRINT_FIELDS},
+            ))
+        return found
+
+    def drain(self, node: NodeRef, operation_id: str) -> None:
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=True)
+
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+        result = self.client(node).operation(
+            "/v1/checkpoint", operation_id, workload_id=workload_id, engine=engine, leave_running=False
+        )
+        manifest: dict[str, Any] = result.get("manifest") or {}
+        if not result.get("checkpoint_id"):
+            raise PermanentExecutorError(f"agent {node.identity} returned no checkpoint id for {workload_id}")
+        # The image's identity for the evidence: the hash over its files' hashes, in manifest order.
+        files = manifest.get("files") or []
+        digest = hashlib.sha256("".join(str(f.get("sha256", "")) for f in files).encode()).hexdigest()
+        steps = (manifest.get("workload") or {}).get("steps")
+        return CheckpointResult(
+            checkpoint_id=str(result["checkpoint_id"]), sha256=digest,
+            total_bytes=int(manifest.get("total_bytes") or 0), steps=int(steps) if steps is not None else None,
+            manifest=manifest,
+        )
+
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
+        # The wire format has no plain stop: a checkpoint with engine "none" stops the workload.
+        self.client(node).operation(
+            "/v1/checkpoint", operation_id, workload_id=workload_id, engine="none", leave_running=False
+        )
+
+    def restore(self, target: NodeRef, checkpoint_id: str, operation_id: str) -> RestoreResult:
+        result = self.client(target).operation("/v1/restore", operation_id, checkpoint_id=checkpoint_id)
+        steps = result.get("steps")
+        return RestoreResult(
+            workload_id=str(result.get("workload_id", "")), node=target.identity,
+            steps=int(steps) if steps is not None else None,
+        )
+
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+        method = str(self.options.get("patch_method", "package"))
+        result = self.client(node).operation(
+            "/v1/patch", operation_id, component=component, version=version, method=method, dry_run=False
+        )
+        return PatchResult(
+            component=component, before=str(result.get("before", "")), after=str(result.get("after", "")),
+            output=str(result.get("output", ""))[:4000],
+        )
+
+    def reboot(self, node: NodeRef, operation_id: str) -> None:
+        self.client(node).operation("/v1/reboot", operation_id)
+
+    def verify(self, node: NodeRef) -> VerifyResult:
+        client = self.client(node)
+        health = client.get("/v1/health")
+        facts = client.get("/v1/facts")
+        versions = {str(k): str(v) for k, v in (facts.get("components") or {}).items()}
+        return VerifyResult(healthy=health.get("status") == "ok", versions=versions, output=str(health))
+
+    def return_to_service(self, node: NodeRef, operation_id: str) -> None:
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=False)
+
+    def undo(self, node: NodeRef, operation_id: str) -> None:
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=False)
