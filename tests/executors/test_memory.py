@@ -100,5 +100,5 @@ def test_it_loads_the_back_end_named_by_the_cluster_or_the_setting(settings):
     cluster = Cluster.objects.create(name="x", kind="static", connection={"executor": "local"})
     assert get_executor(cluster).name == "local"
     cluster.connection = {"executor": "nowhere.Missing"}
-    with pytest.raises(ImproperlyConfigured, match="nowhere.Missing"):
+    with pytest.raises(ImproperlyConfigured, match=r"nowhere\.Missing"):
         get_executor(cluster)
