@@ -27,3 +27,17 @@ def need(condition: bool, reason: str) -> None:
     """Skip with `reason` when `condition` is false (and so fail under CI)."""
     if not condition:
         pytest.skip(reason)
+
+
+@pytest.fixture
+def make_user(db: None):  # type: ignore[no-untyped-def]
+    """make_user("vera", "viewer", ...) -> a user holding those roles, password "pw-<name>-12345"."""
+    from django.contrib.auth.models import Group, User
+
+    def _make(username: str, *roles: str) -> User:
+        user = User.objects.create_user(username, password=f"pw-{username}-12345")
+        for role in roles:
+            user.groups.add(Group.objects.get_or_create(name=role)[0])
+        return user
+
+    return _make

@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(
   # the real Slurm controller and daemons the inventory and executor tests start on localhost
   slurm-wlm slurm-client munge
+  # the real browser the UI tests drive through Playwright
+  chromium
 )
 
 missing=()
