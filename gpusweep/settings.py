@@ -173,3 +173,23 @@ LOGGING = {
 # --- gpusweep's own settings ----------------------------------------------------------
 GPUSWEEP_READYZ_PING_TIMEOUT = float(env_int("GPUSWEEP_READYZ_PING_TIMEOUT_MS", 2000, minimum=1)) / 1000
 GPUSWEEP_SHARED_DATA_DIR = Path(env_str("GPUSWEEP_SHARED_DATA_DIR", str(BASE_DIR.parent / "shared" / "data")))
+
+# --- advisories -------------------------------------------------------------------------
+# Named advisory sources: GPUSWEEP_ADVISORY_SOURCES="nvidia=github:https://raw...|https://github.com/...atom,
+# index=index:https://www.nvidia.com/.../product-security.json". Default: the local mirror.
+GPUSWEEP_ADVISORY_SOURCES: dict[str, str] = dict(
+    item.split("=", 1)
+    for item in env_list(
+        "GPUSWEEP_ADVISORY_SOURCES", [f"local-mirror={GPUSWEEP_SHARED_DATA_DIR / 'nvidia-csaf'}"]
+    )
+    if "=" in item
+)
+GPUSWEEP_ADVISORY_HTTP_TIMEOUT = float(env_int("GPUSWEEP_ADVISORY_HTTP_TIMEOUT_S", 20, minimum=1))
+GPUSWEEP_ADVISORY_MAX_BYTES = env_int("GPUSWEEP_ADVISORY_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+# Seeded into django-celery-beat's tables by its DatabaseScheduler; editable in the admin.
+CELERY_BEAT_SCHEDULE = {
+    "advisories-ingest": {
+        "task": "advisories.tasks.ingest_configured_sources",
+        "schedule": float(env_int("GPUSWEEP_ADVISORY_INGEST_EVERY_S", 3600, minimum=60)),
+    },
+}

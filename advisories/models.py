@@ -1,0 +1,241 @@
+"""Bulletins, their CVEs and affected ranges; which nodes they hit, and by when to patch."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from advisories.choices import ComponentKind, DeadlineBasis, EventKind, ExposureState, Integrity, Severity, SourceKind
+from inventory.models import Cluster, Node
+
+
+class CVE(models.Model):
+    cve_id = models.CharField(max_length=32, unique=True)
+    description = models.TextField(blank=True)
+    cvss_vector = models.CharField(max_length=200, blank=True)
+    base_score = models.DecimalField(max_digits=3, decimal_places=1, null=True, blank=True)
+    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True, db_index=True)
+    cwe_id = models.CharField(max_length=20, blank=True)
+    cwe_name = models.CharField(max_length=300, blank=True)
+    release_date = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cve_id"]
+        verbose_name = "CVE"
+
+    def __str__(self) -> str:
+        return self.cve_id
+
+
+class Advisory(models.Model):
+    publisher = models.CharField(max_length=50, default="NVIDIA")
+    publisher_id = models.CharField(max_length=50, help_text="The publisher's bulletin id, e.g. 5703")
+    title = models.CharField(max_length=500)
+    tracking_version = models.CharField(max_length=30, blank=True)
+    status = models.CharField(max_length=20, blank=True)
+    revision_history = models.JSONField(default=list, blank=True)
+    initial_release_date = models.DateTimeField(null=True, blank=True)
+    current_release_date = models.DateTimeField(null=True, blank=True)
+    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True, db_index=True)
+    summary = models.TextField(blank=True)
+    source_kind = models.CharField(max_length=10, choices=SourceKind.choices())
+    source = models.CharField(max_length=1000, help_text="Path or URL the document came from")
+    content_sha256 = models.CharField(max_length=64, blank=True)
+    published_sha256 = models.CharField(max_length=64, blank=True)
+    integrity = models.CharField(max_length=10, choices=Integrity.choices(), default=Integrity.ABSENT, db_index=True)
+    unparsed = models.JSONField(default=list, blank=True, help_text="Product rows the parser could not read, raw")
+    ranges_unknown = models.BooleanField(
+        default=False,
+        help_text="Known only from NVIDIA's index: no CSAF yet, so affected ranges are unknown (not harmless).",
+    )
+    # Earlier revisions we ingested: [{tracking_version, content_sha256, source, ingested_at}].
+    history = models.JSONField(default=list, blank=True)
+    cves = models.ManyToManyField(CVE, related_name="advisories", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-initial_release_date", "publisher_id"]
+        verbose_name_plural = "advisories"
+        constraints = [
+            models.UniqueConstraint(fields=["publisher", "publisher_id"], name="advisory_unique_per_publisher")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.publisher} {self.publisher_id}"
+
+
+class AffectedRange(models.Model):
+    """One affected product row of a bulletin, with bounds as inventory.versions sort keys.
+
+    Empty os_family / product_line / branch mean "any". Bounds compare as strings in SQL.
+    """
+
+    advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="ranges")
+    product_id = models.CharField(max_length=300)
+    product_name = models.CharField(max_length=200, blank=True)
+    architecture = models.CharField(max_length=300, blank=True)
+    component = models.CharField(max_length=63, choices=ComponentKind.choices())
+    os_family = models.CharField(max_length=20, blank=True)
+    branch = models.CharField(max_length=16, blank=True)
+    product_line = models.CharField(max_length=40, blank=True)
+    raw = models.CharField(max_length=300, help_text="The version text as the publisher wrote it")
+    lower_version = models.CharField(max_length=64, blank=True)
+    lower_key = models.CharField(max_length=200, null=True, blank=True)
+    lower_inclusive = models.BooleanField(default=True)
+    upper_version = models.CharField(max_length=64, blank=True)
+    upper_key = models.CharField(max_length=200, null=True, blank=True)
+    upper_inclusive = models.BooleanField(default=False)
+    fixed_version = models.CharField(max_length=64, blank=True)
+    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True)
+    cves = models.ManyToManyField(CVE, related_name="ranges", blank=True)
+
+    class Meta:
+        ordering = ["advisory_id", "component", "os_family", "branch", "product_line"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["advisory", "product_id", "os_family", "product_line"], name="range_unique_per_advisory"
+            )
+        ]
+        indexes = [models.Index(fields=["component", "branch"], name="range_component_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.advisory} {self.component} {self.os_family}/{self.branch}/{self.product_line} {self.raw}"
+
+
+class Exposure(models.Model):
+    """A node inside an affected range. One row per (node, range); CVEs are the range's."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="exposures")
+    advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures")
+    affected_range = models.ForeignKey(AffectedRange, on_delete=models.CASCADE, related_name="exposures")
+    component = models.CharField(max_length=63)
+    detected_version = models.CharField(max_length=128)
+    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True, db_index=True)
+    state = models.CharField(max_length=20, choices=ExposureState.choices(), default=ExposureState.OPEN, db_index=True)
+    first_seen = models.DateTimeField()
+    deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    deadline_source = models.CharField(max_length=100, blank=True)
+    # Evidence of remediation: the version seen outside the range, and when.
+    fixed_by_version = models.CharField(max_length=128, blank=True)
+    remediated_at = models.DateTimeField(null=True, blank=True)
+    risk_approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    risk_reason = models.TextField(blank=True)
+    risk_expires_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deadline", "node_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "affected_range"], name="exposure_unique_per_node_range")
+        ]
+        indexes = [models.Index(fields=["advisory", "state"], name="exposure_advisory_state_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.advisory} {self.state}"
+
+
+class DeadlinePolicy(models.Model):
+    """Days to patch per severity. One row (pk=1)."""
+
+    critical_days = models.PositiveIntegerField(
+        default=15,
+        help_text="PCI DSS 4.0.1 (6.3.3) wants critical patches within one month; FedRAMP Rev5 gives "
+        "High/Critical 30 days; CISA KEV due dates default to 2 weeks. 15 keeps inside all of them.",
+    )
+    high_days = models.PositiveIntegerField(default=30, help_text="FedRAMP Rev5: High within 30 days.")
+    medium_days = models.PositiveIntegerField(default=90, help_text="FedRAMP Rev5: Moderate within 90 days.")
+    low_days = models.PositiveIntegerField(default=180, help_text="FedRAMP Rev5: Low within 180 days.")
+    basis = models.CharField(
+        max_length=20, choices=DeadlineBasis.choices(), default=DeadlineBasis.PUBLICATION,
+        help_text="Count from the bulletin's publication or from when gpusweep first saw the node exposed.",
+    )
+    use_kev = models.BooleanField(
+        default=True, help_text="A CVE in CISA's Known Exploited Vulnerabilities catalogue takes its due date."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "deadline policy"
+
+    def __str__(self) -> str:
+        return (f"Critical {self.critical_days}d, High {self.high_days}d, Medium {self.medium_days}d, "
+                f"Low {self.low_days}d from {self.basis}")
+
+    @classmethod
+    def current(cls) -> DeadlinePolicy:
+        policy, _ = cls.objects.get_or_create(pk=1)
+        return policy
+
+    def days_for(self, severity: str) -> int:
+        return {
+            Severity.CRITICAL: self.critical_days,
+            Severity.HIGH: self.high_days,
+            Severity.MEDIUM: self.medium_days,
+            Severity.LOW: self.low_days,
+        }.get(severity, self.low_days)
+
+
+class ClusterDeadlineOverride(models.Model):
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="deadline_overrides")
+    severity = models.CharField(max_length=10, choices=Severity.choices())
+    days = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["cluster_id", "severity"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "severity"], name="deadline_override_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}: {self.severity} {self.days}d"
+
+
+class KevEntry(models.Model):
+    """One row of CISA's Known Exploited Vulnerabilities catalogue."""
+
+    cve_id = models.CharField(max_length=32, unique=True)
+    name = models.CharField(max_length=300, blank=True)
+    date_added = models.DateField(null=True, blank=True)
+    due_date = models.DateField()
+    imported_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-date_added", "cve_id"]
+        verbose_name = "KEV entry"
+        verbose_name_plural = "KEV entries"
+
+    def __str__(self) -> str:
+        return f"{self.cve_id} due {self.due_date}"
+
+
+class SourceState(models.Model):
+    """Validators per URL so the next fetch is conditional (ETag / Last-Modified)."""
+
+    url = models.CharField(max_length=1000, unique=True)
+    etag = models.CharField(max_length=300, blank=True)
+    last_modified = models.CharField(max_length=100, blank=True)
+    content_sha256 = models.CharField(max_length=64, blank=True)
+    fetched_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["url"]
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class AdvisoryEvent(models.Model):
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    advisory = models.ForeignKey(Advisory, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=30, choices=EventKind.choices())
+    document = models.CharField(max_length=1000, blank=True)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-time", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M} {self.kind} {self.document}"

@@ -1,0 +1,23 @@
+"""Recompute exposures for exactly the nodes whose versions changed.
+
+inventory sends node_versions_changed after its transaction commits. The recompute is
+set-based and takes milliseconds for a handful of nodes, so it runs right here rather than
+through a queue; a large sync still costs one statement per step, not one per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.dispatch import receiver
+
+from advisories.exposure import recompute
+from inventory.signals import node_versions_changed
+
+
+@receiver(node_versions_changed, dispatch_uid="advisories.recompute_changed_nodes")
+def recompute_changed_nodes(sender: Any, node_ids: Iterable[int] = (), **kwargs: Any) -> None:
+    ids = sorted(set(node_ids))
+    if ids:
+        recompute(node_ids=ids)

@@ -1,0 +1,303 @@
+"""Where advisories come from, behind one interface: `Source.items()` yields fetched documents,
+index rows, "not modified" markers and per-document errors; `advisories.ingest` consumes them.
+
+Kinds: a CSAF file, a folder (also a mirror of NVIDIA's GitHub layout YEAR/ID/ID.json), a document
+URL, a ROLIE/Atom/RSS feed of documents (feedparser), NVIDIA's GitHub repository (its Atom commit
+feed names the YEAR/ID/ID.json paths that changed), and NVIDIA's JSON index of bulletins. Every
+remote fetch goes through advisories.http.HttpClient and is conditional on the validators stored
+per URL (SourceState), so unchanged documents cost a 304.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import feedparser
+from django.conf import settings
+
+from advisories.choices import Severity, SourceKind
+from advisories.csaf import DocumentError
+from advisories.http import HttpClient
+from advisories.ingest import FetchedDocument, IndexEntry, NotModified
+from advisories.models import SourceState
+
+Item = FetchedDocument | IndexEntry | DocumentError | NotModified
+
+
+class Source:
+    kind: str = ""
+
+    def __init__(self, location: str, client: HttpClient | None = None) -> None:
+        self.location = location
+        self.client = client or HttpClient()
+
+    def items(self) -> Iterator[Item]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.location}"
+
+
+def _published_sha(text: str) -> str:
+    # "<hex>  5703.json" or just "<hex>"; kept as written so a malformed file shows as a mismatch.
+    return text.strip().split()[0].lower() if text.strip() else ""
+
+
+def _looks_like_cve_record(content: bytes) -> bool:
+    return b'"cveMetadata"' in content and b'"csaf_version"' not in content
+
+
+def _index_rows(content: bytes, name: str) -> Iterator[IndexEntry | DocumentError]:
+    try:
+        data = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        yield DocumentError(name, f"invalid JSON index: {exc}")
+        return
+    rows = data.get("data") if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        yield DocumentError(name, "JSON index should hold a list of rows under 'data'")
+        return
+    for i, row in enumerate(rows):
+        try:
+            yield parse_index_row(row, f"{name} row {i + 1}")
+        except DocumentError as exc:
+            yield exc
+
+
+def _index_date(value: Any, where: str) -> dt.datetime | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str):
+        raise DocumentError(where, f"date should be text like '09 Oct 2025', got {type(value).__name__}")
+    for fmt in ("%d %b %Y", "%d %B %Y", "%Y-%m-%d"):
+        try:
+            return dt.datetime.strptime(value.strip(), fmt).replace(tzinfo=dt.UTC)
+        except ValueError:
+            continue
+    raise DocumentError(where, f"date {value!r} is not like '09 Oct 2025'")
+
+
+def parse_index_row(row: Any, where: str) -> IndexEntry:
+    if not isinstance(row, dict):
+        raise DocumentError(where, "row should be an object")
+    keys = {k.lower().strip(): v for k, v in row.items()}
+    bulletin = keys.get("bulletin id") or keys.get("bulletin_id") or keys.get("id")
+    if not isinstance(bulletin, str | int) or not str(bulletin).strip():
+        raise DocumentError(where, "missing 'bulletin id'")
+    title = keys.get("title")
+    if not isinstance(title, str) or not title.strip():
+        raise DocumentError(where, "missing 'title'")
+    title = html.unescape(re.sub(r"<[^>]+>", "", title)).strip()  # the index wraps titles in <a href>
+    cves_raw = keys.get("cve identifier(s)") or keys.get("cve identifiers") or keys.get("cves") or ""
+    if isinstance(cves_raw, list):
+        cves_raw = ",".join(str(c) for c in cves_raw)
+    if not isinstance(cves_raw, str):
+        raise DocumentError(where, "'cve identifier(s)' should be text")
+    cve_ids = sorted({c.upper() for c in re.findall(r"CVE-\d{4}-\d{4,}", cves_raw, flags=re.I)})
+    severity_raw = keys.get("severity") or ""
+    if not isinstance(severity_raw, str):
+        raise DocumentError(where, "'severity' should be text")
+    severity = Severity.worst([Severity.normalize(s) for s in re.split(r"[,/;]", severity_raw)])
+    return IndexEntry(
+        name=where, publisher_id=str(bulletin).strip(), title=title, severity=severity, cve_ids=cve_ids,
+        published=_index_date(keys.get("publish date"), where), updated=_index_date(keys.get("last updated"), where),
+    )
+
+
+def _is_index(content: bytes) -> bool:
+    if b'"csaf_version"' in content:
+        return False
+    try:
+        data = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("data"), list)
+
+
+class FileSource(Source):
+    kind = SourceKind.FILE
+
+    def items(self) -> Iterator[Item]:
+        path = Path(self.location)
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            yield DocumentError(str(path), f"cannot read: {exc.strerror}")
+            return
+        if _is_index(content):
+            yield from _index_rows(content, str(path))
+            return
+        sha_path = path.with_name(path.name + ".sha256")
+        published = _published_sha(sha_path.read_text()) if sha_path.exists() else None
+        yield FetchedDocument(str(path), content, self.kind, published)
+
+
+class FolderSource(Source):
+    """Every *.json below the folder (flat, or NVIDIA's YEAR/ID/ID.json layout)."""
+
+    kind = SourceKind.FOLDER
+
+    def items(self) -> Iterator[Item]:
+        root = Path(self.location)
+        if not root.is_dir():
+            yield DocumentError(str(root), "not a folder")
+            return
+        for path in sorted(root.rglob("*.json")):
+            content = path.read_bytes()
+            if _looks_like_cve_record(content):
+                continue  # per-CVE records (CVE JSON 5) sit beside the bulletins
+            for item in FileSource(str(path), self.client).items():
+                if isinstance(item, FetchedDocument):
+                    item.source_kind = self.kind
+                yield item
+
+
+class UrlSource(Source):
+    kind = SourceKind.URL
+
+    def items(self) -> Iterator[Item]:
+        try:
+            yield from self._fetch(self.location)
+        except DocumentError as exc:
+            yield exc
+
+    def _fetch(self, url: str) -> Iterator[Item]:
+        state = SourceState.objects.filter(url=url).first()
+        response = self.client.get(url, etag=state.etag if state else "",
+                                   last_modified=state.last_modified if state else "")
+        assert response is not None
+        if response.not_modified:
+            yield NotModified(url)
+            return
+        if _is_index(response.body):
+            yield from _index_rows(response.body, url)
+            return
+        sha = self.client.get(url + ".sha256", missing_ok=True)
+        published = _published_sha(sha.body.decode("utf-8", "replace")) if sha is not None else None
+        yield FetchedDocument(url, response.body, self.kind, published, response.validators())
+
+
+def _check_feed(body: bytes, content_type: str, url: str) -> Any:
+    head = body[:512].lstrip().lower()
+    if "html" in content_type.lower() or head.startswith((b"<!doctype html", b"<html")):
+        raise DocumentError(url, "the feed is an HTML page, not Atom/RSS")
+    parsed = feedparser.parse(body)
+    if parsed.bozo and not parsed.entries:
+        raise DocumentError(url, f"not an Atom/RSS feed: {parsed.get('bozo_exception')}")
+    if not parsed.get("version") and not parsed.entries:
+        raise DocumentError(url, "not an Atom/RSS feed")
+    return parsed
+
+
+class FeedSource(Source):
+    """A ROLIE/Atom/RSS feed whose entries link CSAF documents (links ending in .json)."""
+
+    kind = SourceKind.FEED
+
+    def items(self) -> Iterator[Item]:
+        try:
+            state = SourceState.objects.filter(url=self.location).first()
+            response = self.client.get(self.location, etag=state.etag if state else "",
+                                       last_modified=state.last_modified if state else "")
+            assert response is not None
+            if response.not_modified:
+                yield NotModified(self.location)
+                return
+            feed = _check_feed(response.body, response.content_type, self.location)
+        except DocumentError as exc:
+            yield exc
+            return
+        for url in self.document_urls(feed):
+            for item in UrlSource(url, self.client).items():
+                if isinstance(item, FetchedDocument):
+                    item.source_kind = self.kind
+                yield item
+        # The feed's own validators are saved last: a failure above re-reads it next time.
+        SourceState.objects.update_or_create(
+            url=self.location, defaults={"etag": response.etag, "last_modified": response.last_modified}
+        )
+
+    def document_urls(self, feed: Any) -> list[str]:
+        urls: list[str] = []
+        for entry in feed.entries:
+            candidates = [link.get("href", "") for link in entry.get("links", [])]
+            candidates += [c.get("src", "") for c in entry.get("content", []) if isinstance(c, dict)]
+            candidates.append(entry.get("link", ""))
+            for href in candidates:
+                if href and href.split("?")[0].endswith(".json") and href not in urls:
+                    urls.append(href)
+        return urls
+
+
+_GITHUB_PATH = re.compile(r"\b(20\d\d)/(\d{4,6})/\2\.json\b")
+
+
+class GitHubSource(FeedSource):
+    """NVIDIA/product-security: the Atom commit feed names changed YEAR/ID/ID.json paths, fetched
+    from the raw base URL with their ID.json.sha256. Location: "<raw base>|<feed url>"."""
+
+    kind = SourceKind.GITHUB
+
+    def __init__(self, location: str, client: HttpClient | None = None) -> None:
+        super().__init__(location, client)
+        raw_base, _, feed = location.partition("|")
+        self.raw_base = raw_base.rstrip("/")
+        self.location = feed or f"{self.raw_base}/commits.atom"
+
+    def document_urls(self, feed: Any) -> list[str]:
+        paths: list[str] = []
+        for entry in feed.entries:
+            text = " ".join([entry.get("title", ""), entry.get("summary", "")]
+                            + [c.get("value", "") for c in entry.get("content", []) if isinstance(c, dict)]
+                            + [link.get("href", "") for link in entry.get("links", [])])
+            for year, bulletin in _GITHUB_PATH.findall(text):
+                path = f"{year}/{bulletin}/{bulletin}.json"
+                if path not in paths:
+                    paths.append(path)
+        return [f"{self.raw_base}/{p}" for p in paths]
+
+
+class IndexSource(Source):
+    kind = SourceKind.INDEX
+
+    def items(self) -> Iterator[Item]:
+        if self.location.startswith(("http://", "https://")):
+            yield from UrlSource(self.location, self.client).items()
+            return
+        try:
+            content = Path(self.location).read_bytes()
+        except OSError as exc:
+            yield DocumentError(self.location, f"cannot read: {exc.strerror}")
+            return
+        yield from _index_rows(content, self.location)
+
+
+PREFIXES: dict[str, type[Source]] = {
+    "file": FileSource, "folder": FolderSource, "url": UrlSource, "feed": FeedSource,
+    "github": GitHubSource, "index": IndexSource,
+}
+
+
+def resolve(spec: str, client: HttpClient | None = None) -> Source:
+    """A configured source name, "<kind>:<location>", a path, or a URL."""
+    configured: dict[str, str] = settings.GPUSWEEP_ADVISORY_SOURCES
+    if spec in configured:
+        spec = configured[spec]
+    kind, sep, rest = spec.partition(":")
+    if sep and kind in PREFIXES and not rest.startswith("//"):
+        return PREFIXES[kind](rest, client)
+    if spec.startswith(("http://", "https://")):
+        return (UrlSource if spec.split("?")[0].endswith(".json") else FeedSource)(spec, client)
+    path = Path(spec)
+    if path.is_dir():
+        return FolderSource(spec, client)
+    if path.exists():
+        return FileSource(spec, client)
+    names = ", ".join(sorted(configured)) or "none"
+    raise DocumentError(spec, f"no such file, folder, URL or configured source (configured: {names})")
