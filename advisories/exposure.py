@@ -68,6 +68,8 @@ def recompute(
     result = RecomputeResult()
     node_ids = sorted(set(node_ids)) if node_ids is not None else None
     advisory_ids = sorted(set(advisory_ids)) if advisory_ids is not None else None
+    # Raw SQL: store the timestamp exactly as the ORM would (SQLite keeps text), so ORM filters match.
+    stamp = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic(), connection.cursor() as cursor:
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
@@ -85,7 +87,7 @@ def recompute(
               AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = nc.node_id AND e.affected_range_id = r.id)
             ON CONFLICT DO NOTHING
             """,
-            [ExposureState.OPEN, now, now, *n_params, *r_params],
+            [ExposureState.OPEN, stamp, stamp, *n_params, *r_params],
         )
         result.opened = cursor.rowcount
 
@@ -104,7 +106,7 @@ def recompute(
                    detected_version = COALESCE({current_version}, detected_version), updated_at = %s
             WHERE state = %s {e_node_scope} {e_adv_scope} AND {still_in}
             """,
-            [ExposureState.OPEN, now, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
+            [ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
         )
         result.reopened = cursor.rowcount
         # 3. Out of range: remediated, with the version that fixed it as evidence. A node that is
@@ -119,7 +121,7 @@ def recompute(
               AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
                               AND nc3.component = {E}.component AND nc3.version_key IS NULL)
             """,
-            [ExposureState.REMEDIATED, now, now, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
+            [ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
              *e_node_params, *e_adv_params],
         )
         result.remediated = cursor.rowcount
@@ -130,7 +132,7 @@ def recompute(
             WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope}
               AND detected_version <> COALESCE({current_version}, detected_version)
             """,
-            [now, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
+            [stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
         )
         result.expired_acceptances = expire_acceptances(now)
         result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
