@@ -276,7 +276,10 @@ def ingest_index_entry(entry: IndexEntry) -> tuple[str, int, int, str]:
         }
         cve_ids = sorted(set(entry.cve_ids))
         if existing is not None:
-            same = all(getattr(existing, k) == v for k, v in values.items()) and sorted(
+            # Where the row came from (file, URL, row number) is not content: a mirror of the same
+            # index must not count as an update.
+            content = {k: v for k, v in values.items() if k not in ("source", "source_kind")}
+            same = all(getattr(existing, k) == v for k, v in content.items()) and sorted(
                 existing.cves.values_list("cve_id", flat=True)) == cve_ids
             if same:
                 return "unchanged", existing.id, 0, ""
