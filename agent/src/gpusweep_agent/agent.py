@@ -1,0 +1,393 @@
+"""The agent's behaviour, independent of HTTP: facts, workloads, and the operations behind /v1."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .artifacts import ArtifactError, LocalArtifactStore, fingerprint, fingerprint_differences, new_checkpoint_id
+from .config import AgentConfig
+from .engines import EngineError, get_engine
+from .facts import Facts, gather
+from .operations import OperationDeferred, OperationError, OperationStore
+from .patch import PatchError, get_patch_method, validate
+from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
+from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, discover_gpu_processes, public
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+FACTS_TTL_S = 10.0
+# Workload fields a checkpoint carries to the node that restores it.
+CARRIED = ("id", "kind", "scheduler_id", "name", "gpus", "started_at", "checkpoint_engine", "checkpoint_signal",
+           "engine", "engine_version", "model_name", "model_version", "command", "cwd", "env", "checkpoint_dir")
+# Operations that finish at once answer 200 with the finished record; the rest 202.
+INLINE_KINDS = ("maintenance",)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, argv: list[str] | None = None) -> None:
+        self.config = config
+        self.argv = argv or []
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.operations = OperationStore(config.state_dir)
+        self.artifacts = LocalArtifactStore(config.artifact_dir)
+        self.workloads = WorkloadRegistry(config.state_dir)
+        self._facts: tuple[float, Facts] | None = None
+        self._stop = threading.Event()
+        self.restart_requested = threading.Event()
+        become_subreaper()
+
+    # ----- facts, health, workloads -----
+
+    def facts(self, fresh: bool = False) -> Facts:
+        if fresh or self._facts is None or time.monotonic() - self._facts[0] > FACTS_TTL_S:
+            self._facts = (time.monotonic(), gather(self.config))
+        return self._facts[1]
+
+    @property
+    def maintenance(self) -> bool:
+        return bool((read_json(self.config.state_dir / "maintenance.json", {}) or {}).get("enabled"))
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "node": self.config.identity, "agent_version": __version__,
+                "maintenance": self.maintenance}
+
+    def list_workloads(self) -> list[dict[str, Any]]:
+        registered = self.workloads.refreshed()
+        known_pids = {int(w.get("pid") or 0) for w in registered}
+        out = [{**public(w), "id": w["id"]} for w in registered]
+        for found in discover_cgroup_workloads() + discover_gpu_processes():
+            if found["pid"] not in known_pids:
+                out.append({**public(found), "id": found["id"]})
+        return out
+
+    def find_workload(self, workload_id: str) -> dict[str, Any]:
+        workload = self.workloads.get(workload_id)
+        if workload is None:
+            for found in discover_cgroup_workloads() + discover_gpu_processes():
+                if found["id"] == workload_id:
+                    return found
+            raise OperationError(f"unknown workload {workload_id!r} on {self.config.identity}")
+        return workload
+
+    # ----- operations -----
+
+    def submit(self, kind: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create (or find) the operation for a mutating call and start it; return (record, created)."""
+        op_id = str(body.get("operation_id") or "")
+        params = {k: v for k, v in body.items() if k != "operation_id"}
+        self.validate(kind, params)
+        record, created = self.operations.create(op_id, kind, params)
+        if created:
+            runner = getattr(self, f"run_{kind}")
+            self.operations.run(op_id, runner, background=kind not in INLINE_KINDS)
+            record = self.operations.get(op_id) or record
+        return record, created
+
+    def validate(self, kind: str, params: dict[str, Any]) -> None:
+        """Reject a malformed request before anything is written (the caller answers 400)."""
+        required = {"checkpoint": ("workload_id",), "restore": ("checkpoint_id",), "maintenance": ("enabled",),
+                    "patch": ("component", "version", "method"), "reboot": (), "register": ("workload_id", "pid")}
+        missing = [k for k in required[kind] if params.get(k) in (None, "")]
+        if missing:
+            raise ValueError(f"{kind}: missing {', '.join(missing)}")
+        if kind == "patch":
+            try:
+                validate(str(params["component"]), str(params["version"]))
+            except PatchError as exc:
+                raise ValueError(str(exc)) from None
+        if kind == "register" and not WORKLOAD_ID_RE.match(str(params["workload_id"])):
+            raise ValueError(f"register: bad workload_id {params['workload_id']!r}")
+
+    def run_maintenance(self, record: dict[str, Any]) -> dict[str, Any]:
+        enabled = bool(record["params"]["enabled"])
+        write_json_atomic(self.config.state_dir / "maintenance.json", {"enabled": enabled, "since": utcnow()})
+        return {"maintenance": enabled}
+
+    def run_checkpoint(self, record: dict[str, Any]) -> dict[str, Any]:
+        params = record["params"]
+        workload = self.find_workload(str(params["workload_id"]))
+        engine_name = str(params.get("engine") or workload.get("checkpoint_engine") or "criu")
+        try:
+            engine = get_engine(engine_name, self.config)
+            engine.check()
+        except EngineError as exc:
+            raise OperationError(str(exc)) from None
+        checkpoint_id = new_checkpoint_id()
+        image_dir = self.artifacts.image_dir(checkpoint_id)
+        self.operations.update(record["id"], progress={"checkpoint_id": checkpoint_id, "engine": engine_name,
+                                                        "workload": workload, "phase": "checkpointing"})
+
+        def progress(**fields: Any) -> None:
+            current = (self.operations.get(record["id"]) or {}).get("progress", {})
+            self.operations.update(record["id"], progress={**current, **fields})
+
+        leave_running = bool(params.get("leave_running"))
+        try:
+            engine_data = engine.checkpoint(workload, image_dir, leave_running, progress)
+        except EngineError as exc:
+            self.artifacts.discard(checkpoint_id)
+            alive = pid_alive(int(workload.get("pid") or 0))
+            raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
+        return self._finish_checkpoint(record["id"], workload, engine_name, checkpoint_id, engine_data, leave_running)
+
+    def _finish_checkpoint(
+        self, op_id: str, workload: dict[str, Any], engine_name: str, checkpoint_id: str,
+        engine_data: dict[str, Any], leave_running: bool,
+    ) -> dict[str, Any]:
+        carried = {k: workload[k] for k in CARRIED if k in workload}
+        carried.setdefault("checkpoint_engine", engine_name)
+        fp = fingerprint(self.facts(), workload)
+        manifest = self.artifacts.build_manifest(checkpoint_id, carried, engine_name, fp,
+                                                 {**engine_data, "source_node": self.config.identity})
+        self.artifacts.write_manifest(checkpoint_id, manifest)
+        if self.workloads.get(workload["id"]) is not None:
+            self.workloads.update(workload["id"], state="running" if leave_running else "checkpointed",
+                                  checkpoint_id=checkpoint_id)
+        return {"checkpoint_id": checkpoint_id, "manifest": manifest}
+
+    def _verify_for_restore(self, checkpoint_id: str) -> dict[str, Any]:
+        try:
+            manifest = self.artifacts.manifest(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc), {"error": "missing"}) from None
+        target = fingerprint(self.facts(fresh=True), manifest.get("workload", {}))
+        differences = fingerprint_differences(manifest.get("fingerprint", {}), target)
+        if differences:
+            report = ", ".join(f"{k}: {v['checkpoint']!r} != {v['target']!r}" for k, v in differences.items())
+            raise OperationError(
+                "incompatible",
+                {"error": "incompatible", "differences": differences,
+                 "message": f"checkpoint {checkpoint_id} cannot be restored on {self.config.identity}: {report}"},
+            )
+        try:
+            return self.artifacts.verify(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc), {"error": "corrupted", "message": str(exc)}) from None
+
+    def run_restore(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.maintenance:
+            raise OperationError(f"{self.config.identity} is in maintenance and admits no workloads")
+        checkpoint_id = str(record["params"]["checkpoint_id"])
+        manifest = self._verify_for_restore(checkpoint_id)
+        return self._restore(manifest, checkpoint_id)
+
+    def _restore(self, manifest: dict[str, Any], checkpoint_id: str) -> dict[str, Any]:
+        try:
+            self.artifacts.claim(checkpoint_id, self.config.identity)
+        except ArtifactError as exc:
+            raise OperationError(str(exc), {"error": "claimed"}) from None
+        workload = dict(manifest["workload"])
+        try:
+            engine = get_engine(manifest["engine"], self.config)
+            pid = engine.restore(manifest, self.artifacts.image_dir(checkpoint_id),
+                                 self.config.state_dir / "restore" / checkpoint_id)
+        except EngineError as exc:
+            self.artifacts.release(checkpoint_id)
+            raise OperationError(str(exc)) from None
+        workload.update(pid=pid, state="running", restored_from=checkpoint_id, restored_at=utcnow())
+        self.workloads.put(workload)
+        self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
+        return {"workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id,
+                "cold_start": manifest["engine"] == "none"}
+
+    def run_register(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh."""
+        if self.maintenance:
+            raise OperationError(f"{self.config.identity} is in maintenance and admits no new workloads")
+        params = record["params"]
+        workload_id = str(params["workload_id"])
+        pending = self.artifacts.pending_for(workload_id)
+        if pending:
+            manifest = self.artifacts.manifest(pending)
+            try:
+                manifest = self._verify_for_restore(pending)
+            except OperationError as exc:
+                if exc.result.get("error") != "incompatible":
+                    raise
+                # An invalid checkpoint means a cold start, said out loud; the checkpoint stays for a compatible node.
+                return {"action": "start", "cold_start": True, **self._register(params), **exc.result}
+            engine = get_engine(manifest["engine"], self.config)
+            if engine.live:
+                return {"action": "restored", **self._restore(manifest, pending)}
+            if manifest["engine"] == "signal":
+                self.artifacts.claim(pending, self.config.identity)
+                restore_dir = self.config.state_dir / "restore" / pending / "state"
+                if restore_dir.exists():
+                    shutil.rmtree(restore_dir)
+                shutil.copytree(self.artifacts.image_dir(pending), restore_dir,
+                                ignore=shutil.ignore_patterns("manifest.json", "claim.json"))
+                self.artifacts.mark_restored(pending, {"by": self.config.identity, "at": utcnow(),
+                                                       "pid": params["pid"]})
+                return {"action": "resume", "checkpoint_id": pending, "restore_dir": str(restore_dir),
+                        **self._register(params)}
+            self.artifacts.claim(pending, self.config.identity)
+            self.artifacts.mark_restored(pending, {"by": self.config.identity, "at": utcnow(), "pid": params["pid"]})
+            return {"action": "start", "cold_start": True, "checkpoint_id": pending, **self._register(params)}
+        return {"action": "start", "cold_start": False, **self._register(params)}
+
+    def _register(self, params: dict[str, Any]) -> dict[str, Any]:
+        workload_id = str(params["workload_id"])
+        exchange = self.config.state_dir / "exchange" / workload_id
+        exchange.mkdir(parents=True, exist_ok=True)
+        workload = {
+            "id": workload_id, "kind": "process", "scheduler_id": str(params.get("scheduler_id") or workload_id),
+            "name": str(params.get("name") or workload_id), "pid": int(params["pid"]),
+            "gpus": int(params.get("gpus") or 0), "started_at": utcnow(),
+            "checkpoint_engine": str(params.get("checkpoint_engine") or "criu"),
+            "checkpoint_signal": str(params.get("checkpoint_signal") or "SIGUSR1"),
+            "engine": str(params.get("engine") or ""), "engine_version": str(params.get("engine_version") or ""),
+            "model_name": str(params.get("model_name") or ""), "model_version": str(params.get("model_version") or ""),
+            "command": list(params.get("command") or []), "cwd": str(params.get("cwd") or ""),
+            "env": dict(params.get("env") or {}), "checkpoint_dir": str(exchange), "state": "running",
+        }
+        self.workloads.put(workload)
+        return {"workload_id": workload_id, "checkpoint_dir": str(exchange)}
+
+    def run_patch(self, record: dict[str, Any]) -> dict[str, Any]:
+        params = record["params"]
+        component, version = str(params["component"]), str(params["version"])
+        try:
+            method = get_patch_method(str(params["method"]), self.config)
+            command = method.command(component, version)
+        except PatchError as exc:
+            raise OperationError(str(exc)) from None
+        before = self.facts(fresh=True).get("components", {}).get(component, "")
+        base = {"before": before, "method": method.name, "command": command, "dry_run": bool(params.get("dry_run"))}
+        if params.get("dry_run"):
+            return {**base, "after": before, "output": f"dry run: would run {command or 'nothing'}"}
+        if method.name == "noop":
+            return {**base, "after": before, "output": f"noop: {component} is managed outside this node's agent"}
+        if method.simulate:
+            pending_path = self.config.state_dir / "pending_facts.json"
+            pending = read_json(pending_path, {}) or {}
+            write_json_atomic(pending_path, {**pending, component: version})
+            return {**base, "after": version, "reboot_required": True,
+                    "output": f"simulated: would run {command}; {component} {version} takes effect at reboot"}
+        try:
+            output = method.apply(component, version)
+        except PatchError as exc:
+            raise OperationError(str(exc), base) from None
+        after = self.facts(fresh=True).get("components", {}).get(component, "")
+        return {**base, "after": after, "output": output, "reboot_required": component in ("driver", "kernel")}
+
+    def run_reboot(self, record: dict[str, Any]) -> dict[str, Any]:
+        command = self.config.reboot_command
+        if not command:
+            raise OperationError("reboot is not configured on this node (set reboot_command, or 'simulate')")
+        boot_id = current_boot_id()
+        self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
+        if command == "simulate":
+            self.apply_pending_facts()
+            self.restart_requested.set()
+            # The record stays "running"; the restarted agent finishes it (recover()).
+            raise OperationDeferred()
+        proc = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise OperationError(f"reboot command {command!r} exited {proc.returncode}: {proc.stderr[-1000:]}")
+        raise OperationDeferred()
+
+    def apply_pending_facts(self) -> None:
+        """Simulated reboot: patched versions become the static facts file's components."""
+        pending_path = self.config.state_dir / "pending_facts.json"
+        pending = read_json(pending_path, {}) or {}
+        if pending and self.config.static_facts:
+            path = Path(self.config.static_facts)
+            data = read_json(path, {}) or {}
+            data["components"] = {**data.get("components", {}), **pending}
+            write_json_atomic(path, data)
+        pending_path.unlink(missing_ok=True)
+
+    # ----- after a restart -----
+
+    def recover(self) -> None:
+        """Finish or fail the operations a previous agent process left unfinished."""
+        for record in self.operations.all():
+            if record.get("state") not in ("pending", "running"):
+                continue
+            kind = record.get("kind")
+            if kind == "checkpoint":
+                threading.Thread(target=self._recover_checkpoint, args=(record,), daemon=True).start()
+            elif kind == "reboot":
+                progress = record.get("progress", {})
+                if progress.get("simulated") or progress.get("boot_id") != current_boot_id():
+                    facts = self.facts(fresh=True)
+                    self.operations.update(record["id"], state="succeeded", finished_at=utcnow(),
+                                           result={"simulated": bool(progress.get("simulated")),
+                                                   "components": facts.get("components", {})})
+                else:
+                    self.operations.update(record["id"], state="failed", finished_at=utcnow(),
+                                           error="the agent restarted but the node did not reboot")
+            else:
+                self.operations.update(record["id"], state="failed", finished_at=utcnow(),
+                                       error="interrupted by an agent restart; nothing is rerun (use a new id)")
+
+    def _recover_checkpoint(self, record: dict[str, Any]) -> None:
+        progress = record.get("progress") or {}
+        checkpoint_id, workload = progress.get("checkpoint_id"), progress.get("workload")
+        op_id = record["id"]
+        if not checkpoint_id or not workload:
+            self.operations.update(op_id, state="failed", finished_at=utcnow(),
+                                   error="interrupted by an agent restart before the checkpoint began",
+                                   result={"workload_state": "running"})
+            return
+        try:
+            engine = get_engine(progress["engine"], self.config)
+            complete = engine.recover(workload, self.artifacts.image_dir(checkpoint_id), progress)
+            if complete:
+                leave = bool(record["params"].get("leave_running"))
+                result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id, {}, leave)
+                self.operations.update(op_id, state="succeeded", finished_at=utcnow(),
+                                       result={**result, "recovered": True})
+                return
+        except Exception as exc:
+            log.exception("recovering checkpoint operation %s", op_id)
+            error = f"recovery failed: {exc}"
+        else:
+            error = "interrupted by an agent restart; the image is incomplete and was discarded"
+        self.artifacts.discard(checkpoint_id)
+        alive = pid_alive(int(workload.get("pid") or 0))
+        if self.workloads.get(workload["id"]) is not None:
+            self.workloads.update(workload["id"], state="running" if alive else "exited")
+        self.operations.update(op_id, state="failed", finished_at=utcnow(), error=error,
+                               result={"workload_state": "running" if alive else "exited"})
+
+    # ----- housekeeping -----
+
+    def reaper(self) -> None:
+        """Collect restored processes the agent adopted as subreaper, so their pids free up."""
+        while not self._stop.wait(0.5):
+            for workload in self.workloads.all().values():
+                reap(int(workload.get("pid") or 0))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def reexec(self) -> None:
+        log.info("restarting the agent (simulated reboot)")
+        os.execv(sys.executable, [sys.executable, "-m", "gpusweep_agent.main", *self.argv])
+
+
+def current_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def become_subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.info("could not become a child subreaper; restored processes are reparented to init")

@@ -1,0 +1,190 @@
+"""The artifact store that holds checkpoint images, and the manifest beside each.
+
+``<store>/<checkpoint_id>/`` holds the engine's files and ``manifest.json``: the workload, the
+engine, the size and SHA-256 of every file, the creation time and the compatibility fingerprint.
+A local or shared folder is the only store built; the interface (`ArtifactStore`) is what an
+object store would implement. A checkpoint is claimed once by its restorer (an exclusive
+``claim.json``), so two restores of one checkpoint cannot both run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .util import read_json, utcnow, write_json_atomic
+
+MANIFEST = "manifest.json"
+CLAIM = "claim.json"
+RESTORED = "restored.json"
+SCHEMA = "gpusweep.checkpoint/1"
+# What must match between the node a checkpoint was taken on and the restore target.
+FINGERPRINT_KEYS = ("gpu_model", "driver", "cuda", "engine", "engine_version", "model_name", "model_version")
+_CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
+
+
+class ArtifactError(Exception):
+    """A checkpoint is missing, corrupted, or already claimed."""
+
+
+def new_checkpoint_id() -> str:
+    return f"ck-{uuid.uuid4().hex[:20]}"
+
+
+def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(facts: dict[str, Any], workload: dict[str, Any]) -> dict[str, str]:
+    components = facts.get("components", {})
+    return {
+        "gpu_model": str(facts.get("gpu_model", "")),
+        "driver": str(components.get("driver", "")),
+        "cuda": str(components.get("cuda", "")),
+        "engine": str(workload.get("engine", "")),
+        "engine_version": str(workload.get("engine_version", "")),
+        "model_name": str(workload.get("model_name", "")),
+        "model_version": str(workload.get("model_version", "")),
+    }
+
+
+def fingerprint_differences(recorded: dict[str, Any], target: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        key: {"checkpoint": str(recorded.get(key, "")), "target": str(target.get(key, ""))}
+        for key in FINGERPRINT_KEYS
+        if str(recorded.get(key, "")) != str(target.get(key, ""))
+    }
+
+
+class ArtifactStore:
+    """Where checkpoint images live. Subclass for an object store."""
+
+    def image_dir(self, checkpoint_id: str) -> Path:
+        raise NotImplementedError
+
+    def write_manifest(self, checkpoint_id: str, manifest: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def manifest(self, checkpoint_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def verify(self, checkpoint_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def claim(self, checkpoint_id: str, by: str) -> None:
+        raise NotImplementedError
+
+    def release(self, checkpoint_id: str) -> None:
+        raise NotImplementedError
+
+    def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def pending_for(self, workload_id: str) -> str | None:
+        raise NotImplementedError
+
+
+class LocalArtifactStore(ArtifactStore):
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def image_dir(self, checkpoint_id: str) -> Path:
+        if not checkpoint_id.startswith("ck-") or "/" in checkpoint_id or ".." in checkpoint_id:
+            raise ArtifactError(f"bad checkpoint id {checkpoint_id!r}")
+        return self.root / checkpoint_id
+
+    def build_manifest(
+        self, checkpoint_id: str, workload: dict[str, Any], engine: str, fp: dict[str, str], extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        folder = self.image_dir(checkpoint_id)
+        files = []
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            rel = path.relative_to(folder).as_posix()
+            if rel in _CONTROL_FILES:
+                continue
+            files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
+        return {
+            "schema": SCHEMA, "checkpoint_id": checkpoint_id, "workload": workload, "engine": engine,
+            "created_at": utcnow(), "files": files, "total_bytes": sum(f["size"] for f in files),
+            "fingerprint": fp, "engine_data": extra,
+        }
+
+    def write_manifest(self, checkpoint_id: str, manifest: dict[str, Any]) -> None:
+        write_json_atomic(self.image_dir(checkpoint_id) / MANIFEST, manifest)
+
+    def manifest(self, checkpoint_id: str) -> dict[str, Any]:
+        path = self.image_dir(checkpoint_id) / MANIFEST
+        try:
+            data = read_json(path)
+        except ValueError as exc:
+            raise ArtifactError(f"checkpoint {checkpoint_id}: manifest unreadable ({exc})") from None
+        if not isinstance(data, dict):
+            raise ArtifactError(f"checkpoint {checkpoint_id}: no manifest in {path.parent}")
+        return data
+
+    def verify(self, checkpoint_id: str) -> dict[str, Any]:
+        """Check every file's size and SHA-256 against the manifest; raise with the list of problems."""
+        manifest = self.manifest(checkpoint_id)
+        folder = self.image_dir(checkpoint_id)
+        problems: list[str] = []
+        listed = set()
+        for entry in manifest.get("files", []):
+            listed.add(entry["path"])
+            path = folder / entry["path"]
+            if not path.is_file():
+                problems.append(f"{entry['path']}: missing")
+            elif path.stat().st_size != entry["size"]:
+                problems.append(f"{entry['path']}: size {path.stat().st_size} != {entry['size']}")
+            elif sha256_file(path) != entry["sha256"]:
+                problems.append(f"{entry['path']}: sha256 differs from the manifest")
+        for path in folder.rglob("*"):
+            rel = path.relative_to(folder).as_posix()
+            if path.is_file() and rel not in listed and rel not in _CONTROL_FILES:
+                problems.append(f"{rel}: not in the manifest")
+        if problems:
+            raise ArtifactError(f"checkpoint {checkpoint_id} is corrupted: " + "; ".join(sorted(problems)))
+        return manifest
+
+    def claim(self, checkpoint_id: str, by: str) -> None:
+        path = self.image_dir(checkpoint_id) / CLAIM
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = read_json(path, {}) or {}
+            raise ArtifactError(
+                f"checkpoint {checkpoint_id} is already being restored or was restored by {holder.get('by', '?')}"
+            ) from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f'{{"by": "{by}", "at": "{utcnow()}"}}')
+
+    def release(self, checkpoint_id: str) -> None:
+        (self.image_dir(checkpoint_id) / CLAIM).unlink(missing_ok=True)
+
+    def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
+        write_json_atomic(self.image_dir(checkpoint_id) / RESTORED, info)
+
+    def pending_for(self, workload_id: str) -> str | None:
+        """The newest complete, unclaimed checkpoint of `workload_id`, if any."""
+        best: tuple[str, str] | None = None
+        for manifest_path in self.root.glob(f"*/{MANIFEST}"):
+            folder = manifest_path.parent
+            if (folder / CLAIM).exists() or (folder / RESTORED).exists():
+                continue
+            data = read_json(manifest_path, {}) or {}
+            if data.get("workload", {}).get("id") == workload_id:
+                key = (str(data.get("created_at", "")), folder.name)
+                if best is None or key > best:
+                    best = key
+        return best[1] if best else None
+
+    def discard(self, checkpoint_id: str) -> None:
+        shutil.rmtree(self.image_dir(checkpoint_id), ignore_errors=True)

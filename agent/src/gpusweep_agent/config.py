@@ -1,0 +1,122 @@
+"""Agent configuration: a JSON file, then environment variables, then command-line flags.
+
+Every setting has a name; the file holds it under that name, the environment as
+``GPUSWEEP_AGENT_<NAME>`` (upper case) and the command line as ``--<name>`` (dashes). The node
+key never lives in the file: it comes from ``GPUSWEEP_AGENT_KEY`` or a file named by ``key_file``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "GPUSWEEP_AGENT_"
+DEFAULT_PROBES = ["kernel", "packages", "nvidia_smi", "nvml"]
+
+
+class ConfigError(Exception):
+    """The configuration is missing a value or holds a bad one."""
+
+
+@dataclass
+class AgentConfig:
+    cluster: str = "local"
+    node: str = ""
+    key: str = field(default="", repr=False)
+    key_file: str = ""
+    listen: str = "127.0.0.1"
+    port: int = 17100
+    endpoint: str = ""
+    state_dir: Path = Path("/var/lib/gpusweep-agent")
+    artifact_dir: Path = Path("/var/lib/gpusweep-agent/artifacts")
+    probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
+    static_facts: str = ""
+    service_url: str = ""
+    heartbeat_interval: float = 30.0
+    heartbeat_max_backoff: float = 300.0
+    criu: str = "criu"
+    signal_timeout: float = 60.0
+    # name -> dotted path of a CheckpointEngine / PatchMethod / Probe class; merged over the built-ins.
+    engines: dict[str, str] = field(default_factory=dict)
+    patch_methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "" refuses to reboot, "simulate" restarts the agent with the pending facts, anything else is run.
+    reboot_command: str = ""
+    libcuda: str = "libcuda.so.1"
+
+    @property
+    def identity(self) -> str:
+        return f"{self.cluster}/{self.node}"
+
+    def public(self) -> dict[str, Any]:
+        return {f.name: str(getattr(self, f.name)) for f in fields(self) if f.name not in ("key",)}
+
+
+def _coerce(name: str, value: Any, current: Any) -> Any:
+    try:
+        if isinstance(current, bool):
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+        if isinstance(current, int):
+            return int(value)
+        if isinstance(current, float):
+            return float(value)
+        if isinstance(current, Path):
+            return Path(value)
+        if isinstance(current, list):
+            return value if isinstance(value, list) else [v.strip() for v in str(value).split(",") if v.strip()]
+        if isinstance(current, dict):
+            parsed = value if isinstance(value, dict) else json.loads(value)
+            if not isinstance(parsed, dict):
+                raise ValueError("expected a JSON object")
+            return parsed
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"setting {name!r}: bad value {value!r} ({exc})") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="JSON configuration file (or GPUSWEEP_AGENT_CONFIG)")
+    for f in fields(AgentConfig):
+        if f.name != "key":
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None)
+
+
+def load_config(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> AgentConfig:
+    env = dict(os.environ if environ is None else environ)
+    config = AgentConfig()
+    names = {f.name for f in fields(AgentConfig)}
+    path = getattr(args, "config", None) or env.get(ENV_PREFIX + "CONFIG")
+    layers: list[dict[str, Any]] = []
+    if path:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"configuration file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"configuration file {path}: expected a JSON object")
+        unknown = set(data) - names
+        if unknown or "key" in data:
+            bad = sorted(unknown | ({"key"} & set(data)))
+            raise ConfigError(f"configuration file {path}: unknown or forbidden settings {bad}")
+        layers.append(data)
+    layers.append({n: env[ENV_PREFIX + n.upper()] for n in names if ENV_PREFIX + n.upper() in env})
+    if args is not None:
+        layers.append({n: v for n in names if (v := getattr(args, n, None)) is not None})
+    for layer in layers:
+        for name, value in layer.items():
+            setattr(config, name, _coerce(name, value, getattr(config, name)))
+    if not config.key and config.key_file:
+        try:
+            config.key = Path(config.key_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"key_file {config.key_file}: {exc}") from None
+    if not config.node:
+        config.node = os.uname().nodename.split(".")[0]
+    if not config.key:
+        raise ConfigError("no node key: set GPUSWEEP_AGENT_KEY or key_file (manage.py agent_key CLUSTER NODE)")
+    if not config.endpoint:
+        config.endpoint = f"http://{config.listen}:{config.port}"
+    return config

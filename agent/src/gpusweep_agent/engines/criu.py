@@ -1,0 +1,145 @@
+"""The `criu` engine: the whole process tree (memory, threads, open files) through CRIU 4."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ..util import pid_alive
+from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
+
+DUMP_OK = "Dumping finished successfully"
+RESTORE_OK = "Restore finished successfully"
+
+
+def criu_version(binary: str) -> tuple[int, ...] | None:
+    path = shutil.which(binary)
+    if not path:
+        return None
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+    match = re.search(r"Version:\s*([0-9.]+)", out)
+    return tuple(int(p) for p in match.group(1).split(".") if p) if match else None
+
+
+def has_tty(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[4]) != 0
+
+
+class CriuEngine(CheckpointEngine):
+    name = "criu"
+    live = True
+    # Established TCP connections and file locks are common in real jobs and harmless when absent.
+    common_options = ("--tcp-established", "--file-locks")
+
+    def check(self) -> None:
+        version = criu_version(self.config.criu)
+        if version is None:
+            raise EngineUnavailable(f"criu not found ({self.config.criu}); run scripts/build-criu.sh as root")
+        if version < (4,):
+            raise EngineUnavailable(f"criu {'.'.join(map(str, version))} is too old; CRIU 4 is needed")
+
+    def log_path(self, image_dir: Path, action: str) -> Path:
+        # Logs live beside the image folder, not in it: the image's files are exactly what was dumped.
+        folder = self.config.state_dir / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{image_dir.name}-{action}.log"
+
+    def before_dump(self, pid: int, progress: Progress) -> dict[str, Any]:
+        return {}
+
+    def after_dump(self, pid: int, leave_running: bool, ok: bool) -> None:
+        """Hook for engines that prepare the process before CRIU (cuda)."""
+
+    def after_restore(self, pid: int, engine_data: dict[str, Any]) -> None:
+        """Hook for engines that finish the process after CRIU (cuda)."""
+
+    def checkpoint(
+        self, workload: dict[str, Any], image_dir: Path, leave_running: bool, progress: Progress
+    ) -> dict[str, Any]:
+        self.check()
+        pid = int(workload["pid"])
+        if not pid_alive(pid):
+            raise EngineError(f"workload {workload['id']}: process {pid} is not running")
+        data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid}
+        data.update(self.before_dump(pid, progress))
+        image_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path(image_dir, "dump")
+        args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v4",
+                *self.common_options]
+        if data["shell_job"]:
+            args.append("--shell-job")
+        if leave_running:
+            args.append("--leave-running")
+        # Its own session and no pipes back to us: if the agent dies, CRIU still finishes (or
+        # fails and thaws the process), and the log says which.
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        progress(helper_pid=proc.pid, log=str(log))
+        rc = proc.wait()
+        ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
+        self.after_dump(pid, leave_running, ok)
+        if not ok:
+            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
+        return data
+
+    def recover(self, workload: dict[str, Any], image_dir: Path, state: dict[str, Any]) -> bool:
+        # The agent may have died before it recorded CRIU's pid: find CRIU by its image folder.
+        helpers = set(processes_mentioning(str(image_dir)))
+        if state.get("helper_pid"):
+            helpers.add(int(state["helper_pid"]))
+        deadline = time.monotonic() + 600
+        while any(pid_alive(p) for p in helpers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = Path(state.get("log") or self.log_path(image_dir, "dump"))
+        return log.is_file() and DUMP_OK in log.read_text(errors="replace")
+
+    def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
+        self.check()
+        engine_data = manifest.get("engine_data", {})
+        work_dir.mkdir(parents=True, exist_ok=True)
+        pidfile = work_dir / "restored.pid"
+        pidfile.unlink(missing_ok=True)
+        log = self.log_path(image_dir, "restore")
+        # -W keeps CRIU's own restore files (stats) out of the verified image folder.
+        args = [self.config.criu, "restore", "-D", str(image_dir), "-W", str(work_dir), "-o", str(log), "-v4",
+                "--restore-detached", "--pidfile", str(pidfile), *self.common_options]
+        if engine_data.get("shell_job"):
+            args.append("--shell-job")
+        rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            timeout=600, check=False).returncode
+        if rc != 0 or not pidfile.is_file():
+            hint = ""
+            old = engine_data.get("pid")
+            if old and pid_alive(int(old)):
+                hint = f" (pid {old} is in use on this node; CRIU restores a process under its own pid)"
+            raise EngineError(f"criu restore failed (exit {rc}){hint}: {tail(log)}")
+        pid = int(pidfile.read_text().strip())
+        self.after_restore(pid, engine_data)
+        return pid
+
+
+def processes_mentioning(word: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if word.encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def tail(path: Path, lines: int = 5) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return " | ".join((errors or text)[-lines:])

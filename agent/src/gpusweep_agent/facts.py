@@ -1,0 +1,236 @@
+"""Node facts from pluggable probes.
+
+A probe returns a partial facts dict (``gpu_model``, ``gpu_count``, ``product_line``,
+``os_family`` and ``components``); probes run in the configured order and later ones override
+earlier ones, so a static file listed last pins a test or demo node's facts. A probe whose source
+is absent (no NVML, no nvidia-smi, no dpkg) returns nothing rather than failing the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .config import AgentConfig
+from .util import import_string
+
+log = logging.getLogger(__name__)
+
+Facts = dict[str, Any]
+
+
+class Probe:
+    name = ""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    def probe(self) -> Facts:
+        raise NotImplementedError
+
+
+class KernelProbe(Probe):
+    """Kernel release and OS from uname and /etc/os-release."""
+
+    name = "kernel"
+
+    def probe(self) -> Facts:
+        components = {"kernel": platform.release()}
+        os_release = parse_os_release(Path("/etc/os-release"))
+        if os_release.get("ID"):
+            components["os"] = f"{os_release['ID']} {os_release.get('VERSION_ID', '')}".strip()
+        return {"os_family": platform.system().lower(), "components": components}
+
+
+def parse_os_release(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    try:
+        for line in path.read_text().splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip().strip('"')
+    except OSError:
+        pass
+    return values
+
+
+# Debian/Ubuntu package names of the components bulletins talk about.
+PACKAGE_COMPONENTS = {
+    "nvidia-container-toolkit": "container_toolkit",
+    "datacenter-gpu-manager": "dcgm",
+    "datacenter-gpu-manager-4-core": "dcgm",
+    "nvidia-fabricmanager": "fabric_manager",
+}
+_FABRIC_RE = re.compile(r"^nvidia-fabricmanager(-\d+)?$")
+
+
+class PackagesProbe(Probe):
+    """Installed component packages through dpkg-query (container toolkit, DCGM, fabric manager)."""
+
+    name = "packages"
+
+    def probe(self) -> Facts:
+        if not shutil.which("dpkg-query"):
+            return {}
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Package}\\t${Version}\\t${db:Status-Status}\\n"],
+            capture_output=True, text=True, timeout=30, check=False,
+        ).stdout
+        return {"components": parse_dpkg_query(out)} if out else {}
+
+
+def parse_dpkg_query(output: str) -> dict[str, str]:
+    components: dict[str, str] = {}
+    for line in output.splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3 or parts[2] != "installed":
+            continue
+        package, version = parts[0].split(":")[0], parts[1]
+        # Debian versions carry epoch and revision; bulletins speak upstream versions.
+        upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
+        name = PACKAGE_COMPONENTS.get(package) or ("fabric_manager" if _FABRIC_RE.match(package) else None)
+        if name:
+            components[name] = upstream
+    return components
+
+
+class NvidiaSmiProbe(Probe):
+    """GPU model, count, driver and CUDA version from `nvidia-smi`'s own output."""
+
+    name = "nvidia_smi"
+    command = "nvidia-smi"
+
+    def probe(self) -> Facts:
+        if not shutil.which(self.command):
+            return {}
+        try:
+            query = subprocess.run(
+                [self.command, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30, check=True,
+            ).stdout
+            banner = subprocess.run([self.command], capture_output=True, text=True, timeout=30, check=False).stdout
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("nvidia-smi probe failed: %s", exc)
+            return {}
+        return parse_nvidia_smi(query, banner)
+
+
+_CUDA_RE = re.compile(r"CUDA Version:\s*([0-9.]+)")
+_DRIVER_RE = re.compile(r"Driver Version:\s*([0-9.]+)")
+
+
+def parse_nvidia_smi(query_csv: str, banner: str = "") -> Facts:
+    """Facts from `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader` and the banner."""
+    rows = [[c.strip() for c in line.split(",")] for line in query_csv.splitlines() if line.strip()]
+    facts: Facts = {"components": {}}
+    if rows:
+        facts["gpu_model"] = rows[0][0]
+        facts["gpu_count"] = len(rows)
+        facts["product_line"] = product_line(rows[0][0])
+        if len(rows[0]) > 1 and rows[0][1]:
+            facts["components"]["driver"] = rows[0][1]
+    if match := _CUDA_RE.search(banner):
+        facts["components"]["cuda"] = match.group(1)
+    if "driver" not in facts["components"] and (match := _DRIVER_RE.search(banner)):
+        facts["components"]["driver"] = match.group(1)
+    return facts
+
+
+def product_line(model: str) -> str:
+    lowered = model.lower()
+    if "geforce" in lowered or "titan" in lowered:
+        return "geforce"
+    if "rtx" in lowered or "quadro" in lowered:
+        return "rtx"
+    return "tesla"
+
+
+class NvmlProbe(Probe):
+    """GPU model, count, driver and CUDA driver version through nvidia-ml-py (optional)."""
+
+    name = "nvml"
+
+    def probe(self) -> Facts:
+        try:
+            import pynvml
+        except ImportError:
+            return {}
+        try:
+            pynvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - NVMLError has many subclasses; any means "no NVML here"
+            log.info("NVML unavailable: %s", exc)
+            return {}
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            facts: Facts = {"gpu_count": count, "components": {}}
+            if count:
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+                facts["gpu_model"] = name.decode() if isinstance(name, bytes) else name
+                facts["product_line"] = product_line(facts["gpu_model"])
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            facts["components"]["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+            cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+            facts["components"]["cuda"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+            return facts
+        finally:
+            pynvml.nvmlShutdown()
+
+
+class StaticProbe(Probe):
+    """Facts from a JSON file (test and demo nodes); a simulated patch and reboot rewrite it."""
+
+    name = "static"
+
+    def probe(self) -> Facts:
+        if not self.config.static_facts:
+            return {}
+        path = Path(self.config.static_facts)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ProbeError(f"static facts file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ProbeError(f"static facts file {path}: expected a JSON object")
+        return data
+
+
+class ProbeError(Exception):
+    """A configured probe's source is present but unreadable."""
+
+
+PROBES = {
+    "kernel": "gpusweep_agent.facts.KernelProbe",
+    "packages": "gpusweep_agent.facts.PackagesProbe",
+    "nvidia_smi": "gpusweep_agent.facts.NvidiaSmiProbe",
+    "nvml": "gpusweep_agent.facts.NvmlProbe",
+    "static": "gpusweep_agent.facts.StaticProbe",
+}
+
+
+def load_probe(name: str, config: AgentConfig) -> Probe:
+    cls = import_string(PROBES.get(name, name))
+    if not (isinstance(cls, type) and issubclass(cls, Probe)):
+        raise ProbeError(f"probe {name!r} is not a Probe class")
+    return cls(config)
+
+
+def merge(base: Facts, extra: Facts) -> Facts:
+    merged = {**base, **{k: v for k, v in extra.items() if k != "components"}}
+    merged["components"] = {**base.get("components", {}), **extra.get("components", {})}
+    return merged
+
+
+def gather(config: AgentConfig) -> Facts:
+    facts: Facts = {"gpu_model": "", "gpu_count": 0, "product_line": "tesla", "os_family": "linux", "components": {}}
+    probes = list(config.probes)
+    if config.static_facts and "static" not in probes:
+        probes.append("static")
+    for name in probes:
+        facts = merge(facts, load_probe(name, config).probe())
+    return facts

@@ -1,0 +1,114 @@
+"""Heartbeats to the service: POST /api/v1/inventory/agent/heartbeat (docs/agent-wire-format.md).
+
+Sent at start and then every interval (the service may ask for another with
+``next_heartbeat_s``), each wait jittered by ±10 % so a fleet restarted together spreads out.
+After a failure the wait grows exponentially (full jitter) up to ``heartbeat_max_backoff``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import __version__
+from .auth import sign
+from .util import utcnow
+
+log = logging.getLogger(__name__)
+HEARTBEAT_PATH = "/api/v1/inventory/agent/heartbeat"
+SCHEMA = "gpusweep.heartbeat/1"
+
+
+class HeartbeatError(Exception):
+    """A heartbeat was not accepted."""
+
+
+class HeartbeatUnavailable(HeartbeatError):
+    """The service could not be reached or answered 5xx: try again later."""
+
+
+class HeartbeatAuthError(HeartbeatError):
+    """401: the node key or the clock is wrong; retrying will not help until fixed."""
+
+
+class HeartbeatRejected(HeartbeatError):
+    """400: the service refused the payload; `errors` says why."""
+
+    def __init__(self, message: str, errors: Any = None) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+class HeartbeatSender:
+    def __init__(
+        self, service_url: str, cluster: str, node: str, key: str, endpoint: str,
+        facts: Callable[[], dict[str, Any]], workloads: Callable[[], list[dict[str, Any]]],
+        interval: float = 30.0, max_backoff: float = 300.0, timeout: float = 10.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = service_url.rstrip("/") + HEARTBEAT_PATH
+        self.cluster, self.node, self.key, self.endpoint = cluster, node, key, endpoint
+        self.facts, self.workloads = facts, workloads
+        self.interval, self.max_backoff, self.timeout = interval, max_backoff, timeout
+        self.failures = 0
+        self.rng = rng or random.Random()
+        self._stop = threading.Event()
+
+    def payload(self) -> dict[str, Any]:
+        workloads = [{k: v for k, v in w.items() if k not in ("id", "pid", "state")} for w in self.workloads()]
+        return {"schema": SCHEMA, "cluster": self.cluster, "node": self.node, "agent_version": __version__,
+                "endpoint": self.endpoint, "sent_at": utcnow(), "facts": self.facts(), "workloads": workloads}
+
+    def send(self) -> dict[str, Any]:
+        body = json.dumps(self.payload()).encode()
+        parts = urlsplit(self.url)
+        headers = {"Content-Type": "application/json",
+                   **sign(self.key, f"{self.cluster}/{self.node}", "POST", parts.path, body)}
+        request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                answer: dict[str, Any] = json.loads(response.read() or b"{}")
+                return answer
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:2000]
+            try:
+                parsed = json.loads(detail or b"null")
+            except ValueError:
+                parsed = detail.decode(errors="replace")
+            if exc.code == 401:
+                raise HeartbeatAuthError(f"heartbeat refused (401): {parsed}") from None
+            if exc.code == 400:
+                errors = parsed.get("errors") if isinstance(parsed, dict) else parsed
+                raise HeartbeatRejected(f"heartbeat rejected (400): {errors}", errors) from None
+            raise HeartbeatUnavailable(f"heartbeat: HTTP {exc.code} {parsed}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise HeartbeatUnavailable(f"heartbeat to {self.url}: {exc}") from None
+
+    def next_delay(self, answer: dict[str, Any] | None) -> float:
+        """Seconds until the next heartbeat: the interval ±10 % after success, backoff after failure."""
+        if answer is not None:
+            self.failures = 0
+            base = float(answer.get("next_heartbeat_s") or self.interval)
+            return base * self.rng.uniform(0.9, 1.1)
+        self.failures += 1
+        ceiling = min(self.max_backoff, min(self.interval, 1.0) * 2 ** self.failures)
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            answer: dict[str, Any] | None = None
+            try:
+                answer = self.send()
+            except HeartbeatError as exc:
+                log.warning("%s", exc)
+            self._stop.wait(self.next_delay(answer))
+
+    def stop(self) -> None:
+        self._stop.set()

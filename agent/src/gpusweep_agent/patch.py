@@ -1,0 +1,125 @@
+"""Patch methods: how a component gets its new version on this node.
+
+- ``package``: the node's package manager through a command template (per component or one for
+  all), e.g. ``apt-get install -y nvidia-driver-{branch}={version}``. The template is split into
+  words before the values are filled in, so a version can never add words to the command.
+- ``script``: a site script, run as ``<path> <component> <version>``.
+- ``noop``: nothing to do here (Kubernetes nodes whose driver the GPU Operator manages).
+
+Every method has a dry run that reports the command without running it. With ``simulate`` in a
+method's options (test and demo nodes), the command is not run: the new version is recorded as
+pending and becomes the node's fact at the (simulated) reboot.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from typing import Any
+
+from .config import AgentConfig
+from .util import import_string
+
+VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+:~_-]{0,63}$")
+COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+DEFAULT_TEMPLATES = {
+    "driver": "apt-get install -y --no-install-recommends nvidia-driver-{branch}={version}",
+    "container_toolkit": "apt-get install -y --no-install-recommends nvidia-container-toolkit={version}",
+    "dcgm": "apt-get install -y --no-install-recommends datacenter-gpu-manager={version}",
+}
+
+
+class PatchError(Exception):
+    """The patch request is invalid or its command failed; the message names which."""
+
+
+class PatchMethod:
+    name = ""
+
+    def __init__(self, config: AgentConfig, options: dict[str, Any]) -> None:
+        self.config = config
+        self.options = options
+
+    @property
+    def simulate(self) -> bool:
+        return bool(self.options.get("simulate"))
+
+    def command(self, component: str, version: str) -> list[str]:
+        raise NotImplementedError
+
+    def apply(self, component: str, version: str) -> str:
+        argv = self.command(component, version)
+        if not argv:
+            return ""
+        try:
+            timeout = float(self.options.get("timeout", 1800))
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise PatchError(f"{self.name} patch of {component} to {version}: {shlex.join(argv)}: {exc}") from None
+        output = (proc.stdout + proc.stderr)[-20_000:]
+        if proc.returncode != 0:
+            raise PatchError(
+                f"{self.name} patch of {component} to {version}: {shlex.join(argv)} exited {proc.returncode}: "
+                f"{output[-2000:]}"
+            )
+        return output
+
+
+class PackagePatch(PatchMethod):
+    name = "package"
+
+    def command(self, component: str, version: str) -> list[str]:
+        templates = {**DEFAULT_TEMPLATES, **self.options.get("commands", {})}
+        template = templates.get(component) or self.options.get("command")
+        if not template:
+            raise PatchError(f"package patch: no command template for component {component!r}")
+        values = {"component": component, "version": version, "branch": version.split(".")[0]}
+        try:
+            return [word.format(**values) for word in shlex.split(template)]
+        except (KeyError, ValueError) as exc:
+            raise PatchError(f"package patch: bad command template {template!r}: {exc}") from None
+
+
+class ScriptPatch(PatchMethod):
+    name = "script"
+
+    def command(self, component: str, version: str) -> list[str]:
+        path = self.options.get("path")
+        if not path:
+            raise PatchError("script patch: no 'path' configured in patch_methods.script")
+        return [str(path), component, version]
+
+
+class NoopPatch(PatchMethod):
+    """The component is managed elsewhere (the GPU Operator's driver pods); nothing runs here."""
+
+    name = "noop"
+
+    def command(self, component: str, version: str) -> list[str]:
+        return []
+
+
+PATCH_METHODS = {
+    "package": "gpusweep_agent.patch.PackagePatch",
+    "script": "gpusweep_agent.patch.ScriptPatch",
+    "noop": "gpusweep_agent.patch.NoopPatch",
+}
+
+
+def get_patch_method(name: str, config: AgentConfig) -> PatchMethod:
+    options = dict(config.patch_methods.get(name, {}))
+    dotted = options.pop("class", None) or PATCH_METHODS.get(name)
+    if not dotted:
+        raise PatchError(f"unknown patch method {name!r} (known: {', '.join(sorted(PATCH_METHODS))})")
+    cls = import_string(dotted)
+    if not (isinstance(cls, type) and issubclass(cls, PatchMethod)):
+        raise PatchError(f"patch method {name!r}: {dotted} is not a PatchMethod")
+    return cls(config, options)
+
+
+def validate(component: str, version: str) -> None:
+    if not COMPONENT_RE.match(component):
+        raise PatchError(f"bad component name {component!r}")
+    if not VERSION_RE.match(version):
+        raise PatchError(f"bad version {version!r}")

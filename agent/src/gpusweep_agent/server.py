@@ -1,0 +1,121 @@
+"""The agent's HTTP API under /v1 (docs/agent-wire-format.md), on the standard library's server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from .agent import Agent
+from .artifacts import ArtifactError
+from .auth import AuthError, verify
+from .operations import OperationConflict
+
+log = logging.getLogger(__name__)
+MAX_BODY = 1024 * 1024
+POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/patch": "patch",
+              "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register"}
+OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
+CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
+
+
+class AgentServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], agent: Agent) -> None:
+        self.agent = agent
+        super().__init__(address, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: AgentServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authenticate(self, body: bytes) -> bool:
+        agent = self.server.agent
+        try:
+            identity = verify(agent.config.key, dict(self.headers.items()), self.command, self.path, body)
+        except AuthError as exc:
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": str(exc)})
+            return False
+        if identity != agent.config.identity:
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": f"signed for {identity}, this is {agent.config.identity}"})
+            return False
+        return True
+
+    def _body(self) -> bytes | None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "body too large"})
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def do_GET(self) -> None:
+        if self._body() is None or not self._authenticate(b""):
+            return
+        agent = self.server.agent
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/v1/health":
+                self._send(HTTPStatus.OK, agent.health())
+            elif path == "/v1/facts":
+                self._send(HTTPStatus.OK, agent.facts())
+            elif path == "/v1/workloads":
+                self._send(HTTPStatus.OK, {"workloads": agent.list_workloads()})
+            elif match := OPERATION_RE.match(path):
+                record = agent.operations.get(match.group(1))
+                if record is None:
+                    self._send(HTTPStatus.NOT_FOUND, {"error": f"no operation {match.group(1)}"})
+                else:
+                    self._send(HTTPStatus.OK, agent.operations.public(record))
+            elif match := CHECKPOINT_RE.match(path):
+                try:
+                    self._send(HTTPStatus.OK, agent.artifacts.manifest(match.group(1)))
+                except ArtifactError as exc:
+                    self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+            else:
+                self._send(HTTPStatus.NOT_FOUND, {"error": f"no such resource {path}"})
+        except Exception as exc:
+            log.exception("GET %s", path)
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def do_POST(self) -> None:
+        body = self._body()
+        if body is None or not self._authenticate(body):
+            return
+        kind = POST_KINDS.get(self.path.split("?", 1)[0])
+        if kind is None:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such resource {self.path}"})
+            return
+        try:
+            data = json.loads(body or b"{}")
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+            if not data.get("operation_id"):
+                raise ValueError("operation_id is required")
+            record, _created = self.server.agent.submit(kind, data)
+        except OperationConflict as exc:
+            self._send(HTTPStatus.CONFLICT, {"error": str(exc)})
+            return
+        except ValueError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"{self.path}: {exc}"})
+            return
+        public = self.server.agent.operations.public(record)
+        finished = public["state"] in ("succeeded", "failed")
+        # A repeated id answers like the first call would now: 200 once finished, 202 while running.
+        self._send(HTTPStatus.OK if finished else HTTPStatus.ACCEPTED, public)

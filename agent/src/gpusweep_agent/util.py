@@ -1,0 +1,70 @@
+"""Small helpers: atomic JSON files, UTC timestamps, process checks."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def utcnow() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` so that a reader (or a crash) sees the old file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` is a live process (a zombie counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    # The state letter follows the command name, which is in parentheses and may hold spaces.
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def reap(pid: int) -> None:
+    """Collect `pid` when it is our (or, as subreaper, our adopted) child; ignore anything else."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def import_string(dotted: str) -> Any:
+    """The object named by 'package.module.Name' (Django's import_string, without Django)."""
+    import importlib
+
+    module_name, _, attr = dotted.rpartition(".")
+    if not module_name:
+        raise ImportError(f"{dotted!r} is not a dotted path")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"module {module_name!r} has no attribute {attr!r}") from None

@@ -1,0 +1,131 @@
+"""Workloads on this node: the registry of wrapped processes, and discovery of the others.
+
+Processes started through ``gpusweep-run`` are registered (persisted in
+``<state>/workloads.json``). Slurm job steps and Kubernetes pods are discovered from the cgroup
+of every process in /proc, and GPU processes through NVML when it is present.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .util import pid_alive, read_json, write_json_atomic
+
+WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+# cgroup v1 and v2 layouts of slurmstepd: .../slurm/uid_0/job_42/step_0/... or .../job_42/step_batch/...
+SLURM_RE = re.compile(r"/job_(\d+)/step_([A-Za-z0-9_.]+)")
+# kubelet's cgroups: kubepods.slice/kubepods-burstable-pod<uid with _>.slice or kubepods/besteffort/pod<uid>
+K8S_RE = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+PUBLIC_FIELDS = ("id", "kind", "scheduler_id", "name", "gpus", "started_at", "checkpoint_engine", "engine",
+                 "engine_version", "model_name", "model_version", "pid", "state")
+
+
+class WorkloadRegistry:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "workloads.json"
+        self._lock = threading.Lock()
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        data: dict[str, dict[str, Any]] = read_json(self.path, {}) or {}
+        return data
+
+    def get(self, workload_id: str) -> dict[str, Any] | None:
+        return self.all().get(workload_id)
+
+    def put(self, workload: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            data = self.all()
+            data[workload["id"]] = workload
+            write_json_atomic(self.path, data)
+        return workload
+
+    def update(self, workload_id: str, **fields: Any) -> dict[str, Any]:
+        with self._lock:
+            data = self.all()
+            workload = {**data.get(workload_id, {"id": workload_id}), **fields}
+            data[workload_id] = workload
+            write_json_atomic(self.path, data)
+        return workload
+
+    def refreshed(self) -> list[dict[str, Any]]:
+        """Registered workloads with their state brought up to date from /proc."""
+        out = []
+        for workload in self.all().values():
+            if workload.get("state") in ("running", "restored") and not pid_alive(int(workload.get("pid") or 0)):
+                workload = self.update(workload["id"], state="exited")
+            out.append(workload)
+        return out
+
+
+def public(workload: dict[str, Any]) -> dict[str, Any]:
+    base = {"kind": "process", "scheduler_id": workload.get("id", ""), "name": "", "gpus": 0, "started_at": "",
+            "checkpoint_engine": "criu", "engine": "", "engine_version": "", "model_name": "", "model_version": ""}
+    return {**base, **{k: workload[k] for k in PUBLIC_FIELDS if k in workload}}
+
+
+def discover_cgroup_workloads(proc_root: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """Slurm job steps and Kubernetes pods, one entry each, from /proc/<pid>/cgroup."""
+    found: dict[str, dict[str, Any]] = {}
+    for pid, cgroup in _cgroups(proc_root):
+        if match := SLURM_RE.search(cgroup):
+            job, step = match.groups()
+            key = f"slurm-{job}.{step}"
+            entry = found.setdefault(key, {"id": key, "kind": "slurm_step", "scheduler_id": f"{job}.{step}",
+                                           "name": f"job {job} step {step}", "pid": pid, "pids": []})
+        elif match := K8S_RE.search(cgroup):
+            uid = match.group(1).replace("_", "-")
+            key = f"pod-{uid}"
+            entry = found.setdefault(key, {"id": key, "kind": "k8s_pod", "scheduler_id": uid, "name": f"pod {uid}",
+                                           "pid": pid, "pids": []})
+        else:
+            continue
+        entry["pids"].append(pid)
+        entry["pid"] = min(entry["pids"])
+    for entry in found.values():
+        entry["state"] = "running"
+        entry["checkpoint_engine"] = "criu"
+    return sorted(found.values(), key=lambda e: e["id"])
+
+
+def _cgroups(proc_root: Path) -> Iterable[tuple[int, str]]:
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            yield int(entry.name), (entry / "cgroup").read_text()
+        except OSError:
+            continue
+
+
+def discover_gpu_processes() -> list[dict[str, Any]]:
+    """Processes holding a GPU context, through NVML; nothing when NVML is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - any NVML error means "no GPUs to list"
+        return []
+    try:
+        gpus: dict[int, int] = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                gpus[proc.pid] = gpus.get(proc.pid, 0) + 1
+    finally:
+        pynvml.nvmlShutdown()
+    return [{"id": f"gpu-pid-{pid}", "kind": "gpu_process", "scheduler_id": str(pid), "name": _comm(pid),
+             "pid": pid, "gpus": count, "state": "running", "checkpoint_engine": "cuda"} for pid, count in gpus.items()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,141 @@
+"""Helpers for the agent tests: real agent processes on their own ports, and real workloads."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpusweep_agent.auth import derive_node_key
+from gpusweep_agent.client import AgentClient
+from gpusweep_agent.engines.criu import criu_version
+
+DATA = Path(__file__).resolve().parent / "data"
+COUNTER = DATA / "counter.py"
+FLEET_SECRET = "agent-tests-fleet-secret"
+CLUSTER = "test"
+FACTS = {
+    "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "product_line": "tesla", "os_family": "linux",
+    "components": {"driver": "570.86.15", "cuda": "12.8"},
+}
+CRIU_HINT = "needs CRIU 4 and root: run scripts/build-criu.sh as root"
+
+
+def criu_usable() -> bool:
+    if os.geteuid() != 0:
+        return False
+    version = criu_version("criu")
+    if version is None or version < (4,):
+        return False
+    return subprocess.run(["criu", "check"], capture_output=True, check=False).returncode == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class AgentProcess:
+    """A real `gpusweep-agent` process with its own port, state folder and static facts file."""
+
+    def __init__(self, root: Path, node: str, artifacts: Path, facts: dict[str, Any] | None = None,
+                 **settings: str) -> None:
+        self.node = node
+        self.port = free_port()
+        self.state = root / f"state-{node}"
+        self.facts_file = root / f"facts-{node}.json"
+        self.facts_file.write_text(json.dumps(facts or FACTS))
+        self.key = derive_node_key(FLEET_SECRET, CLUSTER, node)
+        self.log = root / f"agent-{node}.log"
+        self.env = {
+            **os.environ, "GPUSWEEP_AGENT_KEY": self.key, "GPUSWEEP_AGENT_CLUSTER": CLUSTER,
+            "GPUSWEEP_AGENT_NODE": node, "GPUSWEEP_AGENT_PORT": str(self.port),
+            "GPUSWEEP_AGENT_STATE_DIR": str(self.state), "GPUSWEEP_AGENT_ARTIFACT_DIR": str(artifacts),
+            "GPUSWEEP_AGENT_PROBES": "static", "GPUSWEEP_AGENT_STATIC_FACTS": str(self.facts_file),
+            "GPUSWEEP_AGENT_SIGNAL_TIMEOUT": "20",
+            **{f"GPUSWEEP_AGENT_{k.upper()}": v for k, v in settings.items()},
+        }
+        self.client = AgentClient(f"http://127.0.0.1:{self.port}", f"{CLUSTER}/{node}", self.key)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AgentProcess:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "gpusweep_agent.main", "--log-level", "DEBUG"],
+                                         env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(self._healthy, 20, what=f"agent {self.node} to answer /v1/health (log {self.log})")
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+        try:
+            return self.client.request("GET", "/v1/health")[0] == 200
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def run_env(self) -> dict[str, str]:
+        """The environment gpusweep-run needs to reach this agent."""
+        return {**self.env, "GPUSWEEP_AGENT_ENDPOINT": f"http://127.0.0.1:{self.port}"}
+
+
+def start_workload(agent: AgentProcess, workload_id: str, log: Path, megabytes: int, engine: str = "criu",
+                   extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A counter process started through `gpusweep-run`, detached (own session, no terminal, no pipes)."""
+    wrapper = shutil.which("gpusweep-run", path=str(Path(sys.executable).parent)) or "gpusweep-run"
+    out = log.with_suffix(".out")
+    with out.open("ab") as fh:
+        return subprocess.Popen(
+            [wrapper, "--workload-id", workload_id, "--engine", engine, "--", sys.executable, str(COUNTER),
+             str(log), str(megabytes)],
+            env={**agent.run_env(), **(extra_env or {})}, stdin=subprocess.DEVNULL, stdout=fh,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+
+def steps(log: Path) -> list[int]:
+    lines = [line.split() for line in log.read_text().splitlines() if line.strip()]
+    assert all(parts[1] == "ok" for parts in lines), f"memory check failed in {log}"
+    return [int(parts[0]) for parts in lines]
+
+
+def wait_steps(log: Path, at_least: int, timeout: float = 30) -> list[int]:
+    return wait_for(lambda: log.exists() and len(steps(log)) >= at_least and steps(log), timeout,
+                    what=f"{at_least} steps in {log}")
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

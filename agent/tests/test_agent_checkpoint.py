@@ -1,0 +1,203 @@
+"""Checkpoint and restore through real agents and real CRIU on real processes (done-when 1 and 2)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_helpers import (
+    CRIU_HINT,
+    FACTS,
+    AgentProcess,
+    criu_usable,
+    kill_pid,
+    start_workload,
+    steps,
+    wait_for,
+    wait_steps,
+)
+from gpusweep_agent.util import pid_alive
+
+from conftest import need
+
+pytestmark = pytest.mark.criu
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[tuple[AgentProcess, AgentProcess, Path]]:
+    need(criu_usable(), CRIU_HINT)
+    store = tmp_path / "artifacts"
+    a = AgentProcess(tmp_path, "gpu-a", store).start()
+    b = AgentProcess(tmp_path, "gpu-b", store).start()
+    yield a, b, store
+    a.stop()
+    b.stop()
+
+
+def assert_continuous(numbers: list[int]) -> None:
+    assert numbers[0] == 1
+    assert numbers == list(range(1, len(numbers) + 1)), "the counter reset, skipped or repeated a step"
+
+
+def test_it_moves_a_200mb_process_from_agent_a_to_agent_b(agents, tmp_path: Path) -> None:
+    a, b, store = agents
+    log = tmp_path / "counter.log"
+    proc = start_workload(a, "counter-200", log, megabytes=200)
+    wait_steps(log, 20, timeout=60)
+
+    op = a.client.call("/v1/checkpoint", "ck-op-1", workload_id="counter-200")
+    assert op["state"] == "succeeded", op
+    proc.wait(30)  # CRIU stopped the original (and its pid is free again once reaped here)
+    at_checkpoint = steps(log)
+    manifest = op["result"]["manifest"]
+    assert manifest["total_bytes"] > 200 * 1024 * 1024
+    assert manifest["fingerprint"]["driver"] == "570.86.15"
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"])
+    assert (store / op["result"]["checkpoint_id"] / "manifest.json").is_file()
+    time.sleep(0.5)
+    assert steps(log) == at_checkpoint, "the workload kept running after its checkpoint"
+
+    restored = b.client.call("/v1/restore", "restore-op-1", checkpoint_id=op["result"]["checkpoint_id"])
+    assert restored["state"] == "succeeded", restored
+    pid = restored["result"]["pid"]
+    try:
+        after = wait_steps(log, len(at_checkpoint) + 20)
+        assert_continuous(after)
+        workloads = b.client.get("/v1/workloads")["workloads"]
+        assert {"id": "counter-200", "pid": pid, "state": "running"}.items() <= next(
+            w for w in workloads if w["id"] == "counter-200").items()
+    finally:
+        kill_pid(pid)
+
+
+def test_it_refuses_a_restore_onto_another_driver_and_reports_the_difference(agents, tmp_path: Path) -> None:
+    a, _b, store = agents
+    newer = {**FACTS, "components": {**FACTS["components"], "driver": "580.65.06"}}
+    c = AgentProcess(tmp_path, "gpu-c", store, facts=newer).start()
+    try:
+        log = tmp_path / "counter.log"
+        proc = start_workload(a, "counter-drv", log, megabytes=10)
+        wait_steps(log, 5)
+        op = a.client.call("/v1/checkpoint", "ck-drv", workload_id="counter-drv")
+        assert op["state"] == "succeeded", op
+        proc.wait(30)
+
+        refused = c.client.call("/v1/restore", "restore-drv", checkpoint_id=op["result"]["checkpoint_id"])
+        assert refused["state"] == "failed"
+        assert refused["error"] == "incompatible"
+        assert refused["result"]["differences"] == {"driver": {"checkpoint": "570.86.15", "target": "580.65.06"}}
+        assert "580.65.06" in refused["result"]["message"]
+        # Nothing was restored and the checkpoint is still there for a compatible node.
+        assert not (store / op["result"]["checkpoint_id"] / "claim.json").exists()
+        assert steps(log)[-1] == len(steps(log))
+        again = a.client.call("/v1/restore", "restore-drv-a", checkpoint_id=op["result"]["checkpoint_id"])
+        assert again["state"] == "succeeded", again
+        kill_pid(again["result"]["pid"])
+    finally:
+        c.stop()
+
+
+def test_it_refuses_a_corrupted_image(agents, tmp_path: Path) -> None:
+    a, b, store = agents
+    log = tmp_path / "counter.log"
+    proc = start_workload(a, "counter-bad", log, megabytes=10)
+    wait_steps(log, 5)
+    op = a.client.call("/v1/checkpoint", "ck-bad", workload_id="counter-bad")
+    assert op["state"] == "succeeded", op
+    proc.wait(30)
+    folder = store / op["result"]["checkpoint_id"]
+    pages = sorted(folder.glob("pages-*.img"), key=lambda p: p.stat().st_size)[-1]
+    with pages.open("r+b") as fh:
+        fh.seek(pages.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+    refused = b.client.call("/v1/restore", "restore-bad", checkpoint_id=op["result"]["checkpoint_id"])
+    assert refused["state"] == "failed"
+    assert f"{pages.name}: sha256 differs from the manifest" in refused["error"]
+    assert refused["result"]["error"] == "corrupted"
+    time.sleep(0.3)
+    assert steps(log)[-1] == len(steps(log)), "a corrupted image must not be restored"
+
+
+def test_it_does_not_checkpoint_twice_for_a_repeated_operation_id(agents, tmp_path: Path) -> None:
+    a, _b, store = agents
+    log = tmp_path / "counter.log"
+    proc = start_workload(a, "counter-once", log, megabytes=10)
+    wait_steps(log, 5)
+    first = a.client.submit("/v1/checkpoint", "ck-once", workload_id="counter-once")
+    second = a.client.submit("/v1/checkpoint", "ck-once", workload_id="counter-once")
+    assert second["id"] == first["id"] == "ck-once"
+    done = a.client.wait(first)
+    assert done["state"] == "succeeded", done
+    proc.wait(30)
+    # After the agent restarts the id still answers with the first result.
+    a.stop()
+    a.start()
+    third = a.client.call("/v1/checkpoint", "ck-once", workload_id="counter-once")
+    assert third["result"]["checkpoint_id"] == done["result"]["checkpoint_id"]
+    assert [p.name for p in store.iterdir()] == [done["result"]["checkpoint_id"]]
+    conflict = a.client.request("POST", "/v1/checkpoint", {"operation_id": "ck-once", "workload_id": "other"})
+    assert conflict[0] == 409
+
+
+def test_it_leaves_the_workload_running_or_restorable_when_the_agent_dies_mid_checkpoint(
+    agents, tmp_path: Path
+) -> None:
+    a, b, store = agents
+    log = tmp_path / "counter.log"
+    proc = start_workload(a, "counter-kill", log, megabytes=200)
+    wait_steps(log, 10, timeout=60)
+    a.client.submit("/v1/checkpoint", "ck-kill", workload_id="counter-kill")
+    # Kill the agent while CRIU is dumping: the image folder exists but has no manifest yet.
+    wait_for(lambda: any(store.iterdir()), 20, interval=0.01, what="the dump to begin")
+    a.kill()
+    a.start()
+    op = a.client.wait(a.client.get("/v1/operations/ck-kill"), timeout=120)
+
+    if op["state"] == "succeeded":
+        assert op["result"]["recovered"] is True
+        proc.wait(30)
+        at_checkpoint = steps(log)
+        restored = b.client.call("/v1/restore", "restore-kill", checkpoint_id=op["result"]["checkpoint_id"])
+        assert restored["state"] == "succeeded", restored
+        try:
+            assert_continuous(wait_steps(log, len(at_checkpoint) + 10))
+        finally:
+            kill_pid(restored["result"]["pid"])
+    else:
+        assert op["result"]["workload_state"] == "running", op
+        before = len(steps(log))
+        assert_continuous(wait_steps(log, before + 10))
+        assert pid_alive(proc.pid)
+        assert list(store.iterdir()) == []
+        proc.kill()
+
+
+def test_it_restores_a_pending_checkpoint_when_gpusweep_run_starts_the_workload_again(
+    agents, tmp_path: Path
+) -> None:
+    """A requeued Slurm job keeps its SLURM_JOB_ID: the wrapper restores instead of starting over."""
+    a, b, _store = agents
+    log = tmp_path / "counter.log"
+    proc = start_workload(a, "ignored", log, megabytes=10, extra_env={"SLURM_JOB_ID": "4242"})
+    wait_steps(log, 10)
+    workload_ids = [w["id"] for w in a.client.get("/v1/workloads")["workloads"]]
+    assert "ignored" in workload_ids  # --workload-id wins over SLURM_JOB_ID
+    op = a.client.call("/v1/checkpoint", "ck-requeue", workload_id="ignored")
+    assert op["state"] == "succeeded", op
+    proc.wait(30)
+    at_checkpoint = steps(log)
+
+    again = start_workload(b, "ignored", log, megabytes=10)
+    try:
+        assert_continuous(wait_steps(log, len(at_checkpoint) + 10))
+        assert again.poll() is None, "the wrapper waits for the restored process"
+    finally:
+        restored = next(w for w in b.client.get("/v1/workloads")["workloads"] if w["id"] == "ignored")
+        kill_pid(restored["pid"])
+        again.wait(10)
