@@ -17,7 +17,8 @@ from conftest import need
 from inventory.models import Cluster, Node, NodeComponent
 from inventory.versions import parse_version
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "csaf"
+INDEX = FIXTURES.parent / "nvidia-index.json"
 SHARED_CSAF = Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf"
 
 

@@ -11,7 +11,7 @@ from advisories.http import HttpClient
 from advisories.ingest import ingest_documents
 from advisories.models import Advisory, SourceState
 from advisories.sources import FeedSource, GitHubSource, IndexSource, UrlSource, resolve
-from tests.advisories.conftest import FIXTURES, hang, huge_body
+from tests.advisories.conftest import FIXTURES, INDEX, hang, huge_body
 
 pytestmark = pytest.mark.django_db
 
@@ -89,9 +89,9 @@ def test_it_follows_nvidias_github_layout_from_the_commit_feed(http_server):
 
 def test_the_json_index_flags_bulletins_without_csaf_as_ranges_unknown(http_server):
     ingest_documents(resolve(str(FIXTURES / "5703.json")).items())
-    summary = ingest_documents(IndexSource(str(FIXTURES / "nvidia-index.json")).items())
+    summary = ingest_documents(IndexSource(str(INDEX)).items())
     assert (summary.new, summary.unchanged) == (2, 1)  # 5703 has its CSAF already
-    assert summary.errors == [f"{FIXTURES / 'nvidia-index.json'} row 4: date 'Nov 12th' is not like '09 Oct 2025'"]
+    assert summary.errors == [f"{INDEX} row 4: date 'Nov 12th' is not like '09 Oct 2025'"]
     toolkit = Advisory.objects.get(publisher_id="5720")
     assert toolkit.ranges_unknown and toolkit.severity == "critical"
     assert toolkit.title == "Security Bulletin: NVIDIA Container Toolkit - November 2025"
@@ -100,15 +100,15 @@ def test_the_json_index_flags_bulletins_without_csaf_as_ranges_unknown(http_serv
     assert not Advisory.objects.get(publisher_id="5703").ranges_unknown
     # Served over HTTP the same index ingests the same way, and a second time changes nothing.
     base, handler = http_server
-    serve_fixture(handler, "/product-security.json", "nvidia-index.json")
+    handler.routes["/product-security.json"] = (200, "application/json", INDEX.read_bytes())
     again = ingest_documents(resolve(f"index:{base}/product-security.json").items())
     assert (again.new, again.updated, again.unchanged) == (0, 0, 3)
 
 
 def test_a_csaf_document_replaces_the_index_placeholder(tmp_path):
-    ingest_documents(IndexSource(str(FIXTURES / "nvidia-index.json")).items())
+    ingest_documents(IndexSource(str(INDEX)).items())
     Advisory.objects.filter(publisher_id="5703").delete()
-    ingest_documents(IndexSource(str(FIXTURES / "nvidia-index.json")).items())
+    ingest_documents(IndexSource(str(INDEX)).items())
     assert Advisory.objects.get(publisher_id="5703").ranges_unknown
     summary = ingest_documents(resolve(str(FIXTURES / "5703.json")).items())
     assert summary.updated == 1
