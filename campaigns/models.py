@@ -1,0 +1,207 @@
+"""Campaigns: what to patch, how, approved by whom; per-node sweeps and their evidence."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from campaigns.choices import CampaignStatus, MoveState, SweepState, WorkloadPolicyChoice
+
+
+class Campaign(models.Model):
+    """A rolling sweep over a scope of nodes towards target versions, under a policy.
+
+    Limits such as parallelism and the error budget are written "3" (nodes) or "25%" (of the
+    scope, rounded down, at least 1 for parallelism). Windows are
+    ``[{"days": [0..6 Monday first], "start": "22:00", "end": "06:00", "tz": "Europe/Berlin"}]``
+    (an end before the start crosses midnight); blackouts are ``[{"start": iso, "end": iso}]``.
+    Target versions are ``{"driver": "580.95.05"}`` (everyone to that version, which may be a
+    move to another branch) or ``{"driver": {"R570": "570.195.03", "R580": "580.95.05"}}`` (each
+    node within its own branch); left empty, they come from the advisories' fixed versions.
+    """
+
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_campaigns", null=True, blank=True
+    )
+    status = models.CharField(
+        max_length=20, choices=CampaignStatus.choices(), default=CampaignStatus.DRAFT, db_index=True
+    )
+    # Scope.
+    clusters = models.JSONField(default=list, blank=True, help_text="cluster names; empty for all")
+    pools = models.JSONField(default=list, blank=True, help_text="pool names; empty for all")
+    node_selector = models.JSONField(default=dict, blank=True, help_text='{"label": "value"} or {"names": [...]}')
+    target_versions = models.JSONField(default=dict, blank=True)
+    # Policy.
+    parallelism_per_cluster = models.CharField(max_length=10, default="1")
+    parallelism_per_pool = models.CharField(max_length=10, blank=True)
+    windows = models.JSONField(default=list, blank=True)
+    blackouts = models.JSONField(default=list, blank=True)
+    error_budget = models.CharField(max_length=10, default="1")
+    workload_policy = models.CharField(
+        max_length=20, choices=WorkloadPolicyChoice.choices(), default=WorkloadPolicyChoice.CHECKPOINT
+    )
+    wait_limit = models.DurationField(null=True, blank=True, help_text="how long to wait for a workload to end")
+    cold_restart_allowed = models.BooleanField(default=False)
+    workload_overrides = models.JSONField(default=dict, blank=True, help_text="{workload id or name: policy}")
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    deadline = models.DateTimeField(null=True, blank=True)
+    step_timeout_s = models.PositiveIntegerField(default=900, help_text="a step older than this is re-driven")
+    node_estimate_s = models.PositiveIntegerField(default=1800, help_text="planning estimate for one node")
+    # Execution.
+    approved_plan = models.ForeignKey(
+        "campaigns.Plan", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    status_reason = models.TextField(blank=True)
+    # Head of the campaign's evidence chain: removing the last event is detectable too.
+    evidence_seq = models.PositiveIntegerField(default=0)
+    evidence_head = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+
+class Plan(models.Model):
+    """One stored, versioned plan of a campaign (content as the planner returned it)."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="plans")
+    version = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    content = models.JSONField(default=dict)
+    summary = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["campaign_id", "-version"]
+        constraints = [models.UniqueConstraint(fields=["campaign", "version"], name="plan_version_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id} v{self.version}"
+
+
+class Approval(models.Model):
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="approvals")
+    plan = models.ForeignKey(Plan, on_delete=models.CASCADE, related_name="approvals")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    comment = models.TextField(blank=True)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["campaign_id", "at"]
+        constraints = [models.UniqueConstraint(fields=["plan", "user"], name="approval_once_per_plan")]
+
+    def __str__(self) -> str:
+        return f"{self.user} approved plan {self.plan_id}"
+
+
+class NodeSweep(models.Model):
+    """One node's way through a campaign: a state machine moved by conditional updates only."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="sweeps")
+    node = models.ForeignKey("inventory.Node", on_delete=models.PROTECT, related_name="sweeps")
+    wave = models.PositiveIntegerField()
+    position = models.PositiveIntegerField(default=0, help_text="order within the plan")
+    state = models.CharField(max_length=20, choices=SweepState.choices(), default=SweepState.PENDING, db_index=True)
+    target = models.JSONField(default=dict, help_text="{component: version}")
+    versions_before = models.JSONField(default=dict, blank=True)
+    versions_after = models.JSONField(default=dict, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    # The worker holding the current step and until when; a step past its deadline is re-driven.
+    lease_owner = models.CharField(max_length=64, blank=True)
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    step_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    patched_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    evidence_seq = models.PositiveIntegerField(default=0)
+    evidence_head = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["campaign_id", "wave", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "node"], name="sweep_node_once_per_campaign"),
+            # A node is in at most one active campaign.
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(state__in=sorted(SweepState.ACTIVE)), name="sweep_one_active_per_node"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"campaign {self.campaign_id} node {self.node_id}: {self.state}"
+
+
+class WorkloadMove(models.Model):
+    """Where one workload of a swept node went, how, and that it resumed there."""
+
+    sweep = models.ForeignKey(NodeSweep, on_delete=models.CASCADE, related_name="moves")
+    workload = models.ForeignKey("inventory.Workload", on_delete=models.SET_NULL, null=True, blank=True)
+    workload_ref = models.CharField(max_length=200, help_text="the workload's id on its source node")
+    workload_name = models.CharField(max_length=200, blank=True)
+    gpus = models.PositiveIntegerField(default=0)
+    policy = models.CharField(max_length=20, choices=WorkloadPolicyChoice.choices())
+    state = models.CharField(max_length=20, choices=MoveState.choices(), default=MoveState.PLANNED)
+    target_node = models.ForeignKey(
+        "inventory.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="incoming_moves"
+    )
+    checkpoint_id = models.CharField(max_length=200, blank=True)
+    checkpoint_sha256 = models.CharField(max_length=64, blank=True)
+    steps_before = models.BigIntegerField(null=True, blank=True)
+    steps_after = models.BigIntegerField(null=True, blank=True)
+    new_workload_ref = models.CharField(max_length=200, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["sweep_id", "id"]
+        constraints = [models.UniqueConstraint(fields=["sweep", "workload_ref"], name="move_once_per_workload")]
+
+    def __str__(self) -> str:
+        return f"{self.workload_name or self.workload_ref}: {self.state}"
+
+
+class EvidenceEvent(models.Model):
+    """Append-only, hash-chained: per campaign (seq, hash) and per node sweep (node_seq, node_hash).
+
+    ``hash = sha256(prev_hash + canonical JSON of the event)``; see campaigns.evidence.
+    """
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.PROTECT, related_name="events")
+    sweep = models.ForeignKey(NodeSweep, on_delete=models.PROTECT, null=True, blank=True, related_name="events")
+    seq = models.PositiveIntegerField()
+    node_seq = models.PositiveIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=40)
+    actor = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    data = models.JSONField(default=dict)
+    prev_hash = models.CharField(max_length=64, blank=True)
+    hash = models.CharField(max_length=64)
+    node_prev_hash = models.CharField(max_length=64, blank=True)
+    node_hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["campaign_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "seq"], name="event_seq_unique"),
+            models.UniqueConstraint(fields=["sweep", "node_seq"], name="event_node_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}#{self.seq} {self.kind}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValueError("evidence events are append-only")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
+        raise ValueError("evidence events are append-only")

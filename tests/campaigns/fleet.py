@@ -1,0 +1,79 @@
+"""A small fleet in the inventory and in the memory executor, and a synchronous campaign driver."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import Group, User
+
+from campaigns import engine, services
+from campaigns.choices import CampaignStatus, SweepState
+from campaigns.models import Campaign, NodeSweep
+from executors.memory import Fleet
+from inventory.models import Cluster, Node, NodeComponent, Workload
+from inventory.versions import parse_version
+
+OLD, FIXED = "570.86.15", "570.195.03"
+
+
+def add_node(fleet: Fleet, cluster: Cluster, name: str, *, driver: str = OLD, pool: str = "a", gpus: int = 8,
+             workloads: int = 1, labels: dict[str, str] | None = None, engine: str = "criu") -> Node:
+    node = Node.objects.create(cluster=cluster, name=name, pool=pool, gpu_model="H100", gpu_count=gpus,
+                               labels=labels or {})
+    versions = {"driver": driver, "cuda": "12.8"}
+    for component, version in versions.items():
+        parsed = parse_version(component, version)
+        NodeComponent.objects.create(node=node, component=component, version=version, version_key=parsed.key,
+                                     branch=parsed.branch)
+    fleet.add_node(cluster.name, name, gpu_model="H100", gpu_count=gpus, versions=versions)
+    for index in range(workloads):
+        ref = f"{name}-w{index}"
+        Workload.objects.create(cluster=cluster, node=node, kind="process", scheduler_id=ref, name=f"job-{ref}",
+                                gpus=2, checkpoint_engine=engine)
+        fleet.add_workload(cluster.name, name, ref, name=f"job-{ref}", gpus=2, engine=engine, rate=1000)
+    return node
+
+
+def make_fleet(nodes: int = 4, spares: int = 2, **kwargs: Any) -> tuple[Fleet, Cluster]:
+    fleet = Fleet()
+    fleet.reset()
+    cluster = Cluster.objects.create(name="local", kind="static", connection={"executor": "memory"})
+    for index in range(nodes):
+        add_node(fleet, cluster, f"gpu{index:02d}", labels={"sweep": "yes"}, **kwargs)
+    for index in range(spares):
+        add_node(fleet, cluster, f"spare{index:02d}", labels={"sweep": "no"}, workloads=0)
+    return fleet, cluster
+
+
+def user(name: str, *roles: str) -> User:
+    person = User.objects.create_user(name, password=f"pw-{name}-123456")
+    for role in roles:
+        person.groups.add(Group.objects.get(name=role))
+    return person
+
+
+def approved_campaign(requester: User, approver: User, **fields: Any) -> Campaign:
+    defaults: dict[str, Any] = {"name": "sweep", "requested_by": requester, "node_selector": {"sweep": "yes"},
+                                "target_versions": {"driver": {"R570": FIXED}}, "parallelism_per_cluster": "2"}
+    campaign = Campaign.objects.create(**{**defaults, **fields})
+    services.make_plan(campaign.pk, requester)
+    services.approve(campaign.pk, approver)
+    campaign.refresh_from_db()
+    return campaign
+
+
+def drive(campaign_id: int, rounds: int = 200) -> Campaign:
+    """Run dispatch and every working step until the campaign rests (what Celery does, in order)."""
+    for _ in range(rounds):
+        engine.dispatch(campaign_id)
+        working = list(NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.WORKING)
+                       .values_list("pk", flat=True))
+        for sweep_id in working:
+            engine.advance(sweep_id)
+        campaign = Campaign.objects.get(pk=campaign_id)
+        if not working and campaign.status != CampaignStatus.RUNNING:
+            return campaign
+        if not working and not NodeSweep.objects.filter(campaign_id=campaign_id, state=SweepState.PENDING).exists():
+            engine.dispatch(campaign_id)
+            return Campaign.objects.get(pk=campaign_id)
+    return Campaign.objects.get(pk=campaign_id)

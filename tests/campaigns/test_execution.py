@@ -1,0 +1,235 @@
+"""Execution with the memory executor (a test double: no agents here) on the default database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.utils import timezone
+
+from campaigns import engine, services
+from campaigns.choices import CampaignStatus, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
+from campaigns.services import CampaignError
+from inventory.models import Node, Workload
+from tests.campaigns.fleet import FIXED, approved_campaign, drive, make_fleet, user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def people():
+    return user("rita", "operator"), user("alan", "approver"), user("bea", "approver")
+
+
+def test_it_sweeps_every_node_and_every_workload_continues(people):
+    fleet, _cluster = make_fleet(nodes=4, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    campaign = drive(campaign.pk)
+    assert campaign.status == CampaignStatus.COMPLETED
+    states = set(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
+    assert states == {SweepState.DONE}
+    snapshot = fleet.snapshot()
+    for name in ("gpu00", "gpu01", "gpu02", "gpu03"):
+        node = snapshot["nodes"][f"local/{name}"]
+        assert node["versions"]["driver"] == FIXED and node["patches"] == {"driver": 1}
+        assert node["maintenance"] is False
+    # Every workload runs exactly once somewhere, further along than when it was checkpointed.
+    running = [w for n in snapshot["nodes"].values() for w in n["workloads"].values() if w["state"] == "running"]
+    assert sorted(w["name"] for w in running) == [f"job-gpu{i:02d}-w0" for i in range(4)]
+    for move in WorkloadMove.objects.all():
+        assert move.state == MoveState.RESTORED
+        assert move.steps_after >= move.steps_before > 0
+    # The inventory follows: new versions, workloads where they went, nodes in service.
+    assert set(Node.objects.filter(name__startswith="gpu").values_list("components__version", flat=True)) >= {FIXED}
+    assert not Workload.objects.filter(node__name__startswith="gpu").exists()
+    call_command("verify_evidence", campaign=campaign.pk)
+
+
+def test_a_failed_checkpoint_never_leads_to_a_patch(people):
+    fleet, _ = make_fleet(nodes=2, spares=2)
+    fleet.inject("checkpoint", "local/gpu00", "permanent")
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, error_budget="1")
+    services.start(campaign.pk, requester)
+    drive(campaign.pk)
+    failed = NodeSweep.objects.get(node__name="gpu00")
+    assert failed.state == SweepState.FAILED and "injected" in failed.error
+    node = fleet.snapshot()["nodes"]["local/gpu00"]
+    assert node["patches"] == {} and node["maintenance"] is False
+    assert [w["state"] for w in node["workloads"].values()] == ["running"]
+    assert NodeSweep.objects.get(node__name="gpu01").state == SweepState.DONE
+
+
+def test_the_error_budget_halts_the_campaign(people):
+    fleet, _ = make_fleet(nodes=4, spares=2)
+    fleet.inject("patch", "*", "permanent", times=10)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, error_budget="1", parallelism_per_cluster="1")
+    services.start(campaign.pk, requester)
+    campaign = drive(campaign.pk)
+    assert campaign.status == CampaignStatus.HALTED
+    assert "exceed the error budget of 1" in campaign.status_reason
+    assert NodeSweep.objects.filter(campaign=campaign, state=SweepState.FAILED).count() == 2
+    assert NodeSweep.objects.filter(campaign=campaign, state=SweepState.PENDING).count() == 2
+
+
+def test_a_window_in_the_future_makes_it_wait(people):
+    make_fleet(nodes=2, spares=2)
+    requester, approver, _ = people
+    now = timezone.now()
+    later = now + timedelta(hours=3)
+    window = {"days": [later.weekday()], "start": later.strftime("%H:00"), "end": (later + timedelta(hours=1))
+              .strftime("%H:00"), "tz": "UTC"}
+    campaign = approved_campaign(requester, approver, windows=[window])
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    campaign.refresh_from_db()
+    assert campaign.status == CampaignStatus.WAITING
+    assert set(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True)) == {SweepState.PENDING}
+    assert EvidenceEvent.objects.filter(campaign=campaign, kind="waiting_for_window").count() == 1
+
+
+def test_an_unapproved_campaign_cannot_start_and_the_requester_cannot_approve(people):
+    make_fleet(nodes=2, spares=0)
+    requester, _approver, _ = people
+    campaign = Campaign.objects.create(name="x", requested_by=requester, target_versions={"driver": FIXED})
+    services.make_plan(campaign.pk, requester)
+    with pytest.raises(CampaignError, match="must be approved"):
+        services.start(campaign.pk, requester)
+    with pytest.raises(CampaignError, match="requester cannot approve"):
+        services.approve(campaign.pk, requester)
+    assert Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.PLANNED
+
+
+def test_it_needs_as_many_approvers_as_the_campaign_asks(people):
+    make_fleet(nodes=1, spares=1)
+    requester, alan, bea = people
+    campaign = Campaign.objects.create(name="x", requested_by=requester, target_versions={"driver": FIXED},
+                                       approvals_required=2)
+    services.make_plan(campaign.pk, requester)
+    services.approve(campaign.pk, alan)
+    services.approve(campaign.pk, alan)  # twice by one person counts once
+    assert Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.PLANNED
+    services.approve(campaign.pk, bea)
+    assert Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.APPROVED
+
+
+def test_a_node_is_in_at_most_one_active_campaign(people):
+    make_fleet(nodes=2, spares=2)
+    requester, approver, _ = people
+    first = approved_campaign(requester, approver)
+    second = approved_campaign(requester, approver)
+    services.start(first.pk, requester)
+    with pytest.raises(CampaignError, match="is in active campaign"):
+        services.start(second.pk, requester)
+    assert Campaign.objects.get(pk=second.pk).status == CampaignStatus.APPROVED
+    assert not NodeSweep.objects.filter(campaign=second).exists()
+
+
+def test_abort_returns_unpatched_nodes_with_their_workloads(people):
+    fleet, _ = make_fleet(nodes=4, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    admitted = list(NodeSweep.objects.filter(campaign=campaign, state=SweepState.DRAINING))
+    for sweep in admitted:
+        engine.advance(sweep.pk)  # drained
+        engine.advance(sweep.pk)  # checkpointed, not yet restored
+    services.abort(campaign.pk, requester, reason="change freeze")
+    for sweep in admitted:
+        engine.advance(sweep.pk)
+    states = dict(NodeSweep.objects.filter(campaign=campaign).values_list("node__name", "state"))
+    assert sorted(states.values()) == [SweepState.ROLLED_BACK] * 2 + [SweepState.SKIPPED] * 2
+    snapshot = fleet.snapshot()
+    for name in ("gpu00", "gpu01", "gpu02", "gpu03"):
+        node = snapshot["nodes"][f"local/{name}"]
+        assert node["patches"] == {} and node["maintenance"] is False
+        assert [w["state"] for w in node["workloads"].values()].count("running") == 1
+    assert Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.ABORTED
+
+
+def test_a_step_whose_worker_died_is_redriven_and_nothing_runs_twice(people):
+    fleet, _ = make_fleet(nodes=2, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, step_timeout_s=60)
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    sweep = NodeSweep.objects.filter(campaign=campaign).order_by("position").first()
+    # A worker claimed the step and died: the lease holds until the step deadline.
+    NodeSweep.objects.filter(pk=sweep.pk).update(lease_owner="dead-worker")
+    assert engine.advance(sweep.pk) is None
+    NodeSweep.objects.filter(pk=sweep.pk).update(step_deadline=timezone.now() - timedelta(seconds=1))
+    sent = []
+    services.ENQUEUE.insert(0, lambda task, object_id, countdown: sent.append((task, object_id)))
+    try:
+        assert engine.redrive()["steps"] == 1
+    finally:
+        services.ENQUEUE.pop(0)
+    assert ("advance", sweep.pk) in sent
+    drive(campaign.pk)
+    assert fleet.snapshot()["nodes"][f"local/{sweep.node.name}"]["patches"] == {"driver": 1}
+
+
+def test_verification_compares_versions_and_health(people):
+    fleet, _ = make_fleet(nodes=1, spares=1)
+    fleet.set_healthy("local/gpu00", False)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    drive(campaign.pk)
+    sweep = NodeSweep.objects.get(campaign=campaign)
+    assert sweep.state == SweepState.FAILED
+    assert "verification failed: healthy=False" in sweep.error
+
+
+def test_verify_evidence_detects_edited_removed_and_reordered_events(people):
+    make_fleet(nodes=1, spares=1)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    drive(campaign.pk)
+    call_command("verify_evidence", campaign=campaign.pk)
+    table = EvidenceEvent._meta.db_table
+    events = list(EvidenceEvent.objects.filter(campaign=campaign).order_by("seq"))
+    with connection.cursor() as cursor:
+        # Edited: one event's data changed behind the application's back.
+        cursor.execute(f"UPDATE {table} SET actor = 'user:mallory' WHERE id = %s", [events[3].pk])
+    with pytest.raises(CommandError, match="evidence verification failed"):
+        call_command("verify_evidence", campaign=campaign.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET actor = %s WHERE id = %s", [events[3].actor, events[3].pk])
+    call_command("verify_evidence", campaign=campaign.pk)
+    with connection.cursor() as cursor:  # reordered: two events swap places
+        cursor.execute(f"UPDATE {table} SET seq = 100000 WHERE id = %s", [events[4].pk])
+        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[4].seq, events[5].pk])
+        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[5].seq, events[4].pk])
+    with pytest.raises(CommandError):
+        call_command("verify_evidence", campaign=campaign.pk)
+    with connection.cursor() as cursor:  # restored, then the last one removed
+        cursor.execute(f"UPDATE {table} SET seq = 100000 WHERE id = %s", [events[4].pk])
+        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[5].seq, events[5].pk])
+        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[4].seq, events[4].pk])
+    call_command("verify_evidence", campaign=campaign.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE id = %s", [events[-1].pk])
+    with pytest.raises(CommandError):
+        call_command("verify_evidence", campaign=campaign.pk)
+
+
+def test_events_cannot_be_changed_through_the_orm(people):
+    make_fleet(nodes=1, spares=1)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    event = EvidenceEvent.objects.filter(campaign=campaign).first()
+    event.actor = "someone else"
+    with pytest.raises(ValueError, match="append-only"):
+        event.save()
+    with pytest.raises(ValueError, match="append-only"):
+        event.delete()
