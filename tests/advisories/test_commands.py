@@ -10,9 +10,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from advisories.models import Advisory, KevEntry
+from inventory.models import Cluster
 from tests.advisories.conftest import FIXTURES, add_node
 from tests.helpers import clean_env, manage
-from inventory.models import Cluster
 
 pytestmark = pytest.mark.django_db
 

@@ -7,6 +7,7 @@ GPUSWEEP_ADVISORY_SOURCES.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +17,13 @@ from tqdm import tqdm
 from advisories.csaf import DocumentError
 from advisories.ingest import IngestSummary, ingest_documents
 from advisories.sources import resolve
+
+
+def _ticker(bar: tqdm) -> Callable[[str], None]:
+    def tick(_name: str) -> None:
+        bar.update()
+
+    return tick
 
 
 class Command(BaseCommand):
@@ -37,7 +45,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from None
             bar = tqdm(desc=str(spec)[-40:], unit="doc", disable=options["no_progress"],
                        file=self.stderr._out)
-            summary = ingest_documents(source.items(), progress=lambda _name: bar.update())
+            summary = ingest_documents(source.items(), progress=_ticker(bar))
             bar.close()
             self.stdout.write(f"{spec}: {summary.line()}")
             for error in summary.errors:
