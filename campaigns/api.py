@@ -1,0 +1,280 @@
+"""REST API under /api/v1/campaigns/: campaigns and their actions, node sweeps, evidence.
+
+Operators create, plan, start, pause, resume and abort; approvers approve (never their own
+campaign); every role reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import django_filters
+from django.contrib.auth.models import User
+from django.db import transaction
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import DefaultRouter
+
+from campaigns import evidence, services
+from campaigns.choices import CampaignStatus, WorkloadPolicyChoice
+from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
+from campaigns.planner import PlanError, parse_blackouts, parse_limit, parse_windows
+from gpusweep.roles import Role
+
+LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
+
+
+class CampaignSerializer(serializers.ModelSerializer):
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None)
+    approvals = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Campaign
+        fields = [
+            "id", "name", "description", "requested_by", "status", "status_reason", "clusters", "pools",
+            "node_selector", "target_versions", "parallelism_per_cluster", "parallelism_per_pool", "windows",
+            "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
+            "workload_overrides", "approvals_required", "deadline", "step_timeout_s", "node_estimate_s",
+            "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
+        ]
+        read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "evidence_seq",
+                            "evidence_head", "created_at"]
+
+    def get_approvals(self, obj: Campaign) -> list[dict[str, Any]]:
+        return [{"user": str(a.user), "plan": a.plan_id, "at": a.at} for a in obj.approvals.all()]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        for name in ("parallelism_per_cluster", "parallelism_per_pool", "error_budget"):
+            value = attrs.get(name)
+            if value and not (name == "error_budget" and value.strip() in ("0", "0%")):
+                try:
+                    parse_limit(value, 100, name)
+                except PlanError as exc:
+                    errors[name] = str(exc)
+        for name, parse in (("windows", parse_windows), ("blackouts", parse_blackouts)):
+            if name in attrs:
+                try:
+                    if not isinstance(attrs[name], list):
+                        raise PlanError(f"{name} must be a list")
+                    parse(attrs[name])
+                except (PlanError, AttributeError) as exc:
+                    errors[name] = str(exc)
+        overrides = attrs.get("workload_overrides") or {}
+        bad = {k: v for k, v in overrides.items() if v not in WorkloadPolicyChoice.values()}
+        if bad:
+            errors["workload_overrides"] = f"unknown policies {bad}; use {WorkloadPolicyChoice.values()}"
+        targets = attrs.get("target_versions") or {}
+        if not isinstance(targets, dict) or not all(isinstance(v, str | dict) for v in targets.values()):
+            errors["target_versions"] = 'use {"driver": "580.95.05"} or {"driver": {"R570": "570.195.03"}}'
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
+
+
+class PlanSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Plan
+        fields = ["id", "campaign", "version", "created_at", "created_by", "summary", "content"]
+
+
+class MoveSerializer(serializers.ModelSerializer):
+    target_node = serializers.CharField(source="target_node.name", read_only=True, default=None)
+
+    class Meta:
+        model = WorkloadMove
+        fields = ["workload_ref", "workload_name", "gpus", "policy", "state", "target_node", "checkpoint_id",
+                  "checkpoint_sha256", "steps_before", "steps_after", "new_workload_ref", "detail"]
+
+
+class NodeSweepSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    moves = MoveSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = NodeSweep
+        fields = ["id", "campaign", "node", "node_name", "wave", "position", "state", "target", "versions_before",
+                  "versions_after", "attempt", "step_started_at", "step_deadline", "patched_at", "error", "moves"]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EvidenceEvent
+        fields = ["id", "campaign", "sweep", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash",
+                  "node_prev_hash", "node_hash"]
+
+
+class CampaignFilter(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=CampaignStatus.choices())
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Campaign
+        fields = ["status", "name"]
+
+
+class NodeSweepFilter(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
+
+    class Meta:
+        model = NodeSweep
+        fields = ["campaign", "node", "state", "wave"]
+
+
+class EventFilter(django_filters.FilterSet):
+    class Meta:
+        model = EvidenceEvent
+        fields = ["campaign", "sweep", "kind"]
+
+
+def _user(request: Request) -> User:
+    return cast(User, request.user)
+
+
+def _body(request: Request) -> dict[str, Any]:
+    return request.data if isinstance(request.data, dict) else {}
+
+
+def _error(exc: services.CampaignError) -> Response:
+    return Response({"detail": str(exc)}, status=exc.status)
+
+
+class CampaignViewSet(viewsets.ModelViewSet):
+    queryset = Campaign.objects.select_related("requested_by").prefetch_related("approvals__user")
+    serializer_class = CampaignSerializer
+    filterset_class = CampaignFilter
+    ordering_fields = ["created_at", "deadline", "status"]
+    write_roles = {Role.OPERATOR}
+    action_roles = {"approve": {Role.APPROVER}, **{name: {Role.OPERATOR} for name in LIFECYCLE}}
+    http_method_names = ["get", "post", "patch", "put", "head", "options"]
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        with transaction.atomic():
+            campaign = serializer.save(requested_by=self.request.user)
+            locked = evidence.lock_campaign(campaign.pk)
+            evidence.append(locked, "created", services.actor_of(_user(self.request)),
+                            {"fields": serializer.data})
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        campaign = self.get_object()
+        if campaign.status not in CampaignStatus.EDITABLE:
+            return Response({"detail": f"campaign {campaign.pk} is {campaign.status}; it can no longer be edited"},
+                            status=status.HTTP_409_CONFLICT)
+        serializer = self.get_serializer(campaign, data=request.data, partial=kwargs.get("partial", False))
+        serializer.is_valid(raise_exception=True)
+        with transaction.atomic():
+            locked = evidence.lock_campaign(campaign.pk)
+            if locked.status not in CampaignStatus.EDITABLE:
+                return Response({"detail": f"campaign {campaign.pk} is {locked.status}"}, status=409)
+            # An edit voids the plan's approvals: the campaign goes back to draft.
+            serializer.save(status=CampaignStatus.DRAFT, approved_plan=None)
+            locked.refresh_from_db()
+            evidence.append(locked, "edited", services.actor_of(_user(request)),
+                            {"changes": request.data})
+        return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
+
+    @action(detail=True, methods=["post"])
+    def plan(self, request: Request, pk: str | None = None) -> Response:
+        """Plan: stored as a new version; with {"dry_run": true} only previewed."""
+        campaign = self.get_object()
+        try:
+            if _body(request).get("dry_run"):
+                return Response({"dry_run": True, "content": services.compute_plan(campaign)})
+            stored = services.make_plan(campaign.pk, _user(request))
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(PlanSerializer(stored).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["get"])
+    def plans(self, request: Request, pk: str | None = None) -> Response:
+        campaign = self.get_object()
+        return Response(PlanSerializer(campaign.plans.order_by("-version"), many=True).data)
+
+    @action(detail=True, methods=["get"])
+    def compare(self, request: Request, pk: str | None = None) -> Response:
+        """?old=1&new=2 compares two versions; without `new`, the newest (or `old`) with a fresh re-plan."""
+        campaign = self.get_object()
+        try:
+            old = int(request.query_params["old"]) if "old" in request.query_params else None
+            new = int(request.query_params["new"]) if "new" in request.query_params else None
+        except ValueError:
+            return Response({"detail": "old and new are plan version numbers"}, status=400)
+        try:
+            return Response(services.compare_plans(campaign, old, new))
+        except services.CampaignError as exc:
+            return _error(exc)
+
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        try:
+            campaign = services.approve(int(pk or 0), _user(request), str(_body(request).get("comment", "")))
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
+
+    def _lifecycle(self, request: Request, pk: str | None, name: str) -> Response:
+        self.get_object()
+        user = _user(request)
+        try:
+            if name == "abort":
+                campaign = services.abort(int(pk or 0), user, str(_body(request).get("reason", "")))
+            else:
+                campaign = getattr(services, name)(int(pk or 0), user)
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
+
+    @action(detail=True, methods=["post"])
+    def start(self, request: Request, pk: str | None = None) -> Response:
+        return self._lifecycle(request, pk, "start")
+
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str | None = None) -> Response:
+        return self._lifecycle(request, pk, "pause")
+
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        return self._lifecycle(request, pk, "resume")
+
+    @action(detail=True, methods=["post"])
+    def abort(self, request: Request, pk: str | None = None) -> Response:
+        return self._lifecycle(request, pk, "abort")
+
+    @action(detail=True, methods=["get"])
+    def evidence(self, request: Request, pk: str | None = None) -> Response:
+        """The whole log in order, with the chain verified now."""
+        campaign = self.get_object()
+        events = EvidenceEvent.objects.filter(campaign=campaign).order_by("seq")
+        problems = [str(p) for p in evidence.verify_campaign(campaign)]
+        return Response({"campaign": campaign.pk, "intact": not problems, "problems": problems,
+                         "events": EventSerializer(events, many=True).data})
+
+
+class NodeSweepViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = NodeSweep.objects.select_related("node").prefetch_related("moves__target_node")
+    serializer_class = NodeSweepSerializer
+    filterset_class = NodeSweepFilter
+    ordering_fields = ["wave", "position", "state", "updated_at"]
+
+
+class EvidenceEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = EvidenceEvent.objects.all()
+    serializer_class = EventSerializer
+    filterset_class = EventFilter
+    ordering_fields = ["seq", "at"]
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Approval
+        fields = ["id", "campaign", "plan", "user", "comment", "at"]
+
+
+router = DefaultRouter()
+router.register("campaigns", CampaignViewSet)
+router.register("sweeps", NodeSweepViewSet)
+router.register("events", EvidenceEventViewSet)

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from campaigns.choices import CampaignStatus
+from campaigns.models import Campaign, NodeSweep
+from tests.campaigns.fleet import FIXED, drive, make_fleet, user
+
+pytestmark = pytest.mark.django_db
+BASE = "/api/v1/campaigns/campaigns/"
+
+
+def login(name: str, *roles: str) -> Client:
+    user(name, *roles)
+    client = Client()
+    assert client.login(username=name, password=f"pw-{name}-123456")
+    return client
+
+
+@pytest.fixture
+def clients():
+    make_fleet(nodes=3, spares=2)
+    return login("olga", "operator"), login("abe", "approver"), login("vic", "viewer")
+
+
+def create(client: Client, **fields) -> dict:
+    body = {"name": "Driver R570", "node_selector": {"sweep": "yes"}, "target_versions": {"driver": {"R570": FIXED}},
+            "parallelism_per_cluster": "50%", **fields}
+    response = client.post(BASE, body, content_type="application/json")
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def test_it_runs_the_whole_life_cycle_with_the_right_roles(clients):
+    operator, approver, viewer = clients
+    campaign = create(operator)
+    assert campaign["requested_by"] == "olga" and campaign["status"] == "draft"
+    url = f"{BASE}{campaign['id']}/"
+    preview = operator.post(url + "plan/", {"dry_run": True}, content_type="application/json").json()
+    assert preview["dry_run"] and len(preview["content"]["nodes"]) == 3
+    assert Campaign.objects.get(pk=campaign["id"]).plans.count() == 0
+    plan = operator.post(url + "plan/", {}, content_type="application/json")
+    assert plan.status_code == 201 and plan.json()["version"] == 1
+    node = next(iter(plan.json()["content"]["nodes"].values()))
+    assert {"wave", "expected_start", "expected_end", "moves", "risks"} <= set(node)
+    assert node["moves"][0]["action"] == "migrate" and node["moves"][0]["to_name"].startswith("spare")
+
+    assert viewer.post(url + "approve/").status_code == 403
+    assert operator.post(url + "approve/").status_code == 403  # operators do not approve
+    assert operator.post(url + "start/").status_code == 409  # not approved yet
+    assert approver.post(url + "approve/", {"comment": "ok"}, content_type="application/json").status_code == 200
+    assert approver.post(url + "start/").status_code == 403  # approvers do not run campaigns
+    started = operator.post(url + "start/")
+    assert started.status_code == 200 and started.json()["status"] == "running"
+    drive(campaign["id"])
+    assert viewer.get(url).json()["status"] == CampaignStatus.COMPLETED
+    sweeps = viewer.get(f"/api/v1/campaigns/sweeps/?campaign={campaign['id']}").json()["results"]
+    assert {s["state"] for s in sweeps} == {"done"} and all(s["moves"][0]["steps_after"] for s in sweeps)
+    log = viewer.get(url + "evidence/").json()
+    assert log["intact"] and [e["seq"] for e in log["events"]] == list(range(1, len(log["events"]) + 1))
+    assert {"created", "planned", "approved", "started", "checkpointed", "restored", "done", "completed"} <= {
+        e["kind"] for e in log["events"]}
+
+
+def test_the_requester_cannot_approve_their_own_campaign(clients):
+    _operator, _approver, _viewer = clients
+    both = login("ben", "operator", "approver")
+    campaign = create(both)
+    url = f"{BASE}{campaign['id']}/"
+    both.post(url + "plan/", {}, content_type="application/json")
+    response = both.post(url + "approve/")
+    assert response.status_code == 403 and "requester cannot approve" in response.json()["detail"]
+
+
+def test_bad_policy_is_refused_naming_the_field(clients):
+    operator, _approver, _viewer = clients
+    response = operator.post(BASE, {"name": "x", "parallelism_per_cluster": "many", "windows": [{"start": "25:00"}],
+                                    "workload_overrides": {"job": "teleport"}}, content_type="application/json")
+    assert response.status_code == 400
+    assert set(response.json()) == {"parallelism_per_cluster", "windows", "workload_overrides"}
+    assert not Campaign.objects.exists()
+
+
+def test_a_re_plan_is_compared_and_voids_approvals(clients):
+    operator, approver, _viewer = clients
+    campaign = create(operator)
+    url = f"{BASE}{campaign['id']}/"
+    operator.post(url + "plan/", {}, content_type="application/json")
+    approver.post(url + "approve/")
+    assert operator.patch(url, {"parallelism_per_cluster": "1"}, content_type="application/json").status_code == 200
+    diff = operator.get(url + "compare/").json()
+    assert diff["new"] == "re-plan" and diff["changed"], diff
+    operator.post(url + "plan/", {}, content_type="application/json")
+    assert Campaign.objects.get(pk=campaign["id"]).status == CampaignStatus.PLANNED
+    assert operator.post(url + "start/").status_code == 409
+    assert operator.get(url + "compare/?old=1&new=2").json()["changed"]
+
+
+def test_pause_stops_admitting_nodes_and_resume_continues(clients):
+    operator, approver, _viewer = clients
+    campaign = create(operator, parallelism_per_cluster="1")
+    url = f"{BASE}{campaign['id']}/"
+    operator.post(url + "plan/", {}, content_type="application/json")
+    approver.post(url + "approve/")
+    operator.post(url + "start/")
+    assert operator.post(url + "pause/").json()["status"] == "paused"
+    drive(campaign["id"])
+    assert NodeSweep.objects.filter(campaign_id=campaign["id"], state="pending").count() == 3
+    assert operator.post(url + "resume/").json()["status"] == "running"
+    assert drive(campaign["id"]).status == CampaignStatus.COMPLETED
