@@ -192,4 +192,9 @@ CELERY_BEAT_SCHEDULE = {
         "task": "advisories.tasks.ingest_configured_sources",
         "schedule": float(env_int("GPUSWEEP_ADVISORY_INGEST_EVERY_S", 3600, minimum=60)),
     },
+    # Re-drives campaign steps whose deadline passed (a killed worker only delays a campaign).
+    "campaigns-redrive": {
+        "task": "campaigns.redrive",
+        "schedule": float(env_int("GPUSWEEP_CAMPAIGN_REDRIVE_EVERY_S", 30, minimum=1)),
+    },
 }
