@@ -87,6 +87,7 @@ def discover_cgroup_workloads(proc_root: Path = Path("/proc")) -> list[dict[str,
         entry["pids"].append(pid)
         entry["pid"] = min(entry["pids"])
     for entry in found.values():
+        entry["pids"].sort()
         entry["state"] = "running"
         entry["checkpoint_engine"] = "criu"
     return sorted(found.values(), key=lambda e: e["id"])

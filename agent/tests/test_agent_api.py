@@ -1,0 +1,197 @@
+"""The agent's /v1 API through a real agent process: authentication, operations, patch and reboot,
+and the signal and none engines end to end (no CRIU needed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_helpers import CLUSTER, FLEET_SECRET, AgentProcess, kill_pid, start_workload, steps, wait_steps
+from gpusweep_agent.auth import derive_node_key, sign
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[AgentProcess]:
+    a = AgentProcess(tmp_path, "gpu-api", tmp_path / "artifacts", reboot_command="simulate",
+                     patch_methods=json.dumps({"package": {"simulate": True}})).start()
+    yield a
+    a.stop()
+
+
+def test_it_answers_401_to_unauthenticated_stale_or_foreign_requests(agent: AgentProcess) -> None:
+    client = agent.client
+    assert client.request("GET", "/v1/health", signed=False)[0] == 401
+    assert client.request("POST", "/v1/maintenance", {"operation_id": "m1", "enabled": True}, signed=False)[0] == 401
+    # The right key but a timestamp ten minutes old: a replayed request.
+    old = sign(agent.key, f"{CLUSTER}/gpu-api", "GET", "/v1/health", b"", now=time.time() - 600)
+    status, payload = _raw(agent, "GET", "/v1/health", old)
+    assert (status, "stale" in payload["error"]) == (401, True)
+    # Another node's valid signature is not this node's.
+    other_key = derive_node_key(FLEET_SECRET, CLUSTER, "gpu-other")
+    status, _ = _raw(agent, "GET", "/v1/health", sign(other_key, f"{CLUSTER}/gpu-other", "GET", "/v1/health", b""))
+    assert status == 401
+    # A body changed after signing.
+    headers = sign(agent.key, f"{CLUSTER}/gpu-api", "POST", "/v1/maintenance", b'{"operation_id":"m2"}')
+    status, _ = _raw(agent, "POST", "/v1/maintenance", headers, b'{"operation_id":"m2","enabled":true}')
+    assert status == 401
+    assert client.get("/v1/health") == {"status": "ok", "node": "test/gpu-api", "agent_version": "0.1.0",
+                                        "maintenance": False}
+    assert not (agent.state / "maintenance.json").exists(), "a refused call must change nothing"
+
+
+def _raw(agent: AgentProcess, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{agent.port}{path}", data=body or None, method=method,
+                                     headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_it_rejects_malformed_calls_with_400_and_writes_nothing(agent: AgentProcess) -> None:
+    status, payload = agent.client.request("POST", "/v1/checkpoint", {"workload_id": "x"})
+    assert status == 400 and "operation_id" in payload["error"]
+    status, payload = agent.client.request("POST", "/v1/patch", {"operation_id": "p-bad", "component": "driver",
+                                                                 "version": "1; rm -rf /", "method": "package"})
+    assert status == 400 and "bad version" in payload["error"]
+    assert agent.client.request("GET", "/v1/operations/p-bad")[0] == 404
+
+
+def test_it_serves_facts_and_toggles_maintenance(agent: AgentProcess) -> None:
+    facts = agent.client.get("/v1/facts")
+    assert facts["components"]["driver"] == "570.86.15"
+    assert facts["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    op = agent.client.call("/v1/maintenance", "maint-on", enabled=True)
+    assert op["state"] == "succeeded"
+    assert agent.client.get("/v1/health")["maintenance"] is True
+    refused = agent.client.call("/v1/restore", "restore-in-maint", checkpoint_id="ck-none")
+    assert refused["state"] == "failed" and "maintenance" in refused["error"]
+    agent.client.call("/v1/maintenance", "maint-off", enabled=False)
+    assert agent.client.get("/v1/health")["maintenance"] is False
+
+
+def test_it_patches_with_a_dry_run_then_simulated_package_and_reboot(agent: AgentProcess) -> None:
+    dry = agent.client.call("/v1/patch", "patch-dry", component="driver", version="580.65.06", method="package",
+                            dry_run=True)
+    assert dry["state"] == "succeeded"
+    assert dry["result"]["command"][-1] == "nvidia-driver-580=580.65.06"
+    assert dry["result"]["after"] == "570.86.15" and "dry run" in dry["result"]["output"]
+
+    patched = agent.client.call("/v1/patch", "patch-1", component="driver", version="580.65.06", method="package")
+    assert patched["result"] | {"output": ""} == {
+        "before": "570.86.15", "after": "580.65.06", "method": "package", "dry_run": False, "output": "",
+        "reboot_required": True, "command": dry["result"]["command"],
+    }
+    assert agent.client.get("/v1/facts")["components"]["driver"] == "570.86.15", "takes effect at reboot"
+
+    pid = agent.proc.pid if agent.proc else 0
+    reboot = agent.client.submit("/v1/reboot", "reboot-1")
+    time.sleep(1.0)
+    done = agent.client.wait(agent.client.get("/v1/operations/reboot-1"), timeout=30)
+    assert done["state"] == "succeeded", done
+    assert done["result"]["components"]["driver"] == "580.65.06"
+    assert agent.client.get("/v1/facts")["components"]["driver"] == "580.65.06"
+    assert reboot["id"] == "reboot-1" and agent.proc and agent.proc.pid == pid  # the same process, re-executed
+    assert "restarting the agent (simulated reboot)" in agent.log.read_text()
+
+
+def test_it_runs_a_package_command_from_its_template_and_a_site_script(tmp_path: Path) -> None:
+    record = tmp_path / "calls.txt"
+    script = tmp_path / "fake-pm"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {record}\necho installed\n")
+    script.chmod(0o755)
+    failing = tmp_path / "failing"
+    failing.write_text("#!/bin/sh\necho 'E: Version not found' >&2\nexit 100\n")
+    failing.chmod(0o755)
+    methods = {"package": {"commands": {"container_toolkit": f"{script} install nvidia-container-toolkit={{version}}"}},
+               "script": {"path": str(failing)}}
+    a = AgentProcess(tmp_path, "gpu-pm", tmp_path / "artifacts", patch_methods=json.dumps(methods)).start()
+    try:
+        ok = a.client.call("/v1/patch", "pm-1", component="container_toolkit", version="1.17.4", method="package")
+        assert ok["state"] == "succeeded" and "installed" in ok["result"]["output"]
+        assert record.read_text() == "install nvidia-container-toolkit=1.17.4\n"
+        bad = a.client.call("/v1/patch", "pm-2", component="driver", version="580.65.06", method="script")
+        assert bad["state"] == "failed"
+        assert "exited 100" in bad["error"] and "Version not found" in bad["error"]
+        noop = a.client.call("/v1/patch", "pm-3", component="driver", version="580.65.06", method="noop")
+        assert noop["state"] == "succeeded" and noop["result"]["after"] == noop["result"]["before"]
+        assert a.client.call("/v1/reboot", "rb-none")["error"].startswith("reboot is not configured")
+    finally:
+        a.stop()
+
+
+def test_it_checkpoints_and_restores_with_the_signal_engine(tmp_path: Path) -> None:
+    """The application saves its own state on SIGUSR1; agent B starts it again from that state."""
+    store = tmp_path / "artifacts"
+    a = AgentProcess(tmp_path, "gpu-sa", store).start()
+    b = AgentProcess(tmp_path, "gpu-sb", store).start()
+    log = tmp_path / "counter.log"
+    try:
+        proc = start_workload(a, "sig-1", log, megabytes=5, engine="signal")
+        wait_steps(log, 10)
+        op = a.client.call("/v1/checkpoint", "sig-ck", workload_id="sig-1")
+        assert op["state"] == "succeeded", op
+        assert proc.wait(15) != 0  # stopped by the agent after acknowledging
+        at_checkpoint = steps(log)
+        manifest = op["result"]["manifest"]
+        assert manifest["engine"] == "signal"
+        assert [f["path"] for f in manifest["files"]] == ["state.json"]
+        assert manifest["engine_data"]["ack"] == {"step": at_checkpoint[-1]}
+
+        restored = b.client.call("/v1/restore", "sig-restore", checkpoint_id=op["result"]["checkpoint_id"])
+        assert restored["state"] == "succeeded", restored
+        try:
+            after = wait_steps(log, len(at_checkpoint) + 10)
+            assert after == list(range(1, len(after) + 1)), "the counter must continue where it saved itself"
+        finally:
+            kill_pid(restored["result"]["pid"])
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_it_fails_a_signal_checkpoint_the_application_never_acknowledges(tmp_path: Path) -> None:
+    a = AgentProcess(tmp_path, "gpu-deaf", tmp_path / "artifacts", signal_timeout="1").start()
+    log = tmp_path / "counter.log"
+    try:
+        # The counter answers SIGUSR1 only; SIGWINCH it ignores, so it never acknowledges.
+        proc = start_workload(a, "deaf", log, megabytes=1, engine="signal", signal_name="SIGWINCH")
+        wait_steps(log, 3)
+        op = a.client.call("/v1/checkpoint", "deaf-ck", workload_id="deaf")
+        assert op["state"] == "failed"
+        assert "did not acknowledge SIGWINCH within 1 s" in op["error"]
+        assert op["result"]["workload_state"] == "running"
+        assert proc.poll() is None
+        assert list((tmp_path / "artifacts").iterdir()) == []
+        proc.kill()
+    finally:
+        a.stop()
+
+
+def test_it_cold_starts_a_workload_checkpointed_with_the_none_engine(tmp_path: Path) -> None:
+    store = tmp_path / "artifacts"
+    a = AgentProcess(tmp_path, "gpu-na", store).start()
+    log = tmp_path / "counter.log"
+    try:
+        proc = start_workload(a, "cold-1", log, megabytes=1, engine="none")
+        wait_steps(log, 5)
+        op = a.client.call("/v1/checkpoint", "cold-ck", workload_id="cold-1")
+        assert op["state"] == "succeeded" and op["result"]["manifest"]["files"] == []
+        proc.wait(15)
+        before = len(steps(log))
+        restored = a.client.call("/v1/restore", "cold-restore", checkpoint_id=op["result"]["checkpoint_id"])
+        assert restored["result"]["cold_start"] is True
+        try:
+            after = wait_steps(log, before + 5)
+            assert after[before] == 1, "a cold start begins again at step 1"
+        finally:
+            kill_pid(restored["result"]["pid"])
+    finally:
+        a.stop()

@@ -1,0 +1,192 @@
+"""Agent pieces on their own: probes' parsing, configuration, heartbeats, discovery."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import DATA
+from gpusweep_agent.auth import AuthError, derive_node_key, verify
+from gpusweep_agent.config import ConfigError, load_config
+from gpusweep_agent.engines import EngineUnavailable, get_engine
+from gpusweep_agent.engines.signal import SignalEngine
+from gpusweep_agent.facts import KernelProbe, PackagesProbe, gather, parse_dpkg_query, parse_nvidia_smi
+from gpusweep_agent.heartbeat import (
+    HeartbeatAuthError,
+    HeartbeatRejected,
+    HeartbeatSender,
+    HeartbeatUnavailable,
+)
+from gpusweep_agent.patch import PackagePatch, PatchError
+from gpusweep_agent.workloads import discover_cgroup_workloads
+
+from conftest import need
+
+
+def test_it_parses_nvidia_smi_output() -> None:
+    """Parsed from output in the format nvidia-smi 570 prints (data/), as no GPU is here."""
+    facts = parse_nvidia_smi((DATA / "nvidia-smi-query.csv").read_text(), (DATA / "nvidia-smi.txt").read_text())
+    assert facts == {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 4, "product_line": "tesla",
+                     "components": {"driver": "570.86.15", "cuda": "12.8"}}
+    assert parse_nvidia_smi("", "") == {"components": {}}
+
+
+def test_it_reads_component_versions_from_dpkg() -> None:
+    sample = ("nvidia-container-toolkit\t1.17.4-1\tinstalled\n"
+              "datacenter-gpu-manager\t1:3.3.9\tinstalled\n"
+              "nvidia-fabricmanager-570\t570.86.15-1\tinstalled\n"
+              "nvidia-container-toolkit-base\t1.17.4-1\tinstalled\n"
+              "datacenter-gpu-manager-old\t1:2.0\tconfig-files\n")
+    assert parse_dpkg_query(sample) == {"container_toolkit": "1.17.4", "dcgm": "3.3.9", "fabric_manager": "570.86.15"}
+
+
+def test_it_probes_this_machines_kernel_and_packages(tmp_path: Path) -> None:
+    need(shutil.which("dpkg-query") is not None, "needs a Debian-family system with dpkg-query")
+    config = load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path)})
+    kernel = KernelProbe(config).probe()
+    assert kernel["components"]["kernel"] == subprocess.run(["uname", "-r"], capture_output=True,
+                                                            text=True, check=True).stdout.strip()
+    assert kernel["components"]["os"].startswith("debian")
+    assert isinstance(PackagesProbe(config).probe().get("components", {}), dict)
+
+
+def test_it_layers_file_environment_and_flags_with_a_static_facts_file_last(tmp_path: Path) -> None:
+    import argparse
+
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps({"gpu_model": "NVIDIA A100", "components": {"driver": "535.230.02"}}))
+    conf = tmp_path / "agent.json"
+    conf.write_text(json.dumps({"node": "from-file", "port": 1, "probes": ["kernel"], "static_facts": str(facts)}))
+    key_file = tmp_path / "key"
+    key_file.write_text("secret-key\n")
+    env = {"GPUSWEEP_AGENT_CONFIG": str(conf), "GPUSWEEP_AGENT_PORT": "2", "GPUSWEEP_AGENT_KEY_FILE": str(key_file)}
+    config = load_config(argparse.Namespace(port="3", config=None), environ=env)
+    assert (config.node, config.port, config.key, config.identity) == ("from-file", 3, "secret-key", "local/from-file")
+    merged = gather(config)
+    assert merged["gpu_model"] == "NVIDIA A100"
+    assert merged["components"]["driver"] == "535.230.02" and "kernel" in merged["components"]
+
+    conf.write_text(json.dumps({"key": "never-in-a-file"}))
+    with pytest.raises(ConfigError, match="forbidden"):
+        load_config(environ=env)
+    with pytest.raises(ConfigError, match="no node key"):
+        load_config(environ={})
+    with pytest.raises(ConfigError, match="'port': bad value"):
+        load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_PORT": "eighty"})
+
+
+def test_it_loads_engines_by_name_or_dotted_path(tmp_path: Path) -> None:
+    config = load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path),
+                                  "GPUSWEEP_AGENT_ENGINES": '{"app": "gpusweep_agent.engines.signal.SignalEngine"}'})
+    assert isinstance(get_engine("signal", config), SignalEngine)
+    assert isinstance(get_engine("app", config), SignalEngine)
+    with pytest.raises(EngineUnavailable, match="unknown checkpoint engine 'tape'"):
+        get_engine("tape", config)
+
+
+def test_it_splits_a_package_template_before_filling_in_values(tmp_path: Path) -> None:
+    config = load_config(environ={"GPUSWEEP_AGENT_KEY": "k"})
+    method = PackagePatch(config, {"command": "dnf install -y 'nvidia-driver-{branch}' --setopt=x={version}"})
+    assert method.command("fabric_manager", "570.86.15") == [
+        "dnf", "install", "-y", "nvidia-driver-570", "--setopt=x=570.86.15"]
+    with pytest.raises(PatchError, match="no command template"):
+        PackagePatch(config, {}).command("firmware", "1.0")
+
+
+def test_it_finds_slurm_steps_and_kubernetes_pods_by_cgroup(tmp_path: Path) -> None:
+    """A /proc tree built in tmp_path: this machine runs no slurmstepd cgroups and no kubelet."""
+    layout = {
+        "101": "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+        "102": "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_1\n",
+        "103": "0::/system.slice/slurmstepd.scope/job_42/step_batch/user/task_0\n",
+        "201": "0::/kubepods.slice/kubepods-burstable.slice/"
+               "kubepods-burstable-pod0f6c2a1e_5a3b_4c2d_9e8f_112233445566.slice/cri-containerd-abc.scope\n",
+        "301": "0::/user.slice/user-0.slice/session-1.scope\n",
+        "self": "0::/\n",
+    }
+    for pid, cgroup in layout.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cgroup").write_text(cgroup)
+    found = {w["id"]: w for w in discover_cgroup_workloads(tmp_path)}
+    assert sorted(found) == ["pod-0f6c2a1e-5a3b-4c2d-9e8f-112233445566", "slurm-42.0", "slurm-42.batch"]
+    assert found["slurm-42.0"]["pids"] == [101, 102] and found["slurm-42.0"]["kind"] == "slurm_step"
+    assert found["pod-0f6c2a1e-5a3b-4c2d-9e8f-112233445566"]["kind"] == "k8s_pod"
+
+
+class Receiver(BaseHTTPRequestHandler):
+    """Stands in for the service's heartbeat receiver (another engineer's inventory app), checking
+    signatures with the same auth module; `status` and the received bodies are set per test."""
+
+    status = 200
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        key = derive_node_key("fleet", "local", "gpu01")
+        try:
+            verify(key, dict(self.headers.items()), "POST", self.path, body)
+            status = self.status
+        except AuthError:
+            status = 401
+        type(self).received.append(json.loads(body))
+        payload = json.dumps({"node_id": 1, "changed": [], "next_heartbeat_s": 7} if status == 200
+                             else {"errors": {"facts": ["bad"]}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    Receiver.received = []
+    Receiver.status = 200
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def sender(url: str, key: str | None = None) -> HeartbeatSender:
+    return HeartbeatSender(url, "local", "gpu01", key or derive_node_key("fleet", "local", "gpu01"),
+                           "http://10.0.0.5:17100", facts=lambda: {"gpu_model": "X", "components": {}},
+                           workloads=lambda: [{"id": "w", "pid": 1, "state": "running", "name": "trainer"}],
+                           interval=30, max_backoff=300, rng=random.Random(1))
+
+
+def test_it_sends_signed_heartbeats_in_the_wire_format(receiver: str) -> None:
+    answer = sender(receiver).send()
+    assert answer["next_heartbeat_s"] == 7
+    body = Receiver.received[0]
+    assert body["schema"] == "gpusweep.heartbeat/1" and (body["cluster"], body["node"]) == ("local", "gpu01")
+    assert body["workloads"] == [{"name": "trainer"}] and body["endpoint"] == "http://10.0.0.5:17100"
+
+
+def test_it_raises_typed_heartbeat_errors_and_backs_off(receiver: str) -> None:
+    Receiver.status = 400
+    with pytest.raises(HeartbeatRejected) as rejected:
+        sender(receiver).send()
+    assert rejected.value.errors == {"facts": ["bad"]}
+    Receiver.status = 200
+    with pytest.raises(HeartbeatAuthError):
+        sender(receiver, key="wrong").send()
+    with pytest.raises(HeartbeatUnavailable):
+        sender("http://127.0.0.1:9").send()
+
+    s = sender(receiver)
+    delays = [s.next_delay(None) for _ in range(12)]
+    assert all(0.5 * min(300, 2 ** n) <= d <= min(300, 2 ** n) for n, d in enumerate(delays, start=1))
+    assert delays[-1] >= 150, "the backoff reaches its ceiling"
+    assert 27 <= s.next_delay({}) <= 33 and s.failures == 0
+    assert 6.3 <= s.next_delay({"next_heartbeat_s": 7}) <= 7.7
