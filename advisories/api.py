@@ -30,7 +30,9 @@ class CVESerializer(serializers.ModelSerializer):
 
 
 class AffectedRangeSerializer(serializers.ModelSerializer):
-    cves = serializers.SlugRelatedField(slug_field="cve_id", many=True, read_only=True)
+    cves: serializers.SlugRelatedField[CVE] = serializers.SlugRelatedField(
+        slug_field="cve_id", many=True, read_only=True
+    )
     advisory = serializers.CharField(source="advisory.publisher_id", read_only=True)
 
     class Meta:
@@ -41,7 +43,9 @@ class AffectedRangeSerializer(serializers.ModelSerializer):
 
 
 class AdvisorySerializer(serializers.ModelSerializer):
-    cves = serializers.SlugRelatedField(slug_field="cve_id", many=True, read_only=True)
+    cves: serializers.SlugRelatedField[CVE] = serializers.SlugRelatedField(
+        slug_field="cve_id", many=True, read_only=True
+    )
     open_exposures = serializers.IntegerField(read_only=True, required=False)
 
     class Meta:
@@ -199,7 +203,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
         body = RiskAcceptanceSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         with transaction.atomic():
-            updated = Exposure.objects.filter(pk=pk, state__in=ExposureState.ACTIVE).update(
+            updated = Exposure.objects.filter(pk=self.get_object().pk, state__in=ExposureState.ACTIVE).update(
                 state=ExposureState.RISK_ACCEPTED, risk_approver=request.user,
                 risk_reason=body.validated_data["reason"], risk_expires_at=body.validated_data["expires_at"],
                 updated_at=timezone.now(),
@@ -212,7 +216,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
 
     @action(detail=True, methods=["post"])
     def revoke_risk(self, request: Request, pk: str | None = None) -> Response:
-        Exposure.objects.filter(pk=pk, state=ExposureState.RISK_ACCEPTED).update(
+        Exposure.objects.filter(pk=self.get_object().pk, state=ExposureState.RISK_ACCEPTED).update(
             state=ExposureState.OPEN, updated_at=timezone.now())
         return Response(self.get_serializer(self.get_object()).data)
 
