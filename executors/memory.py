@@ -295,6 +295,8 @@ class MemoryExecutor(Executor):
         self._run("reboot", node, operation_id, body)
 
     def verify(self, node: NodeRef) -> VerifyResult:
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         with _state(self.path) as st:
             fault = self._fault(st, "verify", node)
             data = self._node(st, node)
