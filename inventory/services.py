@@ -1,0 +1,553 @@
+"""Apply what a source observed to the inventory: set-based, idempotent, one transaction.
+
+Every source (file, Slurm, Kubernetes, node agent) turns what it sees into a `Snapshot` and
+hands it to `apply_snapshot`. The function loads the cluster's current state with a few
+queries, diffs it in memory, and writes only the differences with bulk statements, plus one
+ChangeLog row per changed object, all in the same transaction. Applying the same snapshot twice
+changes nothing and writes no ChangeLog rows.
+
+Rules that keep sources from fighting each other:
+- A field a source does not know is None in its snapshot and is left alone.
+- Components are merged (a Slurm feature reporting only the driver keeps the agent's CUDA)
+  unless the snapshot says `replace_components` (files and agent heartbeats report the whole set).
+- A node a campaign put in `patching` keeps that state; sources report, campaigns decide.
+- With `complete=True` (the snapshot is the whole cluster) nodes not in it are marked gone.
+
+Only nodes whose component versions changed are handed on (`node_versions_changed`, on commit).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from django.db import transaction
+from django.utils import timezone
+
+from inventory.bulk import db_datetime, db_json, insert_rows
+from inventory.choices import ChangeAction, CheckpointEngine, ServiceState, WorkloadKind
+from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.signals import node_versions_changed
+from inventory.versions import ParsedVersion, VersionError, normalize_component, parse_version
+
+BATCH = 2000
+
+# Node fields a snapshot may set; None in the snapshot means "not reported by this source".
+NODE_FIELDS = (
+    "pool",
+    "labels",
+    "gpu_model",
+    "gpu_count",
+    "product_line",
+    "os_family",
+    "cpu_milli",
+    "memory_mib",
+    "scheduler_state",
+    "service_state",
+    "agent_endpoint",
+)
+WORKLOAD_FIELDS = (
+    "node_id",
+    "name",
+    "user",
+    "state",
+    "gpus",
+    "started_at",
+    "time_limit",
+    "checkpoint_engine",
+    "engine",
+    "engine_version",
+    "model_name",
+    "model_version",
+)
+
+
+class InventoryError(ValueError):
+    """Bad input from a source; the message names the row, document or node."""
+
+
+@dataclass
+class ObservedNode:
+    name: str
+    components: dict[str, str] = field(default_factory=dict)
+    pool: str | None = None
+    labels: dict[str, str] | None = None
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    product_line: str | None = None
+    os_family: str | None = None
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    scheduler_state: str | None = None
+    service_state: str | None = None
+    agent_endpoint: str | None = None
+    # Where this node came from, for error messages ("row 12", "sinfo node gpu03").
+    origin: str = ""
+
+
+@dataclass
+class ObservedWorkload:
+    kind: str
+    scheduler_id: str
+    node: str | None = None
+    name: str = ""
+    user: str = ""
+    state: str = ""
+    gpus: int = 0
+    started_at: dt.datetime | None = None
+    time_limit: dt.timedelta | None = None
+    checkpoint_engine: str = CheckpointEngine.NONE
+    engine: str = ""
+    engine_version: str = ""
+    model_name: str = ""
+    model_version: str = ""
+
+
+@dataclass
+class Snapshot:
+    nodes: list[ObservedNode]
+    # None: this source does not report workloads (leave them alone).
+    workloads: list[ObservedWorkload] | None = None
+    # The whole cluster: nodes (and workloads of `workload_kinds`) missing from it are gone.
+    complete: bool = True
+    replace_components: bool = False
+    # Kinds of workload this source is authoritative for (vanished detection is limited to them).
+    workload_kinds: frozenset[str] = frozenset(WorkloadKind.values())
+
+
+class _Log(NamedTuple):
+    """A ChangeLog row to insert (plain tuple: building model instances costs more than the insert)."""
+
+    source: str
+    action: str
+    object_type: str
+    object_id: int | None
+    object_repr: str
+    changes: dict[str, Any]
+    user_id: int | None
+
+
+@dataclass
+class SyncResult:
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    workloads_added: int = 0
+    workloads_changed: int = 0
+    workloads_removed: int = 0
+    errors: list[str] = field(default_factory=list)
+    versions_changed: set[int] = field(default_factory=set)
+    changed_components: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def no_changes(self) -> bool:
+        return not (
+            self.added or self.changed or self.removed
+            or self.workloads_added or self.workloads_changed or self.workloads_removed
+        )
+
+    def summary(self) -> str:
+        return (
+            f"nodes: {self.added} added, {self.changed} changed, {self.removed} removed, "
+            f"{self.unchanged} unchanged; workloads: {self.workloads_added} added, "
+            f"{self.workloads_changed} changed, {self.workloads_removed} removed; "
+            f"{len(self.errors)} errors; {len(self.versions_changed)} nodes with changed versions"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "added": self.added,
+            "changed": self.changed,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "workloads_added": self.workloads_added,
+            "workloads_changed": self.workloads_changed,
+            "workloads_removed": self.workloads_removed,
+            "errors": list(self.errors),
+            "versions_changed": len(self.versions_changed),
+        }
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse(component: str, raw: str) -> tuple[str, ParsedVersion]:
+    # Fleets repeat the same few versions; caching keeps 100,000-node syncs cheap.
+    name = normalize_component(component)
+    if any(ord(ch) < 32 for ch in raw):
+        raise VersionError(f"version for {name} contains control characters")
+    return name, parse_version(name, raw.strip())
+
+
+def parse_component(component: str, raw: str, origin: str = "") -> tuple[str, ParsedVersion]:
+    try:
+        return _parse(component, raw)
+    except VersionError as exc:
+        where = f"{origin}: " if origin else ""
+        raise InventoryError(f"{where}{exc}") from None
+
+
+def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
+    """Check the whole snapshot before writing anything; return parsed components per node."""
+    parsed: dict[str, dict[str, ParsedVersion]] = {}
+    for observed in snapshot.nodes:
+        where = observed.origin or f"node {observed.name!r}"
+        if not observed.name or not observed.name.strip():
+            raise InventoryError(f"{where}: node name is empty")
+        if len(observed.name) > 200:
+            raise InventoryError(f"{where}: node name is longer than 200 characters")
+        if observed.name in parsed:
+            raise InventoryError(f"{where}: duplicate node {observed.name!r}")
+        if observed.service_state is not None and observed.service_state not in ServiceState.values():
+            raise InventoryError(f"{where}: unknown service state {observed.service_state!r}")
+        if observed.gpu_count is not None and observed.gpu_count < 0:
+            raise InventoryError(f"{where}: negative GPU count")
+        components: dict[str, ParsedVersion] = {}
+        for component, raw in observed.components.items():
+            name, version = parse_component(component, raw, where)
+            components[name] = version
+        parsed[observed.name] = components
+    if snapshot.workloads is not None:
+        seen: set[tuple[str, str]] = set()
+        for workload in snapshot.workloads:
+            key = (workload.kind, workload.scheduler_id)
+            if workload.kind not in WorkloadKind.values():
+                raise InventoryError(f"workload {workload.scheduler_id!r}: unknown kind {workload.kind!r}")
+            if not workload.scheduler_id:
+                raise InventoryError("workload with an empty scheduler id")
+            if key in seen:
+                raise InventoryError(f"workload {workload.scheduler_id!r}: reported twice")
+            seen.add(key)
+    return parsed
+
+
+def _node_repr(cluster: Cluster, name: str) -> str:
+    return f"{cluster.name}/{name}"[:300]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return value
+
+
+def apply_snapshot(
+    cluster: Cluster,
+    snapshot: Snapshot,
+    source: str,
+    *,
+    user_id: int | None = None,
+    now: dt.datetime | None = None,
+) -> SyncResult:
+    """Make the inventory of `cluster` match `snapshot`; see the module docstring."""
+    parsed = _validate(snapshot)
+    now = now or timezone.now()
+    result = SyncResult()
+    with transaction.atomic():
+        # One sync per cluster at a time (PostgreSQL row lock; SQLite serializes writers anyway).
+        Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
+        logs: list[_Log] = []
+        node_ids = _apply_nodes(cluster, snapshot, parsed, source, user_id, now, result, logs)
+        if snapshot.workloads is not None:
+            _apply_workloads(cluster, snapshot, node_ids, source, user_id, now, result, logs)
+        _write_logs(logs, now)
+        if snapshot.complete:
+            Node.objects.filter(cluster=cluster).exclude(service_state=ServiceState.GONE).update(last_seen=now)
+        elif node_ids:
+            Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now)
+        Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
+        changed_ids = sorted(result.versions_changed)
+        if changed_ids:
+            transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=changed_ids))
+    return result
+
+
+def _apply_nodes(
+    cluster: Cluster,
+    snapshot: Snapshot,
+    parsed: dict[str, dict[str, ParsedVersion]],
+    source: str,
+    user_id: int | None,
+    now: dt.datetime,
+    result: SyncResult,
+    logs: list[_Log],
+) -> dict[str, int]:
+    """Create, update and retire nodes and their components; return name -> id of observed nodes."""
+    existing: dict[str, dict[str, Any]] = {
+        row["name"]: row
+        for row in Node.objects.filter(cluster=cluster).values("id", "name", "gone_at", *NODE_FIELDS)
+    }
+    observed_names = {node.name for node in snapshot.nodes}
+    relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
+    current_components: dict[int, dict[str, tuple[int, str]]] = {}
+    if relevant_ids:
+        query = NodeComponent.objects.filter(node__cluster=cluster)
+        if not snapshot.complete:
+            query = query.filter(node_id__in=relevant_ids)
+        for comp_id, node_id, component, version in query.values_list("id", "node_id", "component", "version"):
+            current_components.setdefault(node_id, {})[component] = (comp_id, version)
+
+    to_create: list[ObservedNode] = []
+    to_update: list[Node] = []
+    update_fields: set[str] = set()
+    for observed in snapshot.nodes:
+        row = existing.get(observed.name)
+        values = {f: getattr(observed, f) for f in NODE_FIELDS if getattr(observed, f) is not None}
+        if row is None:
+            to_create.append(observed)
+            continue
+        if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
+            values.pop("service_state")  # a campaign owns this node's state until it hands it back
+        if row["service_state"] == ServiceState.GONE and "service_state" not in values:
+            values["service_state"] = ServiceState.IN_SERVICE
+        diff = {f: [row[f], v] for f, v in values.items() if row[f] != v}
+        if row["gone_at"] is not None:
+            diff["gone_at"] = [row["gone_at"].isoformat(), None]
+        if diff:
+            node = Node(id=row["id"], cluster=cluster, name=observed.name, updated_at=now)
+            for f, (_before, after) in diff.items():
+                setattr(node, f, after)
+                update_fields.add(f)
+            to_update.append(node)
+            logs.append(_log(source, ChangeAction.UPDATE, "node", row["id"], _node_repr(cluster, observed.name),
+                             {f: [_jsonable(b), _jsonable(a)] for f, (b, a) in diff.items()}, user_id))
+
+    node_ids = {name: row["id"] for name, row in existing.items() if name in observed_names}
+    if to_create:
+        _insert_nodes(cluster, to_create, now)
+        created = dict(Node.objects.filter(cluster=cluster, created_at=now).values_list("name", "id"))
+        if len(created) < len(to_create):  # clock granularity: fall back to the names
+            created = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
+        for observed in to_create:
+            node_ids[observed.name] = created[observed.name]
+            changes: dict[str, Any] = {
+                f: [None, getattr(observed, f)] for f in NODE_FIELDS if getattr(observed, f) is not None
+            }
+            changes.update({f"component:{c}": [None, v.raw] for c, v in parsed[observed.name].items()})
+            logs.append(_log(source, ChangeAction.CREATE, "node", created[observed.name],
+                             _node_repr(cluster, observed.name), changes, user_id))
+    if to_update:
+        Node.objects.bulk_update(to_update, sorted(update_fields | {"updated_at"}), batch_size=BATCH)
+
+    _apply_components(cluster, snapshot, parsed, node_ids, current_components, source, user_id, now, result, logs)
+    created_ids = {node_ids[observed.name] for observed in to_create}
+    result.added = len(to_create)
+    result.changed = len({node.pk for node in to_update} | (result.versions_changed - created_ids))
+    result.unchanged = len(snapshot.nodes) - result.added - result.changed
+
+    if snapshot.complete:
+        gone = [row for name, row in existing.items()
+                if name not in observed_names and row["service_state"] != ServiceState.GONE]
+        gone_ids = [row["id"] for row in gone]
+        for start in range(0, len(gone_ids), BATCH):
+            Node.objects.filter(pk__in=gone_ids[start:start + BATCH]).update(
+                service_state=ServiceState.GONE, gone_at=now, updated_at=now
+            )
+        for row in gone:
+            logs.append(_log(source, ChangeAction.DELETE, "node", row["id"], _node_repr(cluster, row["name"]),
+                             {"service_state": [row["service_state"], ServiceState.GONE]}, user_id))
+        result.removed = len(gone)
+    return node_ids
+
+
+def _apply_components(
+    cluster: Cluster,
+    snapshot: Snapshot,
+    parsed: dict[str, dict[str, ParsedVersion]],
+    node_ids: dict[str, int],
+    current: dict[int, dict[str, tuple[int, str]]],
+    source: str,
+    user_id: int | None,
+    now: dt.datetime,
+    result: SyncResult,
+    logs: list[_Log],
+) -> None:
+    creates: list[tuple[int, str, ParsedVersion]] = []
+    updates: list[NodeComponent] = []
+    deletes: list[int] = []
+    for name, components in parsed.items():
+        node_id = node_ids[name]
+        have = current.get(node_id, {})
+        diff: dict[str, list[str | None]] = {}
+        for component, version in components.items():
+            before = have.get(component)
+            if before is None:
+                creates.append((node_id, component, version))
+                diff[component] = [None, version.raw]
+            elif before[1] != version.raw:
+                updates.append(NodeComponent(id=before[0], node_id=node_id, component=component,
+                                             version=version.raw, version_key=version.key, branch=version.branch,
+                                             updated_at=now))
+                diff[component] = [before[1], version.raw]
+        if snapshot.replace_components:
+            for component, (comp_id, version_raw) in have.items():
+                if component not in components:
+                    deletes.append(comp_id)
+                    diff[component] = [version_raw, None]
+        if diff:
+            result.versions_changed.add(node_id)
+            result.changed_components[name] = sorted(diff)
+            if have:  # a new node's components are in its create entry already
+                logs.append(_log(source, ChangeAction.UPDATE, "node", node_id, _node_repr(cluster, name),
+                                 {f"component:{c}": v for c, v in diff.items()}, user_id))
+    stamp = db_datetime(now)
+    insert_rows(NodeComponent, ("node_id", "component", "version", "version_key", "branch", "updated_at"),
+                ((node_id, c, v.raw, v.key, v.branch, stamp) for node_id, c, v in creates))
+    if updates:
+        NodeComponent.objects.bulk_update(updates, ["version", "version_key", "branch", "updated_at"],
+                                          batch_size=BATCH)
+    for start in range(0, len(deletes), BATCH):
+        NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()
+
+
+def _apply_workloads(
+    cluster: Cluster,
+    snapshot: Snapshot,
+    node_ids: dict[str, int],
+    source: str,
+    user_id: int | None,
+    now: dt.datetime,
+    result: SyncResult,
+    logs: list[_Log],
+) -> None:
+    assert snapshot.workloads is not None
+    missing_nodes = {w.node for w in snapshot.workloads if w.node and w.node not in node_ids}
+    if missing_nodes:
+        node_ids = {**node_ids, **dict(
+            Node.objects.filter(cluster=cluster, name__in=missing_nodes).values_list("name", "id"))}
+    kinds = snapshot.workload_kinds | {w.kind for w in snapshot.workloads}
+    existing = {
+        (row["kind"], row["scheduler_id"]): row
+        for row in Workload.objects.filter(cluster=cluster, kind__in=kinds).values(
+            "id", "kind", "scheduler_id", "gone_at", *WORKLOAD_FIELDS
+        )
+    }
+    creates: list[Workload] = []
+    updates: list[Workload] = []
+    fields: set[str] = set()
+    observed_keys: set[tuple[str, str]] = set()
+    for observed in snapshot.workloads:
+        key = (observed.kind, observed.scheduler_id)
+        observed_keys.add(key)
+        values: dict[str, Any] = {f: getattr(observed, f) for f in WORKLOAD_FIELDS if f != "node_id"}
+        values["node_id"] = node_ids.get(observed.node) if observed.node else None
+        row = existing.get(key)
+        if row is None:
+            creates.append(Workload(cluster=cluster, kind=observed.kind, scheduler_id=observed.scheduler_id,
+                                    last_seen=now, **values))
+            continue
+        diff = {f: [row[f], v] for f, v in values.items() if row[f] != v}
+        if row["gone_at"] is not None:
+            diff["gone_at"] = [row["gone_at"], None]
+        if diff:
+            workload = Workload(id=row["id"], cluster=cluster, kind=observed.kind, scheduler_id=observed.scheduler_id)
+            for f, (_b, after) in diff.items():
+                setattr(workload, f, after)
+                fields.add(f)
+            updates.append(workload)
+            logs.append(_log(source, ChangeAction.UPDATE, "workload", row["id"],
+                             f"{cluster.name}/{observed.kind}:{observed.scheduler_id}",
+                             {f: [_jsonable(b), _jsonable(a)] for f, (b, a) in diff.items()}, user_id))
+    if creates:
+        Workload.objects.bulk_create(creates, batch_size=BATCH)
+        for workload in creates:
+            logs.append(_log(source, ChangeAction.CREATE, "workload", workload.pk,
+                             f"{cluster.name}/{workload.kind}:{workload.scheduler_id}",
+                             {"node_id": [None, workload.node_id], "gpus": [None, workload.gpus]}, user_id))
+    if updates:
+        Workload.objects.bulk_update(updates, sorted(fields), batch_size=BATCH)
+    # Vanished: only the kinds this source is authoritative for, and only on the nodes it
+    # reported when it is not the whole cluster (an agent speaks for its own node only).
+    scope_node_ids = None if snapshot.complete else set(node_ids.values())
+    gone = [
+        row for key, row in existing.items()
+        if key not in observed_keys and row["gone_at"] is None and key[0] in snapshot.workload_kinds
+        and (scope_node_ids is None or row["node_id"] in scope_node_ids)
+    ]
+    gone_ids = [row["id"] for row in gone]
+    for start in range(0, len(gone_ids), BATCH):
+        Workload.objects.filter(pk__in=gone_ids[start:start + BATCH]).update(gone_at=now)
+    for row in gone:
+        logs.append(_log(source, ChangeAction.DELETE, "workload", row["id"],
+                         f"{cluster.name}/{row['kind']}:{row['scheduler_id']}", {"gone_at": [None, now.isoformat()]},
+                         user_id))
+    seen_ids = [existing[key]["id"] for key in observed_keys if key in existing]
+    for start in range(0, len(seen_ids), BATCH):
+        Workload.objects.filter(pk__in=seen_ids[start:start + BATCH]).update(last_seen=now)
+    result.workloads_added = len(creates)
+    result.workloads_changed = len(updates)
+    result.workloads_removed = len(gone)
+
+
+_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "agent_token_sha256", "last_seen", "gone_at", "created_at",
+                "updated_at")
+
+
+def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime) -> None:
+    defaults = {f: Node._meta.get_field(f).get_default() for f in NODE_FIELDS}  # type: ignore[union-attr]
+    stamp = db_datetime(now)
+
+    def row(observed: ObservedNode) -> tuple[Any, ...]:
+        values = []
+        for f in NODE_FIELDS:
+            value = getattr(observed, f)
+            value = defaults[f] if value is None else value
+            values.append(db_json(value) if f == "labels" else value)
+        return (cluster.pk, observed.name, *values, "", stamp, None, stamp, stamp)
+
+    insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))
+
+
+def _write_logs(logs: list[_Log], now: dt.datetime) -> None:
+    stamp = db_datetime(now)
+    insert_rows(
+        ChangeLog,
+        ("time", "source", "action", "object_type", "object_id", "object_repr", "changes", "user"),
+        ((stamp, log.source, log.action, log.object_type, log.object_id, log.object_repr,
+          db_json(log.changes), log.user_id) for log in logs),
+    )
+
+
+def _log(
+    source: str, action: str, object_type: str, object_id: int | None, object_repr: str, changes: dict[str, Any],
+    user_id: int | None,
+) -> _Log:
+    return _Log(source, action, object_type, object_id, object_repr, changes, user_id)
+
+
+def ensure_cluster(name: str, kind: str, **defaults: Any) -> Cluster:
+    """The cluster named `name`, created with `kind` if missing (file imports create static ones)."""
+    cluster, _created = Cluster.objects.get_or_create(name=name, defaults={"kind": kind, **defaults})
+    return cluster
+
+
+def versions_of(nodes: Iterable[Node]) -> dict[str, dict[str, str]]:
+    """{node name: {component: version}} for reports and tests."""
+    ids = {node.pk: node.name for node in nodes}
+    out: dict[str, dict[str, str]] = {name: {} for name in ids.values()}
+    for node_id, component, version in NodeComponent.objects.filter(node_id__in=list(ids)).values_list(
+        "node_id", "component", "version"
+    ):
+        out[ids[node_id]][component] = version
+    return out
+
+
+def mark_node_state(node_ids: Sequence[int], state: str, source: str, user_id: int | None = None) -> int:
+    """Set service_state for nodes (campaigns use it); ChangeLog rows in the same transaction."""
+    if state not in ServiceState.values():
+        raise InventoryError(f"unknown service state {state!r}")
+    with transaction.atomic():
+        rows = list(Node.objects.select_for_update().filter(pk__in=list(node_ids)).exclude(service_state=state)
+                    .values("id", "name", "cluster__name", "service_state"))
+        now = timezone.now()
+        Node.objects.filter(pk__in=[r["id"] for r in rows]).update(service_state=state, updated_at=now)
+        _write_logs([
+            _log(source, ChangeAction.UPDATE, "node", r["id"], f"{r['cluster__name']}/{r['name']}",
+                 {"service_state": [r["service_state"], state]}, user_id)
+            for r in rows
+        ], now)
+    return len(rows)

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from inventory.choices import ChangeAction, ClusterKind, ServiceState, WorkloadKind
+from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.services import InventoryError, ObservedNode, ObservedWorkload, Snapshot, apply_snapshot
+from inventory.signals import node_versions_changed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return Cluster.objects.create(name="lab", kind=ClusterKind.STATIC)
+
+
+@pytest.fixture
+def signalled():
+    calls: list[list[int]] = []
+
+    def receiver(sender, node_ids, **kwargs):
+        calls.append(list(node_ids))
+
+    node_versions_changed.connect(receiver, weak=False)
+    yield calls
+    node_versions_changed.disconnect(receiver)
+
+
+def fleet(driver_of_b: str = "570.86.15") -> Snapshot:
+    return Snapshot(
+        nodes=[
+            ObservedNode("a", components={"driver": "570.86.15", "cuda": "12.8"}, gpu_model="H100", gpu_count=8),
+            ObservedNode("b", components={"driver": driver_of_b, "cuda": "12.8"}, gpu_model="H100", gpu_count=8),
+        ],
+        workloads=[ObservedWorkload(WorkloadKind.PROCESS, "wl-1", node="a", gpus=2)],
+        replace_components=True,
+    )
+
+
+def test_it_creates_nodes_components_and_workloads_and_logs_them(cluster, signalled):
+    result = apply_snapshot(cluster, fleet(), "file")
+    assert (result.added, result.changed, result.removed, result.workloads_added) == (2, 0, 0, 1)
+    node = Node.objects.get(cluster=cluster, name="a")
+    assert node.component_versions() == {"driver": "570.86.15", "cuda": "12.8"}
+    assert NodeComponent.objects.get(node=node, component="driver").branch == "R570"
+    assert Workload.objects.get(scheduler_id="wl-1").node == node
+    assert ChangeLog.objects.filter(action=ChangeAction.CREATE, object_type="node").count() == 2
+    assert len(signalled) == 1 and len(signalled[0]) == 2
+
+
+def test_it_changes_nothing_when_the_same_snapshot_comes_twice(cluster, signalled):
+    apply_snapshot(cluster, fleet(), "file")
+    logs = ChangeLog.objects.count()
+    again = apply_snapshot(cluster, fleet(), "file")
+    assert again.no_changes
+    assert again.unchanged == 2
+    assert ChangeLog.objects.count() == logs
+    assert len(signalled) == 1  # only the first run changed versions
+
+
+def test_it_hands_on_only_nodes_whose_versions_changed(cluster, signalled):
+    apply_snapshot(cluster, fleet(), "file")
+    result = apply_snapshot(cluster, fleet(driver_of_b="570.195.03"), "file")
+    b = Node.objects.get(name="b")
+    assert result.changed == 1
+    assert result.versions_changed == {b.pk}
+    assert signalled[-1] == [b.pk]
+    entry = ChangeLog.objects.filter(object_id=b.pk, action=ChangeAction.UPDATE).get()
+    assert entry.changes == {"component:driver": ["570.86.15", "570.195.03"]}
+    assert entry.source == "file"
+
+
+def test_it_marks_vanished_nodes_and_workloads_gone_and_brings_them_back(cluster):
+    apply_snapshot(cluster, fleet(), "file")
+    only_b = Snapshot(nodes=[fleet().nodes[1]], workloads=[], replace_components=True)
+    result = apply_snapshot(cluster, only_b, "file")
+    a = Node.objects.get(name="a")
+    assert (result.removed, result.workloads_removed) == (1, 1)
+    assert a.service_state == ServiceState.GONE and a.gone_at is not None
+    assert Workload.objects.get(scheduler_id="wl-1").gone_at is not None
+    back = apply_snapshot(cluster, fleet(), "file")
+    a.refresh_from_db()
+    assert back.changed == 1 and a.service_state == ServiceState.IN_SERVICE and a.gone_at is None
+
+
+def test_it_merges_components_when_a_source_reports_only_some(cluster):
+    apply_snapshot(cluster, fleet(), "agent")
+    partial = Snapshot(nodes=[ObservedNode("a", components={"driver": "580.95.05"})], complete=False)
+    apply_snapshot(cluster, partial, "slurm")
+    a = Node.objects.get(name="a")
+    assert a.component_versions() == {"driver": "580.95.05", "cuda": "12.8"}
+    assert a.gpu_model == "H100"  # not reported by the partial source: left alone
+    assert Node.objects.get(name="b").service_state == ServiceState.IN_SERVICE  # not complete: nothing gone
+
+
+def test_it_leaves_a_patching_node_to_its_campaign(cluster):
+    apply_snapshot(cluster, fleet(), "file")
+    Node.objects.filter(name="a").update(service_state=ServiceState.PATCHING)
+    snapshot = fleet()
+    snapshot.nodes[0].service_state = ServiceState.DRAINING
+    apply_snapshot(cluster, snapshot, "slurm")
+    assert Node.objects.get(name="a").service_state == ServiceState.PATCHING
+
+
+def test_it_refuses_a_duplicate_node_and_writes_nothing(cluster):
+    snapshot = Snapshot(nodes=[ObservedNode("a", origin="row 2"), ObservedNode("a", origin="row 3")])
+    with pytest.raises(InventoryError, match="row 3: duplicate node 'a'"):
+        apply_snapshot(cluster, snapshot, "file")
+    assert Node.objects.count() == 0 and ChangeLog.objects.count() == 0
+
+
+def test_it_stores_unknown_versions_raw_and_flagged(cluster):
+    apply_snapshot(cluster, Snapshot(nodes=[ObservedNode("a", components={"driver": "570.x-custom"})]), "file")
+    component = NodeComponent.objects.get()
+    assert component.version == "570.x-custom" and component.flagged and component.branch == ""
+
+
+def test_it_records_workload_changes(cluster):
+    apply_snapshot(cluster, fleet(), "file")
+    snapshot = fleet()
+    assert snapshot.workloads is not None
+    snapshot.workloads[0].time_limit = dt.timedelta(hours=2)
+    result = apply_snapshot(cluster, snapshot, "file")
+    assert result.workloads_changed == 1
+    assert Workload.objects.get().time_limit == dt.timedelta(hours=2)
