@@ -110,13 +110,14 @@ class AgentProcess:
 
 
 def start_workload(agent: AgentProcess, workload_id: str, log: Path, megabytes: int, engine: str = "criu",
-                   extra_env: dict[str, str] | None = None, signal_name: str = "SIGUSR1") -> subprocess.Popen[bytes]:
+                   extra_env: dict[str, str] | None = None, signal_name: str = "SIGUSR1",
+                   extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     """A counter process started through `gpusweep-run`, detached (own session, no terminal, no pipes)."""
     wrapper = shutil.which("gpusweep-run", path=str(Path(sys.executable).parent)) or "gpusweep-run"
     out = log.with_suffix(".out")
     with out.open("ab") as fh:
         return subprocess.Popen(
-            [wrapper, "--workload-id", workload_id, "--engine", engine, "--signal", signal_name, "--",
+            [wrapper, "--workload-id", workload_id, "--engine", engine, "--signal", signal_name, *extra_args, "--",
              sys.executable, str(COUNTER), str(log), str(megabytes)],
             env={**agent.run_env(), **(extra_env or {})}, stdin=subprocess.DEVNULL, stdout=fh,
             stderr=subprocess.STDOUT, start_new_session=True,

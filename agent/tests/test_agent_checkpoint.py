@@ -201,3 +201,28 @@ def test_it_restores_a_pending_checkpoint_when_gpusweep_run_starts_the_workload_
         restored = next(w for w in b.client.get("/v1/workloads")["workloads"] if w["id"] == "ignored")
         kill_pid(restored["pid"])
         again.wait(10)
+
+
+def test_it_restores_beside_the_running_original_when_the_workload_has_its_own_pid_namespace(
+    agents, tmp_path: Path
+) -> None:
+    """CRIU restores a process under the pid it had; a pid namespace moves that pid off the host's."""
+    a, b, _store = agents
+    log = tmp_path / "counter.log"
+    wrapper = start_workload(a, "ns-1", log, megabytes=10, extra_args=("--pid-namespace",))
+    wait_steps(log, 5)
+    original = next(w for w in a.client.get("/v1/workloads")["workloads"] if w["id"] == "ns-1")["pid"]
+    restored: dict = {"result": {}}
+    try:
+        assert Path(f"/proc/{original}/status").read_text().split("NSpid:")[1].splitlines()[0].split()[-1] == "1"
+        op = a.client.call("/v1/checkpoint", "ns-ck", workload_id="ns-1", leave_running=True)
+        assert op["state"] == "succeeded", op
+        restored = b.client.call("/v1/restore", "ns-restore", checkpoint_id=op["result"]["checkpoint_id"])
+        assert restored["state"] == "succeeded", restored
+        assert restored["result"]["pid"] != original
+        assert pid_alive(original) and pid_alive(restored["result"]["pid"])
+        assert wrapper.poll() is None
+    finally:
+        kill_pid(restored["result"].get("pid") or 0)
+        kill_pid(original)
+        assert wrapper.wait(10) == 128 + 9, "the wrapper exits with its command's status"

@@ -7,6 +7,11 @@ restores it instead: for a process image (criu, cuda) the wrapper waits for the 
 to end; for the signal engine the command starts with ``GPUSWEEP_RESTORE_DIR`` set; a checkpoint
 that is invalid here (different driver ...) means a cold start, which is printed.
 
+With ``--pid-namespace`` the command runs as pid 1 of its own pid namespace (the wrapper stays
+as its parent and exits with its status). CRIU then restores the namespace under a new host pid,
+so a restore never collides with a pid in use on the target (including the original's, when it
+was checkpointed with leave_running).
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -14,10 +19,14 @@ The agent is found and authenticated through the same settings as the agent itse
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
 import os
+import signal
 import sys
 import time
 import uuid
+from typing import Any
 
 from .client import AgentClient, AgentClientError
 from .config import ConfigError, load_config
@@ -32,6 +41,54 @@ def workload_id_from_env(env: dict[str, str]) -> str:
     return f"wl-{uuid.uuid4().hex[:12]}"
 
 
+CLONE_NEWPID = 0x20000000
+
+
+class NamespacedChild:
+    """A child forked into a new pid namespace that waits for its command (or to be told to quit)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(CLONE_NEWPID) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"unshare(CLONE_NEWPID): {os.strerror(errno)} (needs root)")
+        read_end, self._write_end = os.pipe()
+        self._open = True
+        self.pid = os.fork()
+        if self.pid == 0:  # pid 1 of the new namespace
+            os.close(self._write_end)
+            chunks = []
+            while chunk := os.read(read_end, 65536):
+                chunks.append(chunk)
+            if not chunks:
+                os._exit(0)
+            message = json.loads(b"".join(chunks))
+            os.setsid()
+            try:
+                os.execvpe(message["command"][0], message["command"], message["env"])
+            except OSError as exc:
+                os.write(2, f"gpusweep-run: cannot run {message['command'][0]}: {exc}\n".encode())
+            os._exit(127)
+        os.close(read_end)
+
+    def run(self, command: list[str], env: dict[str, str]) -> int:
+        os.write(self._write_end, json.dumps({"command": command, "env": env}).encode())
+        os.close(self._write_end)
+        self._open = False
+        # Stay silent from here: a checkpoint may be taken, and the output files must not grow after it.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, frame: os.kill(self.pid, signal.SIGKILL))
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+    def cancel(self) -> None:
+        """The command will not run: the waiting child reads end-of-file and exits."""
+        if self._open:
+            self._open = False
+            os.close(self._write_end)
+            os.waitpid(self.pid, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpusweep-run", description="start a workload under the gpusweep agent")
     parser.add_argument("--workload-id")
@@ -39,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="criu", help="checkpoint engine: criu, cuda, signal or none")
     parser.add_argument("--signal", default="SIGUSR1", help="the signal the signal engine sends")
     parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--pid-namespace", action="store_true",
+                        help="run the command as pid 1 of a new pid namespace (restores never collide)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -51,22 +110,47 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"gpusweep-run: {exc}", file=sys.stderr)
         return 2
-    client = AgentClient(config.endpoint, config.identity, config.key)
+    child: NamespacedChild | None = None
+    if args.pid_namespace:
+        try:
+            child = NamespacedChild()
+        except OSError as exc:
+            print(f"gpusweep-run: {exc}", file=sys.stderr)
+            return 2
     try:
-        op = client.call(
-            "/v1/workloads", operation_id=f"register-{workload_id}-{os.getpid()}-{int(time.time())}",
-            workload_id=workload_id, pid=os.getpid(), name=args.name or os.path.basename(command[0]),
-            checkpoint_engine=args.engine, checkpoint_signal=args.signal, gpus=args.gpus,
-            command=command, cwd=os.getcwd(), env=env,
-        )
+        code = launch(args, command, env, workload_id, config.endpoint, config.identity, config.key, child)
+    except BaseException:
+        if child is not None:
+            child.cancel()
+        raise
+    return code
+
+
+def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], workload_id: str, endpoint: str,
+           identity: str, key: str, child: NamespacedChild | None) -> int:
+    client = AgentClient(endpoint, identity, key)
+    fields: dict[str, Any] = {
+        "workload_id": workload_id, "pid": child.pid if child else os.getpid(),
+        "name": args.name or os.path.basename(command[0]), "checkpoint_engine": args.engine,
+        "checkpoint_signal": args.signal, "gpus": args.gpus, "command": command, "cwd": os.getcwd(), "env": env,
+    }
+    try:
+        op = client.call("/v1/workloads", operation_id=f"register-{workload_id}-{os.getpid()}-{int(time.time())}",
+                         **fields)
     except AgentClientError as exc:
         print(f"gpusweep-run: workload {workload_id}: the agent did not answer: {exc}", file=sys.stderr)
+        if child:
+            child.cancel()
         return 75  # EX_TEMPFAIL: a scheduler may retry
     if op["state"] != "succeeded":
         print(f"gpusweep-run: workload {workload_id}: {op.get('error')}", file=sys.stderr)
+        if child:
+            child.cancel()
         return 75
     result = op["result"]
     if result["action"] == "restored":
+        if child:
+            child.cancel()
         pid = int(result["pid"])
         print(f"gpusweep-run: workload {workload_id} restored from {result['checkpoint_id']} as pid {pid}",
               file=sys.stderr, flush=True)
@@ -83,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     elif result.get("cold_start"):
         why = result.get("message") or "its checkpoint kept no state (engine none)"
         print(f"gpusweep-run: workload {workload_id} COLD START: {why}", file=sys.stderr, flush=True)
+    if child:
+        return child.run(command, env)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
