@@ -144,6 +144,8 @@ def test_it_checkpoints_and_restores_with_the_signal_engine(tmp_path: Path) -> N
         assert manifest["engine"] == "signal"
         assert [f["path"] for f in manifest["files"]] == ["state.json"]
         assert manifest["engine_data"]["ack"] == {"step": at_checkpoint[-1]}
+        assert "GPUSWEEP_AGENT_KEY" not in manifest["workload"]["env"] and "PATH" in manifest["workload"]["env"]
+        assert a.key not in (store / op["result"]["checkpoint_id"] / "manifest.json").read_text()
 
         restored = b.client.call("/v1/restore", "sig-restore", checkpoint_id=op["result"]["checkpoint_id"])
         assert restored["state"] == "succeeded", restored

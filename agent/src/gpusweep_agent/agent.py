@@ -18,6 +18,7 @@ from . import __version__
 from .artifacts import ArtifactError, LocalArtifactStore, fingerprint, fingerprint_differences, new_checkpoint_id
 from .config import AgentConfig
 from .engines import EngineError, get_engine
+from .engines.base import SECRET_WORDS
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
@@ -250,7 +251,10 @@ class Agent:
             "engine": str(params.get("engine") or ""), "engine_version": str(params.get("engine_version") or ""),
             "model_name": str(params.get("model_name") or ""), "model_version": str(params.get("model_version") or ""),
             "command": list(params.get("command") or []), "cwd": str(params.get("cwd") or ""),
-            "env": dict(params.get("env") or {}), "checkpoint_dir": str(exchange), "state": "running",
+            # Never keep secrets (the node key is in gpusweep-run's environment): they would reach the artifact store.
+            "env": {k: str(v) for k, v in dict(params.get("env") or {}).items()
+                    if not any(word in k.upper() for word in SECRET_WORDS)},
+            "checkpoint_dir": str(exchange), "state": "running",
         }
         self.workloads.put(workload)
         return {"workload_id": workload_id, "checkpoint_dir": str(exchange)}
