@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 
 from .agent import Agent
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     while not stopping.is_set() and not agent.restart_requested.is_set():
         stopping.wait(0.2)
+    if agent.restart_requested.is_set():
+        time.sleep(0.5)  # let the answer to the reboot call reach its caller before the restart
     server.shutdown()
     server.server_close()
     agent.stop()
