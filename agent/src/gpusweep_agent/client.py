@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -23,11 +24,13 @@ class AgentClientError(Exception):
 
 
 class AgentClient:
-    def __init__(self, endpoint: str, identity: str, key: str, timeout: float = 30.0) -> None:
+    def __init__(self, endpoint: str, identity: str, key: str, timeout: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.identity = identity
         self.key = key
         self.timeout = timeout
+        self.ssl_context = ssl_context
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None,
                 signed: bool = True) -> tuple[int, Any]:
@@ -40,7 +43,7 @@ class AgentClient:
             headers.update(sign(self.key, self.identity, method, signed_path, data))
         request = urllib.request.Request(url, data=data if body is not None else None, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.ssl_context) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raw = exc.read()

@@ -46,6 +46,10 @@ class AgentConfig:
     # "" refuses to reboot, "simulate" restarts the agent with the pending facts, anything else is run.
     reboot_command: str = ""
     libcuda: str = "libcuda.so.1"
+    # Optional TLS; with tls_client_ca set, callers must also present a certificate it signed (mutual TLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
 
     @property
     def identity(self) -> str:
@@ -117,6 +121,9 @@ def load_config(args: argparse.Namespace | None = None, environ: dict[str, str] 
         config.node = os.uname().nodename.split(".")[0]
     if not config.key:
         raise ConfigError("no node key: set GPUSWEEP_AGENT_KEY or key_file (manage.py agent_key CLUSTER NODE)")
+    if bool(config.tls_cert) != bool(config.tls_key) or (config.tls_client_ca and not config.tls_cert):
+        raise ConfigError("TLS needs both tls_cert and tls_key (and tls_client_ca only with them)")
     if not config.endpoint:
-        config.endpoint = f"http://{config.listen}:{config.port}"
+        scheme = "https" if config.tls_cert else "http"
+        config.endpoint = f"{scheme}://{config.listen}:{config.port}"
     return config

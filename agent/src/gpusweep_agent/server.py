@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
+import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -29,6 +31,19 @@ class AgentServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], agent: Agent) -> None:
         self.agent = agent
         super().__init__(address, Handler)
+        config = agent.config
+        if config.tls_cert:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+            if config.tls_client_ca:
+                context.load_verify_locations(config.tls_client_ca)
+                context.verify_mode = ssl.CERT_REQUIRED
+            # The handshake happens in the request thread, so one slow client cannot stall accept().
+            self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A refused TLS handshake is the client's problem, not a traceback for the agent's log.
+        log.info("connection from %s failed: %s", client_address, sys.exc_info()[1])
 
 
 class Handler(BaseHTTPRequestHandler):
