@@ -20,7 +20,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import Case, F, OuterRef, Q, Subquery, Sum, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from campaigns import evidence
@@ -70,7 +71,7 @@ def _actor(worker: str) -> str:
 
 
 def _sweep(sweep_id: int) -> NodeSweep:
-    return NodeSweep.objects.select_related("campaign", "campaign__approved_plan", "node__cluster").get(pk=sweep_id)
+    return NodeSweep.objects.select_related("campaign", "node__cluster").get(pk=sweep_id)
 
 
 # -- admission ---------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def dispatch(campaign_id: int) -> list[int]:
             Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.RUNNING)
             campaign.status = CampaignStatus.RUNNING
             evidence.append(campaign, "window_opened", "system", {})
-        limits = (campaign.approved_plan.content if campaign.approved_plan else {}).get("limits") or {}
+        limits = campaign.limits or {}
         cluster_limit: dict[str, int] = limits.get("cluster") or {}
         pool_limit: dict[str, int] | None = limits.get("pool")
         in_cluster = Counter(r["node__cluster__name"] for r in active if r["state"] in SweepState.WORKING)
@@ -141,25 +142,23 @@ def dispatch(campaign_id: int) -> list[int]:
 
 # -- one step ----------------------------------------------------------------------------
 def _claim(sweep: NodeSweep, worker: str) -> bool:
+    """Take the step's lease. One conditional UPDATE; the step's evidence event is written when it
+    ends (with this start time and attempt), so a claim needs no campaign lock."""
     now = timezone.now()
-    with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
-        rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state).filter(
-            Q(lease_owner="") | Q(step_deadline__lt=now)
-        ).update(lease_owner=worker, attempt=F("attempt") + 1, step_started_at=now,
-                 step_deadline=now + timedelta(seconds=campaign.step_timeout_s))
-        if not rows:
-            return False
-        sweep.attempt = NodeSweep.objects.values_list("attempt", flat=True).get(pk=sweep.pk)
-        sweep.lease_owner = worker
-        evidence.append(campaign, "step_started", _actor(worker), {"step": sweep.state, "attempt": sweep.attempt},
-                        sweep=sweep)
-        return True
+    rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state).filter(
+        Q(lease_owner="") | Q(step_deadline__lt=now)
+    ).update(lease_owner=worker, attempt=F("attempt") + 1, step_started_at=now,
+             step_deadline=now + timedelta(seconds=sweep.campaign.step_timeout_s))
+    if not rows:
+        return False
+    sweep.attempt = NodeSweep.objects.values_list("attempt", flat=True).get(pk=sweep.pk)
+    sweep.lease_owner, sweep.step_started_at = worker, now
+    return True
 
 
 def _release(sweep: NodeSweep, worker: str, countdown: float, kind: str, data: dict[str, Any]) -> None:
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
+        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
         rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(
             lease_owner="", step_deadline=timezone.now() + timedelta(seconds=countdown + 1))
         if rows:
@@ -176,7 +175,7 @@ def _finish(sweep: NodeSweep, worker: str, data: dict[str, Any], fields: dict[st
     current = sweep.state
     following = SweepState.next(current)
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
+        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
         if campaign.status == CampaignStatus.ABORTED and following == SweepState.PATCHING:
             # Aborted before the patch: hand over to the rollback instead of patching.
             NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
@@ -189,8 +188,9 @@ def _finish(sweep: NodeSweep, worker: str, data: dict[str, Any], fields: dict[st
         )
         if not rows:
             return None  # the lease expired and another worker finished this step
-        evidence.append(campaign, "step_done", _actor(worker), {"step": current, "next": following, **data},
-                        sweep=sweep)
+        evidence.append(campaign, "step_done", _actor(worker), {
+            "step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt, **data,
+        }, sweep=sweep)
         if current == SweepState.DRAINING:
             _node_state(sweep.node_id, ServiceState.DRAINING)
         elif following == SweepState.PATCHING:
@@ -222,7 +222,7 @@ def _check_budget(campaign: Campaign) -> None:
 
 def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any]) -> bool:
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
+        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
         rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(
             state=final, lease_owner="", step_deadline=None)
         if not rows:
@@ -237,7 +237,7 @@ def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any]) -> boo
 
 def _record_error(sweep: NodeSweep, worker: str, error: str) -> None:
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
+        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
         rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(error=error[:4000])
         if rows:
             sweep.error = error
@@ -322,14 +322,12 @@ def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
 
 
 def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
-    plan = sweep.campaign.approved_plan
-    node = (plan.content.get("nodes", {}) if plan else {}).get(str(sweep.node_id), {})
-    return {m["workload"]: m for m in node.get("moves", [])}
+    return {m["workload"]: m for m in (sweep.planned or {}).get("moves", [])}
 
 
 def _move_event(sweep: NodeSweep, kind: str, data: dict[str, Any]) -> None:
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id)
+        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
         evidence.append(campaign, kind, "system", data, sweep=sweep)
 
 
@@ -382,32 +380,34 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     return {"workloads": done}, {}
 
 
-def _free_gpus(node: Node) -> int:
-    used = Workload.objects.filter(node=node, gone_at__isnull=True).aggregate(n=Sum("gpus"))["n"] or 0
-    return node.gpu_count - used
-
-
 def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> Node | None:
-    """A node the checkpoint can be restored on: same fingerprint, room, not being drained soon."""
+    """A node the checkpoint can be restored on: same fingerprint, room, not being drained soon.
+
+    One query: the fingerprint (GPU model, driver, CUDA) and free GPUs are matched in SQL, the
+    planned target first, then the emptiest.
+    """
     source = sweep.node
     versions = source.component_versions()
-    busy = set(NodeSweep.objects.filter(state__in=SweepState.WORKING).values_list("node_id", flat=True))
-    # Nodes of this campaign in this or the next wave will be drained before the workload settles.
-    soon = set(NodeSweep.objects.filter(campaign=sweep.campaign, state=SweepState.PENDING,
-                                        wave__lte=sweep.wave + 1).values_list("node_id", flat=True))
     candidates = Node.objects.filter(
         cluster=source.cluster, gpu_model=source.gpu_model, service_state=ServiceState.IN_SERVICE, gone_at__isnull=True,
-    ).exclude(pk=source.pk).exclude(pk__in=busy | soon).prefetch_related("components")
-    suitable = []
-    for node in candidates:
-        theirs = {c.component: c.version for c in node.components.all()}
-        if any(theirs.get(c, "") != versions.get(c, "") for c in ("driver", "cuda")):
-            continue
-        if _free_gpus(node) < move.gpus:
-            continue
-        suitable.append(node)
-    suitable.sort(key=lambda n: (n.pk != planned, -_free_gpus(n), n.name))
-    return suitable[0] if suitable else None
+    ).exclude(pk=source.pk)
+    for component in ("driver", "cuda"):
+        if versions.get(component):
+            candidates = candidates.filter(pk__in=NodeComponent.objects.filter(
+                component=component, version=versions[component]).values("node_id"))
+        else:
+            candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=component)
+                                            .values("node_id"))
+    # Nodes being swept now, and nodes of this campaign in this or the next wave (drained before
+    # the workload settles), do not receive work.
+    candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(state__in=SweepState.WORKING).values("node_id"))
+    candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(
+        campaign=sweep.campaign, state=SweepState.PENDING, wave__lte=sweep.wave + 1).values("node_id"))
+    used = Workload.objects.filter(node=OuterRef("pk"), gone_at__isnull=True).values("node").annotate(
+        n=Sum("gpus")).values("n")
+    candidates = candidates.annotate(free=F("gpu_count") - Coalesce(Subquery(used), 0)).filter(free__gte=move.gpus)
+    first = Case(When(pk=planned, then=Value(0)), default=Value(1)) if planned else Value(1)
+    return candidates.order_by(first, "-free", "name").first()
 
 
 def _move_inventory(move: WorkloadMove, target: Node, new_ref: str) -> None:

@@ -49,11 +49,18 @@ def chain_hash(prev: str, body: dict[str, Any]) -> str:
     return hashlib.sha256((prev + canonical(body)).encode()).hexdigest()
 
 
-def lock_campaign(campaign_id: int) -> Campaign:
+# What the execution engine reads from a locked campaign: loading only these keeps a step cheap.
+LIGHT_FIELDS = ("id", "status", "evidence_seq", "evidence_head", "step_timeout_s", "error_budget")
+
+
+def lock_campaign(campaign_id: int, light: bool = False) -> Campaign:
     """Lock the campaign row for the rest of the transaction (no-op on SQLite, whose writes serialize)."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("lock_campaign must run inside transaction.atomic()")
-    return Campaign.objects.select_for_update().get(pk=campaign_id)
+    rows = Campaign.objects.select_for_update()
+    if light:
+        rows = rows.only(*LIGHT_FIELDS)
+    return rows.get(pk=campaign_id)
 
 
 def append(

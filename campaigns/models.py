@@ -54,6 +54,8 @@ class Campaign(models.Model):
     approved_plan = models.ForeignKey(
         "campaigns.Plan", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
+    # The approved plan's parallelism limits as numbers, copied at start (read by every dispatch).
+    limits = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     status_reason = models.TextField(blank=True)
@@ -112,6 +114,8 @@ class NodeSweep(models.Model):
     position = models.PositiveIntegerField(default=0, help_text="order within the plan")
     state = models.CharField(max_length=20, choices=SweepState.choices(), default=SweepState.PENDING, db_index=True)
     target = models.JSONField(default=dict, help_text="{component: version}")
+    # The approved plan's explanation of this node (moves, expected times, risks), copied at start.
+    planned = models.JSONField(default=dict, blank=True)
     versions_before = models.JSONField(default=dict, blank=True)
     versions_after = models.JSONField(default=dict, blank=True)
     attempt = models.PositiveIntegerField(default=0)

@@ -296,7 +296,7 @@ def start(campaign_id: int, user: User | None) -> Campaign:
         nodes = plan.content.get("nodes", {})
         sweeps = [
             NodeSweep(campaign=campaign, node_id=int(node_id), wave=item["wave"], position=item["position"],
-                      target=item["target"])
+                      target=item["target"], planned=item)
             for node_id, item in nodes.items()
         ]
         try:
@@ -307,7 +307,8 @@ def start(campaign_id: int, user: User | None) -> Campaign:
                                             state__in=SweepState.ACTIVE).select_related("node").first()
             where = f"node {busy.node.name} is in active campaign {busy.campaign_id}" if busy else "a node is busy"
             raise CampaignError(f"campaign {campaign.pk} cannot start: {where}") from None
-        _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now())
+        _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now(),
+                    limits=plan.content.get("limits") or {})
         evidence.append(campaign, "started", actor_of(user), {"plan": plan.pk, "nodes": len(sweeps)})
         for sweep in NodeSweep.objects.filter(campaign=campaign).select_related("node"):
             versions = sweep.node.component_versions()
