@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import DATA
+from agent_helpers import DATA, AgentProcess, start_workload, wait_for, wait_steps
 from gpusweep_agent.auth import AuthError, derive_node_key, verify
 from gpusweep_agent.config import ConfigError, load_config
 from gpusweep_agent.engines import EngineUnavailable, get_engine
@@ -127,12 +127,12 @@ class Receiver(BaseHTTPRequestHandler):
 
     status = 200
     received: list[dict[str, Any]] = []
+    key = derive_node_key("fleet", "local", "gpu01")
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        key = derive_node_key("fleet", "local", "gpu01")
         try:
-            verify(key, dict(self.headers.items()), "POST", self.path, body)
+            verify(self.key, dict(self.headers.items()), "POST", self.path, body)
             status = self.status
         except AuthError:
             status = 401
@@ -152,6 +152,7 @@ class Receiver(BaseHTTPRequestHandler):
 def receiver() -> Iterator[str]:
     Receiver.received = []
     Receiver.status = 200
+    Receiver.key = derive_node_key("fleet", "local", "gpu01")
     server = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -190,3 +191,21 @@ def test_it_raises_typed_heartbeat_errors_and_backs_off(receiver: str) -> None:
     assert delays[-1] >= 150, "the backoff reaches its ceiling"
     assert 27 <= s.next_delay({}) <= 33 and s.failures == 0
     assert 6.3 <= s.next_delay({"next_heartbeat_s": 7}) <= 7.7
+
+
+def test_it_heartbeats_from_a_running_agent_with_its_facts_and_workloads(receiver: str, tmp_path: Path) -> None:
+    agent = AgentProcess(tmp_path, "gpu-hb", tmp_path / "artifacts", service_url=receiver, heartbeat_interval="0.5")
+    Receiver.key = agent.key
+    agent.start()
+    log = tmp_path / "counter.log"
+    try:
+        proc = start_workload(agent, "hb-1", log, megabytes=1)
+        wait_steps(log, 2)
+        beat = wait_for(lambda: next((b for b in Receiver.received if b["workloads"]), None), 20,
+                        what="a heartbeat that lists the workload")
+        assert (beat["cluster"], beat["node"]) == ("test", "gpu-hb")
+        assert beat["facts"]["components"]["driver"] == "570.86.15"
+        assert beat["workloads"][0]["scheduler_id"] == "hb-1" and beat["workloads"][0]["checkpoint_engine"] == "criu"
+        proc.kill()
+    finally:
+        agent.stop()
