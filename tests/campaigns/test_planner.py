@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from campaigns.planner import (
+    PlanError,
+    PlanNode,
+    PlanWorkload,
+    Policy,
+    compare,
+    parse_blackouts,
+    parse_limit,
+    parse_windows,
+    plan,
+)
+
+MONDAY = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+OLD = {"driver": "570.86.15", "cuda": "12.8"}
+
+
+def node(i: int, *, pool: str = "a", cluster: str = "c", workloads: int = 1, gpus: int = 2, deadline_days: int = 30,
+         versions: dict[str, str] | None = None, policy: str = "checkpoint", checkpointable: bool = True) -> PlanNode:
+    return PlanNode(
+        id=i, name=f"n{i:03d}", cluster=cluster, pool=pool, gpu_model="H100", gpu_count=8,
+        versions=versions or OLD, target={"driver": "570.195.03"},
+        workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=gpus, policy=policy, checkpointable=checkpointable)
+                        for j in range(workloads)),
+        deadline=MONDAY + timedelta(days=deadline_days),
+    )
+
+
+def spare(i: int, versions: dict[str, str] | None = None) -> PlanNode:
+    return PlanNode(id=1000 + i, name=f"spare{i}", cluster="c", pool="spare", gpu_model="H100", gpu_count=8,
+                    versions=versions or OLD)
+
+
+def test_it_keeps_every_wave_within_the_cluster_and_pool_limits():
+    nodes = [node(i, pool="a" if i % 2 else "b", workloads=0) for i in range(20)]
+    result = plan(nodes, [], Policy(start=MONDAY, per_cluster="25%", per_pool="2"))
+    for wave in result["waves"]:
+        pools = Counter(result["nodes"][str(n)]["pool"] for n in wave["nodes"])
+        assert len(wave["nodes"]) <= 5 and max(pools.values()) <= 2
+    assert sum(len(w["nodes"]) for w in result["waves"]) == 20
+
+
+def test_it_puts_the_most_urgent_nodes_first():
+    nodes = [node(i, workloads=0, deadline_days=30 - i) for i in range(6)]
+    result = plan(nodes, [], Policy(start=MONDAY, per_cluster="2"))
+    assert result["waves"][0]["nodes"] == [5, 4]
+    assert result["waves"][-1]["nodes"] == [1, 0]
+
+
+def test_every_move_has_a_compatible_target_outside_this_and_the_next_wave():
+    nodes = [node(i) for i in range(8)]
+    receivers = [spare(0), spare(1, versions={"driver": "580.95.05", "cuda": "12.8"})]
+    result = plan(nodes, receivers, Policy(start=MONDAY, per_cluster="2", cold_restart_allowed=True))
+    waves = {int(k): v["wave"] for k, v in result["nodes"].items()}
+    for item in result["nodes"].values():
+        for move in item["moves"]:
+            if move["action"] == "migrate":
+                assert move["to"] != 1001, "never to another driver"
+                assert waves.get(move["to"], 10**9) > item["wave"] + 1
+                assert "same GPU model H100, driver 570.86.15" in move["why"]
+    used = Counter(m["to"] for n in result["nodes"].values() for m in n["moves"] if m["action"] == "migrate")
+    assert all(count * 2 <= 8 for count in used.values()), "never more GPUs than a target has"
+
+
+def test_the_last_groups_cold_start_or_finish_first_by_policy_and_are_named():
+    cold = plan([node(i) for i in range(4)], [], Policy(start=MONDAY, per_cluster="2", cold_restart_allowed=True))
+    assert {c["node_name"] for c in cold["cold_starts"]} >= {"n002", "n003"}
+    assert all("cold start" in " ".join(cold["nodes"][str(c["node"])]["risks"]) for c in cold["cold_starts"])
+    wait = plan([node(i, policy="wait") for i in range(2)], [], Policy(start=MONDAY, per_cluster="1"))
+    assert len(wait["finish_first"]) == 2 and not wait["cold_starts"]
+    blocked = plan([node(i) for i in range(2)], [], Policy(start=MONDAY, per_cluster="1"))
+    assert blocked["summary"]["no_capacity"] == 2
+    assert "no capacity for" in blocked["nodes"]["0"]["risks"][0]
+
+
+def test_it_schedules_waves_inside_windows_and_outside_blackouts():
+    windows = parse_windows([{"days": [1, 2, 3], "start": "22:00", "end": "02:00", "tz": "Europe/Berlin"}])
+    blackouts = parse_blackouts([{"start": "2026-12-01T00:00:00+00:00", "end": "2026-12-02T12:00:00+00:00"}])
+    result = plan([node(i, workloads=0, deadline_days=1) for i in range(3)], [],
+                  Policy(start=MONDAY, per_cluster="1", windows=windows, blackouts=blackouts, node_seconds=3600))
+    starts = [datetime.fromisoformat(w["start"]) for w in result["waves"]]
+    # Tuesday 22:00 Berlin is 21:00 UTC and inside the blackout; Wednesday's window is the first free one.
+    assert starts[0] == datetime(2026, 12, 2, 21, 0, tzinfo=UTC)
+    assert starts[1] == datetime(2026, 12, 2, 22, 0, tzinfo=UTC)
+    assert all(any(r.startswith("past deadline") for r in n["risks"]) for n in result["nodes"].values())
+
+
+def test_a_re_plan_is_compared_node_by_node():
+    nodes = [node(i, workloads=0) for i in range(4)]
+    first = plan(nodes, [], Policy(start=MONDAY, per_cluster="2"))
+    second = plan(nodes[:3], [], Policy(start=MONDAY, per_cluster="1"))
+    diff = compare(first, second)
+    assert diff["removed"] == [3] and diff["added"] == []
+    assert {c["node"] for c in diff["changed"]} == {1, 2}
+
+
+def test_bad_limits_and_windows_name_the_field():
+    with pytest.raises(PlanError, match="parallelism_per_cluster"):
+        parse_limit("lots", 10, "parallelism_per_cluster")
+    assert parse_limit("10%", 5, "x") == 1 and parse_limit("50%", 10, "x") == 5
+    with pytest.raises(PlanError, match=r"windows\[0\]"):
+        parse_windows([{"days": [9], "start": "22:00", "end": "06:00"}])
