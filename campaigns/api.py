@@ -33,7 +33,7 @@ class CampaignSerializer(serializers.ModelSerializer):
     class Meta:
         model = Campaign
         fields = [
-            "id", "name", "description", "requested_by", "status", "status_reason", "clusters", "pools",
+            "id", "name", "description", "advisories", "requested_by", "status", "status_reason", "clusters", "pools",
             "node_selector", "target_versions", "parallelism_per_cluster", "parallelism_per_pool", "windows",
             "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
             "workload_overrides", "approvals_required", "deadline", "step_timeout_s", "node_estimate_s",

@@ -23,6 +23,7 @@ class Campaign(models.Model):
 
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
+    advisories = models.ManyToManyField("advisories.Advisory", blank=True, related_name="campaigns")
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_campaigns", null=True, blank=True
     )

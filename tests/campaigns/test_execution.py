@@ -233,3 +233,31 @@ def test_events_cannot_be_changed_through_the_orm(people):
         event.save()
     with pytest.raises(ValueError, match="append-only"):
         event.delete()
+
+
+def test_default_targets_are_the_fixed_versions_in_each_nodes_own_branch_most_urgent_first(people):
+    from advisories.models import Advisory, AffectedRange, Exposure
+    from tests.campaigns.fleet import add_node
+
+    fleet, cluster = make_fleet(nodes=2, spares=0)
+    add_node(fleet, cluster, "r580", driver="580.82.07", labels={"sweep": "yes"}, workloads=0)
+    advisory = Advisory.objects.create(publisher_id="5703", title="GPU Display Driver", source_kind="file",
+                                       source="5703.json")
+    now = timezone.now()
+    for branch, fixed, detected, names, days in (("R570", FIXED, "570.86.15", ["gpu00", "gpu01"], 30),
+                                                 ("R580", "580.95.05", "580.82.07", ["r580"], 5)):
+        rng = AffectedRange.objects.create(advisory=advisory, product_id=f"linux{branch}", component="driver",
+                                           branch=branch, raw=f"prior to {fixed}", fixed_version=fixed)
+        for name in names:
+            Exposure.objects.create(node=Node.objects.get(name=name), advisory=advisory, affected_range=rng,
+                                    component="driver", detected_version=detected, first_seen=now,
+                                    deadline=now + timedelta(days=days))
+    requester, approver, _ = people
+    campaign = Campaign.objects.create(name="from advisories", requested_by=requester,
+                                       node_selector={"sweep": "yes"}, parallelism_per_cluster="1")
+    campaign.advisories.add(advisory)
+    plan = services.make_plan(campaign.pk, requester)
+    nodes = {item["name"]: item for item in plan.content["nodes"].values()}
+    assert nodes["gpu00"]["target"] == {"driver": FIXED}
+    assert nodes["r580"]["target"] == {"driver": "580.95.05"}
+    assert nodes["r580"]["wave"] == 1, "the earliest deadline goes first"
