@@ -252,7 +252,7 @@ def test_default_targets_are_the_fixed_versions_in_each_nodes_own_branch_most_ur
             Exposure.objects.create(node=Node.objects.get(name=name), advisory=advisory, affected_range=rng,
                                     component="driver", detected_version=detected, first_seen=now,
                                     deadline=now + timedelta(days=days))
-    requester, approver, _ = people
+    requester, _approver, _ = people
     campaign = Campaign.objects.create(name="from advisories", requested_by=requester,
                                        node_selector={"sweep": "yes"}, parallelism_per_cluster="1")
     campaign.advisories.add(advisory)
