@@ -63,7 +63,9 @@ def node_ref(node: Node) -> NodeRef:
 
 
 def op_id(sweep: NodeSweep, name: str) -> str:
-    return f"gs-{sweep.campaign_id}-{sweep.pk}-{name}"[:200]
+    # The agent accepts [A-Za-z0-9._:-], at most 128 characters.
+    safe = "".join(ch if ch.isalnum() or ch in "._:-" else "_" for ch in name)
+    return f"gs-{sweep.campaign_id}-{sweep.pk}-{safe}"[:128]
 
 
 def _actor(worker: str) -> str:

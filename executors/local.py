@@ -22,6 +22,7 @@ from executors.base import (
 )
 
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model_name", "model_version")
+RUNNING_STATES = ("running", "restored")
 
 
 class LocalExecutor(Executor):
@@ -43,7 +44,8 @@ class LocalExecutor(Executor):
         answer = self.client(node).get("/v1/workloads")
         found = []
         for item in answer.get("workloads", []):
-            if item.get("state", "running") != "running":
+            # The agent marks a workload it restored "restored" while it runs.
+            if item.get("state", "running") not in RUNNING_STATES:
                 continue
             steps = item.get("steps")
             found.append(WorkloadInfo(

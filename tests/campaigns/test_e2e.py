@@ -1,9 +1,10 @@
 """End to end on PostgreSQL, Redis and real Celery worker and beat processes, with SIGKILL faults.
 
-The nodes are the memory executor's (a test double shared by the processes through a state
-file): the node agent in agent/ did not yet serve its HTTP API when this test was written, so
-the local executor cannot drive real agents here. Everything else is real: the database, the
-broker, the worker processes that are killed with SIGKILL, beat's re-drive.
+Two fleets. The first test drives real node agents (agent/: one process per node, simulated
+patch and reboot as the agent offers them) through the local executor, with counter workloads
+checkpointed by signal; the worker is killed in every node state. The second uses the memory
+executor (a test double shared by the processes through a state file) to kill the worker in every
+state with a short, fixed step time and check counts an agent cannot report (reboots).
 """
 
 from __future__ import annotations
@@ -25,12 +26,21 @@ from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from executors.memory import Fleet
+from inventory.models import Cluster, Node, NodeComponent, Workload
+from inventory.versions import parse_version
 from tests.campaigns.fleet import FIXED, add_node, user
 from tests.helpers import REPO, clean_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 STEP_S = 0.3
+
+
+def _need_services() -> None:
+    need(os.environ.get("DATABASE_URL", "").startswith("postgres")
+         and os.environ.get("CELERY_BROKER_URL", "").startswith("redis"),
+         "set DATABASE_URL=postgres://root@127.0.0.1:5432/<db> and CELERY_BROKER_URL=redis://127.0.0.1:6379/<n> "
+         "(as .ci/run does) to run the campaign end to end on PostgreSQL, Redis and Celery workers")
 
 
 def _env(state: Path) -> dict[str, str]:
@@ -60,12 +70,129 @@ def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     proc.wait(timeout=30)
 
 
+def _kill_in_every_state(campaign: Campaign, worker: subprocess.Popen[bytes], env: dict[str, str], log: Path,
+                         pause: float) -> tuple[subprocess.Popen[bytes], list[str]]:
+    """SIGKILL the worker once in each node state, while it executes that state's step; restart it."""
+    kills = []
+    for wanted in [s for s in SweepState.STEPS if s in SweepState.WORKING]:
+        busy = wait_for(lambda wanted=wanted: NodeSweep.objects.filter(
+            campaign=campaign, state=wanted).exclude(lease_owner="").exists(), timeout=180, interval=0.05)
+        assert busy, f"no node reached {wanted}; log:\n{log.read_text()[-3000:]}"
+        time.sleep(pause)
+        _kill(worker)
+        kills.append(wanted)
+        worker = _start("worker", env, log)
+    return worker, kills
+
+
+def _agents_module():
+    """The agent package's own test helpers: real `gpusweep-agent` processes and counter workloads."""
+    sys.path.insert(0, str(REPO / "agent" / "tests"))
+    import agent_helpers
+
+    return agent_helpers
+
+
+def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worker_dies(tmp_path: Path):
+    _need_services()
+    helpers = _agents_module()
+    store = tmp_path / "artifacts"
+    simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
+    names = [f"gpu{i:02d}" for i in range(6)] + ["spare00", "spare01"]
+    agents = {}
+    counters: dict[str, Path] = {}
+    procs = []
+    worker = beat = None
+    try:
+        for name in names:
+            agents[name] = helpers.AgentProcess(tmp_path, name, store, **simulate).start()
+        cluster = Cluster.objects.create(name=helpers.CLUSTER, kind="static", connection={"executor": "local"})
+        facts = helpers.FACTS
+        for name, agent in agents.items():
+            node = Node.objects.create(cluster=cluster, name=name, gpu_model=facts["gpu_model"], gpu_count=8,
+                                       agent_endpoint=f"http://127.0.0.1:{agent.port}",
+                                       labels={"sweep": "no" if name.startswith("spare") else "yes"})
+            for component, version in facts["components"].items():
+                parsed = parse_version(component, version)
+                NodeComponent.objects.create(node=node, component=component, version=version,
+                                             version_key=parsed.key, branch=parsed.branch)
+            if name.startswith("gpu"):
+                counters[name] = tmp_path / f"counter-{name}.log"
+                procs.append(helpers.start_workload(agent, f"wl-{name}", counters[name], megabytes=1,
+                                                    engine="signal"))
+                Workload.objects.create(cluster=cluster, node=node, kind="process", scheduler_id=f"wl-{name}",
+                                        name=f"counter-{name}", gpus=1, checkpoint_engine="signal")
+        for log_file in counters.values():
+            helpers.wait_steps(log_file, 3)
+
+        rita, alan = user("rita", "operator"), user("alan", "approver")
+        campaign = Campaign.objects.create(name="agents", requested_by=rita, node_selector={"sweep": "yes"},
+                                           target_versions={"driver": {"R570": FIXED}},
+                                           parallelism_per_cluster="2", step_timeout_s=8, error_budget="0")
+        services.make_plan(campaign.pk, rita)
+        services.approve(campaign.pk, alan)
+        env = {**_env(tmp_path / "unused.json"), "GPUSWEEP_AGENT_FLEET_SECRET": helpers.FLEET_SECRET}
+        log = tmp_path / "celery.log"
+        beat = _start("beat", env, log)
+        worker = _start("worker", env, log)
+        services.start(campaign.pk, rita)
+        worker, kills = _kill_in_every_state(campaign, worker, env, log, pause=0.2)
+        done = wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL,
+                        timeout=300, interval=0.5)
+        assert done, f"campaign did not finish; log:\n{log.read_text()[-4000:]}"
+        campaign.refresh_from_db()
+        assert campaign.status == CampaignStatus.COMPLETED, (campaign.status_reason, list(
+            NodeSweep.objects.filter(campaign=campaign).values_list("state", "error")))
+        assert len(kills) == 7
+        lengths = {name: len(helpers.steps(path)) for name, path in counters.items()}
+        placed: dict[str, list[str]] = {}
+        for name, agent in agents.items():
+            client = agent.client
+            facts_now = client.request("GET", "/v1/facts")[1]
+            health = client.request("GET", "/v1/health")[1]
+            assert health["maintenance"] is False, f"{name} left drained"
+            if name.startswith("gpu"):
+                assert facts_now["components"]["driver"] == FIXED
+                ops = [json_file for json_file in (agent.state / "operations").glob("*.json")
+                       if '"kind": "patch"' in json_file.read_text() or '"kind":"patch"' in json_file.read_text()]
+                assert len(ops) == 1, f"{name} patched {len(ops)} times"
+            else:
+                assert facts_now["components"]["driver"] == facts["components"]["driver"]
+            for workload in client.request("GET", "/v1/workloads")[1]["workloads"]:
+                if workload["state"] in ("running", "restored"):
+                    placed.setdefault(workload["id"], []).append(name)
+        assert sorted(placed) == sorted(f"wl-{n}" for n in counters), placed
+        assert all(len(where) == 1 and where[0].startswith("spare") for where in placed.values()), placed
+        for name, path in counters.items():
+            # Counting goes on after the move, from where it stopped: no gap, no restart, no second copy.
+            after = helpers.wait_steps(path, lengths[name] + 3)
+            assert after == list(range(1, len(after) + 1))
+        moves = list(WorkloadMove.objects.filter(sweep__campaign=campaign))
+        assert len(moves) == 6 and all(m.state == MoveState.RESTORED and m.checkpoint_sha256 for m in moves)
+        call_command("verify_evidence", campaign=campaign.pk)
+        event = EvidenceEvent.objects.filter(campaign=campaign, kind="checkpointed").first()
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {EvidenceEvent._meta.db_table} SET actor = 'user:mallory' WHERE id = %s",
+                           [event.pk])
+        with pytest.raises(CommandError, match="evidence verification failed"):
+            call_command("verify_evidence", campaign=campaign.pk)
+    finally:
+        for proc in (worker, beat):
+            if proc is not None:
+                _kill(proc)
+        for agent in agents.values():
+            for workload in agent.client.request("GET", "/v1/workloads")[1].get("workloads", []) \
+                    if agent.proc and agent.proc.poll() is None else []:
+                if workload.get("pid"):
+                    helpers.kill_pid(int(workload["pid"]))
+            agent.stop()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
 def test_it_completes_a_six_node_campaign_while_the_worker_is_killed_in_every_state(tmp_path: Path):
-    need(os.environ.get("DATABASE_URL", "").startswith("postgres")
-         and os.environ.get("CELERY_BROKER_URL", "").startswith("redis"),
-         "set DATABASE_URL=postgres://root@127.0.0.1:5432/<db> and CELERY_BROKER_URL=redis://127.0.0.1:6379/<n> "
-         "(as .ci/run does) to run the campaign end to end on PostgreSQL, Redis and Celery workers")
-    from inventory.models import Cluster
+    _need_services()
 
     state = tmp_path / "fleet.json"
     env = _env(state)
@@ -89,18 +216,9 @@ def test_it_completes_a_six_node_campaign_while_the_worker_is_killed_in_every_st
     log = tmp_path / "celery.log"
     beat = _start("beat", env, log)
     worker = _start("worker", env, log)
-    kills: list[str] = []
     try:
         services.start(campaign.pk, rita)
-        # SIGKILL the worker once in each node state, while it is executing that state's step.
-        for wanted in [s for s in SweepState.STEPS if s in SweepState.WORKING]:
-            busy = wait_for(lambda wanted=wanted: NodeSweep.objects.filter(
-                campaign=campaign, state=wanted).exclude(lease_owner="").exists(), timeout=120, interval=0.05)
-            assert busy, f"no node reached {wanted}; log:\n{log.read_text()[-3000:]}"
-            time.sleep(STEP_S / 3)
-            _kill(worker)
-            kills.append(wanted)
-            worker = _start("worker", env, log)
+        worker, kills = _kill_in_every_state(campaign, worker, env, log, pause=STEP_S / 3)
         done = wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL,
                         timeout=240, interval=0.5)
         assert done, f"campaign did not finish; log:\n{log.read_text()[-4000:]}"
