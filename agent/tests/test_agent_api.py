@@ -9,8 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agent_helpers import CLUSTER, FLEET_SECRET, AgentProcess, kill_pid, start_workload, steps, wait_steps
+from agent_helpers import CLUSTER, FLEET_SECRET, AgentProcess, kill_pid, start_workload, steps, wait_for, wait_steps
 from gpusweep_agent.auth import derive_node_key, sign
+from gpusweep_agent.client import AgentClientError
 
 
 @pytest.fixture
@@ -93,8 +94,16 @@ def test_it_patches_with_a_dry_run_then_simulated_package_and_reboot(agent: Agen
 
     pid = agent.proc.pid if agent.proc else 0
     reboot = agent.client.submit("/v1/reboot", "reboot-1")
-    time.sleep(1.0)
-    done = agent.client.wait(agent.client.get("/v1/operations/reboot-1"), timeout=30)
+    assert reboot["state"] in ("pending", "running")
+
+    def answered() -> dict | None:
+        try:
+            op = agent.client.get("/v1/operations/reboot-1")
+        except AgentClientError:
+            return None  # restarting
+        return op if op["state"] in ("succeeded", "failed") else None
+
+    done = wait_for(answered, 30, interval=0.1, what="the agent to come back from its simulated reboot")
     assert done["state"] == "succeeded", done
     assert done["result"]["components"]["driver"] == "580.65.06"
     assert agent.client.get("/v1/facts")["components"]["driver"] == "580.65.06"
