@@ -174,6 +174,16 @@ LOGGING = {
 GPUSWEEP_READYZ_PING_TIMEOUT = float(env_int("GPUSWEEP_READYZ_PING_TIMEOUT_MS", 2000, minimum=1)) / 1000
 GPUSWEEP_SHARED_DATA_DIR = Path(env_str("GPUSWEEP_SHARED_DATA_DIR", str(BASE_DIR.parent / "shared" / "data")))
 
+# --- inventory --------------------------------------------------------------------------
+# Node keys for agents are derived from this secret (agent/src/gpusweep_agent/auth.py); empty
+# means agent heartbeats are refused.
+GPUSWEEP_AGENT_FLEET_SECRET = env_str("GPUSWEEP_AGENT_FLEET_SECRET", "")
+GPUSWEEP_IMPORT_MAX_BYTES = env_int("GPUSWEEP_IMPORT_MAX_MB", 100, minimum=1) * 1024 * 1024
+GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum=1))
+GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)
+# A full sync refreshes Node.last_seen only when it is older than this (saves rewriting the table).
+GPUSWEEP_LAST_SEEN_RESOLUTION_S = env_int("GPUSWEEP_LAST_SEEN_RESOLUTION_S", 600, minimum=0)
+
 # --- advisories -------------------------------------------------------------------------
 # Named advisory sources: GPUSWEEP_ADVISORY_SOURCES="nvidia=github:https://raw...|https://github.com/...atom,
 # index=index:https://www.nvidia.com/.../product-security.json". Default: the local mirror.
@@ -196,5 +206,10 @@ CELERY_BEAT_SCHEDULE = {
     "campaigns-redrive": {
         "task": "campaigns.redrive",
         "schedule": float(env_int("GPUSWEEP_CAMPAIGN_REDRIVE_EVERY_S", 30, minimum=1)),
+    },
+    # Syncs every enabled Slurm/Kubernetes cluster (one task per cluster, by id).
+    "inventory-sync": {
+        "task": "inventory.tasks.sync_all_clusters",
+        "schedule": float(env_int("GPUSWEEP_INVENTORY_SYNC_EVERY_S", 300, minimum=30)),
     },
 }

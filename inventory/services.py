@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -142,6 +144,13 @@ class SyncResult:
     errors: list[str] = field(default_factory=list)
     versions_changed: set[int] = field(default_factory=set)
     changed_components: dict[str, list[str]] = field(default_factory=dict)
+    # Seconds per phase, for bench/inventory.py and slow-sync investigations.
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def lap(self, phase: str, started: float) -> float:
+        now = time.perf_counter()
+        self.timings[phase] = self.timings.get(phase, 0.0) + now - started
+        return now
 
     @property
     def no_changes(self) -> bool:
@@ -244,25 +253,37 @@ def apply_snapshot(
     now: dt.datetime | None = None,
 ) -> SyncResult:
     """Make the inventory of `cluster` match `snapshot`; see the module docstring."""
-    parsed = _validate(snapshot)
-    now = now or timezone.now()
     result = SyncResult()
+    started = time.perf_counter()
+    parsed = _validate(snapshot)
+    started = result.lap("validate", started)
+    now = now or timezone.now()
     with transaction.atomic():
         # One sync per cluster at a time (PostgreSQL row lock; SQLite serializes writers anyway).
         Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
         logs: list[_Log] = []
         node_ids = _apply_nodes(cluster, snapshot, parsed, source, user_id, now, result, logs)
+        started = time.perf_counter()
         if snapshot.workloads is not None:
             _apply_workloads(cluster, snapshot, node_ids, source, user_id, now, result, logs)
+            started = result.lap("workloads", started)
         _write_logs(logs, now)
+        started = result.lap("changelog", started)
+        # last_seen has a resolution: rewriting every row of a 100,000-node table on each sync
+        # would cost more than the sync itself, so rows already seen recently are left alone.
+        stale = now - dt.timedelta(seconds=settings.GPUSWEEP_LAST_SEEN_RESOLUTION_S)
         if snapshot.complete:
-            Node.objects.filter(cluster=cluster).exclude(service_state=ServiceState.GONE).update(last_seen=now)
+            Node.objects.filter(cluster=cluster, last_seen__lt=stale).exclude(
+                service_state=ServiceState.GONE
+            ).update(last_seen=now)
         elif node_ids:
             Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now)
+        started = result.lap("last_seen", started)
         Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
         changed_ids = sorted(result.versions_changed)
         if changed_ids:
             transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=changed_ids))
+    result.lap("commit", started)
     return result
 
 
@@ -277,9 +298,11 @@ def _apply_nodes(
     logs: list[_Log],
 ) -> dict[str, int]:
     """Create, update and retire nodes and their components; return name -> id of observed nodes."""
+    started = time.perf_counter()
+    columns = ("id", "name", "gone_at", *NODE_FIELDS)
     existing: dict[str, dict[str, Any]] = {
-        row["name"]: row
-        for row in Node.objects.filter(cluster=cluster).values("id", "name", "gone_at", *NODE_FIELDS)
+        row[1]: dict(zip(columns, row, strict=True))
+        for row in Node.objects.filter(cluster=cluster).values_list(*columns)
     }
     observed_names = {node.name for node in snapshot.nodes}
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
@@ -291,6 +314,7 @@ def _apply_nodes(
         for comp_id, node_id, component, version in query.values_list("id", "node_id", "component", "version"):
             current_components.setdefault(node_id, {})[component] = (comp_id, version)
 
+    started = result.lap("load", started)
     to_create: list[ObservedNode] = []
     to_update: list[Node] = []
     update_fields: set[str] = set()
@@ -332,8 +356,9 @@ def _apply_nodes(
                              _node_repr(cluster, observed.name), changes, user_id))
     if to_update:
         Node.objects.bulk_update(to_update, sorted(update_fields | {"updated_at"}), batch_size=BATCH)
-
+    started = result.lap("nodes", started)
     _apply_components(cluster, snapshot, parsed, node_ids, current_components, source, user_id, now, result, logs)
+    started = result.lap("components", started)
     created_ids = {node_ids[observed.name] for observed in to_create}
     result.added = len(to_create)
     result.changed = len({node.pk for node in to_update} | (result.versions_changed - created_ids))
@@ -351,6 +376,7 @@ def _apply_nodes(
             logs.append(_log(source, ChangeAction.DELETE, "node", row["id"], _node_repr(cluster, row["name"]),
                              {"service_state": [row["service_state"], ServiceState.GONE]}, user_id))
         result.removed = len(gone)
+    result.lap("vanished", started)
     return node_ids
 
 
