@@ -309,11 +309,8 @@ def start(campaign_id: int, user: User | None) -> Campaign:
             raise CampaignError(f"campaign {campaign.pk} cannot start: {where}") from None
         _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now(),
                     limits=plan.content.get("limits") or {})
+        # Versions before are recorded per node as the node reports them, when it is drained.
         evidence.append(campaign, "started", actor_of(user), {"plan": plan.pk, "nodes": len(sweeps)})
-        for sweep in NodeSweep.objects.filter(campaign=campaign).select_related("node"):
-            versions = sweep.node.component_versions()
-            evidence.append(campaign, "versions_before", actor_of(user),
-                            {"node": sweep.node.name, "versions": versions, "target": sweep.target}, sweep=sweep)
         enqueue("dispatch", campaign.pk)
         return campaign
 
