@@ -323,3 +323,12 @@ class SlurmCluster:
             return all(states.get(job) == "RUNNING" for job in job_ids)
 
         return bool(wait_for(running, timeout, interval=1))
+
+    def wait_ended(self, job_id: str, timeout: float = 60) -> bool:
+        """True once the job no longer holds its node (gone from squeue, or in a final state)."""
+
+        def ended() -> bool:
+            out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", timeout=10, check=False).strip()
+            return out in ("", "CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL")
+
+        return bool(wait_for(ended, timeout, interval=0.5))

@@ -58,6 +58,9 @@ class CliSlurmClient:
         self.timeout = float(connection.get("timeout_s", settings.GPUSWEEP_SLURM_TIMEOUT_S))
 
     def _run(self, *args: str) -> str:
+        return self._run_full(*args)[0]
+
+    def _run_full(self, *args: str) -> tuple[str, str]:
         command = " ".join(args)
         executable = str(Path(self.bin_dir) / args[0]) if self.bin_dir else args[0]
         env = dict(os.environ)
@@ -73,11 +76,11 @@ class CliSlurmClient:
             raise SlurmError(f"`{command}` could not start: {exc.strerror}") from None
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
-            raise SlurmError(f"`{command}` exited {done.returncode}: {detail[-1] if detail else 'no output'}")
-        return done.stdout
+            raise SlurmError(f"`{command}` failed (exit {done.returncode}): {detail[-1] if detail else 'no output'}")
+        return done.stdout, done.stderr
 
     def _json(self, *args: str) -> dict[str, Any]:
-        out = self._run(*args)
+        out, err = self._run_full(*args)
         try:
             data = json.loads(out)
         except json.JSONDecodeError as exc:
@@ -86,7 +89,10 @@ class CliSlurmClient:
             raise SlurmError(f"`{' '.join(args)}` printed JSON that is not an object")
         errors = data.get("errors") or []
         if errors:
-            raise SlurmError(f"`{' '.join(args)}` reported errors: {errors}")
+            # Slurm 22.05 exits 0 with {"errors": [...]}; the useful text is on stderr.
+            lines = err.strip().splitlines()
+            detail = lines[-1] if lines else str(errors)
+            raise SlurmError(f"`{' '.join(args)}` failed: {detail}")
         return data
 
     def ping(self) -> None:
