@@ -4,8 +4,10 @@ A process holding 1 GiB (agent/tests/data/counter.py) is checkpointed and restor
 agent's own engine and artifact store, in a folder that also gets a plain write and read of the
 same number of bytes, in the same run. Target (issue 5): checkpoint >= 0.7 of the plain write rate.
 
-Figures: CRIU dump alone; checkpoint as the agent does it (dump + SHA-256 manifest of every
-file); restore as the agent does it (hash verification + CRIU restore) and CRIU restore alone.
+Figures: CRIU dump (with the page images hashed alongside, as the agent does); checkpoint as the
+agent does it (dump + SHA-256 manifest of every file); restore as the agent does it (hash
+verification + CRIU restore) and CRIU restore alone. The plain write has no fsync, like CRIU; it
+runs before and after the checkpoint and the faster run is the baseline.
 Needs root and CRIU 4 (scripts/build-criu.sh).
 
     sudo .venv/bin/python bench/checkpoint.py [--mib 1024] [--dir /var/tmp]
@@ -27,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "agent" / "src"))
 
-from gpusweep_agent.artifacts import LocalArtifactStore, fingerprint  # noqa: E402
+from gpusweep_agent.artifacts import GrowingFileHasher, LocalArtifactStore, fingerprint  # noqa: E402
 from gpusweep_agent.config import AgentConfig  # noqa: E402
 from gpusweep_agent.engines.criu import CriuEngine  # noqa: E402
 from gpusweep_agent.util import pid_alive  # noqa: E402
@@ -91,9 +93,12 @@ def main() -> int:
         checkpoint_id = "ck-bench"
         image_dir = store.image_dir(checkpoint_id)
         t0 = time.perf_counter()
-        data = engine.checkpoint(workload, image_dir, False, lambda **_: None)
-        t1 = time.perf_counter()
-        manifest = store.build_manifest(checkpoint_id, workload, "criu", fingerprint({}, workload), data)
+        # As the agent does it: the page images are hashed while CRIU writes them.
+        with GrowingFileHasher(image_dir) as hasher:
+            data = engine.checkpoint(workload, image_dir, False, lambda **_: None)
+            t1 = time.perf_counter()
+        manifest = store.build_manifest(checkpoint_id, workload, "criu", fingerprint({}, workload), data,
+                                        hasher.digests())
         store.write_manifest(checkpoint_id, manifest)
         t2 = time.perf_counter()
         proc.wait(30)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import DATA, AgentProcess, start_workload, wait_for, wait_steps
+from gpusweep_agent.artifacts import GrowingFileHasher, LocalArtifactStore
 from gpusweep_agent.auth import AuthError, derive_node_key, verify
 from gpusweep_agent.config import ConfigError, load_config
 from gpusweep_agent.engines import EngineUnavailable, get_engine
@@ -209,3 +212,30 @@ def test_it_heartbeats_from_a_running_agent_with_its_facts_and_workloads(receive
         proc.kill()
     finally:
         agent.stop()
+
+
+def test_it_hashes_page_images_while_they_are_written(tmp_path: Path) -> None:
+    store = LocalArtifactStore(tmp_path / "store")
+    folder = store.image_dir("ck-grow")
+    folder.mkdir()
+    blocks = [bytes([n]) * 1_000_003 for n in range(20)]
+    with GrowingFileHasher(folder, chunk=65536) as hasher:
+        with (folder / "pages-1.img").open("wb") as fh:
+            for block in blocks:
+                fh.write(block)
+                fh.flush()
+                time.sleep(0.005)
+        # A file replaced by another (a new inode) is hashed again, not trusted.
+        (folder / "pages-2.img").write_bytes(b"old")
+        time.sleep(0.05)
+        (folder / "pages-2.img.tmp").write_bytes(b"new content")
+        (folder / "pages-2.img.tmp").rename(folder / "pages-2.img")
+    (folder / "core-1.img").write_bytes(b"core")
+    manifest = store.build_manifest("ck-grow", {"id": "w"}, "criu", {}, {}, hasher.digests())
+    expected = {"pages-1.img": hashlib.sha256(b"".join(blocks)).hexdigest(),
+                "pages-2.img": hashlib.sha256(b"new content").hexdigest(),
+                "core-1.img": hashlib.sha256(b"core").hexdigest()}
+    assert {f["path"]: f["sha256"] for f in manifest["files"]} == expected
+    assert hasher.digests()["pages-1.img"][1] == 20 * 1_000_003
+    store.write_manifest("ck-grow", manifest)
+    assert store.verify("ck-grow")["total_bytes"] == 20 * 1_000_003 + len(b"new content") + 4

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .artifacts import ArtifactError, LocalArtifactStore, fingerprint, fingerprint_differences, new_checkpoint_id
+from .artifacts import (
+    ArtifactError,
+    GrowingFileHasher,
+    LocalArtifactStore,
+    fingerprint,
+    fingerprint_differences,
+    new_checkpoint_id,
+)
 from .config import AgentConfig
 from .engines import EngineError, get_engine
 from .engines.base import SECRET_WORDS
@@ -136,22 +143,24 @@ class Agent:
 
         leave_running = bool(params.get("leave_running"))
         try:
-            engine_data = engine.checkpoint(workload, image_dir, leave_running, progress)
+            with GrowingFileHasher(image_dir) as hasher:
+                engine_data = engine.checkpoint(workload, image_dir, leave_running, progress)
         except EngineError as exc:
             self.artifacts.discard(checkpoint_id)
             alive = pid_alive(int(workload.get("pid") or 0))
             raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
-        return self._finish_checkpoint(record["id"], workload, engine_name, checkpoint_id, engine_data, leave_running)
+        return self._finish_checkpoint(record["id"], workload, engine_name, checkpoint_id, engine_data, leave_running,
+                                       hasher.digests())
 
     def _finish_checkpoint(
         self, op_id: str, workload: dict[str, Any], engine_name: str, checkpoint_id: str,
-        engine_data: dict[str, Any], leave_running: bool,
+        engine_data: dict[str, Any], leave_running: bool, hashed: dict[str, tuple[int, int, str]] | None = None,
     ) -> dict[str, Any]:
         carried = {k: workload[k] for k in CARRIED if k in workload}
         carried.setdefault("checkpoint_engine", engine_name)
         fp = fingerprint(self.facts(), workload)
         manifest = self.artifacts.build_manifest(checkpoint_id, carried, engine_name, fp,
-                                                 {**engine_data, "source_node": self.config.identity})
+                                                 {**engine_data, "source_node": self.config.identity}, hashed)
         self.artifacts.write_manifest(checkpoint_id, manifest)
         if self.workloads.get(workload["id"]) is not None:
             self.workloads.update(workload["id"], state="running" if leave_running else "checkpointed",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,67 @@ def fingerprint_differences(recorded: dict[str, Any], target: dict[str, Any]) ->
     }
 
 
+class GrowingFileHasher:
+    """Hashes CRIU's page images while CRIU is still writing them.
+
+    CRIU appends to ``pages-*.img`` sequentially, so the bytes below a file's current size are
+    final: hashing them as they arrive overlaps the (large) hashing with the dump, and the manifest
+    costs little once the dump ends. A digest is used only when the file's inode and final size
+    match what was hashed; anything else is hashed again from the start.
+    """
+
+    def __init__(self, folder: Path, pattern: str = "pages-*.img", chunk: int = 4 * 1024 * 1024) -> None:
+        self.folder, self.pattern, self.chunk = folder, pattern, chunk
+        self._files: dict[str, tuple[int, int, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="image-hasher", daemon=True)
+
+    def __enter__(self) -> GrowingFileHasher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            progressed = self._step()
+            if stopping and not progressed:
+                return
+            if not progressed:
+                self._stop.wait(0.01)
+
+    def _step(self) -> bool:
+        progressed = False
+        if not self.folder.is_dir():
+            return False
+        for path in self.folder.glob(self.pattern):
+            try:
+                with path.open("rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    ino, offset, digest = self._files.get(path.name, (st.st_ino, 0, None))
+                    if digest is None or ino != st.st_ino:
+                        ino, offset, digest = st.st_ino, 0, hashlib.sha256()
+                    fh.seek(offset)
+                    while offset < st.st_size:
+                        block = fh.read(min(self.chunk, st.st_size - offset))
+                        if not block:
+                            break
+                        digest.update(block)
+                        offset += len(block)
+                        progressed = True
+                    self._files[path.name] = (ino, offset, digest)
+            except FileNotFoundError:
+                continue
+        return progressed
+
+    def digests(self) -> dict[str, tuple[int, int, str]]:
+        """name -> (inode, size hashed, sha256), once the hasher has stopped."""
+        return {name: (ino, size, digest.hexdigest()) for name, (ino, size, digest) in self._files.items()}
+
+
 class ArtifactStore:
     """Where checkpoint images live. Subclass for an object store."""
 
@@ -103,15 +165,20 @@ class LocalArtifactStore(ArtifactStore):
         return self.root / checkpoint_id
 
     def build_manifest(
-        self, checkpoint_id: str, workload: dict[str, Any], engine: str, fp: dict[str, str], extra: dict[str, Any]
+        self, checkpoint_id: str, workload: dict[str, Any], engine: str, fp: dict[str, str], extra: dict[str, Any],
+        hashed: dict[str, tuple[int, int, str]] | None = None,
     ) -> dict[str, Any]:
+        """The manifest of the folder as it is now; `hashed` holds digests taken while it was written."""
         folder = self.image_dir(checkpoint_id)
         files = []
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(folder).as_posix()
             if rel in _CONTROL_FILES:
                 continue
-            files.append({"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)})
+            st = path.stat()
+            early = (hashed or {}).get(rel)
+            digest = early[2] if early and early[:2] == (st.st_ino, st.st_size) else sha256_file(path)
+            files.append({"path": rel, "size": st.st_size, "sha256": digest})
         return {
             "schema": SCHEMA, "checkpoint_id": checkpoint_id, "workload": workload, "engine": engine,
             "created_at": utcnow(), "files": files, "total_bytes": sum(f["size"] for f in files),
