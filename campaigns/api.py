@@ -95,7 +95,8 @@ class NodeSweepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodeSweep
-        fields = ["id", "campaign", "node", "node_name", "wave", "position", "state", "target", "versions_before",
+        fields = ["id", "campaign", "node", "node_name", "wave", "position", "state", "target", "planned",
+                  "versions_before",
                   "versions_after", "attempt", "step_started_at", "step_deadline", "patched_at", "error", "moves"]
 
 
