@@ -1,0 +1,176 @@
+"""The service side of agent heartbeats (docs/agent-wire-format.md).
+
+POST /api/v1/inventory/agent/heartbeat, signed with the node's key
+(agent/src/gpusweep_agent/auth.py). Keys are derived from GPUSWEEP_AGENT_FLEET_SECRET on
+demand, so nothing secret is stored. The first heartbeat registers the node in its (existing)
+cluster. A heartbeat is a partial snapshot: it speaks for its own node and that node's
+process workloads only, and replaces the node's component list with what the agent saw.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from gpusweep_agent.auth import AuthError, derive_node_key, verify
+
+from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
+from inventory.models import Cluster
+from inventory.services import InventoryError, ObservedNode, ObservedWorkload, Snapshot, apply_snapshot
+
+SCHEMA = "gpusweep.heartbeat/1"
+MAX_BODY = 1024 * 1024
+
+
+def node_key(cluster: str, node: str) -> str:
+    """The key a node signs with (`manage.py agent_key` prints it for provisioning)."""
+    return derive_node_key(settings.GPUSWEEP_AGENT_FLEET_SECRET, cluster, node)
+
+
+class PayloadError(ValueError):
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__(str(errors))
+        self.errors = errors
+
+
+def _text(data: dict[str, Any], key: str, errors: dict[str, str], where: str, limit: int = 200) -> str:
+    value = data.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        errors[f"{where}{key}"] = "must be a string"
+        return ""
+    if len(value) > limit:
+        errors[f"{where}{key}"] = f"longer than {limit} characters"
+    return value[:limit]
+
+
+def _when(value: Any, errors: dict[str, str], field: str) -> dt.datetime | None:
+    if value in (None, ""):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        errors[field] = "not an ISO 8601 time"
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[ObservedNode, list[ObservedWorkload]]:
+    """Validate the whole payload (every error at once) into a node and its workloads."""
+    errors: dict[str, str] = {}
+    if not isinstance(payload, dict):
+        raise PayloadError({"body": "expected a JSON object"})
+    if payload.get("schema") != SCHEMA:
+        errors["schema"] = f"expected {SCHEMA!r}"
+    if payload.get("cluster") != cluster_name or payload.get("node") != node_name:
+        errors["node"] = "cluster/node in the body differ from the signed identity"
+    facts = payload.get("facts")
+    if not isinstance(facts, dict):
+        raise PayloadError({**errors, "facts": "expected an object"})
+    gpu_count = facts.get("gpu_count", 0)
+    if not isinstance(gpu_count, int) or isinstance(gpu_count, bool) or gpu_count < 0:
+        errors["facts.gpu_count"] = "must be a whole number >= 0"
+        gpu_count = 0
+    components = facts.get("components", {})
+    if not isinstance(components, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in components.items()
+    ):
+        errors["facts.components"] = "expected an object of component: version strings"
+        components = {}
+    node = ObservedNode(
+        name=node_name,
+        components={k: v for k, v in components.items() if v.strip()},
+        gpu_model=_text(facts, "gpu_model", errors, "facts.", 100),
+        gpu_count=gpu_count,
+        product_line=_text(facts, "product_line", errors, "facts.", 40) or "tesla",
+        os_family=_text(facts, "os_family", errors, "facts.", 20) or "linux",
+        agent_endpoint=_text(payload, "endpoint", errors, "", 200),
+        origin=f"heartbeat from {cluster_name}/{node_name}",
+    )
+    workloads: list[ObservedWorkload] = []
+    items = payload.get("workloads", [])
+    if not isinstance(items, list):
+        errors["workloads"] = "expected a list"
+        items = []
+    for index, item in enumerate(items):
+        where = f"workloads[{index}]."
+        if not isinstance(item, dict):
+            errors[f"workloads[{index}]"] = "expected an object"
+            continue
+        kind = item.get("kind", WorkloadKind.PROCESS)
+        if kind not in WorkloadKind.values():
+            errors[f"{where}kind"] = f"one of {WorkloadKind.values()}"
+        engine = item.get("checkpoint_engine", CheckpointEngine.NONE) or CheckpointEngine.NONE
+        if engine not in CheckpointEngine.values():
+            errors[f"{where}checkpoint_engine"] = f"one of {CheckpointEngine.values()}"
+        gpus = item.get("gpus", 0)
+        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+            errors[f"{where}gpus"] = "must be a whole number >= 0"
+            gpus = 0
+        scheduler_id = _text(item, "scheduler_id", errors, where)
+        if not scheduler_id:
+            errors[f"{where}scheduler_id"] = "required"
+        workloads.append(ObservedWorkload(
+            kind=str(kind), scheduler_id=scheduler_id, node=node_name, name=_text(item, "name", errors, where),
+            gpus=gpus, started_at=_when(item.get("started_at"), errors, f"{where}started_at"),
+            checkpoint_engine=str(engine), state="running",
+            engine=_text(item, "engine", errors, where, 100),
+            engine_version=_text(item, "engine_version", errors, where, 100),
+            model_name=_text(item, "model_name", errors, where, 200),
+            model_version=_text(item, "model_version", errors, where, 100),
+        ))
+    if errors:
+        raise PayloadError(errors)
+    return node, workloads
+
+
+def _unauthorized(detail: str) -> JsonResponse:
+    return JsonResponse({"detail": detail}, status=401)
+
+
+@csrf_exempt
+@require_POST
+def heartbeat(request: HttpRequest) -> JsonResponse:
+    if not settings.GPUSWEEP_AGENT_FLEET_SECRET:
+        return _unauthorized("agent heartbeats are disabled: GPUSWEEP_AGENT_FLEET_SECRET is not set")
+    body = request.body
+    if len(body) > MAX_BODY:
+        return JsonResponse({"errors": {"body": f"larger than {MAX_BODY} bytes"}}, status=400)
+    identity = request.headers.get("X-Gpusweep-Node", "")
+    cluster_name, _, node_name = identity.partition("/")
+    if not cluster_name or not node_name:
+        return _unauthorized("missing or malformed X-Gpusweep-Node (expected cluster/node)")
+    try:
+        verify(node_key(cluster_name, node_name), dict(request.headers), "POST", request.get_full_path(), body)
+    except AuthError as exc:
+        return _unauthorized(str(exc))
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return JsonResponse({"errors": {"body": "not JSON"}}, status=400)
+    cluster = Cluster.objects.filter(name=cluster_name).first()
+    if cluster is None:
+        return JsonResponse({"errors": {"cluster": f"no cluster named {cluster_name!r}"}}, status=400)
+    try:
+        node, workloads = parse_heartbeat(payload, cluster_name, node_name)
+        snapshot = Snapshot(
+            nodes=[node], workloads=workloads, complete=False, replace_components=True,
+            workload_kinds=frozenset({WorkloadKind.PROCESS}),
+        )
+        result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
+    except PayloadError as exc:
+        return JsonResponse({"errors": exc.errors}, status=400)
+    except InventoryError as exc:
+        return JsonResponse({"errors": {"facts": str(exc)}}, status=400)
+    node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
+    return JsonResponse({
+        "node_id": node_id,
+        "changed": result.changed_components.get(node_name, []),
+        "next_heartbeat_s": settings.GPUSWEEP_AGENT_HEARTBEAT_S,
+    })

@@ -1,0 +1,243 @@
+"""REST API under /api/v1/inventory/: clusters, nodes, workloads, changes, agent heartbeats.
+
+Reads need any role, writes need admin (gpusweep.roles.RolePermission). Node filters include
+component version ranges compared in the database through the sortable keys:
+`?component=driver&version_gte=570.0&version_lt=570.195.03`, plus `branch=R570` and
+`flagged=true` (versions stored raw because their format is unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
+from django.urls import URLPattern, URLResolver, path
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import DefaultRouter
+
+from inventory import agent
+from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
+from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.versions import VersionError, normalize_component, parse_version
+
+# --- serializers ---------------------------------------------------------------------------
+
+
+class ClusterSerializer(serializers.ModelSerializer):
+    node_count = serializers.IntegerField(read_only=True, required=False)
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "kind", "description", "connection", "secret_env", "sync_enabled", "last_synced_at",
+                  "last_sync_error", "created_at", "node_count"]
+        read_only_fields = ["last_synced_at", "last_sync_error", "created_at"]
+
+    def validate_secret_env(self, value: Any) -> dict[str, str]:
+        # Names of environment variables only: a value that looks like a secret is refused.
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.replace("_", "").isalnum() and v.upper() == v
+            for k, v in value.items()
+        ):
+            raise ValidationError("map each secret to the NAME of an environment variable (e.g. GPUSWEEP_KUBE_TOKEN)")
+        return value
+
+
+class ComponentSerializer(serializers.ModelSerializer):
+    flagged = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = NodeComponent
+        fields = ["component", "version", "branch", "flagged", "updated_at"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    components = ComponentSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "cluster", "cluster_name", "name", "pool", "labels", "gpu_model", "gpu_count", "product_line",
+                  "os_family", "cpu_milli", "memory_mib", "scheduler_state", "service_state", "agent_endpoint",
+                  "last_seen", "gone_at", "created_at", "updated_at", "components"]
+        # Sources own what they observe; people may set grouping and availability.
+        read_only_fields = ["cluster", "name", "gpu_model", "gpu_count", "product_line", "os_family", "cpu_milli",
+                            "memory_mib", "scheduler_state", "agent_endpoint", "last_seen", "gone_at", "created_at",
+                            "updated_at"]
+
+
+class WorkloadSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True, default=None)
+    cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+
+    class Meta:
+        model = Workload
+        fields = ["id", "cluster", "cluster_name", "node", "node_name", "kind", "scheduler_id", "name", "user", "state",
+                  "gpus", "started_at", "time_limit", "checkpoint_engine", "policy", "engine", "engine_version",
+                  "model_name", "model_version", "last_seen", "gone_at"]
+        read_only_fields = [f for f in fields if f not in ("policy", "checkpoint_engine")]
+
+
+class ChangeLogSerializer(serializers.ModelSerializer):
+    user = serializers.CharField(source="user.username", read_only=True, default=None)
+
+    class Meta:
+        model = ChangeLog
+        fields = ["id", "time", "source", "action", "object_type", "object_id", "object_repr", "changes", "user"]
+
+
+# --- filters -------------------------------------------------------------------------------
+
+
+class ClusterFilter(django_filters.FilterSet):
+    class Meta:
+        model = Cluster
+        fields = {"name": ["exact"], "kind": ["exact"], "sync_enabled": ["exact"]}
+
+
+class NodeFilter(django_filters.FilterSet):
+    cluster = django_filters.CharFilter(field_name="cluster__name")
+    cluster_id = django_filters.NumberFilter(field_name="cluster_id")
+    pool = django_filters.CharFilter()
+    gpu_model = django_filters.CharFilter()
+    state = django_filters.MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    component = django_filters.CharFilter(method="filter_noop", help_text="component for the version filters")
+    version = django_filters.CharFilter(method="filter_noop", help_text="exact version of `component`")
+    version_gte = django_filters.CharFilter(method="filter_noop")
+    version_gt = django_filters.CharFilter(method="filter_noop")
+    version_lte = django_filters.CharFilter(method="filter_noop")
+    version_lt = django_filters.CharFilter(method="filter_noop")
+    branch = django_filters.CharFilter(method="filter_noop", help_text="driver branch, e.g. R570")
+    flagged = django_filters.BooleanFilter(method="filter_noop", help_text="versions in an unknown format")
+
+    class Meta:
+        model = Node
+        fields = ["cluster", "cluster_id", "pool", "gpu_model", "state", "name"]
+
+    def filter_noop(self, queryset: QuerySet[Node], name: str, value: Any) -> QuerySet[Node]:
+        return queryset  # applied together in filter_queryset (one EXISTS per component)
+
+    def filter_queryset(self, queryset: QuerySet[Node]) -> QuerySet[Node]:
+        queryset = super().filter_queryset(queryset)
+        data = self.form.cleaned_data
+        ranges = {k: data.get(k) for k in ("version", "version_gte", "version_gt", "version_lte", "version_lt")}
+        branch, flagged = data.get("branch"), data.get("flagged")
+        component = data.get("component")
+        if not component:
+            if any(ranges.values()) or flagged is not None:
+                raise ValidationError({"component": "required with version filters"})
+            component = "driver" if branch else None
+        if component is None:
+            return queryset
+        try:
+            component = normalize_component(component)
+        except VersionError as exc:
+            raise ValidationError({"component": str(exc)}) from None
+        match = NodeComponent.objects.filter(node=OuterRef("pk"), component=component)
+        lookups = {"version": "exact", "version_gte": "gte", "version_gt": "gt", "version_lte": "lte",
+                   "version_lt": "lt"}
+        for param, raw in ranges.items():
+            if not raw:
+                continue
+            try:
+                parsed = parse_version(component, raw)
+            except VersionError as exc:
+                raise ValidationError({param: str(exc)}) from None
+            if parsed.key is None:
+                raise ValidationError({param: f"{raw!r} is not a comparable {component} version"})
+            match = match.filter(**{f"version_key__{lookups[param]}": parsed.key})
+        if branch:
+            match = match.filter(branch=branch.upper())
+        if flagged is not None:
+            match = match.filter(version_key__isnull=flagged)
+        return queryset.filter(Exists(match))
+
+
+class WorkloadFilter(django_filters.FilterSet):
+    cluster = django_filters.CharFilter(field_name="cluster__name")
+    node = django_filters.CharFilter(field_name="node__name")
+    active = django_filters.BooleanFilter(field_name="gone_at", lookup_expr="isnull")
+
+    class Meta:
+        model = Workload
+        fields = ["cluster", "node", "kind", "checkpoint_engine", "policy", "active"]
+
+
+class ChangeLogFilter(django_filters.FilterSet):
+    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+
+    class Meta:
+        model = ChangeLog
+        fields = ["source", "action", "object_type", "object_id", "since"]
+
+
+# --- viewsets ------------------------------------------------------------------------------
+
+
+class ClusterViewSet(viewsets.ModelViewSet):
+    queryset = Cluster.objects.all()
+    serializer_class = ClusterSerializer
+    filterset_class = ClusterFilter
+
+    @action(detail=True, methods=["post"])
+    def sync(self, request: Request, pk: str | None = None) -> Response:
+        """Queue a sync of this cluster now (202); the result lands on the cluster and in the change log."""
+        from inventory.tasks import sync_cluster_task
+
+        cluster = self.get_object()
+        if cluster.kind == ClusterKind.STATIC:
+            raise ValidationError({"kind": "static clusters are fed by files (manage.py import_nodes)"})
+        transaction.on_commit(lambda: sync_cluster_task.delay(cluster.pk))
+        return Response({"queued": cluster.name}, status=status.HTTP_202_ACCEPTED)
+
+
+class NodeViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = Node.objects.select_related("cluster").prefetch_related("components")
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilter
+    ordering_fields = ["name", "last_seen", "gpu_count"]
+
+    def perform_update(self, serializer: serializers.BaseSerializer[Node]) -> None:
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=serializer.instance.pk)  # type: ignore[union-attr]
+            before = {f: getattr(node, f) for f in serializer.validated_data}
+            saved = serializer.save()
+            changes = {f: [before[f], getattr(saved, f)] for f in before if before[f] != getattr(saved, f)}
+            if changes:
+                ChangeLog.objects.create(
+                    source=ChangeSource.API, action=ChangeAction.UPDATE, object_type="node", object_id=saved.pk,
+                    object_repr=f"{saved.cluster.name}/{saved.name}", changes=changes,
+                    user_id=self.request.user.pk,
+                )
+
+
+class WorkloadViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = Workload.objects.select_related("cluster", "node")
+    serializer_class = WorkloadSerializer
+    filterset_class = WorkloadFilter
+
+
+class ChangeLogViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = ChangeLog.objects.select_related("user")
+    serializer_class = ChangeLogSerializer
+    filterset_class = ChangeLogFilter
+
+
+class InventoryRouter(DefaultRouter):
+    """The viewsets, plus the agent heartbeat at the exact path the agents post to (no slash)."""
+
+    def get_urls(self) -> list[URLPattern | URLResolver]:
+        return [path("agent/heartbeat", agent.heartbeat, name="agent-heartbeat"), *super().get_urls()]
+
+
+router = InventoryRouter()
+router.register("clusters", ClusterViewSet)
+router.register("nodes", NodeViewSet)
+router.register("workloads", WorkloadViewSet)
+router.register("changes", ChangeLogViewSet)
