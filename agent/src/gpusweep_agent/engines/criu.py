@@ -69,7 +69,7 @@ class CriuEngine(CheckpointEngine):
         data.update(self.before_dump(pid, progress))
         image_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path(image_dir, "dump")
-        args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v4",
+        args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v3",
                 *self.common_options]
         if data["shell_job"]:
             args.append("--shell-job")
@@ -106,7 +106,7 @@ class CriuEngine(CheckpointEngine):
         pidfile.unlink(missing_ok=True)
         log = self.log_path(image_dir, "restore")
         # -W keeps CRIU's own restore files (stats) out of the verified image folder.
-        args = [self.config.criu, "restore", "-D", str(image_dir), "-W", str(work_dir), "-o", str(log), "-v4",
+        args = [self.config.criu, "restore", "-D", str(image_dir), "-W", str(work_dir), "-o", str(log), "-v3",
                 "--restore-detached", "--pidfile", str(pidfile), *self.common_options]
         if engine_data.get("shell_job"):
             args.append("--shell-job")
