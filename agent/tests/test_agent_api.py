@@ -63,6 +63,8 @@ def test_it_rejects_malformed_calls_with_400_and_writes_nothing(agent: AgentProc
                                                                  "version": "1; rm -rf /", "method": "package"})
     assert status == 400 and "bad version" in payload["error"]
     assert agent.client.request("GET", "/v1/operations/p-bad")[0] == 404
+    status, payload = agent.client.request("POST", "/v1/maintenance", {"operation_id": "m-bad", "enabled": "false"})
+    assert status == 400 and "true or false" in payload["error"]
 
 
 def test_it_serves_facts_and_toggles_maintenance(agent: AgentProcess) -> None:
@@ -175,7 +177,10 @@ def test_it_fails_a_signal_checkpoint_the_application_never_acknowledges(tmp_pat
         # The counter answers SIGUSR1 only; SIGWINCH it ignores, so it never acknowledges.
         proc = start_workload(a, "deaf", log, megabytes=1, engine="signal", signal_name="SIGWINCH")
         wait_steps(log, 3)
-        op = a.client.call("/v1/checkpoint", "deaf-ck", workload_id="deaf")
+        first = a.client.submit("/v1/checkpoint", "deaf-ck", workload_id="deaf")
+        second = a.client.call("/v1/checkpoint", "deaf-ck-2", workload_id="deaf")
+        assert second["state"] == "failed" and "already being checkpointed" in second["error"]
+        op = a.client.wait(first)
         assert op["state"] == "failed"
         assert "did not acknowledge SIGWINCH within 1 s" in op["error"]
         assert op["result"]["workload_state"] == "running"

@@ -24,7 +24,7 @@ from .artifacts import (
     new_checkpoint_id,
 )
 from .config import AgentConfig
-from .engines import EngineError, get_engine
+from .engines import CheckpointEngine, EngineError, get_engine
 from .engines.base import SECRET_WORDS
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
@@ -54,6 +54,8 @@ class Agent:
         self._facts: tuple[float, Facts] | None = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
+        self._busy: set[str] = set()
+        self._busy_lock = threading.Lock()
         become_subreaper()
 
     # ----- facts, health, workloads -----
@@ -115,6 +117,8 @@ class Agent:
                 validate(str(params["component"]), str(params["version"]))
             except PatchError as exc:
                 raise ValueError(str(exc)) from None
+        if kind == "maintenance" and not isinstance(params["enabled"], bool):
+            raise ValueError("maintenance: enabled must be true or false")
         if kind == "register" and not WORKLOAD_ID_RE.match(str(params["workload_id"])):
             raise ValueError(f"register: bad workload_id {params['workload_id']!r}")
 
@@ -132,6 +136,21 @@ class Agent:
             engine.check()
         except EngineError as exc:
             raise OperationError(str(exc)) from None
+        # One checkpoint of a workload at a time: a second CRIU on the same tree would fail or worse.
+        with self._busy_lock:
+            if workload["id"] in self._busy:
+                raise OperationError(f"workload {workload['id']} is already being checkpointed")
+            self._busy.add(workload["id"])
+        try:
+            return self._checkpoint(record, workload, engine, engine_name)
+        finally:
+            with self._busy_lock:
+                self._busy.discard(workload["id"])
+
+    def _checkpoint(
+        self, record: dict[str, Any], workload: dict[str, Any], engine: CheckpointEngine, engine_name: str
+    ) -> dict[str, Any]:
+        params = record["params"]
         checkpoint_id = new_checkpoint_id()
         image_dir = self.artifacts.image_dir(checkpoint_id)
         self.operations.update(record["id"], progress={"checkpoint_id": checkpoint_id, "engine": engine_name,
@@ -220,7 +239,6 @@ class Agent:
         workload_id = str(params["workload_id"])
         pending = self.artifacts.pending_for(workload_id)
         if pending:
-            manifest = self.artifacts.manifest(pending)
             try:
                 manifest = self._verify_for_restore(pending)
             except OperationError as exc:
