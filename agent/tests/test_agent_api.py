@@ -211,3 +211,25 @@ def test_it_cold_starts_a_workload_checkpointed_with_the_none_engine(tmp_path: P
             kill_pid(restored["result"]["pid"])
     finally:
         a.stop()
+
+
+def test_it_runs_the_configured_reboot_command_and_knows_when_no_reboot_followed(tmp_path: Path) -> None:
+    calls = tmp_path / "reboots.txt"
+    command = tmp_path / "fake-reboot"
+    command.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    command.chmod(0o755)
+    a = AgentProcess(tmp_path, "gpu-rb", tmp_path / "artifacts", reboot_command=f"{command} --now").start()
+    try:
+        op = a.client.submit("/v1/reboot", "rb-1")
+        wait_for(calls.exists, 10, what="the reboot command to run")
+        assert calls.read_text() == "--now\n"
+        assert a.client.get("/v1/operations/rb-1")["state"] == "running", "done only once the node is back"
+        # The agent comes back on the same boot: the reboot did not happen, and the operation says so.
+        a.stop()
+        a.start()
+        done = a.client.wait(op, timeout=10)
+        assert done["state"] == "failed" and done["error"] == "the agent restarted but the node did not reboot"
+        assert a.client.call("/v1/reboot", "rb-1")["state"] == "failed"
+        assert calls.read_text() == "--now\n", "a repeated id does not reboot again"
+    finally:
+        a.stop()
