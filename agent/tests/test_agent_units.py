@@ -73,6 +73,7 @@ def test_it_layers_file_environment_and_flags_with_a_static_facts_file_last(tmp_
     env = {"GPUSWEEP_AGENT_CONFIG": str(conf), "GPUSWEEP_AGENT_PORT": "2", "GPUSWEEP_AGENT_KEY_FILE": str(key_file)}
     config = load_config(argparse.Namespace(port="3", config=None), environ=env)
     assert (config.node, config.port, config.key, config.identity) == ("from-file", 3, "secret-key", "local/from-file")
+    assert config.artifact_dir == config.state_dir / "artifacts"
     merged = gather(config)
     assert merged["gpu_model"] == "NVIDIA A100"
     assert merged["components"]["driver"] == "535.230.02" and "kernel" in merged["components"]

@@ -32,7 +32,7 @@ class AgentConfig:
     port: int = 17100
     endpoint: str = ""
     state_dir: Path = Path("/var/lib/gpusweep-agent")
-    artifact_dir: Path = Path("/var/lib/gpusweep-agent/artifacts")
+    artifact_dir: Path = Path()  # default: <state_dir>/artifacts
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
     static_facts: str = ""
     service_url: str = ""
@@ -117,6 +117,8 @@ def load_config(args: argparse.Namespace | None = None, environ: dict[str, str] 
             config.key = Path(config.key_file).read_text().strip()
         except OSError as exc:
             raise ConfigError(f"key_file {config.key_file}: {exc}") from None
+    if config.artifact_dir == Path():
+        config.artifact_dir = config.state_dir / "artifacts"
     if not config.node:
         config.node = os.uname().nodename.split(".")[0]
     if not config.key:
