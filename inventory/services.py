@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -543,23 +543,6 @@ def _log(
     user_id: int | None,
 ) -> _Log:
     return _Log(source, action, object_type, object_id, object_repr, changes, user_id)
-
-
-def ensure_cluster(name: str, kind: str, **defaults: Any) -> Cluster:
-    """The cluster named `name`, created with `kind` if missing (file imports create static ones)."""
-    cluster, _created = Cluster.objects.get_or_create(name=name, defaults={"kind": kind, **defaults})
-    return cluster
-
-
-def versions_of(nodes: Iterable[Node]) -> dict[str, dict[str, str]]:
-    """{node name: {component: version}} for reports and tests."""
-    ids = {node.pk: node.name for node in nodes}
-    out: dict[str, dict[str, str]] = {name: {} for name in ids.values()}
-    for node_id, component, version in NodeComponent.objects.filter(node_id__in=list(ids)).values_list(
-        "node_id", "component", "version"
-    ):
-        out[ids[node_id]][component] = version
-    return out
 
 
 def mark_node_state(node_ids: Sequence[int], state: str, source: str, user_id: int | None = None) -> int:

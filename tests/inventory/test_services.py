@@ -126,3 +126,15 @@ def test_it_records_workload_changes(cluster):
     result = apply_snapshot(cluster, snapshot, "file")
     assert result.workloads_changed == 1
     assert Workload.objects.get().time_limit == dt.timedelta(hours=2)
+
+
+def test_mark_node_state_logs_only_real_changes(cluster):
+    from inventory.services import mark_node_state
+
+    apply_snapshot(cluster, fleet(), "file")
+    ids = list(Node.objects.values_list("id", flat=True))
+    assert mark_node_state(ids, ServiceState.PATCHING, "campaign") == 2
+    assert mark_node_state(ids, ServiceState.PATCHING, "campaign") == 0
+    assert ChangeLog.objects.filter(source="campaign").count() == 2
+    with pytest.raises(InventoryError, match="unknown service state"):
+        mark_node_state(ids, "asleep", "campaign")
