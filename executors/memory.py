@@ -125,6 +125,11 @@ class Fleet:
         with _state(self.path) as st:
             st["faults"].append({"op": op, "node": node, "kind": kind, "times": times})
 
+    def finish(self, node: str, workload_id: str) -> None:
+        """The workload ends by itself (what a policy that waits for completion waits for)."""
+        with _state(self.path) as st:
+            st["nodes"][node]["workloads"][workload_id]["state"] = "exited"
+
     def set_healthy(self, node: str, healthy: bool) -> None:
         with _state(self.path) as st:
             st["nodes"][node]["healthy"] = healthy

@@ -261,3 +261,35 @@ def test_default_targets_are_the_fixed_versions_in_each_nodes_own_branch_most_ur
     assert nodes["gpu00"]["target"] == {"driver": FIXED}
     assert nodes["r580"]["target"] == {"driver": "580.95.05"}
     assert nodes["r580"]["wave"] == 1, "the earliest deadline goes first"
+
+
+def test_a_workload_that_policy_waits_for_holds_the_node_until_it_ends(people):
+    fleet, _ = make_fleet(nodes=1, spares=1)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, workload_overrides={"job-gpu00-w0": "wait"})
+    services.start(campaign.pk, requester)
+    drive(campaign.pk, rounds=5)
+    sweep = NodeSweep.objects.get(campaign=campaign)
+    assert sweep.state == SweepState.CHECKPOINTING and sweep.lease_owner == ""
+    assert EvidenceEvent.objects.filter(sweep=sweep, kind="waiting").exists()
+    assert fleet.snapshot()["nodes"]["local/gpu00"]["patches"] == {}
+    fleet.finish("local/gpu00", "gpu00-w0")
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+    assert WorkloadMove.objects.get(sweep=sweep).state == MoveState.FINISHED
+
+
+def test_a_workload_that_cannot_be_checkpointed_cold_restarts_only_when_allowed(people):
+    fleet, _ = make_fleet(nodes=1, spares=1, engine="none")
+    requester, approver, _ = people
+    refused = approved_campaign(requester, approver)
+    services.start(refused.pk, requester)
+    drive(refused.pk)
+    sweep = NodeSweep.objects.get(campaign=refused)
+    assert sweep.state == SweepState.FAILED and "cold restart is not allowed" in sweep.error
+    assert fleet.snapshot()["nodes"]["local/gpu00"]["patches"] == {}
+    allowed = approved_campaign(requester, approver, cold_restart_allowed=True)
+    assert allowed.approved_plan.content["cold_starts"][0]["workload"] == "gpu00-w0"
+    services.start(allowed.pk, requester)
+    assert drive(allowed.pk).status == CampaignStatus.COMPLETED
+    assert WorkloadMove.objects.get(sweep__campaign=allowed).state == MoveState.STOPPED
+    assert EvidenceEvent.objects.filter(campaign=allowed, kind="stopped").exists()
