@@ -207,6 +207,7 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
         target, reason = node_target(campaign, node, versions, mine)
         if not target:
             skipped.append({"node": node.pk, "name": node.name, "reason": reason})
+            others.append(node)  # not swept, so it may receive work
             continue
         deadlines = [d for _c, _f, d in mine if d is not None]
         scope.append(_plan_node(campaign, node, target, min(deadlines) if deadlines else None))
