@@ -13,29 +13,86 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from advisories.choices import DeadlineBasis, ExposureState
 from advisories.models import AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
-from inventory.models import Node, NodeComponent
+from inventory.models import Cluster, Node, NodeComponent
 
 E = Exposure._meta.db_table
 R = AffectedRange._meta.db_table
 N = Node._meta.db_table
 NC = NodeComponent._meta.db_table
 
-# nc / n / r are a node component, its node and a range; true when the component is in the range.
+# v is a distinct (component, branch, version_key, os_family, product_line) seen in the fleet, r a
+# range; true when that version is inside the range. Empty range fields mean "any".
 IN_RANGE = """
-    nc.version_key IS NOT NULL
-    AND r.component = nc.component
-    AND (r.branch = '' OR r.branch = nc.branch)
-    AND (r.os_family = '' OR r.os_family = n.os_family)
-    AND (r.product_line = '' OR r.product_line = n.product_line)
-    AND (r.lower_key IS NULL OR nc.version_key > r.lower_key OR (r.lower_inclusive AND nc.version_key = r.lower_key))
-    AND (r.upper_key IS NULL OR nc.version_key < r.upper_key OR (r.upper_inclusive AND nc.version_key = r.upper_key))
+    r.component = v.component
+    AND (r.branch = '' OR r.branch = v.branch)
+    AND (r.os_family = '' OR r.os_family = v.os_family)
+    AND (r.product_line = '' OR r.product_line = v.product_line)
+    AND (r.lower_key IS NULL OR v.version_key > r.lower_key OR (r.lower_inclusive AND v.version_key = r.lower_key))
+    AND (r.upper_key IS NULL OR v.version_key < r.upper_key OR (r.upper_inclusive AND v.version_key = r.upper_key))
 """
+
+
+MATCH_COLUMNS = "component, branch, version_key, os_family, product_line, range_id, advisory_id, severity"
+
+
+def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: str, r_params: list[int]) -> list[Any]:
+    """Distinct fleet versions (in scope) that fall in a range: a few hundred rows at most.
+
+    Matching runs here, on the distinct (component, branch, version, OS, product line) tuples of
+    the fleet against the ranges; the statements below join the result back to every component by
+    equality. Handing it over as a VALUES list gives the planner its true size, so the plans are
+    hash joins, linear in the fleet, rather than every node tested against every range.
+    """
+    cursor.execute(
+        f"""
+        SELECT DISTINCT v.component, v.branch, v.version_key, v.os_family, v.product_line,
+               r.id, r.advisory_id, r.severity
+        FROM (
+            SELECT DISTINCT nc.component AS component, nc.branch AS branch, nc.version_key AS version_key,
+                   n.os_family AS os_family, n.product_line AS product_line
+            FROM {NC} nc JOIN {N} n ON n.id = nc.node_id
+            WHERE nc.version_key IS NOT NULL {n_scope}
+        ) v
+        JOIN {R} r ON r.component = v.component
+        WHERE {IN_RANGE} {r_scope}
+        """,
+        [*n_params, *r_params],
+    )
+    return list(cursor.fetchall())
+
+
+def _with_matches(rows: list[Any]) -> tuple[str, list[Any]]:
+    """A `WITH m(...) AS (VALUES ...)` prefix holding `rows` (one impossible row when empty)."""
+    if not rows:
+        rows = [("", "", "", "", "", 0, 0, "")]
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+    return f"WITH m({MATCH_COLUMNS}) AS (VALUES {values})", [value for row in rows for value in row]
+
+
+# Every node component inside a range: nc / n joined to m by equality.
+NODE_MATCHES = f"""
+    SELECT nc.node_id AS node_id, m.range_id AS range_id, m.advisory_id AS advisory_id,
+           nc.component AS component, nc.version AS version, m.severity AS severity, n.gone_at AS gone_at,
+           n.cluster_id AS cluster_id
+    FROM m
+    JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
+    JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
+"""
+
+
+def _rowcount(cursor: Any) -> int:
+    # Python's sqlite3 reports -1 for statements that start with WITH; SQLite itself knows.
+    if cursor.rowcount >= 0:
+        return int(cursor.rowcount)
+    cursor.execute("SELECT changes()")
+    return int(cursor.fetchone()[0])
 
 
 @dataclass
@@ -71,69 +128,96 @@ def recompute(
     # Raw SQL: store the timestamp exactly as the ORM would (SQLite keeps text), so ORM filters match.
     stamp = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic(), connection.cursor() as cursor:
+        fleet_wide = node_ids is None and connection.vendor == "postgresql"
+        if fleet_wide:
+            # Fleet-wide, every join below is large: hash joins are right, and PostgreSQL cannot
+            # estimate the VALUES list's join selectivity well enough to know. Node-scoped runs keep
+            # nested loops (index lookups), which are right for a handful of nodes.
+            cursor.execute("SET LOCAL enable_nestloop = off")
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
-        # 1. New exposures.
-        cursor.execute(
-            f"""
-            INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                             state, first_seen, deadline, deadline_source, fixed_by_version, risk_reason, updated_at)
-            SELECT nc.node_id, r.advisory_id, r.id, nc.component, nc.version, r.severity,
-                   %s, %s, NULL, '', '', '', %s
-            FROM {NC} nc
-            JOIN {N} n ON n.id = nc.node_id
-            JOIN {R} r ON r.component = nc.component
-            WHERE n.gone_at IS NULL AND {IN_RANGE} {n_scope} {r_scope}
-              AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = nc.node_id AND e.affected_range_id = r.id)
-            ON CONFLICT DO NOTHING
-            """,
-            [ExposureState.OPEN, stamp, stamp, *n_params, *r_params],
-        )
-        result.opened = cursor.rowcount
+        version_matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
+        with_m, m_params = _with_matches(version_matches)
+        # Deadlines of new exposures are set as they are inserted: one per (range, cluster).
+        if node_ids is None:
+            cluster_ids = list(Cluster.objects.values_list("id", flat=True))
+        else:
+            cluster_ids = list(Node.objects.filter(id__in=node_ids).values_list("cluster_id", flat=True).distinct())
+        range_ids = {row[5] for row in version_matches}
+        d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
+        # 1. New exposures (none possible without a matching version or a cluster).
+        if range_ids and cluster_ids:
+            cursor.execute(
+                f"""
+                {with_m}, {d_values}
+                -- Existing (node, range) rows are skipped by the unique constraint, one index probe each.
+                INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
+                                 state, first_seen, deadline, deadline_source, fixed_by_version, risk_reason,
+                                 updated_at)
+                SELECT x.node_id, x.advisory_id, x.range_id, x.component, x.version, x.severity,
+                       %s, %s, d.deadline, d.deadline_source, '', '', %s
+                FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope}) x
+                JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
+                WHERE x.gone_at IS NULL
+                ON CONFLICT DO NOTHING
+                """,
+                [*m_params, *d_params, ExposureState.OPEN, stamp, stamp, *n_params],
+            )
+            result.opened = _rowcount(cursor)
+        if result.opened > 10_000 and connection.vendor == "postgresql":
+            # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
+            cursor.execute(f"ANALYZE {E}")
 
         e_node_scope, e_node_params = _in(f"{E}.node_id", node_ids)
         e_adv_scope, e_adv_params = _in(f"{E}.advisory_id", advisory_ids)
         current_version = (
             f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id AND nc2.component = {E}.component)"
         )
-        still_in = f"""EXISTS (
-            SELECT 1 FROM {NC} nc JOIN {N} n ON n.id = nc.node_id JOIN {R} r ON r.id = {E}.affected_range_id
-            WHERE nc.node_id = {E}.node_id AND {IN_RANGE})"""
+        in_match = f"""EXISTS (
+            SELECT 1 FROM m
+            JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
+            JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
+            WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component AND m.range_id = {E}.affected_range_id)"""
         # 2. Back in range after a remediation (a downgrade, a reimaged node): open again.
         cursor.execute(
             f"""
+            {with_m}
             UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', deadline = NULL,
                    detected_version = COALESCE({current_version}, detected_version), updated_at = %s
-            WHERE state = %s {e_node_scope} {e_adv_scope} AND {still_in}
+            WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
             """,
-            [ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
+            [*m_params, ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
         )
-        result.reopened = cursor.rowcount
+        result.reopened = _rowcount(cursor)
         # 3. Out of range: remediated, with the version that fixed it as evidence. A node that is
         # gone keeps its exposure: leaving the inventory is not a patch, and neither is a version
         # that does not parse.
         cursor.execute(
             f"""
+            {with_m}
             UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s,
                    fixed_by_version = COALESCE({current_version}, '(component removed)')
-            WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {still_in}
+            WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {in_match}
               AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
               AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
                               AND nc3.component = {E}.component AND nc3.version_key IS NULL)
             """,
-            [ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
+            [*m_params, ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
              *e_node_params, *e_adv_params],
         )
-        result.remediated = cursor.rowcount
+        result.remediated = _rowcount(cursor)
         # 4. Still exposed but moved within the range: record the version now seen.
         cursor.execute(
             f"""
             UPDATE {E} SET detected_version = {current_version}, updated_at = %s
             WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope}
-              AND detected_version <> COALESCE({current_version}, detected_version)
+              AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
+                          AND nc4.version <> {E}.detected_version)
             """,
             [stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
         )
+        if fleet_wide:
+            cursor.execute("SET LOCAL enable_nestloop = on")
         result.expired_acceptances = expire_acceptances(now)
         result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
     return result
@@ -150,15 +234,53 @@ def _end_of_day(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(23, 59, 59), tzinfo=dt.UTC)
 
 
+class DeadlineRules:
+    """The policy, KEV due dates and cluster overrides, loaded once for a set of ranges."""
+
+    def __init__(self, range_ids: set[int]) -> None:
+        self.policy = DeadlinePolicy.current()
+        self.ranges = {r.id: r for r in AffectedRange.objects.filter(id__in=range_ids).select_related("advisory")}
+        self.range_cves: dict[int, list[str]] = {}
+        for range_id, cve_id in AffectedRange.cves.through.objects.filter(
+            affectedrange_id__in=range_ids
+        ).values_list("affectedrange_id", "cve__cve_id"):
+            self.range_cves.setdefault(range_id, []).append(cve_id)
+        cves = {c for v in self.range_cves.values() for c in v}
+        self.kev: dict[str, dt.date] = (
+            dict(KevEntry.objects.filter(cve_id__in=cves).values_list("cve_id", "due_date"))
+            if self.policy.use_kev else {}
+        )
+        self.overrides = {(o.cluster_id, o.severity): o.days for o in ClusterDeadlineOverride.objects.all()}
+
+    def deadline(self, range_id: int, cluster_id: int, first_seen: dt.datetime) -> tuple[dt.datetime, str]:
+        return _deadline(self.policy, self.ranges[range_id], cluster_id, first_seen,
+                         self.range_cves.get(range_id, []), self.kev, self.overrides)
+
+
+def _deadline_values(
+    rules: DeadlineRules, range_ids: set[int], cluster_ids: list[int], first_seen: dt.datetime
+) -> tuple[str, list[Any]]:
+    """`d(range_id, cluster_id, deadline, deadline_source) AS (VALUES ...)` for new exposures."""
+    rows: list[Any] = []
+    for range_id in sorted(range_ids):
+        for cluster_id in cluster_ids:
+            deadline, source = rules.deadline(range_id, cluster_id, first_seen)
+            rows += [range_id, cluster_id, connection.ops.adapt_datetimefield_value(deadline), source]
+    if not rows:
+        rows = [0, 0, None, ""]
+    values = ", ".join(["(%s, %s, %s, %s)"] * (len(rows) // 4))
+    return f"d(range_id, cluster_id, deadline, deadline_source) AS (VALUES {values})", rows
+
+
 def assign_deadlines(
     node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None, refresh: bool = False
 ) -> int:
     """Set the deadline of active exposures that have none (all of them with `refresh`).
 
+    New exposures get theirs as they are inserted; this serves reopened ones and policy changes.
     Exposures sharing range, cluster and first_seen share a deadline, so this is one UPDATE per
     such group, not per row.
     """
-    policy = DeadlinePolicy.current()
     with transaction.atomic():
         active = Exposure.objects.filter(state__in=ExposureState.ACTIVE)
         if node_ids is not None:
@@ -168,29 +290,13 @@ def assign_deadlines(
         if refresh:
             active.update(deadline=None, deadline_source="")
         pending = active.filter(deadline__isnull=True)
-        groups = list(pending.values_list("affected_range_id", "node__cluster_id", "first_seen").distinct())
+        groups = list(pending.order_by().values_list("affected_range_id", "node__cluster_id", "first_seen").distinct())
         if not groups:
             return 0
-        range_ids = {g[0] for g in groups}
-        ranges = {
-            r.id: r for r in AffectedRange.objects.filter(id__in=range_ids).select_related("advisory")
-        }
-        range_cves: dict[int, list[str]] = {}
-        for range_id, cve_id in AffectedRange.cves.through.objects.filter(affectedrange_id__in=range_ids).values_list(
-            "affectedrange_id", "cve__cve_id"
-        ):
-            range_cves.setdefault(range_id, []).append(cve_id)
-        kev = dict(KevEntry.objects.filter(cve_id__in={c for v in range_cves.values() for c in v}).values_list(
-            "cve_id", "due_date"
-        )) if policy.use_kev else {}
-        overrides = {
-            (o.cluster_id, o.severity): o.days for o in ClusterDeadlineOverride.objects.all()
-        }
+        rules = DeadlineRules({g[0] for g in groups})
         updated = 0
         for range_id, cluster_id, first_seen in groups:
-            rng = ranges[range_id]
-            deadline, source = _deadline(policy, rng, cluster_id, first_seen, range_cves.get(range_id, []), kev,
-                                         overrides)
+            deadline, source = rules.deadline(range_id, cluster_id, first_seen)
             updated += pending.filter(affected_range_id=range_id, node__cluster_id=cluster_id,
                                       first_seen=first_seen).update(deadline=deadline, deadline_source=source)
         return updated

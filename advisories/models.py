@@ -106,21 +106,23 @@ class AffectedRange(models.Model):
 class Exposure(models.Model):
     """A node inside an affected range. One row per (node, range); CVEs are the range's."""
 
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="exposures")
-    advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures")
+    # Hundreds of thousands of rows are written in one statement: each index costs on every row,
+    # so only the ones queries use exist (the unique constraint and composites cover node/advisory).
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="exposures", db_index=False)
+    advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures", db_index=False)
     affected_range = models.ForeignKey(AffectedRange, on_delete=models.CASCADE, related_name="exposures")
     component = models.CharField(max_length=63)
     detected_version = models.CharField(max_length=128)
-    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True, db_index=True)
-    state = models.CharField(max_length=20, choices=ExposureState.choices(), default=ExposureState.OPEN, db_index=True)
+    severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True)
+    state = models.CharField(max_length=20, choices=ExposureState.choices(), default=ExposureState.OPEN)
     first_seen = models.DateTimeField()
-    deadline = models.DateTimeField(null=True, blank=True, db_index=True)
+    deadline = models.DateTimeField(null=True, blank=True)
     deadline_source = models.CharField(max_length=100, blank=True)
     # Evidence of remediation: the version seen outside the range, and when.
     fixed_by_version = models.CharField(max_length=128, blank=True)
     remediated_at = models.DateTimeField(null=True, blank=True)
     risk_approver = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     risk_reason = models.TextField(blank=True)
     risk_expires_at = models.DateTimeField(null=True, blank=True)
@@ -131,7 +133,10 @@ class Exposure(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["node", "affected_range"], name="exposure_unique_per_node_range")
         ]
-        indexes = [models.Index(fields=["advisory", "state"], name="exposure_advisory_state_idx")]
+        indexes = [
+            models.Index(fields=["advisory", "state"], name="exposure_advisory_state_idx"),
+            models.Index(fields=["state", "deadline"], name="exposure_state_deadline_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.node} {self.advisory} {self.state}"

@@ -1,0 +1,217 @@
+"""Exposure matching at fleet scale: 100,000 nodes against every bulletin of the shared corpus.
+
+Targets (issue 4), on PostgreSQL:
+- ingest of the whole shared CSAF corpus <= 5 s
+- full set-based recompute <= 10 s
+- recompute for one changed node <= 50 ms
+and, in the same run, a naive node-by-node Python loop (the ORM per node, ranges matched in
+Python, get_or_create per exposure) timed on a sample and extrapolated to the fleet, with the
+ratio printed. Runs against a throw-away database created and dropped by Django's test-database
+machinery: a temporary SQLite file by default, or `--database-url postgres://...`.
+
+    .venv/bin/python bench/exposure.py --database-url postgres://root@127.0.0.1:5432/bench_advisories
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+INGEST_TARGET_S = 5.0
+FULL_TARGET_S = 10.0
+ONE_NODE_TARGET_MS = 50.0
+
+# Versions seen in the bulletins, old and current, so nodes land below, at and above fixes.
+DRIVERS = [
+    "535.54.03", "535.129.03", "535.183.01", "535.230.02", "535.261.03", "535.274.02", "535.288.01",
+    "550.54.14", "550.90.07", "550.144.03", "550.163.01",
+    "570.86.15", "570.133.07", "570.172.08", "570.195.03", "570.211.01",
+    "580.65.06", "580.82.07", "580.95.05", "580.105.08",
+]
+TOOLKITS = ["1.16.1", "1.17.0", "1.17.3", "1.17.4", "1.17.8"]
+OPERATORS = ["24.6.1", "24.9.0", "24.9.2", "25.3.0"]
+DCGMS = ["2.3.1", "3.1.6", "3.3.9"]
+
+
+def build_fleet(count: int, clusters: int) -> None:
+    from inventory.models import Cluster, Node, NodeComponent
+    from inventory.versions import parse_version
+
+    rng = random.Random(4)
+    cluster_rows = Cluster.objects.bulk_create(
+        [Cluster(name=f"bench-{i}", kind="slurm" if i % 2 else "kubernetes") for i in range(clusters)]
+    )
+    parsed: dict[tuple[str, str], tuple[str | None, str]] = {}
+
+    def key(component: str, version: str) -> tuple[str | None, str]:
+        if (component, version) not in parsed:
+            p = parse_version(component, version)
+            parsed[(component, version)] = (p.key, p.branch)
+        return parsed[(component, version)]
+
+    batch = 10_000
+    for start in range(0, count, batch):
+        nodes = Node.objects.bulk_create([
+            Node(cluster=cluster_rows[i % clusters], name=f"node-{i:06d}", gpu_model="NVIDIA H100 80GB HBM3",
+                 gpu_count=8) for i in range(start, min(start + batch, count))
+        ])
+        components = []
+        for node in nodes:
+            versions = {"driver": rng.choice(DRIVERS), "container_toolkit": rng.choice(TOOLKITS),
+                        "dcgm": rng.choice(DCGMS), "cuda": "12.8"}
+            if rng.random() < 0.3:
+                versions["gpu_operator"] = rng.choice(OPERATORS)
+            if rng.random() < 0.1:
+                versions["triton"] = "24.01"
+            for component, version in versions.items():
+                k, branch = key(component, version)
+                components.append(NodeComponent(node=node, component=component, version=version, version_key=k,
+                                                branch=branch))
+        NodeComponent.objects.bulk_create(components, batch_size=batch)
+
+
+def naive_loop(node_ids: list[int]) -> int:
+    """What a first attempt looks like: per node, load components, test every range in Python."""
+    from django.utils import timezone
+
+    from advisories.models import AffectedRange, Exposure
+    from inventory.models import Node
+
+    ranges = list(AffectedRange.objects.all())
+    created = 0
+    for node in Node.objects.filter(id__in=node_ids).prefetch_related("components"):
+        for component in node.components.all():
+            if component.version_key is None:
+                continue
+            for r in ranges:
+                if r.component != component.component or (r.branch and r.branch != component.branch):
+                    continue
+                if (r.os_family and r.os_family != node.os_family) or (
+                        r.product_line and r.product_line != node.product_line):
+                    continue
+                v = component.version_key
+                if r.lower_key is not None and not (v > r.lower_key or (r.lower_inclusive and v == r.lower_key)):
+                    continue
+                if r.upper_key is not None and not (v < r.upper_key or (r.upper_inclusive and v == r.upper_key)):
+                    continue
+                _, new = Exposure.objects.get_or_create(
+                    node=node, affected_range=r,
+                    defaults={"advisory_id": r.advisory_id, "component": component.component,
+                              "detected_version": component.version, "severity": r.severity,
+                              "first_seen": timezone.now()},
+                )
+                created += new
+    return created
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--clusters", type=int, default=10)
+    parser.add_argument("--naive-sample", type=int, default=2_000, help="nodes the naive loop runs on")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
+                        help="default: $DATABASE_URL, else a temporary SQLite file")
+    parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
+    args = parser.parse_args()
+
+    tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-")
+    os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp.name}/bench.sqlite3"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
+    os.environ.setdefault("GPUSWEEP_VAR_DIR", tmp.name)
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    from advisories.exposure import recompute
+    from advisories.ingest import ingest_documents
+    from advisories.models import Advisory, AffectedRange, Exposure
+    from advisories.sources import FolderSource
+    from inventory.models import Node, NodeComponent
+    from inventory.versions import parse_version
+
+    corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
+    if not corpus.is_dir():
+        print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
+        return 2
+    setup_test_environment(debug=False)
+    engine = connection.vendor
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    ok = True
+    try:
+        started = time.perf_counter()
+        summary = ingest_documents(FolderSource(str(corpus)).items())
+        ingest_s = time.perf_counter() - started
+        print(f"engine: {engine}")
+        print(f"ingest {summary.new} documents ({AffectedRange.objects.count()} ranges): {ingest_s:.2f} s "
+              f"(target {INGEST_TARGET_S:.0f} s, {ingest_s / INGEST_TARGET_S:.0%} of it); {summary.line()}")
+        ok &= ingest_s <= INGEST_TARGET_S and not summary.errors
+
+        started = time.perf_counter()
+        build_fleet(args.nodes, args.clusters)
+        print(f"fleet: {Node.objects.count()} nodes, {NodeComponent.objects.count()} components "
+              f"built in {time.perf_counter() - started:.1f} s")
+        if engine == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+
+        started = time.perf_counter()
+        result = recompute()
+        full_s = time.perf_counter() - started
+        exposures = Exposure.objects.count()
+        print(f"full recompute: {full_s:.2f} s for {exposures} exposures of {Advisory.objects.count()} advisories "
+              f"(target {FULL_TARGET_S:.0f} s, {full_s / FULL_TARGET_S:.0%} of it); opened {result.opened}, "
+              f"deadlines {result.deadlines_set}")
+        ok &= full_s <= FULL_TARGET_S
+
+        started = time.perf_counter()
+        again = recompute()
+        print(f"full recompute again (nothing changed): {time.perf_counter() - started:.2f} s, "
+              f"opened {again.opened}, remediated {again.remediated}")
+
+        rng = random.Random(7)
+        timings = []
+        ids = list(Node.objects.values_list("id", flat=True))
+        for _ in range(21):
+            node_id = rng.choice(ids)
+            version = rng.choice(DRIVERS)
+            p = parse_version("driver", version)
+            NodeComponent.objects.filter(node_id=node_id, component="driver").update(
+                version=version, version_key=p.key, branch=p.branch)
+            started = time.perf_counter()
+            recompute(node_ids=[node_id])
+            timings.append((time.perf_counter() - started) * 1000)
+        one_ms = statistics.median(timings)
+        print(f"one changed node: median {one_ms:.1f} ms, max {max(timings):.1f} ms over {len(timings)} changes "
+              f"(target {ONE_NODE_TARGET_MS:.0f} ms, {one_ms / ONE_NODE_TARGET_MS:.0%} of it)")
+        ok &= one_ms <= ONE_NODE_TARGET_MS
+
+        sample = ids[: args.naive_sample]
+        Exposure.objects.filter(node_id__in=sample).delete()
+        started = time.perf_counter()
+        created = naive_loop(sample)
+        naive_s = time.perf_counter() - started
+        per_node = naive_s / len(sample)
+        extrapolated = per_node * len(ids)
+        print(f"naive node-by-node loop: {naive_s:.2f} s for {len(sample)} nodes ({created} exposures), "
+              f"{per_node * 1000:.2f} ms/node, extrapolated to {len(ids)} nodes: {extrapolated:.0f} s")
+        print(f"ratio naive / set-based full recompute: {extrapolated / full_s:.0f}x")
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    print("PASS" if ok else "FAIL: a target was missed")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
