@@ -1,6 +1,6 @@
 """Sweep benchmark: makespan against its lower bound, and planner speed.
 
-    .venv/bin/python bench/sweep.py [--nodes 1000] [--parallelism 50] [--step 0.5] [--plan-nodes 10000]
+    .venv/bin/python bench/sweep.py [--nodes 1000] [--parallelism 50] [--step 1.0] [--plan-nodes 10000]
 
 1. Planner: plans --plan-nodes synthetic nodes (4 clusters, 20 pools, 2 workloads each, a
    night window) and prints the time; the target is at most 10 s for 10,000.
@@ -234,7 +234,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=50)
-    parser.add_argument("--step", type=float, default=0.5, help="seconds per agent operation (T)")
+    parser.add_argument("--step", type=float, default=1.0, help="seconds per agent operation (T)")
     parser.add_argument("--plan-nodes", type=int, default=10_000)
     parser.add_argument("--database-url", default=None, help="postgres://... (a NAME_bench database is made)")
     args = parser.parse_args()
