@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from inventory.bulk import db_datetime, db_json, insert_rows
@@ -304,6 +304,7 @@ def _apply_nodes(
         row[1]: dict(zip(columns, row, strict=True))
         for row in Node.objects.filter(cluster=cluster).values_list(*columns)
     }
+    started = result.lap("load_nodes", started)
     observed_names = {node.name for node in snapshot.nodes}
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
     current_components: dict[int, dict[str, tuple[int, str]]] = {}
@@ -311,10 +312,14 @@ def _apply_nodes(
         query = NodeComponent.objects.filter(node__cluster=cluster)
         if not snapshot.complete:
             query = query.filter(node_id__in=relevant_ids)
-        for comp_id, node_id, component, version in query.values_list("id", "node_id", "component", "version"):
-            current_components.setdefault(node_id, {})[component] = (comp_id, version)
+        # Plain cursor rows: the ORM's per-row work would dominate a 600,000-row read.
+        sql, params = query.values_list("id", "node_id", "component", "version").query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            for comp_id, node_id, component, version in cursor.fetchall():
+                current_components.setdefault(node_id, {})[component] = (comp_id, version)
 
-    started = result.lap("load", started)
+    started = result.lap("load_components", started)
     to_create: list[ObservedNode] = []
     to_update: list[Node] = []
     update_fields: set[str] = set()
