@@ -1,0 +1,10 @@
+from django.urls import path
+
+from advisories import views
+
+app_name = "advisories-ui"
+urlpatterns = [
+    path("", views.advisory_list, name="advisory-list"),
+    path("<int:pk>/", views.advisory_detail, name="advisory-detail"),
+    path("exposures/", views.exposure_list, name="exposure-list"),
+]

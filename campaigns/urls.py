@@ -1,0 +1,12 @@
+from django.urls import path
+
+from campaigns import views
+
+app_name = "campaigns-ui"
+urlpatterns = [
+    path("", views.campaign_list, name="campaign-list"),
+    path("new/", views.campaign_create, name="campaign-create"),
+    path("<int:pk>/", views.campaign_detail, name="campaign-detail"),
+    path("<int:pk>/evidence.<str:fmt>", views.campaign_evidence, name="campaign-evidence"),
+    path("<int:pk>/<str:action>/", views.campaign_action, name="campaign-action"),
+]

@@ -1,0 +1,135 @@
+"""Campaign pages: plan, approve and run sweeps, follow their progress, export the evidence."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from campaigns import evidence, services
+from campaigns.models import Campaign, EvidenceEvent
+from gpusweep.pages import csv_response, paginate
+from gpusweep.roles import Role, has_role
+
+# Which role each button needs; the service functions enforce the state rules themselves.
+ACTIONS: dict[str, Role] = {
+    "plan": Role.OPERATOR,
+    "approve": Role.APPROVER,
+    "start": Role.OPERATOR,
+    "pause": Role.OPERATOR,
+    "resume": Role.OPERATOR,
+    "abort": Role.OPERATOR,
+}
+
+
+class CampaignForm(forms.ModelForm):
+    class Meta:
+        model = Campaign
+        fields = [
+            "name", "description", "advisories", "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
+            "workload_policy", "cold_restart_allowed", "approvals_required", "deadline",
+        ]
+        widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
+
+
+def campaign_list(request: HttpRequest) -> HttpResponse:
+    campaigns = Campaign.objects.select_related("requested_by").order_by("-created_at")
+    return render(request, "campaigns/campaign_list.html", {
+        "page": paginate(request, campaigns), "can_create": has_role(request.user, Role.OPERATOR),
+    })
+
+
+def campaign_create(request: HttpRequest) -> HttpResponse:
+    if not has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied("operators create campaigns")
+    form = CampaignForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        campaign = form.save(commit=False)
+        assert isinstance(request.user, User)
+        campaign.requested_by = request.user
+        campaign.save()
+        form.save_m2m()
+        messages.success(request, f"Campaign {campaign.name} created; make a plan next.")
+        return redirect("campaigns-ui:campaign-detail", pk=campaign.pk)
+    return render(request, "campaigns/campaign_form.html", {"form": form})
+
+
+def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
+    plan = campaign.plans.order_by("-version").first()
+    sweeps = campaign.sweeps.select_related("node").prefetch_related("moves__target_node").order_by("wave", "position")
+    return render(request, "campaigns/campaign_detail.html", {
+        "campaign": campaign,
+        "plan": plan,
+        "plan_nodes": sorted((plan.content.get("nodes") or {}).values(), key=lambda n: (n["wave"], n["position"]))
+        if plan else [],
+        "approvals": campaign.approvals.select_related("user").order_by("at"),
+        "sweeps": sweeps,
+        "progress": Counter(sweeps.values_list("state", flat=True)),
+        "events": campaign.events.order_by("-seq")[:50],
+        "allowed": {name for name, role in ACTIONS.items() if has_role(request.user, role)},
+        "advisories": campaign.advisories.all(),
+    })
+
+
+@require_POST
+def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    role = ACTIONS.get(action)
+    if role is None:
+        return HttpResponse(status=404)
+    if not has_role(request.user, role):
+        raise PermissionDenied(f"{action} needs the {role.value} role")
+    user = request.user if isinstance(request.user, User) else None
+    try:
+        if action == "plan":
+            services.make_plan(pk, user)
+        elif action == "approve":
+            assert user is not None
+            services.approve(pk, user, request.POST.get("comment", ""))
+        elif action == "abort":
+            services.abort(pk, user, request.POST.get("reason", ""))
+        else:
+            getattr(services, action)(pk, user)
+    except services.CampaignError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{action.capitalize()}: done.")
+    return redirect("campaigns-ui:campaign-detail", pk=pk)
+
+
+def _event_rows(campaign: Campaign) -> list[dict[str, Any]]:
+    return [
+        {
+            "seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "actor": e.actor,
+            "node": e.sweep.node.name if e.sweep else "", "data": e.data, "prev_hash": e.prev_hash, "hash": e.hash,
+        }
+        for e in EvidenceEvent.objects.filter(campaign=campaign).select_related("sweep__node").order_by("seq")
+    ]
+
+
+def campaign_evidence(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
+    """The evidence log for auditors, with the result of verifying its hash chain."""
+    campaign = get_object_or_404(Campaign, pk=pk)
+    rows = _event_rows(campaign)
+    problems = [str(p) for p in evidence.verify_campaign(campaign)]
+    if fmt == "csv":
+        header = ["seq", "at", "kind", "actor", "node", "data", "prev_hash", "hash"]
+        return csv_response(
+            f"campaign-{campaign.pk}-evidence.csv", header,
+            [[r[h] if h != "data" else json.dumps(r["data"], sort_keys=True) for h in header] for r in rows],
+        )
+    response = JsonResponse({
+        "campaign": {"id": campaign.pk, "name": campaign.name, "status": campaign.status,
+                     "evidence_head": campaign.evidence_head},
+        "verified": not problems, "problems": problems, "events": rows,
+    }, json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="campaign-{campaign.pk}-evidence.json"'
+    return response
