@@ -24,6 +24,10 @@ from inventory.models import Cluster
 from inventory.services import InventoryError, ObservedNode, ObservedWorkload, Snapshot, apply_snapshot
 
 SCHEMA = "gpusweep.heartbeat/1"
+# Workload kinds an agent reports: its own `process` registry and bare GPU processes are stored
+# (as process workloads); Slurm steps/jobs and pods are skipped, their scheduler sync owns them.
+AGENT_KINDS = frozenset({"process", "gpu_process"})
+SCHEDULER_KINDS = frozenset({"slurm_step", "slurm_job", "k8s_pod"})
 MAX_BODY = 1024 * 1024
 
 
@@ -104,8 +108,10 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
             errors[f"workloads[{index}]"] = "expected an object"
             continue
         kind = item.get("kind", WorkloadKind.PROCESS)
-        if kind not in WorkloadKind.values():
-            errors[f"{where}kind"] = f"one of {WorkloadKind.values()}"
+        if kind in SCHEDULER_KINDS:
+            continue  # the Slurm and Kubernetes syncs own jobs and pods
+        if kind not in AGENT_KINDS:
+            errors[f"{where}kind"] = f"one of {sorted(AGENT_KINDS | SCHEDULER_KINDS)}"
         engine = item.get("checkpoint_engine", CheckpointEngine.NONE) or CheckpointEngine.NONE
         if engine not in CheckpointEngine.values():
             errors[f"{where}checkpoint_engine"] = f"one of {CheckpointEngine.values()}"
@@ -116,8 +122,12 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
         scheduler_id = _text(item, "scheduler_id", errors, where)
         if not scheduler_id:
             errors[f"{where}scheduler_id"] = "required"
+        if kind == "gpu_process":
+            # A bare GPU process is known by its pid, unique only on its node.
+            scheduler_id = f"{node_name}:pid:{scheduler_id}"
         workloads.append(ObservedWorkload(
-            kind=str(kind), scheduler_id=scheduler_id, node=node_name, name=_text(item, "name", errors, where),
+            kind=WorkloadKind.PROCESS, scheduler_id=scheduler_id, node=node_name,
+            name=_text(item, "name", errors, where),
             gpus=gpus, started_at=_when(item.get("started_at"), errors, f"{where}started_at"),
             checkpoint_engine=str(engine), state="running",
             engine=_text(item, "engine", errors, where, 100),

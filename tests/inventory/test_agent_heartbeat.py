@@ -106,3 +106,25 @@ def test_agent_key_prints_the_derived_node_key(cluster):
     assert out.getvalue().strip() == derive_node_key(SECRET, "local", "gpu01")
     with pytest.raises(CommandError, match="no cluster named 'other'"):
         call_command("agent_key", "other", "gpu01")
+
+
+def test_it_stores_agent_processes_and_leaves_jobs_and_pods_to_their_schedulers(live_server, cluster):
+    reported = [
+        workload("wl-1"),
+        {"kind": "gpu_process", "scheduler_id": "4242", "name": "python", "gpus": 1, "started_at": ""},
+        {"kind": "slurm_step", "scheduler_id": "17.batch", "name": "step", "gpus": 2},
+        {"kind": "k8s_pod", "scheduler_id": "0b6d-uid", "name": "pod 0b6d-uid", "gpus": 1},
+    ]
+    sender(live_server.url, workloads=lambda: reported).send()
+    stored = set(Workload.objects.values_list("kind", "scheduler_id"))
+    assert stored == {("process", "wl-1"), ("process", "gpu01:pid:4242")}
+
+
+def test_it_accepts_the_facts_the_agent_gathers_on_this_host(live_server, cluster):
+    from gpusweep_agent.config import AgentConfig
+    from gpusweep_agent.facts import gather
+
+    gathered = gather(AgentConfig(node="gpu01"))
+    answer = sender(live_server.url, facts=lambda: gathered, workloads=lambda: []).send()
+    node = Node.objects.get(pk=answer["node_id"])
+    assert node.component_versions()["kernel"] == gathered["components"]["kernel"]
