@@ -6,7 +6,7 @@ from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 class NodeComponentInline(admin.TabularInline):
     model = NodeComponent
     extra = 0
-    readonly_fields = ("version_key", "branch", "updated_at")
+    readonly_fields = ("version_key", "branch", "source", "updated_at")
 
 
 @admin.register(Cluster)

@@ -53,7 +53,7 @@ class ComponentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodeComponent
-        fields = ["component", "version", "branch", "flagged", "updated_at"]
+        fields = ["component", "version", "branch", "flagged", "source", "updated_at"]
 
 
 class NodeSerializer(serializers.ModelSerializer):

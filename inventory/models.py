@@ -86,6 +86,8 @@ class NodeComponent(models.Model):
     version_key = models.CharField(max_length=200, null=True, blank=True)
     # "R570" for drivers; empty for other components.
     branch = models.CharField(max_length=16, blank=True)
+    # Which source last set it: a scheduler sync does not overwrite what the node's agent read.
+    source = models.CharField(max_length=20, choices=ChangeSource.choices(), blank=True, default="")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

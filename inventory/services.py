@@ -30,12 +30,18 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from inventory.bulk import db_datetime, db_json, insert_rows
-from inventory.choices import ChangeAction, CheckpointEngine, ServiceState, WorkloadKind
+from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
 from inventory.versions import ParsedVersion, VersionError, normalize_component, parse_version
 
 BATCH = 2000
+# A component set by the key's source is not overwritten by these: the agent reads the node
+# itself, while Slurm features and Kubernetes labels are published about it (and may lag or
+# spell versions differently, e.g. the OS).
+OUTRANKED_BY: dict[str, frozenset[str]] = {
+    ChangeSource.AGENT: frozenset({ChangeSource.SLURM, ChangeSource.KUBERNETES}),
+}
 
 # Node fields a snapshot may set; None in the snapshot means "not reported by this source".
 NODE_FIELDS = (
@@ -307,17 +313,17 @@ def _apply_nodes(
     started = result.lap("load_nodes", started)
     observed_names = {node.name for node in snapshot.nodes}
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
-    current_components: dict[int, dict[str, tuple[int, str]]] = {}
+    current_components: dict[int, dict[str, tuple[int, str, str]]] = {}
     if relevant_ids:
         query = NodeComponent.objects.filter(node__cluster=cluster)
         if not snapshot.complete:
             query = query.filter(node_id__in=relevant_ids)
         # Plain cursor rows: the ORM's per-row work would dominate a 600,000-row read.
-        sql, params = query.values_list("id", "node_id", "component", "version").query.sql_with_params()
+        sql, params = query.values_list("id", "node_id", "component", "version", "source").query.sql_with_params()
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            for comp_id, node_id, component, version in cursor.fetchall():
-                current_components.setdefault(node_id, {})[component] = (comp_id, version)
+            for comp_id, node_id, component, version, set_by in cursor.fetchall():
+                current_components.setdefault(node_id, {})[component] = (comp_id, version, set_by)
 
     started = result.lap("load_components", started)
     to_create: list[ObservedNode] = []
@@ -390,7 +396,7 @@ def _apply_components(
     snapshot: Snapshot,
     parsed: dict[str, dict[str, ParsedVersion]],
     node_ids: dict[str, int],
-    current: dict[int, dict[str, tuple[int, str]]],
+    current: dict[int, dict[str, tuple[int, str, str]]],
     source: str,
     user_id: int | None,
     now: dt.datetime,
@@ -409,13 +415,13 @@ def _apply_components(
             if before is None:
                 creates.append((node_id, component, version))
                 diff[component] = [None, version.raw]
-            elif before[1] != version.raw:
+            elif before[1] != version.raw and source not in OUTRANKED_BY.get(before[2], ()):
                 updates.append(NodeComponent(id=before[0], node_id=node_id, component=component,
                                              version=version.raw, version_key=version.key, branch=version.branch,
-                                             updated_at=now))
+                                             source=source, updated_at=now))
                 diff[component] = [before[1], version.raw]
         if snapshot.replace_components:
-            for component, (comp_id, version_raw) in have.items():
+            for component, (comp_id, version_raw, _set_by) in have.items():
                 if component not in components:
                     deletes.append(comp_id)
                     diff[component] = [version_raw, None]
@@ -426,10 +432,10 @@ def _apply_components(
                 logs.append(_log(source, ChangeAction.UPDATE, "node", node_id, _node_repr(cluster, name),
                                  {f"component:{c}": v for c, v in diff.items()}, user_id))
     stamp = db_datetime(now)
-    insert_rows(NodeComponent, ("node_id", "component", "version", "version_key", "branch", "updated_at"),
-                ((node_id, c, v.raw, v.key, v.branch, stamp) for node_id, c, v in creates))
+    insert_rows(NodeComponent, ("node_id", "component", "version", "version_key", "branch", "source", "updated_at"),
+                ((node_id, c, v.raw, v.key, v.branch, source, stamp) for node_id, c, v in creates))
     if updates:
-        NodeComponent.objects.bulk_update(updates, ["version", "version_key", "branch", "updated_at"],
+        NodeComponent.objects.bulk_update(updates, ["version", "version_key", "branch", "source", "updated_at"],
                                           batch_size=BATCH)
     for start in range(0, len(deletes), BATCH):
         NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()

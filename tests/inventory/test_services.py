@@ -87,7 +87,7 @@ def test_it_marks_vanished_nodes_and_workloads_gone_and_brings_them_back(cluster
 
 
 def test_it_merges_components_when_a_source_reports_only_some(cluster):
-    apply_snapshot(cluster, fleet(), "agent")
+    apply_snapshot(cluster, fleet(), "file")
     partial = Snapshot(nodes=[ObservedNode("a", components={"driver": "580.95.05"})], complete=False)
     apply_snapshot(cluster, partial, "slurm")
     a = Node.objects.get(name="a")
@@ -138,3 +138,20 @@ def test_mark_node_state_logs_only_real_changes(cluster):
     assert ChangeLog.objects.filter(source="campaign").count() == 2
     with pytest.raises(InventoryError, match="unknown service state"):
         mark_node_state(ids, "asleep", "campaign")
+
+
+def test_a_scheduler_sync_does_not_overwrite_what_the_agent_read(cluster):
+    agent_view = Snapshot(nodes=[ObservedNode("a", components={"driver": "570.86.15", "os": "debian 12"})],
+                          complete=False, replace_components=True)
+    apply_snapshot(cluster, agent_view, "agent")
+    scheduler_view = Snapshot(nodes=[ObservedNode("a", components={"os": "Debian GNU/Linux 12 (bookworm)",
+                                                                   "cuda": "12.8"})])
+    result = apply_snapshot(cluster, scheduler_view, "kubernetes")
+    a = Node.objects.get(name="a")
+    assert a.component_versions() == {"driver": "570.86.15", "os": "debian 12", "cuda": "12.8"}
+    assert result.changed_components == {"a": ["cuda"]}
+    assert apply_snapshot(cluster, scheduler_view, "kubernetes").no_changes  # no flip-flop between sources
+    assert NodeComponent.objects.get(node=a, component="cuda").source == "kubernetes"
+    apply_snapshot(cluster, Snapshot(nodes=[ObservedNode("a", components={"os": "debian 13"})], complete=False),
+                   "agent")
+    assert a.component_versions()["os"] == "debian 13"
