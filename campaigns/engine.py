@@ -30,6 +30,7 @@ from campaigns.models import Campaign, NodeSweep, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
 from campaigns.services import ENQUEUE, enqueue, error_budget
 from executors.base import (
+    CheckpointResult,
     Executor,
     NodeRef,
     PermanentExecutorError,
@@ -252,8 +253,23 @@ def _record_error(sweep: NodeSweep, worker: str, error: str) -> None:
 def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str) -> str | None:
     """Put a node that was not patched back as it was: its checkpointed workloads restored on it."""
     ref = node_ref(sweep.node)
-    returned = []
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED):
+    returned: list[dict[str, Any]] = []
+    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related(
+            "target_node__cluster"):
+        if move.target_node is not None:
+            # A restore was under way: finish it where it went (same operation id) rather than
+            # starting a second copy here; only a restore that failed comes home.
+            try:
+                away = ex.restore(node_ref(move.target_node), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
+            except PermanentExecutorError:
+                pass
+            else:
+                WorkloadMove.objects.filter(pk=move.pk, state=MoveState.CHECKPOINTED).update(
+                    state=MoveState.RESTORED, new_workload_ref=away.workload_id, steps_after=away.steps)
+                _move_inventory(move, move.target_node, away.workload_id)
+                returned.append({"workload": move.workload_name or move.workload_ref, "restored_on":
+                                 move.target_node.name, "new_id": away.workload_id})
+                continue
         result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"return-{move.pk}"))
         WorkloadMove.objects.filter(pk=move.pk, state=MoveState.CHECKPOINTED).update(
             state=MoveState.RETURNED, new_workload_ref=result.workload_id, steps_after=result.steps,
@@ -352,8 +368,14 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     done = []
     for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PLANNED):
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
+        checkpoint = move.policy == WorkloadPolicyChoice.CHECKPOINT and engine != CheckpointEngine.NONE
         if move.workload_ref not in running:
-            WorkloadMove.objects.filter(pk=move.pk).update(state=MoveState.FINISHED)
+            # Either it ended by itself, or a worker died after the agent checkpointed (or stopped)
+            # it and before this was recorded. Asking again with the same operation id tells which:
+            # the agent answers with the first result, or fails because nothing was ever started.
+            entry = _recover_move(sweep, ex, ref, move, engine, checkpoint)
+            if entry is not None:
+                done.append(entry)
             continue
         if move.policy == WorkloadPolicyChoice.WAIT:
             waited = timezone.now() - move.created_at
@@ -363,14 +385,9 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                 raise PermanentExecutorError(
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
                     "and cold restart is not allowed")
-        if move.policy == WorkloadPolicyChoice.CHECKPOINT and engine != CheckpointEngine.NONE:
+        if checkpoint:
             result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"))
-            WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(
-                state=MoveState.CHECKPOINTED, checkpoint_id=result.checkpoint_id, checkpoint_sha256=result.sha256,
-                steps_before=result.steps)
-            entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
-                     "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine}
-            _move_event(sweep, "checkpointed", entry)
+            entry = _checkpointed(sweep, move, engine, result)
         else:
             if move.policy != WorkloadPolicyChoice.COLD_RESTART and not campaign.cold_restart_allowed:
                 raise PermanentExecutorError(
@@ -382,6 +399,42 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             _move_event(sweep, "stopped", entry)
         done.append(entry)
     return {"workloads": done}, {}
+
+
+def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
+    WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(
+        state=MoveState.CHECKPOINTED, checkpoint_id=result.checkpoint_id, checkpoint_sha256=result.sha256,
+        steps_before=result.steps)
+    entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
+             "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine}
+    _move_event(sweep, "checkpointed", entry)
+    return entry
+
+
+def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMove, engine: str,
+                  checkpoint: bool) -> dict[str, Any] | None:
+    """A planned move whose workload no longer runs: checkpointed before a crash, or finished."""
+    name = move.workload_name or move.workload_ref
+    if checkpoint:
+        try:
+            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"))
+        except PermanentExecutorError:
+            result = None
+        if result is not None:
+            return _checkpointed(sweep, move, engine, result)
+    elif move.policy != WorkloadPolicyChoice.WAIT:
+        try:
+            ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
+        except PermanentExecutorError:
+            pass
+        else:
+            WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(state=MoveState.STOPPED)
+            entry = {"workload": name, "action": "stopped for a cold restart"}
+            _move_event(sweep, "stopped", entry)
+            return entry
+    WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(state=MoveState.FINISHED)
+    _move_event(sweep, "finished", {"workload": name, "action": "ended by itself before it was moved"})
+    return None
 
 
 def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> Node | None:
@@ -436,11 +489,17 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     done = []
     for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related("target_node"):
         plan_entry = planned.get(move.workload_ref, {})
-        target = choose_target(sweep, move, plan_entry.get("to"))
-        if target is None:
-            raise PermanentExecutorError(
-                f"no compatible node with {move.gpus} free GPUs for workload {move.workload_name or move.workload_ref}")
-        target = Node.objects.select_related("cluster").get(pk=target.pk)
+        if move.target_node_id is None:
+            chosen = choose_target(sweep, move, plan_entry.get("to"))
+            if chosen is None:
+                raise PermanentExecutorError(f"no compatible node with {move.gpus} free GPUs for workload "
+                                             f"{move.workload_name or move.workload_ref}")
+            # Recorded before the restore: a retry after a crash goes to the same node with the same
+            # operation id, so the workload is restored once, never on two nodes.
+            WorkloadMove.objects.filter(pk=move.pk, target_node__isnull=True).update(target_node=chosen)
+            move.refresh_from_db(fields=["target_node"])
+        assert move.target_node_id is not None
+        target = Node.objects.select_related("cluster").get(pk=move.target_node_id)
         result = ex.restore(node_ref(target), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:

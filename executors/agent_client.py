@@ -86,7 +86,11 @@ class AgentClient:
                     f"after {self.operation_timeout:.0f} s"
                 )
             time.sleep(self.poll_interval)
-            op = self.get(f"/v1/operations/{op.get('id', operation_id)}")
+            try:
+                op = self.get(f"/v1/operations/{op.get('id', operation_id)}")
+            except TemporaryExecutorError:
+                # The agent restarts during a reboot (or briefly fails): keep polling until the deadline.
+                continue
         if op["state"] == "failed":
             raise PermanentExecutorError(f"agent {self.identity} {path} {operation_id} failed: {op.get('error')}")
         result = op.get("result") or {}

@@ -293,3 +293,37 @@ def test_a_workload_that_cannot_be_checkpointed_cold_restarts_only_when_allowed(
     assert drive(allowed.pk).status == CampaignStatus.COMPLETED
     assert WorkloadMove.objects.get(sweep__campaign=allowed).state == MoveState.STOPPED
     assert EvidenceEvent.objects.filter(campaign=allowed, kind="stopped").exists()
+
+
+class WorkerDied(BaseException):
+    """Stands for SIGKILL at an exact line: nothing after it runs, nothing is cleaned up."""
+
+
+@pytest.mark.parametrize("dies_in", ["_checkpointed", "_resumed"])
+def test_a_worker_dying_right_after_the_agent_acted_loses_and_duplicates_nothing(people, monkeypatch, dies_in):
+    fleet, _ = make_fleet(nodes=1, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    sweep = NodeSweep.objects.get(campaign=campaign)
+    real = getattr(engine, dies_in)
+
+    def die_once(*args, **kwargs):
+        monkeypatch.setattr(engine, dies_in, real)
+        raise WorkerDied
+
+    monkeypatch.setattr(engine, dies_in, die_once)
+    with pytest.raises(WorkerDied):
+        for _ in range(3):
+            engine.advance(sweep.pk)
+    # The lease of the dead worker runs out; the step is driven again.
+    NodeSweep.objects.filter(pk=sweep.pk).update(step_deadline=timezone.now() - timedelta(seconds=1))
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+    snapshot = fleet.snapshot()
+    copies = [(name, w) for name, n in snapshot["nodes"].items() for w in n["workloads"].values()
+              if w["state"] == "running"]
+    assert len(copies) == 1 and copies[0][0].startswith("local/spare")
+    move = WorkloadMove.objects.get(sweep=sweep)
+    assert move.state == MoveState.RESTORED and move.steps_after >= move.steps_before > 0
+    assert snapshot["nodes"]["local/gpu00"]["patches"] == {"driver": 1}
