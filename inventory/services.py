@@ -265,8 +265,10 @@ def apply_snapshot(
     started = result.lap("validate", started)
     now = now or timezone.now()
     with transaction.atomic():
-        # One sync per cluster at a time (PostgreSQL row lock; SQLite serializes writers anyway).
-        Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
+        if snapshot.complete:
+            # One full sync per cluster at a time (PostgreSQL row lock; SQLite serializes writers
+            # anyway). Heartbeats (partial) do not take it: thousands of nodes send them at once.
+            Cluster.objects.select_for_update().filter(pk=cluster.pk).first()
         logs: list[_Log] = []
         node_ids = _apply_nodes(cluster, snapshot, parsed, source, user_id, now, result, logs)
         started = time.perf_counter()
@@ -285,7 +287,8 @@ def apply_snapshot(
         elif node_ids:
             Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now)
         started = result.lap("last_seen", started)
-        Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
+        if snapshot.complete:
+            Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
         changed_ids = sorted(result.versions_changed)
         if changed_ids:
             transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=changed_ids))
@@ -306,18 +309,21 @@ def _apply_nodes(
     """Create, update and retire nodes and their components; return name -> id of observed nodes."""
     started = time.perf_counter()
     columns = ("id", "name", "gone_at", *NODE_FIELDS)
+    observed_names = {node.name for node in snapshot.nodes}
+    queries = [Node.objects.filter(cluster=cluster)]
+    if not snapshot.complete:  # a partial snapshot needs only its own nodes
+        names = sorted(observed_names)
+        queries = [queries[0].filter(name__in=names[i:i + BATCH]) for i in range(0, len(names), BATCH)]
     existing: dict[str, dict[str, Any]] = {
-        row[1]: dict(zip(columns, row, strict=True))
-        for row in Node.objects.filter(cluster=cluster).values_list(*columns)
+        row[1]: dict(zip(columns, row, strict=True)) for query in queries for row in query.values_list(*columns)
     }
     started = result.lap("load_nodes", started)
-    observed_names = {node.name for node in snapshot.nodes}
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
     current_components: dict[int, dict[str, tuple[int, str, str]]] = {}
     if relevant_ids:
         query = NodeComponent.objects.filter(node__cluster=cluster)
         if not snapshot.complete:
-            query = query.filter(node_id__in=relevant_ids)
+            query = NodeComponent.objects.filter(node_id__in=relevant_ids)
         # Plain cursor rows: the ORM's per-row work would dominate a 600,000-row read.
         sql, params = query.values_list("id", "node_id", "component", "version", "source").query.sql_with_params()
         with connection.cursor() as cursor:
@@ -457,12 +463,18 @@ def _apply_workloads(
         node_ids = {**node_ids, **dict(
             Node.objects.filter(cluster=cluster, name__in=missing_nodes).values_list("name", "id"))}
     kinds = snapshot.workload_kinds | {w.kind for w in snapshot.workloads}
-    existing = {
-        (row["kind"], row["scheduler_id"]): row
-        for row in Workload.objects.filter(cluster=cluster, kind__in=kinds).values(
-            "id", "kind", "scheduler_id", "gone_at", *WORKLOAD_FIELDS
-        )
-    }
+    columns = ("id", "kind", "scheduler_id", "gone_at", *WORKLOAD_FIELDS)
+    base = Workload.objects.filter(cluster=cluster, kind__in=kinds)
+    # Active workloads (in scope), then any finished ones the snapshot reports again; finished
+    # history is never loaded wholesale (a cluster ends millions of jobs).
+    active = base.filter(gone_at__isnull=True)
+    if not snapshot.complete:
+        active = active.filter(node_id__in=list(node_ids.values()))
+    existing = {(row["kind"], row["scheduler_id"]): row for row in active.values(*columns)}
+    returning = sorted({w.scheduler_id for w in snapshot.workloads if (w.kind, w.scheduler_id) not in existing})
+    for start in range(0, len(returning), BATCH):
+        for row in base.filter(scheduler_id__in=returning[start:start + BATCH]).values(*columns):
+            existing.setdefault((row["kind"], row["scheduler_id"]), row)
     creates: list[Workload] = []
     updates: list[Workload] = []
     fields: set[str] = set()

@@ -84,6 +84,8 @@ def test_it_marks_vanished_nodes_and_workloads_gone_and_brings_them_back(cluster
     back = apply_snapshot(cluster, fleet(), "file")
     a.refresh_from_db()
     assert back.changed == 1 and a.service_state == ServiceState.IN_SERVICE and a.gone_at is None
+    # A requeued job comes back under the same id: the row is revived, not duplicated.
+    assert back.workloads_changed == 1 and Workload.objects.get(scheduler_id="wl-1").gone_at is None
 
 
 def test_it_merges_components_when_a_source_reports_only_some(cluster):
@@ -94,6 +96,17 @@ def test_it_merges_components_when_a_source_reports_only_some(cluster):
     assert a.component_versions() == {"driver": "580.95.05", "cuda": "12.8"}
     assert a.gpu_model == "H100"  # not reported by the partial source: left alone
     assert Node.objects.get(name="b").service_state == ServiceState.IN_SERVICE  # not complete: nothing gone
+
+
+def test_a_partial_snapshot_leaves_other_nodes_and_the_cluster_sync_time_alone(cluster):
+    apply_snapshot(cluster, fleet(), "file")
+    synced = Cluster.objects.get(pk=cluster.pk).last_synced_at
+    heartbeat = Snapshot(nodes=[ObservedNode("c", components={"driver": "580.95.05"})], workloads=[],
+                         complete=False, workload_kinds=frozenset({WorkloadKind.PROCESS}))
+    result = apply_snapshot(cluster, heartbeat, "agent")
+    assert (result.added, result.removed, result.workloads_removed) == (1, 0, 0)
+    assert Workload.objects.get(scheduler_id="wl-1").gone_at is None  # on node a, not in scope
+    assert Cluster.objects.get(pk=cluster.pk).last_synced_at == synced
 
 
 def test_it_leaves_a_patching_node_to_its_campaign(cluster):
