@@ -74,10 +74,14 @@ class NodeSerializer(serializers.ModelSerializer):
 class WorkloadSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True, default=None)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
+    node_names: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        source="nodes", slug_field="name", many=True, read_only=True
+    )
 
     class Meta:
         model = Workload
-        fields = ["id", "cluster", "cluster_name", "node", "node_name", "kind", "scheduler_id", "name", "user", "state",
+        fields = ["id", "cluster", "cluster_name", "node", "node_name", "node_names", "kind", "scheduler_id", "name",
+                  "user", "state",
                   "gpus", "started_at", "time_limit", "checkpoint_engine", "policy", "engine", "engine_version",
                   "model_name", "model_version", "last_seen", "gone_at"]
         read_only_fields = [f for f in fields if f not in ("policy", "checkpoint_engine")]
@@ -161,7 +165,7 @@ class NodeFilter(django_filters.FilterSet):
 
 class WorkloadFilter(django_filters.FilterSet):
     cluster = django_filters.CharFilter(field_name="cluster__name")
-    node = django_filters.CharFilter(field_name="node__name")
+    node = django_filters.CharFilter(field_name="nodes__name", distinct=True, help_text="any node the workload holds")
     active = django_filters.BooleanFilter(field_name="gone_at", lookup_expr="isnull")
 
     class Meta:
@@ -218,7 +222,7 @@ class NodeViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
 
 
 class WorkloadViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
-    queryset = Workload.objects.select_related("cluster", "node")
+    queryset = Workload.objects.select_related("cluster", "node").prefetch_related("nodes")
     serializer_class = WorkloadSerializer
     filterset_class = WorkloadFilter
 

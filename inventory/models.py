@@ -106,6 +106,9 @@ class NodeComponent(models.Model):
 class Workload(models.Model):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="workloads")
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="workloads", null=True, blank=True)
+    # Every node the workload holds; `node` is its first (Slurm: batch) node. A multi-node job
+    # must keep all its nodes busy in a campaign's eyes, not only the first.
+    nodes = models.ManyToManyField(Node, related_name="all_workloads", blank=True)
     kind = models.CharField(max_length=20, choices=WorkloadKind.choices())
     scheduler_id = models.CharField(max_length=200, help_text="Slurm job id, pod namespace/name, or agent id")
     name = models.CharField(max_length=200, blank=True)

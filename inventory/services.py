@@ -112,6 +112,8 @@ class ObservedWorkload:
     engine_version: str = ""
     model_name: str = ""
     model_version: str = ""
+    # All nodes held (multi-node jobs); empty means just `node`.
+    nodes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -458,7 +460,7 @@ def _apply_workloads(
     logs: list[_Log],
 ) -> None:
     assert snapshot.workloads is not None
-    missing_nodes = {w.node for w in snapshot.workloads if w.node and w.node not in node_ids}
+    missing_nodes = {n for w in snapshot.workloads for n in [w.node, *w.nodes] if n and n not in node_ids}
     if missing_nodes:
         node_ids = {**node_ids, **dict(
             Node.objects.filter(cluster=cluster, name__in=missing_nodes).values_list("name", "id"))}
@@ -527,9 +529,43 @@ def _apply_workloads(
     seen_ids = [existing[key]["id"] for key in observed_keys if key in existing]
     for start in range(0, len(seen_ids), BATCH):
         Workload.objects.filter(pk__in=seen_ids[start:start + BATCH]).update(last_seen=now)
+    ids = {key: row["id"] for key, row in existing.items()}
+    ids.update({(w.kind, w.scheduler_id): w.pk for w in creates})
+    moved = _apply_workload_nodes(snapshot.workloads, ids, node_ids)
     result.workloads_added = len(creates)
-    result.workloads_changed = len(updates)
+    result.workloads_changed = len({w.pk for w in updates} | (moved - {w.pk for w in creates}))
     result.workloads_removed = len(gone)
+
+
+def _apply_workload_nodes(
+    observed: list[ObservedWorkload], ids: dict[tuple[str, str], int], node_ids: dict[str, int]
+) -> set[int]:
+    """Keep Workload.nodes equal to the nodes each workload holds; return ids whose set changed."""
+    through = Workload.nodes.through
+    wanted: dict[int, set[int]] = {}
+    for workload in observed:
+        names = workload.nodes or ([workload.node] if workload.node else [])
+        wanted[ids[(workload.kind, workload.scheduler_id)]] = {node_ids[n] for n in names if n in node_ids}
+    have: dict[int, dict[int, int]] = {}
+    workload_ids = sorted(wanted)
+    for start in range(0, len(workload_ids), BATCH):
+        for link_id, workload_id, node_id in through.objects.filter(
+            workload_id__in=workload_ids[start:start + BATCH]
+        ).values_list("id", "workload_id", "node_id"):
+            have.setdefault(workload_id, {})[node_id] = link_id
+    add: list[Any] = []
+    drop: list[int] = []
+    changed: set[int] = set()
+    for workload_id, node_set in wanted.items():
+        current = have.get(workload_id, {})
+        if set(current) != node_set:
+            changed.add(workload_id)
+            add.extend(through(workload_id=workload_id, node_id=n) for n in node_set - set(current))
+            drop.extend(link for n, link in current.items() if n not in node_set)
+    through.objects.bulk_create(add, batch_size=BATCH)
+    for start in range(0, len(drop), BATCH):
+        through.objects.filter(pk__in=drop[start:start + BATCH]).delete()
+    return changed
 
 
 _NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "agent_token_sha256", "last_seen", "gone_at", "created_at",

@@ -306,9 +306,10 @@ class SlurmCluster:
 
     # --- jobs --------------------------------------------------------------------------
     def sbatch(self, command: str, *, nodelist: str | None = None, gpus: int = 0, name: str = "job",
-               time_limit: str = "01:00:00") -> str:
+               time_limit: str = "01:00:00", nodes: int = 1) -> str:
+        """Submit a batch job; `gpus` is per node. Returns the job id."""
         args = ["sbatch", "--parsable", f"--job-name={name}", f"--time={time_limit}", f"--chdir={self.root}",
-                "--output=/dev/null"]
+                "--output=/dev/null", f"--nodes={nodes}"]
         if nodelist:
             args.append(f"--nodelist={nodelist}")
         if gpus:

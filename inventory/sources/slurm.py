@@ -209,6 +209,29 @@ def _job_node(job: dict[str, Any]) -> str | None:
     return None
 
 
+def expand_hostlist(text: str) -> list[str]:
+    """'gpu[01-03,05],cpu1' -> ['gpu01', 'gpu02', 'gpu03', 'gpu05', 'cpu1'] (Slurm hostlist syntax)."""
+    names: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", text or ""):
+        if plain:
+            names.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not high:
+                names.append(prefix + low)
+                continue
+            width = len(low)
+            names.extend(f"{prefix}{number:0{width}d}" for number in range(int(low), int(high) + 1))
+    return names
+
+
+def _job_nodes(job: dict[str, Any]) -> list[str]:
+    allocated = (job.get("job_resources") or {}).get("allocated_nodes") or []
+    names = [str(item.get("nodename")) for item in allocated if item.get("nodename")]
+    return names or expand_hostlist(str(job.get("nodes") or ""))
+
+
 def workload_from_slurm(job: dict[str, Any]) -> ObservedWorkload | None:
     state = job.get("job_state", "")
     state = state[0] if isinstance(state, list) and state else state
@@ -220,6 +243,7 @@ def workload_from_slurm(job: dict[str, Any]) -> ObservedWorkload | None:
         kind=WorkloadKind.SLURM_JOB,
         scheduler_id=str(job.get("job_id")),
         node=_job_node(job),
+        nodes=_job_nodes(job),
         name=str(job.get("name") or "")[:200],
         user=str(job.get("user_name") or job.get("user_id") or "")[:100],
         state=str(state).lower(),

@@ -81,6 +81,22 @@ def test_it_finds_every_node_and_running_job_and_a_second_run_changes_nothing(sl
     slurm.run("scancel", jobs[0])
 
 
+def test_it_records_every_node_of_a_multi_node_job(slurm):
+    job = slurm.sbatch("sleep 300", nodelist="gpu02,gpu04", nodes=2, gpus=1, name="allreduce")
+    assert slurm.wait_running([job]), slurm.run("squeue")
+    make_cluster(slurm)
+    try:
+        sync("hpc")
+        workload = Workload.objects.get(scheduler_id=job)
+        assert set(workload.nodes.values_list("name", flat=True)) == {"gpu02", "gpu04"}
+        assert workload.node.name == "gpu02" and workload.gpus == 2
+        # Either node shows the job as its work.
+        assert Node.objects.get(name="gpu04").all_workloads.get() == workload
+    finally:
+        slurm.run("scancel", job)
+        slurm.wait_ended(job)
+
+
 def test_it_marks_a_node_removed_from_the_cluster_gone(slurm):
     make_cluster(slurm)
     sync("hpc")
