@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from gpusweep_agent.auth import AuthError, derive_node_key, sign
 
 from executors.base import PermanentExecutorError, TemporaryExecutorError
@@ -27,7 +28,7 @@ FLEET_SECRET_ENV = "GPUSWEEP_AGENT_FLEET_SECRET"
 
 
 def fleet_secret() -> str:
-    secret = os.environ.get(FLEET_SECRET_ENV, "")
+    secret = str(getattr(settings, FLEET_SECRET_ENV, "") or os.environ.get(FLEET_SECRET_ENV, ""))
     if not secret:
         raise PermanentExecutorError(f"{FLEET_SECRET_ENV} is not set; the service cannot sign agent requests")
     return secret
