@@ -1,9 +1,10 @@
 """Slurm: nodes, GRES, features and running jobs, through the Slurm CLI.
 
 `SlurmClient` is the interface; `CliSlurmClient` implements it with `sinfo --json` and
-`squeue --json` (Slurm 22.05+; `scontrol show node -o` has no JSON there) and `scontrol ping`
-for reachability. A pyslurm implementation would return the same dictionaries: the mapping to
-the inventory (`snapshot_from_slurm`) only reads the documented JSON fields.
+`squeue --json` (Slurm 22.05+; `scontrol show node -o` has no JSON there), after `scontrol ping`
+(a down controller fails fast with Slurm's own words). A pyslurm implementation would return
+the same dictionaries: the mapping to the inventory (`snapshot_from_slurm`) only reads the
+documented JSON fields.
 
 Conventions (cluster.connection keys, all optional):
 - `slurm_conf`: path exported as SLURM_CONF to every command (else the system default);
@@ -45,6 +46,9 @@ class SlurmError(RuntimeError):
 class SlurmClient(Protocol):
     """What the sync needs from Slurm. Dictionaries follow `sinfo --json` / `squeue --json`."""
 
+    def ping(self) -> None:
+        """Raise SlurmError when the controller does not answer."""
+
     def nodes(self) -> list[dict[str, Any]]: ...
 
     def jobs(self) -> list[dict[str, Any]]: ...
@@ -75,7 +79,9 @@ class CliSlurmClient:
         except OSError as exc:
             raise SlurmError(f"`{command}` could not start: {exc.strerror}") from None
         if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip().splitlines()
+            # The last line that says something (scontrol frames its news in rows of asterisks).
+            detail = [line for line in (done.stderr or done.stdout).strip().splitlines()
+                      if line.strip() and not line.lstrip().startswith("**")]
             raise SlurmError(f"`{command}` failed (exit {done.returncode}): {detail[-1] if detail else 'no output'}")
         return done.stdout, done.stderr
 
@@ -256,6 +262,7 @@ def workload_from_slurm(job: dict[str, Any]) -> ObservedWorkload | None:
 def snapshot_from_slurm(client: SlurmClient, connection: dict[str, Any] | None = None) -> Snapshot:
     """The whole cluster as Slurm sees it: every node, and every job holding a node."""
     component_features = dict((connection or {}).get("component_features") or DEFAULT_COMPONENT_FEATURES)
+    client.ping()  # a down controller fails fast and says so, instead of sinfo's retries
     nodes = [node_from_slurm(node, component_features) for node in client.nodes()]
     workloads = [w for w in (workload_from_slurm(job) for job in client.jobs()) if w is not None]
     return Snapshot(

@@ -122,9 +122,11 @@ def test_it_names_the_command_when_slurm_cannot_be_reached(slurm, tmp_path):
     dead.close()
     conf.write_text(slurm.conf.read_text().replace(f"SlurmctldPort={slurm.ctld_port}", f"SlurmctldPort={port}"))
     Cluster.objects.create(name="down", kind=ClusterKind.SLURM, connection={"slurm_conf": str(conf)})
-    with pytest.raises(CommandError, match=r"down: `sinfo --json` failed"):
+    with pytest.raises(CommandError, match=r"down: `scontrol ping` failed \(exit 1\): Slurmctld\(primary\) .* DOWN"):
         sync("down")
-    assert "sinfo --json" in Cluster.objects.get(name="down").last_sync_error
+    assert "scontrol ping" in Cluster.objects.get(name="down").last_sync_error
+    with pytest.raises(SlurmError, match=r"`sinfo --json` failed"):
+        CliSlurmClient({"slurm_conf": str(conf)}).nodes()
     assert Node.objects.count() == 0
 
 
