@@ -282,7 +282,8 @@ class SlurmCluster:
         self._kill_leftover_steps()
 
     def _kill_leftover_steps(self) -> None:
-        marker = str(self.root)
+        """Kill processes still running with our SLURM_CONF (job steps of this cluster only)."""
+        marker = f"SLURM_CONF={self.conf}".encode()
         for proc_dir in Path("/proc").iterdir():
             if not proc_dir.name.isdigit():
                 continue
@@ -290,7 +291,7 @@ class SlurmCluster:
                 env = (proc_dir / "environ").read_bytes()
             except OSError:
                 continue
-            if f"SLURM_CONF={self.conf}".encode() in env and marker:
+            if marker in env.split(b"\0"):
                 try:
                     os.kill(int(proc_dir.name), signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
