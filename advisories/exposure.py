@@ -134,6 +134,9 @@ def recompute(
             # estimate the VALUES list's join selectivity well enough to know. Node-scoped runs keep
             # nested loops (index lookups), which are right for a handful of nodes.
             cursor.execute("SET LOCAL enable_nestloop = off")
+            # Big hashes stay in memory; JIT compiling these statements costs more than it saves.
+            cursor.execute("SET LOCAL work_mem = '128MB'")
+            cursor.execute("SET LOCAL jit = off")
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
         version_matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
@@ -145,12 +148,18 @@ def recompute(
             cluster_ids = list(Node.objects.filter(id__in=node_ids).values_list("cluster_id", flat=True).distinct())
         range_ids = {row[5] for row in version_matches}
         d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
+        # Nothing recorded yet in scope (a first run): steps 2-4 below have nothing to revisit.
+        e_node_scope, e_node_params = _in(f"{E}.node_id", node_ids)
+        e_adv_scope, e_adv_params = _in(f"{E}.advisory_id", advisory_ids)
+        cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {e_node_scope} {e_adv_scope} LIMIT 1",
+                       [*e_node_params, *e_adv_params])
+        had_rows = cursor.fetchone() is not None
         # 1. New exposures (none possible without a matching version or a cluster).
         if range_ids and cluster_ids:
             cursor.execute(
                 f"""
                 {with_m}, {d_values}
-                -- Existing (node, range) rows are skipped by the unique constraint, one index probe each.
+                -- Existing (node, range) rows are skipped by an anti-join; the unique constraint guards races.
                 INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
                                  state, first_seen, deadline, deadline_source, fixed_by_version, risk_reason,
                                  updated_at)
@@ -159,6 +168,7 @@ def recompute(
                 FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope}) x
                 JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
                 WHERE x.gone_at IS NULL
+                  AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = x.node_id AND e.affected_range_id = x.range_id)
                 ON CONFLICT DO NOTHING
                 """,
                 [*m_params, *d_params, ExposureState.OPEN, stamp, stamp, *n_params],
@@ -168,56 +178,63 @@ def recompute(
             # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
             cursor.execute(f"ANALYZE {E}")
 
-        e_node_scope, e_node_params = _in(f"{E}.node_id", node_ids)
-        e_adv_scope, e_adv_params = _in(f"{E}.advisory_id", advisory_ids)
-        current_version = (
-            f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id AND nc2.component = {E}.component)"
-        )
-        in_match = f"""EXISTS (
-            SELECT 1 FROM m
-            JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
-            JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
-            WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component AND m.range_id = {E}.affected_range_id)"""
-        # 2. Back in range after a remediation (a downgrade, a reimaged node): open again.
-        cursor.execute(
-            f"""
-            {with_m}
-            UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', deadline = NULL,
-                   detected_version = COALESCE({current_version}, detected_version), updated_at = %s
-            WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
-            """,
-            [*m_params, ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
-        )
-        result.reopened = _rowcount(cursor)
-        # 3. Out of range: remediated, with the version that fixed it as evidence. A node that is
-        # gone keeps its exposure: leaving the inventory is not a patch, and neither is a version
-        # that does not parse.
-        cursor.execute(
-            f"""
-            {with_m}
-            UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s,
-                   fixed_by_version = COALESCE({current_version}, '(component removed)')
-            WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {in_match}
-              AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
-              AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
-                              AND nc3.component = {E}.component AND nc3.version_key IS NULL)
-            """,
-            [*m_params, ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
-             *e_node_params, *e_adv_params],
-        )
-        result.remediated = _rowcount(cursor)
-        # 4. Still exposed but moved within the range: record the version now seen.
-        cursor.execute(
-            f"""
-            UPDATE {E} SET detected_version = {current_version}, updated_at = %s
-            WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope}
-              AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
-                          AND nc4.version <> {E}.detected_version)
-            """,
-            [stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
-        )
+        if had_rows:
+            current_version = (
+                f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id AND nc2.component = {E}.component)"
+            )
+            in_match = f"""EXISTS (
+                SELECT 1 FROM m
+                JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
+                JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
+                WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component
+                  AND m.range_id = {E}.affected_range_id)"""
+            # 2. Back in range after a remediation (a downgrade, a reimaged node): open again.
+            cursor.execute(
+                f"""
+                {with_m}
+                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', deadline = NULL,
+                       detected_version = COALESCE({current_version}, detected_version), updated_at = %s
+                WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
+                """,
+                [*m_params, ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
+            )
+            result.reopened = _rowcount(cursor)
+            # 3. Out of range: remediated, with the version that fixed it as evidence. A node that is
+            # gone keeps its exposure: leaving the inventory is not a patch, and neither is a version
+            # that does not parse.
+            cursor.execute(
+                f"""
+                {with_m}
+                UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s,
+                       fixed_by_version = COALESCE({current_version}, '(component removed)')
+                WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {in_match}
+                  AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
+                  AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
+                                  AND nc3.component = {E}.component AND nc3.version_key IS NULL)
+                """,
+                [*m_params, ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
+                 *e_node_params, *e_adv_params],
+            )
+            result.remediated = _rowcount(cursor)
+            # 4. Still exposed but moved within the range: record the version now seen.
+            cursor.execute(
+                f"""
+                UPDATE {E} SET detected_version = {current_version}, updated_at = %s
+                WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope}
+                  AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
+                              AND nc4.version <> {E}.detected_version)
+                """,
+                [stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
+            )
+            if node_ids is None and advisory_ids is None:
+                # References are not database constraints (see Exposure): a full run drops orphans.
+                cursor.execute(f"""
+                    DELETE FROM {E} WHERE NOT EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id)
+                       OR NOT EXISTS (SELECT 1 FROM {R} r WHERE r.id = {E}.affected_range_id)""")
         if fleet_wide:
-            cursor.execute("SET LOCAL enable_nestloop = on")
+            cursor.execute("RESET enable_nestloop")
+            cursor.execute("RESET work_mem")
+            cursor.execute("RESET jit")
         result.expired_acceptances = expire_acceptances(now)
         result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
     return result

@@ -175,3 +175,12 @@ def test_several_bulletins_hit_an_old_node(fleet):
     recompute(node_ids=[old.id])
     assert set(Exposure.objects.filter(node=old).values_list("advisory__publisher_id", flat=True)) == {
         "5614", "5670", "5703"}
+
+
+def test_deleting_a_node_or_an_advisory_removes_its_exposures(fleet):
+    ingest("5703")
+    node = fleet.nodes.get(name="r580-below")
+    node.delete()
+    assert Exposure.objects.count() == 2
+    Advisory.objects.get(publisher_id="5703").delete()
+    assert Exposure.objects.count() == 0
