@@ -28,6 +28,8 @@ from inventory.versions import VersionError, normalize_component, parse_version
 
 # --- serializers ---------------------------------------------------------------------------
 
+SECRET_WORDS = ("token", "password", "secret", "private", "credential", "apikey", "api_key")
+
 
 class ClusterSerializer(serializers.ModelSerializer):
     node_count = serializers.IntegerField(read_only=True, required=False)
@@ -37,6 +39,17 @@ class ClusterSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "kind", "description", "connection", "secret_env", "sync_enabled", "last_synced_at",
                   "last_sync_error", "created_at", "node_count"]
         read_only_fields = ["last_synced_at", "last_sync_error", "created_at"]
+
+    def validate_connection(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise ValidationError("expected an object of connection settings")
+        secret_like = sorted(k for k in value if any(w in k.lower() for w in SECRET_WORDS))
+        if secret_like:
+            raise ValidationError(
+                f"{', '.join(secret_like)}: secrets never go in the database; name an environment variable "
+                "in secret_env instead"
+            )
+        return value
 
     def validate_secret_env(self, value: Any) -> dict[str, str]:
         # Names of environment variables only: a value that looks like a secret is refused.

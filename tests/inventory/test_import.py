@@ -123,3 +123,11 @@ def test_it_flags_unknown_formats_of_other_components(tmp_path):
     import_file(path, "lab")
     flagged = dict(NodeComponent.objects.filter(version_key__isnull=True).values_list("component", "version"))
     assert flagged == {"os": "debian 12", "my_engine": "nightly"}
+
+
+def test_sync_inventory_points_static_clusters_to_import_nodes(tmp_path):
+    import_file(write(tmp_path, HEADER + "a,p,H100,8,570.86.15,12.8\n"), "lab")
+    with pytest.raises(CommandError, match=r"cluster lab is static: it is fed by files \(manage.py import_nodes\)"):
+        call_command("sync_inventory", "--cluster", "lab", "--no-progress", stdout=StringIO())
+    with pytest.raises(CommandError, match="no cluster named nowhere"):
+        call_command("sync_inventory", "--cluster", "nowhere", "--no-progress", stdout=StringIO())
