@@ -35,8 +35,11 @@ from inventory.versions import parse_version
 
 CLUSTER = "demo"
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
-# (branch driver, how many): most below 5703's fixed versions, one R570 node already fixed.
-LAYOUT = [("570.172.08", 5), ("570.195.03", 1), ("580.82.07", 4)]
+# (driver, pool, how many): most below 5703's fixed versions, one R570 node already fixed, and a
+# "spare" node per branch: sweep pool "batch" and the spares receive the moved work, so no
+# workload has to cold-start.
+LAYOUT = [("570.172.08", "batch", 4), ("570.172.08", "spare", 1), ("570.195.03", "batch", 1),
+          ("580.82.07", "batch", 3), ("580.82.07", "spare", 1)]
 COUNTER = Path(__file__).resolve().parents[2] / "demo" / "counter.py"
 
 
@@ -85,14 +88,14 @@ class Command(BaseCommand):
         self.processes = processes
         ports = [base_port + index if base_port else _free_port() for index in range(len(plan))]
         try:
-            for index, (name, driver) in enumerate(plan):
+            for index, (name, driver, pool) in enumerate(plan):
                 port = ports[index]
                 env = self._agent_env(root, name, driver, port, secret, service_url)
-                self._register(name, driver, port)
+                self._register(name, driver, pool, port)
                 with (root / f"agent-{name}.log").open("ab") as log:
                     processes.append(subprocess.Popen([sys.executable, "-m", "gpusweep_agent.main"], env=env,
                                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=once))
-            for index, (name, driver) in enumerate(plan):
+            for index, (name, driver, _pool) in enumerate(plan):
                 env = self._agent_env(root, name, driver, ports[index], secret, service_url)
                 _wait_healthy(env, name)
                 processes.append(self._workload(root, name, env, once))
@@ -119,11 +122,12 @@ class Command(BaseCommand):
                 self._kill_workloads(root)
 
     @staticmethod
-    def _layout(count: int) -> list[tuple[str, str]]:
-        drivers = [driver for driver, n in LAYOUT for _ in range(n)]
-        while len(drivers) < count:
-            drivers.append(LAYOUT[len(drivers) % len(LAYOUT)][0])
-        return [(f"gpu{i + 1:02d}", driver) for i, driver in enumerate(drivers[:count])]
+    def _layout(count: int) -> list[tuple[str, str, str]]:
+        """(name, driver, pool) per node; beyond the first ten, more batch nodes in turn."""
+        slots = [(driver, pool) for driver, pool, n in LAYOUT for _ in range(n)]
+        while len(slots) < count:
+            slots.append((("570.172.08", "580.82.07")[len(slots) % 2], "batch"))
+        return [(f"gpu{i + 1:02d}", driver, pool) for i, (driver, pool) in enumerate(slots[:count])]
 
     @staticmethod
     def _agent_env(root: Path, name: str, driver: str, port: int, secret: str, service_url: str) -> dict[str, str]:
@@ -145,12 +149,12 @@ class Command(BaseCommand):
         }
 
     @staticmethod
-    def _register(name: str, driver: str, port: int) -> None:
+    def _register(name: str, driver: str, pool: str, port: int) -> None:
         with transaction.atomic():
             cluster, _ = Cluster.objects.get_or_create(name=CLUSTER, defaults={
                 "kind": "static", "description": "demo fleet of local agents", "connection": {"executor": "local"}})
             node, _ = Node.objects.update_or_create(cluster=cluster, name=name, defaults={
-                "gpu_model": GPU_MODEL, "gpu_count": 8, "agent_endpoint": f"http://127.0.0.1:{port}"})
+                "gpu_model": GPU_MODEL, "gpu_count": 8, "pool": pool, "agent_endpoint": f"http://127.0.0.1:{port}"})
             for component, version in (("driver", driver), ("cuda", "12.8" if driver.startswith("570") else "13.0")):
                 if not NodeComponent.objects.filter(node=node, component=component).exists():
                     parsed = parse_version(component, version)
