@@ -210,6 +210,6 @@ CELERY_BEAT_SCHEDULE = {
     # Syncs every enabled Slurm/Kubernetes cluster (one task per cluster, by id).
     "inventory-sync": {
         "task": "inventory.tasks.sync_all_clusters",
-        "schedule": float(env_int("GPUSWEEP_INVENTORY_SYNC_EVERY_S", 300, minimum=30)),
+        "schedule": float(env_int("GPUSWEEP_INVENTORY_SYNC_EVERY_S", 300, minimum=5)),
     },
 }
