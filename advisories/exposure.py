@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from advisories.choices import DeadlineBasis, ExposureState
@@ -145,15 +146,18 @@ def recompute(
         if node_ids is None:
             cluster_ids = list(Cluster.objects.values_list("id", flat=True))
         else:
-            cluster_ids = list(Node.objects.filter(id__in=node_ids).values_list("cluster_id", flat=True).distinct())
+            cluster_ids = list(
+                Node.objects.filter(id__in=node_ids).order_by().values_list("cluster_id", flat=True).distinct()
+            )
         range_ids = {row[5] for row in version_matches}
         d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
         # Nothing recorded yet in scope (a first run): steps 2-4 below have nothing to revisit.
         e_node_scope, e_node_params = _in(f"{E}.node_id", node_ids)
         e_adv_scope, e_adv_params = _in(f"{E}.advisory_id", advisory_ids)
-        cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {e_node_scope} {e_adv_scope} LIMIT 1",
-                       [*e_node_params, *e_adv_params])
-        had_rows = cursor.fetchone() is not None
+        had_rows = True
+        if node_ids is None:
+            cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {e_adv_scope} LIMIT 1", e_adv_params)
+            had_rows = cursor.fetchone() is not None
         # 1. New exposures (none possible without a matching version or a cluster).
         if range_ids and cluster_ids:
             cursor.execute(
@@ -258,15 +262,15 @@ class DeadlineRules:
         self.policy = DeadlinePolicy.current()
         self.ranges = {r.id: r for r in AffectedRange.objects.filter(id__in=range_ids).select_related("advisory")}
         self.range_cves: dict[int, list[str]] = {}
-        for range_id, cve_id in AffectedRange.cves.through.objects.filter(
+        self.kev: dict[str, dt.date] = {}
+        # The ranges' CVEs with their KEV due date, if any, in one query.
+        kev_due = KevEntry.objects.filter(cve_id=OuterRef("cve__cve_id")).values("due_date")[:1]
+        for range_id, cve_id, due in AffectedRange.cves.through.objects.filter(
             affectedrange_id__in=range_ids
-        ).values_list("affectedrange_id", "cve__cve_id"):
+        ).values_list("affectedrange_id", "cve__cve_id", Subquery(kev_due)):
             self.range_cves.setdefault(range_id, []).append(cve_id)
-        cves = {c for v in self.range_cves.values() for c in v}
-        self.kev: dict[str, dt.date] = (
-            dict(KevEntry.objects.filter(cve_id__in=cves).values_list("cve_id", "due_date"))
-            if self.policy.use_kev else {}
-        )
+            if due is not None and self.policy.use_kev:
+                self.kev[cve_id] = due
         self.overrides = {(o.cluster_id, o.severity): o.days for o in ClusterDeadlineOverride.objects.all()}
 
     def deadline(self, range_id: int, cluster_id: int, first_seen: dt.datetime) -> tuple[dt.datetime, str]:
