@@ -296,11 +296,11 @@ def _deadline_values(
 def assign_deadlines(
     node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None, refresh: bool = False
 ) -> int:
-    """Set the deadline of active exposures that have none (all of them with `refresh`).
+    """Set the deadline of active exposures that have none (every active one with `refresh`).
 
-    New exposures get theirs as they are inserted; this serves reopened ones and policy changes.
-    Exposures sharing range, cluster and first_seen share a deadline, so this is one UPDATE per
-    such group, not per row.
+    New exposures get theirs as they are inserted; this serves reopened ones and changes to the
+    policy, overrides or KEV. Exposures sharing range, cluster and first_seen share a deadline:
+    those groups are computed here and applied by one UPDATE ... FROM (VALUES ...).
     """
     with transaction.atomic():
         active = Exposure.objects.filter(state__in=ExposureState.ACTIVE)
@@ -308,19 +308,33 @@ def assign_deadlines(
             active = active.filter(node_id__in=node_ids)
         if advisory_ids is not None:
             active = active.filter(advisory_id__in=advisory_ids)
-        if refresh:
-            active.update(deadline=None, deadline_source="")
-        pending = active.filter(deadline__isnull=True)
-        groups = list(pending.order_by().values_list("affected_range_id", "node__cluster_id", "first_seen").distinct())
+        if not refresh:
+            active = active.filter(deadline__isnull=True)
+        groups = list(active.order_by().values_list("affected_range_id", "node__cluster_id", "first_seen").distinct())
         if not groups:
             return 0
         rules = DeadlineRules({g[0] for g in groups})
-        updated = 0
+        adapt = connection.ops.adapt_datetimefield_value
+        params: list[Any] = []
         for range_id, cluster_id, first_seen in groups:
             deadline, source = rules.deadline(range_id, cluster_id, first_seen)
-            updated += pending.filter(affected_range_id=range_id, node__cluster_id=cluster_id,
-                                      first_seen=first_seen).update(deadline=deadline, deadline_source=source)
-        return updated
+            params += [range_id, cluster_id, adapt(first_seen), adapt(deadline), source]
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(groups))
+        n_scope, n_params = _in(f"{E}.node_id", node_ids)
+        a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
+        pending = "" if refresh else f"AND {E}.deadline IS NULL"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                WITH d(range_id, cluster_id, first_seen, deadline, deadline_source) AS (VALUES {values})
+                UPDATE {E} SET deadline = d.deadline, deadline_source = d.deadline_source
+                FROM d, {N} n
+                WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
+                  AND d.first_seen = {E}.first_seen AND {E}.state IN (%s, %s) {pending} {n_scope} {a_scope}
+                """,
+                [*params, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *n_params, *a_params],
+            )
+            return _rowcount(cursor)
 
 
 def _deadline(

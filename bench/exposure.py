@@ -180,6 +180,16 @@ def main() -> int:
         print(f"full recompute again (nothing changed): {time.perf_counter() - started:.2f} s, "
               f"opened {again.opened}, remediated {again.remediated}")
 
+        from advisories.exposure import assign_deadlines
+        from advisories.models import DeadlinePolicy
+
+        policy = DeadlinePolicy.current()
+        policy.high_days = 20
+        policy.save()
+        started = time.perf_counter()
+        refreshed = assign_deadlines(refresh=True)
+        print(f"deadline policy change: {refreshed} deadlines recomputed in {time.perf_counter() - started:.2f} s")
+
         rng = random.Random(7)
         timings = []
         ids = list(Node.objects.values_list("id", flat=True))
