@@ -264,20 +264,24 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str) -> str | No
             except PermanentExecutorError:
                 pass
             else:
-                WorkloadMove.objects.filter(pk=move.pk, state=MoveState.CHECKPOINTED).update(
-                    state=MoveState.RESTORED, new_workload_ref=away.workload_id, steps_after=away.steps)
-                _move_inventory(move, move.target_node, away.workload_id)
-                returned.append({"workload": move.workload_name or move.workload_ref, "restored_on":
-                                 move.target_node.name, "new_id": away.workload_id})
+                entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name,
+                         "to": move.target_node.name, "checkpoint_id": move.checkpoint_id,
+                         "new_id": away.workload_id, "resumed": True}
+                with transaction.atomic():
+                    if _move(sweep, move, MoveState.CHECKPOINTED, "restored", entry, state=MoveState.RESTORED,
+                             new_workload_ref=away.workload_id, steps_after=away.steps):
+                        _move_inventory(move, move.target_node, away.workload_id)
+                returned.append(entry)
                 continue
         result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"return-{move.pk}"))
-        WorkloadMove.objects.filter(pk=move.pk, state=MoveState.CHECKPOINTED).update(
-            state=MoveState.RETURNED, new_workload_ref=result.workload_id, steps_after=result.steps,
-            target_node=sweep.node)
-        _move_inventory(move, sweep.node, result.workload_id)
-        returned.append({"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
-                         "new_id": result.workload_id, "steps_before": move.steps_before,
-                         "steps_after": result.steps})
+        entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
+                 "returned_to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,
+                 "steps_after": result.steps}
+        with transaction.atomic():
+            if _move(sweep, move, MoveState.CHECKPOINTED, "returned", entry, state=MoveState.RETURNED,
+                     new_workload_ref=result.workload_id, steps_after=result.steps, target_node=sweep.node):
+                _move_inventory(move, sweep.node, result.workload_id)
+        returned.append(entry)
     if sweep.state != SweepState.PENDING:
         ex.undo(ref, op_id(sweep, "undo"))
     with transaction.atomic():
@@ -345,10 +349,15 @@ def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
     return {m["workload"]: m for m in (sweep.planned or {}).get("moves", [])}
 
 
-def _move_event(sweep: NodeSweep, kind: str, data: dict[str, Any]) -> None:
+def _move(sweep: NodeSweep, move: WorkloadMove, expected: str, kind: str, data: dict[str, Any],
+          **fields: Any) -> bool:
+    """A workload move's conditional state change and its evidence event, in one transaction."""
     with transaction.atomic():
         campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
+        if not WorkloadMove.objects.filter(pk=move.pk, state=expected).update(**fields):
+            return False
         evidence.append(campaign, kind, "system", data, sweep=sweep)
+        return True
 
 
 def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
@@ -394,20 +403,17 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                     f"workload {move.workload_name or move.workload_ref} cannot be checkpointed ({engine}) "
                     "and cold restart is not allowed")
             ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
-            WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(state=MoveState.STOPPED)
             entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart"}
-            _move_event(sweep, "stopped", entry)
+            _move(sweep, move, MoveState.PLANNED, "stopped", entry, state=MoveState.STOPPED)
         done.append(entry)
     return {"workloads": done}, {}
 
 
 def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
-    WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(
-        state=MoveState.CHECKPOINTED, checkpoint_id=result.checkpoint_id, checkpoint_sha256=result.sha256,
-        steps_before=result.steps)
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
              "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine}
-    _move_event(sweep, "checkpointed", entry)
+    _move(sweep, move, MoveState.PLANNED, "checkpointed", entry, state=MoveState.CHECKPOINTED,
+          checkpoint_id=result.checkpoint_id, checkpoint_sha256=result.sha256, steps_before=result.steps)
     return entry
 
 
@@ -428,12 +434,11 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
         except PermanentExecutorError:
             pass
         else:
-            WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(state=MoveState.STOPPED)
             entry = {"workload": name, "action": "stopped for a cold restart"}
-            _move_event(sweep, "stopped", entry)
+            _move(sweep, move, MoveState.PLANNED, "stopped", entry, state=MoveState.STOPPED)
             return entry
-    WorkloadMove.objects.filter(pk=move.pk, state=MoveState.PLANNED).update(state=MoveState.FINISHED)
-    _move_event(sweep, "finished", {"workload": name, "action": "ended by itself before it was moved"})
+    _move(sweep, move, MoveState.PLANNED, "finished",
+          {"workload": name, "action": "ended by itself before it was moved"}, state=MoveState.FINISHED)
     return None
 
 
@@ -504,16 +509,16 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")
-        WorkloadMove.objects.filter(pk=move.pk, state=MoveState.CHECKPOINTED).update(
-            state=MoveState.RESTORED, target_node=target, new_workload_ref=result.workload_id,
-            steps_after=seen.steps, detail={**move.detail, "planned_target": plan_entry.get("to"),
-                                            "as_planned": plan_entry.get("to") == target.pk})
-        _move_inventory(move, target, result.workload_id)
         entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
                  "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
                  "steps_before": move.steps_before, "steps_after": seen.steps,
                  "as_planned": plan_entry.get("to") == target.pk}
-        _move_event(sweep, "restored", entry)
+        with transaction.atomic():  # the move, its event and the inventory's new placement together
+            if _move(sweep, move, MoveState.CHECKPOINTED, "restored", entry, state=MoveState.RESTORED,
+                     target_node=target, new_workload_ref=result.workload_id, steps_after=seen.steps,
+                     detail={**move.detail, "planned_target": plan_entry.get("to"),
+                             "as_planned": plan_entry.get("to") == target.pk}):
+                _move_inventory(move, target, result.workload_id)
         done.append(entry)
     return {"workloads": done}, {}
 
