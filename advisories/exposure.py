@@ -88,6 +88,25 @@ NODE_MATCHES = f"""
 """
 
 
+def _fleet_wide_settings(cursor: Any, reset: bool = False) -> None:
+    """PostgreSQL settings for statements over the whole fleet, for this transaction only.
+
+    Fleet-wide, every join is large: hash joins are right, and PostgreSQL cannot estimate a VALUES
+    list's join selectivity well enough to know. Big hashes should stay in memory, and JIT
+    compiling these statements costs more than it saves. Node-scoped runs keep the defaults
+    (nested loops over index lookups are right for a handful of nodes).
+    """
+    if connection.vendor != "postgresql":
+        return
+    if reset:
+        for name in ("enable_nestloop", "work_mem", "jit"):
+            cursor.execute(f"RESET {name}")
+        return
+    cursor.execute("SET LOCAL enable_nestloop = off")
+    cursor.execute("SET LOCAL work_mem = '128MB'")
+    cursor.execute("SET LOCAL jit = off")
+
+
 def _rowcount(cursor: Any) -> int:
     # Python's sqlite3 reports -1 for statements that start with WITH; SQLite itself knows.
     if cursor.rowcount >= 0:
@@ -129,15 +148,9 @@ def recompute(
     # Raw SQL: store the timestamp exactly as the ORM would (SQLite keeps text), so ORM filters match.
     stamp = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic(), connection.cursor() as cursor:
-        fleet_wide = node_ids is None and connection.vendor == "postgresql"
+        fleet_wide = node_ids is None
         if fleet_wide:
-            # Fleet-wide, every join below is large: hash joins are right, and PostgreSQL cannot
-            # estimate the VALUES list's join selectivity well enough to know. Node-scoped runs keep
-            # nested loops (index lookups), which are right for a handful of nodes.
-            cursor.execute("SET LOCAL enable_nestloop = off")
-            # Big hashes stay in memory; JIT compiling these statements costs more than it saves.
-            cursor.execute("SET LOCAL work_mem = '128MB'")
-            cursor.execute("SET LOCAL jit = off")
+            _fleet_wide_settings(cursor)
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
         version_matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
@@ -236,9 +249,7 @@ def recompute(
                     DELETE FROM {E} WHERE NOT EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id)
                        OR NOT EXISTS (SELECT 1 FROM {R} r WHERE r.id = {E}.affected_range_id)""")
         if fleet_wide:
-            cursor.execute("RESET enable_nestloop")
-            cursor.execute("RESET work_mem")
-            cursor.execute("RESET jit")
+            _fleet_wide_settings(cursor, reset=True)
         result.expired_acceptances = expire_acceptances(now)
         result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
     return result
@@ -324,6 +335,8 @@ def assign_deadlines(
         a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
         pending = "" if refresh else f"AND {E}.deadline IS NULL"
         with connection.cursor() as cursor:
+            if node_ids is None:
+                _fleet_wide_settings(cursor)
             cursor.execute(
                 f"""
                 WITH d(range_id, cluster_id, first_seen, deadline, deadline_source) AS (VALUES {values})
@@ -334,7 +347,10 @@ def assign_deadlines(
                 """,
                 [*params, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *n_params, *a_params],
             )
-            return _rowcount(cursor)
+            updated = _rowcount(cursor)
+            if node_ids is None:
+                _fleet_wide_settings(cursor, reset=True)
+            return updated
 
 
 def _deadline(
