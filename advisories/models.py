@@ -116,7 +116,7 @@ class Exposure(models.Model):
     advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures", db_index=False,
                                  db_constraint=False)
     affected_range = models.ForeignKey(AffectedRange, on_delete=models.CASCADE, related_name="exposures",
-                                       db_constraint=False)
+                                       db_index=False, db_constraint=False)
     component = models.CharField(max_length=63)
     detected_version = models.CharField(max_length=128)
     severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True)
