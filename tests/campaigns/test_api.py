@@ -109,3 +109,20 @@ def test_pause_stops_admitting_nodes_and_resume_continues(clients):
     assert NodeSweep.objects.filter(campaign_id=campaign["id"], state="pending").count() == 3
     assert operator.post(url + "resume/").json()["status"] == "running"
     assert drive(campaign["id"]).status == CampaignStatus.COMPLETED
+
+
+def test_only_operators_abort_and_an_aborted_campaign_stays_aborted(clients):
+    operator, approver, viewer = clients
+    campaign = create(operator)
+    url = f"{BASE}{campaign['id']}/"
+    operator.post(url + "plan/", {}, content_type="application/json")
+    approver.post(url + "approve/")
+    operator.post(url + "start/")
+    assert viewer.post(url + "abort/").status_code == 403
+    response = operator.post(url + "abort/", {"reason": "change freeze"}, content_type="application/json")
+    assert response.status_code == 200 and response.json()["status"] == "aborted"
+    assert operator.post(url + "resume/").status_code == 409
+    assert operator.post(url + "abort/").status_code == 409
+    assert set(NodeSweep.objects.filter(campaign_id=campaign["id"]).values_list("state", flat=True)) == {"skipped"}
+    log = viewer.get(url + "evidence/").json()
+    assert log["intact"] and log["events"][-1]["kind"] == "skipped"

@@ -327,3 +327,34 @@ def test_a_worker_dying_right_after_the_agent_acted_loses_and_duplicates_nothing
     move = WorkloadMove.objects.get(sweep=sweep)
     assert move.state == MoveState.RESTORED and move.steps_after >= move.steps_before > 0
     assert snapshot["nodes"]["local/gpu00"]["patches"] == {"driver": 1}
+
+
+def test_abort_lets_a_node_already_patching_finish_and_skips_the_rest(people):
+    fleet, _ = make_fleet(nodes=3, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, parallelism_per_cluster="1")
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    sweep = NodeSweep.objects.get(campaign=campaign, state=SweepState.DRAINING)
+    while NodeSweep.objects.get(pk=sweep.pk).state != SweepState.PATCHING:
+        engine.advance(sweep.pk)
+    services.abort(campaign.pk, requester)
+    drive(campaign.pk)
+    states = sorted(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
+    assert states == [SweepState.DONE, SweepState.SKIPPED, SweepState.SKIPPED]
+    assert fleet.snapshot()["nodes"][f"local/{sweep.node.name}"]["versions"]["driver"] == FIXED
+    assert Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.ABORTED
+
+
+def test_an_operator_resumes_a_halted_campaign(people):
+    fleet, _ = make_fleet(nodes=3, spares=2)
+    fleet.inject("patch", "*", "permanent", times=1)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, error_budget="0", parallelism_per_cluster="1")
+    services.start(campaign.pk, requester)
+    assert drive(campaign.pk).status == CampaignStatus.HALTED
+    services.resume(campaign.pk, requester)
+    campaign = drive(campaign.pk)
+    assert campaign.status == CampaignStatus.COMPLETED
+    states = sorted(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
+    assert states == [SweepState.DONE, SweepState.DONE, SweepState.FAILED]
