@@ -20,7 +20,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from advisories.choices import DeadlineBasis, ExposureState
-from advisories.models import AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
+from advisories.models import Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
 from inventory.models import Cluster, Node, NodeComponent
 
 E = Exposure._meta.db_table
@@ -250,6 +250,9 @@ def recompute(
                        OR NOT EXISTS (SELECT 1 FROM {R} r WHERE r.id = {E}.affected_range_id)""")
         if fleet_wide:
             _fleet_wide_settings(cursor, reset=True)
+        advisories = Advisory.objects.all() if advisory_ids is None else Advisory.objects.filter(id__in=advisory_ids)
+        if node_ids is None:
+            advisories.update(exposures_at=now)
         result.expired_acceptances = expire_acceptances(now)
         result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
     return result

@@ -81,6 +81,7 @@ def ingest_documents(
 ) -> IngestSummary:
     """Ingest every item; a bad document is reported in the summary and changes nothing."""
     summary = IngestSummary()
+    changed: list[int] = []
     for item in items:
         if isinstance(item, DocumentError):
             summary.errors.append(str(item))
@@ -95,7 +96,7 @@ def ingest_documents(
             if isinstance(item, IndexEntry):
                 outcome, advisory_id, unparsed, integrity = ingest_index_entry(item)
             else:
-                outcome, advisory_id, unparsed, integrity = ingest_document(item)
+                outcome, advisory_id, unparsed, integrity = ingest_document(item, exposures=False)
         except DocumentError as exc:
             summary.errors.append(str(exc))
             _reject(exc)
@@ -105,8 +106,15 @@ def ingest_documents(
         if integrity:
             summary.integrity[integrity] += 1
         summary.advisory_ids.append(advisory_id)
+        if outcome != "unchanged" and isinstance(item, FetchedDocument):
+            changed.append(advisory_id)
         if progress:
             progress(item.name)
+    # One fleet-wide match for the whole batch instead of one per document, including any
+    # advisory a failed earlier batch left unmatched.
+    changed += Advisory.objects.filter(exposures_at__isnull=True, ranges_unknown=False).values_list("id", flat=True)
+    if changed:
+        recompute(advisory_ids=changed)
     return summary
 
 
@@ -121,8 +129,12 @@ def _key(component: str, version: str | None) -> str | None:
     return parse_version(component, version).key
 
 
-def ingest_document(doc: FetchedDocument) -> tuple[str, int, int, str]:
-    """Ingest one CSAF document. Returns (outcome, advisory id, unparsed count, integrity)."""
+def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, int, int, str]:
+    """Ingest one CSAF document. Returns (outcome, advisory id, unparsed count, integrity).
+
+    With `exposures` the advisory's exposures are recomputed in the same transaction; a batch
+    (ingest_documents) turns that off and recomputes once for every changed advisory.
+    """
     parsed = csaf.parse(doc.content, doc.name)
     integrity = integrity_of(parsed.content_sha256, doc.published_sha256)
     # Ranges whose bounds do not parse as versions join the unparsed list instead.
@@ -173,7 +185,8 @@ def ingest_document(doc: FetchedDocument) -> tuple[str, int, int, str]:
                 f"{parsed.content_sha256}",
             )
         _save_validators(doc)
-        recompute(advisory_ids=[advisory.id])
+        if exposures:
+            recompute(advisory_ids=[advisory.id])
     return outcome, advisory.id, len(unparsed), integrity
 
 
@@ -194,6 +207,7 @@ def _fill(advisory: Advisory, parsed: ParsedAdvisory, doc: FetchedDocument, inte
     advisory.integrity = integrity
     advisory.unparsed = unparsed
     advisory.ranges_unknown = False
+    advisory.exposures_at = None
 
 
 def _upsert_cves(parsed: ParsedAdvisory) -> dict[str, CVE]:

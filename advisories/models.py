@@ -48,6 +48,9 @@ class Advisory(models.Model):
         default=False,
         help_text="Known only from NVIDIA's index: no CSAF yet, so affected ranges are unknown (not harmless).",
     )
+    # When exposures were last matched against this advisory's ranges; None after a change, so
+    # a batch whose exposure step failed is caught up by the next ingest.
+    exposures_at = models.DateTimeField(null=True, blank=True)
     # Earlier revisions we ingested: [{tracking_version, content_sha256, source, ingested_at}].
     history = models.JSONField(default=list, blank=True)
     cves = models.ManyToManyField(CVE, related_name="advisories", blank=True)

@@ -184,3 +184,18 @@ def test_deleting_a_node_or_an_advisory_removes_its_exposures(fleet):
     assert Exposure.objects.count() == 2
     Advisory.objects.get(publisher_id="5703").delete()
     assert Exposure.objects.count() == 0
+
+
+def test_a_batch_matches_once_and_catches_up_an_advisory_left_unmatched(fleet):
+    from advisories.ingest import ingest_documents
+    from advisories.sources import FolderSource
+
+    ingest_documents(FolderSource(str(FIXTURES)).items())
+    assert Exposure.objects.filter(advisory__publisher_id="5703").count() == 3
+    assert not Advisory.objects.filter(exposures_at__isnull=True).exists()
+    # As if the exposure step of an earlier batch had failed after the documents committed:
+    Exposure.objects.filter(advisory__publisher_id="5703").delete()
+    Advisory.objects.filter(publisher_id="5703").update(exposures_at=None)
+    summary = ingest_documents(FolderSource(str(FIXTURES)).items())
+    assert summary.unchanged == 5
+    assert Exposure.objects.filter(advisory__publisher_id="5703").count() == 3
