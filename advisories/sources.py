@@ -167,11 +167,15 @@ class UrlSource(Source):
         except DocumentError as exc:
             yield exc
 
+    # A URL that was guessed (see GitHubSource): a 404 there is no error.
+    missing_ok = False
+
     def _fetch(self, url: str) -> Iterator[Item]:
         state = SourceState.objects.filter(url=url).first()
         response = self.client.get(url, etag=state.etag if state else "",
-                                   last_modified=state.last_modified if state else "")
-        assert response is not None
+                                   last_modified=state.last_modified if state else "", missing_ok=self.missing_ok)
+        if response is None:
+            return
         if response.not_modified:
             yield NotModified(url)
             return
@@ -214,7 +218,7 @@ class FeedSource(Source):
             yield exc
             return
         for url in self.document_urls(feed):
-            for item in UrlSource(url, self.client).items():
+            for item in self.document_source(url).items():
                 if isinstance(item, FetchedDocument):
                     item.source_kind = self.kind
                 yield item
@@ -222,6 +226,9 @@ class FeedSource(Source):
         SourceState.objects.update_or_create(
             url=self.location, defaults={"etag": response.etag, "last_modified": response.last_modified}
         )
+
+    def document_source(self, url: str) -> UrlSource:
+        return UrlSource(url, self.client)
 
     def document_urls(self, feed: Any) -> list[str]:
         urls: list[str] = []
@@ -236,6 +243,7 @@ class FeedSource(Source):
 
 
 _GITHUB_PATH = re.compile(r"\b(20\d\d)/(\d{4,6})/\2\.json\b")
+_BULLETIN_ID = re.compile(r"(?<![\w./-])(\d{4,5})(?![\w./-])")
 
 
 class GitHubSource(FeedSource):
@@ -249,17 +257,35 @@ class GitHubSource(FeedSource):
         raw_base, _, feed = location.partition("|")
         self.raw_base = raw_base.rstrip("/")
         self.location = feed or f"{self.raw_base}/commits.atom"
+        self.guessed: set[str] = set()
+
+    def document_source(self, url: str) -> UrlSource:
+        source = UrlSource(url, self.client)
+        source.missing_ok = url in self.guessed
+        return source
 
     def document_urls(self, feed: Any) -> list[str]:
         paths: list[str] = []
+        self.guessed = set()
         for entry in feed.entries:
             text = " ".join([entry.get("title", ""), entry.get("summary", "")]
                             + [c.get("value", "") for c in entry.get("content", []) if isinstance(c, dict)]
                             + [link.get("href", "") for link in entry.get("links", [])])
-            for year, bulletin in _GITHUB_PATH.findall(text):
+            named = _GITHUB_PATH.findall(text)
+            for year, bulletin in named:
                 path = f"{year}/{bulletin}/{bulletin}.json"
                 if path not in paths:
                     paths.append(path)
+            # Commit messages often name only the bulletin ("Add 5703"): guess YEAR/ID/ID.json from
+            # the commit's year; a guess that is not there is skipped, not an error.
+            updated = entry.get("updated_parsed")
+            if not named and updated:
+                for bulletin in _BULLETIN_ID.findall(entry.get("title", "")):
+                    if not 1990 <= int(bulletin) <= 2099:
+                        path = f"{updated.tm_year}/{bulletin}/{bulletin}.json"
+                        if path not in paths:
+                            paths.append(path)
+                            self.guessed.add(f"{self.raw_base}/{path}")
         return [f"{self.raw_base}/{p}" for p in paths]
 
 

@@ -79,11 +79,15 @@ def test_it_follows_nvidias_github_layout_from_the_commit_feed(http_server):
         ("Add 2025/5703/5703.json and 2025/5703/5703.md", f"{base}/commit/abc"),
         ("Publish 2024/5582/5582.json", f"{base}/commit/def"),
         ("Update README", f"{base}/commit/123"),
+        ("Add bulletin 5670", f"{base}/commit/456"),  # no path: guessed as 2025/5670/5670.json
+        ("Add bulletin 5999", f"{base}/commit/789"),  # guessed, not there: skipped quietly
     ]))
+    serve_fixture(handler, "/raw/2025/5670/5670.json", "5670.json")
     source = resolve(f"github:{base}/raw|{base}/commits/main.atom")
     assert isinstance(source, GitHubSource)
     summary = ingest_documents(source.items())
-    assert (summary.new, summary.integrity, summary.errors) == (2, {"mismatch": 1, "absent": 1}, [])
+    assert (summary.new, summary.integrity, summary.errors) == (3, {"mismatch": 1, "absent": 2}, [])
+    assert Advisory.objects.get(publisher_id="5670").source == f"{base}/raw/2025/5670/5670.json"
     assert Advisory.objects.get(publisher_id="5582").source == f"{base}/raw/2024/5582/5582.json"
 
 
