@@ -21,7 +21,7 @@ migrate: venv
 
 run: migrate
 	$(BIN)/python manage.py ensure_demo_admin
-	$(BIN)/python manage.py serve --port $(PORT)
+	$(BIN)/python manage.py serve --port $(PORT) $(if $(filter 0,$(DEMO)),,--demo)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -254,6 +254,10 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str) -> str | No
     """Put a node that was not patched back as it was: its checkpointed workloads restored on it."""
     ref = node_ref(sweep.node)
     returned: list[dict[str, Any]] = []
+    if sweep.state != SweepState.PENDING:
+        # Leave maintenance first: a node in maintenance admits no work, so its own workloads
+        # could not come home. Repeating it (same operation id) on a re-drive is harmless.
+        ex.undo(ref, op_id(sweep, "undo"))
     for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related(
             "target_node__cluster"):
         if move.target_node is not None:
@@ -282,8 +286,6 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str) -> str | No
                      new_workload_ref=result.workload_id, steps_after=result.steps, target_node=sweep.node):
                 _move_inventory(move, sweep.node, result.workload_id)
         returned.append(entry)
-    if sweep.state != SweepState.PENDING:
-        ex.undo(ref, op_id(sweep, "undo"))
     with transaction.atomic():
         Node.objects.filter(pk=sweep.node_id).update(service_state=ServiceState.IN_SERVICE)
     if _end(sweep, worker, final, {"error": sweep.error, "workloads_returned": returned}):

@@ -73,7 +73,8 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
         if plan else [],
         "approvals": campaign.approvals.select_related("user").order_by("at"),
         "sweeps": sweeps,
-        "progress": Counter(sweeps.values_list("state", flat=True)),
+        # A plain dict: the template looks up ".items" as a key first, which a Counter answers with 0.
+        "progress": dict(Counter(sweeps.values_list("state", flat=True))),
         "events": campaign.events.order_by("-seq")[:50],
         "allowed": {name for name, role in ACTIONS.items() if has_role(request.user, role)},
         "advisories": campaign.advisories.all(),

@@ -262,6 +262,9 @@ class MemoryExecutor(Executor):
                 # Never two live copies of one workload.
                 raise PermanentExecutorError(f"checkpoint {checkpoint_id} was already restored")
             data = self._node(st, target)
+            if data["maintenance"]:
+                # As the real agent: a node in maintenance admits no work, restores included.
+                raise PermanentExecutorError(f"{target.identity} is in maintenance and admits no work")
             here = {"gpu_model": data["gpu_model"], **{c: data["versions"].get(c, "") for c in FINGERPRINT_COMPONENTS}}
             differences = {k: [v, checkpoint["fingerprint"].get(k)] for k, v in here.items()
                            if checkpoint["fingerprint"].get(k) != v}

@@ -69,29 +69,40 @@ def env_url(name: str, default: str, *, schemes: set[str]) -> str:
     return value
 
 
+def persistent_secret(var_dir: Path, env_name: str, *, generate: bool, min_length: int = 32) -> str:
+    """A secret from the environment; when absent and `generate` is true, made once and kept under var/.
+
+    Two processes starting at once (web and worker) must agree on one value, hence O_EXCL.
+    Returns "" when absent and not generated; callers decide whether that is an error.
+    """
+    value = os.environ.get(env_name, "").strip()
+    if value:
+        if len(value) < min_length:
+            raise ImproperlyConfigured(f"{env_name} must be at least {min_length} characters")
+        return value
+    if not generate:
+        return ""
+    key_file = var_dir / env_name.lower()
+    if key_file.exists():
+        return key_file.read_text().strip()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return key_file.read_text().strip()
+    generated = secrets.token_urlsafe(50)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(generated)
+    return generated
+
+
 def secret_key(var_dir: Path, *, debug: bool) -> str:
     """SECRET_KEY from the environment; in DEBUG, generated once and kept under var/.
 
     Production must set it: a key that silently changes on every deploy would log
     everybody out and invalidate signed tokens.
     """
-    value = os.environ.get("SECRET_KEY", "").strip()
-    if value:
-        if len(value) < 32:
-            raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters")
-        return value
-    if not debug:
+    value = persistent_secret(var_dir, "SECRET_KEY", generate=debug)
+    if not value:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
-    key_file = var_dir / "secret_key"
-    if key_file.exists():
-        return key_file.read_text().strip()
-    var_dir.mkdir(parents=True, exist_ok=True)
-    generated = secrets.token_urlsafe(50)
-    # O_EXCL: two processes starting at once (web and worker) must agree on one key.
-    try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return key_file.read_text().strip()
-    with os.fdopen(fd, "w") as handle:
-        handle.write(generated)
-    return generated
+    return value

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from gpusweep.env import env_bool, env_int, env_list, env_str, env_url, secret_key
+from gpusweep.env import env_bool, env_int, env_list, env_str, env_url, persistent_secret, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUSWEEP_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -175,9 +175,10 @@ GPUSWEEP_READYZ_PING_TIMEOUT = float(env_int("GPUSWEEP_READYZ_PING_TIMEOUT_MS", 
 GPUSWEEP_SHARED_DATA_DIR = Path(env_str("GPUSWEEP_SHARED_DATA_DIR", str(BASE_DIR.parent / "shared" / "data")))
 
 # --- inventory --------------------------------------------------------------------------
-# Node keys for agents are derived from this secret (agent/src/gpusweep_agent/auth.py); empty
-# means agent heartbeats are refused.
-GPUSWEEP_AGENT_FLEET_SECRET = env_str("GPUSWEEP_AGENT_FLEET_SECRET", "")
+# Node keys for agents are derived from this secret (agent/src/gpusweep_agent/auth.py). In DEBUG it
+# is generated once under var/ (so the demo fleet works with no configuration); in production it
+# must come from the environment, and empty means agent heartbeats are refused.
+GPUSWEEP_AGENT_FLEET_SECRET = persistent_secret(VAR_DIR, "GPUSWEEP_AGENT_FLEET_SECRET", generate=DEBUG)
 GPUSWEEP_IMPORT_MAX_BYTES = env_int("GPUSWEEP_IMPORT_MAX_MB", 100, minimum=1) * 1024 * 1024
 GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum=1))
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)

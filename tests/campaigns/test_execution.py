@@ -358,3 +358,21 @@ def test_an_operator_resumes_a_halted_campaign(people):
     assert campaign.status == CampaignStatus.COMPLETED
     states = sorted(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
     assert states == [SweepState.DONE, SweepState.DONE, SweepState.FAILED]
+
+
+def test_a_workload_that_cannot_move_comes_home_and_its_node_returns_to_service(people):
+    fleet, _ = make_fleet(nodes=1, spares=1)
+    # Every restore away from home fails: the workload must be restored on its own node, which
+    # therefore has to leave maintenance first (a node in maintenance admits no work).
+    fleet.inject("restore", "local/spare00", "permanent", times=10)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, error_budget="1")
+    services.start(campaign.pk, requester)
+    drive(campaign.pk)
+    sweep = NodeSweep.objects.get(node__name="gpu00")
+    assert sweep.state == SweepState.FAILED
+    node = fleet.snapshot()["nodes"]["local/gpu00"]
+    assert node["patches"] == {} and node["maintenance"] is False
+    assert [w["state"] for w in node["workloads"].values()].count("running") == 1
+    assert WorkloadMove.objects.get(sweep=sweep).state == MoveState.RETURNED
+    assert Node.objects.get(name="gpu00").service_state == "in_service"

@@ -49,13 +49,19 @@ def test_a_viewer_sees_the_overview(client: Client):
 
 
 @pytest.mark.django_db
-def test_the_demo_admin_is_created_once_with_a_printed_password(capsys):
+def test_the_demo_users_are_created_once_with_printed_passwords(capsys):
     from django.core.management import call_command
 
     call_command("ensure_demo_admin")
     first = capsys.readouterr().out
-    assert "password:" in first
-    password = first.split("password:")[1].split()[0]
-    assert Client().login(username="admin", password=password)
+    passwords = dict(
+        (line.split()[1], line.split()[3]) for line in first.splitlines() if line.strip().startswith("username:")
+    )
+    assert set(passwords) == {"admin", "approver"}
+    assert Client().login(username="admin", password=passwords["admin"])
+    assert Client().login(username="approver", password=passwords["approver"])
+    assert User.objects.get(username="admin").is_superuser
+    approver = User.objects.get(username="approver")
+    assert set(approver.groups.values_list("name", flat=True)) == {"viewer", "approver"}
     call_command("ensure_demo_admin")
     assert "password:" not in capsys.readouterr().out

@@ -31,6 +31,7 @@ from gpusweep_agent.auth import derive_node_key
 from executors.agent_client import AgentClient
 from executors.base import ExecutorError
 from inventory.models import Cluster, Node, NodeComponent, Workload
+from inventory.signals import node_versions_changed
 from inventory.versions import parse_version
 
 CLUSTER = "demo"
@@ -155,11 +156,17 @@ class Command(BaseCommand):
                 "kind": "static", "description": "demo fleet of local agents", "connection": {"executor": "local"}})
             node, _ = Node.objects.update_or_create(cluster=cluster, name=name, defaults={
                 "gpu_model": GPU_MODEL, "gpu_count": 8, "pool": pool, "agent_endpoint": f"http://127.0.0.1:{port}"})
+            added = False
             for component, version in (("driver", driver), ("cuda", "12.8" if driver.startswith("570") else "13.0")):
                 if not NodeComponent.objects.filter(node=node, component=component).exists():
                     parsed = parse_version(component, version)
                     NodeComponent.objects.create(node=node, component=component, version=version,
                                                  version_key=parsed.key, branch=parsed.branch)
+                    added = True
+            if added:
+                # Same contract as the inventory sync: exposures follow version changes.
+                node_id = node.pk
+                transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id]))
             Workload.objects.get_or_create(cluster=cluster, kind="process", scheduler_id=f"count-{name}", defaults={
                 "node": node, "name": f"counter on {name}", "gpus": 1, "checkpoint_engine": "signal"})
 
