@@ -30,11 +30,28 @@ ACTIONS: dict[str, Role] = {
 }
 
 
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 class CampaignForm(forms.ModelForm):
+    # The scope as comma-separated names; the model keeps lists (empty means all).
+    cluster_names = forms.CharField(required=False, label="Clusters", help_text="comma separated; empty for all")
+    pool_names = forms.CharField(required=False, label="Pools", help_text="comma separated; empty for all")
+
+    def save(self, commit: bool = True) -> Campaign:
+        campaign: Campaign = super().save(commit=False)
+        campaign.clusters = _names(self.cleaned_data.get("cluster_names", ""))
+        campaign.pools = _names(self.cleaned_data.get("pool_names", ""))
+        if commit:
+            campaign.save()
+            self.save_m2m()
+        return campaign
+
     class Meta:
         model = Campaign
         fields = [
-            "name", "description", "advisories", "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
+            "name", "description", "advisories", "cluster_names", "pool_names", "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
             "workload_policy", "cold_restart_allowed", "approvals_required", "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}

@@ -166,7 +166,8 @@ def receiver() -> Iterator[str]:
 def sender(url: str, key: str | None = None) -> HeartbeatSender:
     return HeartbeatSender(url, "local", "gpu01", key or derive_node_key("fleet", "local", "gpu01"),
                            "http://10.0.0.5:17100", facts=lambda: {"gpu_model": "X", "components": {}},
-                           workloads=lambda: [{"id": "w", "pid": 1, "state": "running", "name": "trainer"}],
+                           workloads=lambda: [{"id": "w", "pid": 1, "state": "running", "name": "trainer"},
+                                              {"id": "moved", "pid": 2, "state": "checkpointed", "name": "gone"}],
                            interval=30, max_backoff=300, rng=random.Random(1))
 
 
@@ -175,6 +176,7 @@ def test_it_sends_signed_heartbeats_in_the_wire_format(receiver: str) -> None:
     assert answer["next_heartbeat_s"] == 7
     body = Receiver.received[0]
     assert body["schema"] == "gpusweep.heartbeat/1" and (body["cluster"], body["node"]) == ("local", "gpu01")
+    # The checkpointed (migrated) workload runs elsewhere now: it is not reported from here.
     assert body["workloads"] == [{"name": "trainer"}] and body["endpoint"] == "http://10.0.0.5:17100"
 
 

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from . import __version__
 from .auth import sign
 from .util import utcnow
+from .workloads import LIVE_STATES
 
 log = logging.getLogger(__name__)
 HEARTBEAT_PATH = "/api/v1/inventory/agent/heartbeat"
@@ -62,7 +63,12 @@ class HeartbeatSender:
         self._stop = threading.Event()
 
     def payload(self) -> dict[str, Any]:
-        workloads = [{k: v for k, v in w.items() if k not in ("id", "pid", "state")} for w in self.workloads()]
+        # Only work that occupies the node: a migrated workload's record stays behind on the source
+        # node, and reporting it would move the workload back and forth in the inventory.
+        workloads = [
+            {k: v for k, v in w.items() if k not in ("id", "pid", "state")}
+            for w in self.workloads() if w.get("state", "running") in LIVE_STATES
+        ]
         return {"schema": SCHEMA, "cluster": self.cluster, "node": self.node, "agent_version": __version__,
                 "endpoint": self.endpoint, "sent_at": utcnow(), "facts": self.facts(), "workloads": workloads}
 

@@ -15,6 +15,9 @@ from typing import Any
 
 from .util import pid_alive, read_json, write_json_atomic
 
+# A workload in one of these states occupies this node; a checkpointed, stopped or exited one
+# does not (after a migration its record stays here, but the work runs elsewhere).
+LIVE_STATES = frozenset({"running", "restored"})
 WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # cgroup v1 and v2 layouts of slurmstepd: .../slurm/uid_0/job_42/step_0/... or .../job_42/step_batch/...
 SLURM_RE = re.compile(r"/job_(\d+)/step_([A-Za-z0-9_.]+)")
@@ -56,7 +59,7 @@ class WorkloadRegistry:
         """Registered workloads with their state brought up to date from /proc."""
         out = []
         for workload in self.all().values():
-            if workload.get("state") in ("running", "restored") and not pid_alive(int(workload.get("pid") or 0)):
+            if workload.get("state") in LIVE_STATES and not pid_alive(int(workload.get("pid") or 0)):
                 workload = self.update(workload["id"], state="exited")
             out.append(workload)
         return out
