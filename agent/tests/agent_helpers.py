@@ -20,7 +20,7 @@ from gpusweep_agent.engines.criu import criu_version
 
 DATA = Path(__file__).resolve().parent / "data"
 COUNTER = DATA / "counter.py"
-FLEET_SECRET = "agent-tests-fleet-secret"
+FLEET_SECRET = "agent-tests-fleet-secret-long-enough-0123"
 CLUSTER = "test"
 FACTS = {
     "gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 8, "product_line": "tesla", "os_family": "linux",
