@@ -51,7 +51,8 @@ class CampaignForm(forms.ModelForm):
     class Meta:
         model = Campaign
         fields = [
-            "name", "description", "advisories", "cluster_names", "pool_names", "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
+            "name", "description", "advisories", "cluster_names", "pool_names",
+            "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
             "workload_policy", "cold_restart_allowed", "approvals_required", "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
