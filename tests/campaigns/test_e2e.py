@@ -72,16 +72,32 @@ def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
 
 def _kill_in_every_state(campaign: Campaign, worker: subprocess.Popen[bytes], env: dict[str, str], log: Path,
                          pause: float) -> tuple[subprocess.Popen[bytes], list[str]]:
-    """SIGKILL the worker once in each node state, while it executes that state's step; restart it."""
+    """SIGKILL the worker once in each node state, while it executes that state's step; restart it.
+
+    On any failure the worker of the moment is killed too, so no worker outlives this test and
+    takes the next test's tasks from the shared broker.
+    """
     kills = []
-    for wanted in [s for s in SweepState.STEPS if s in SweepState.WORKING]:
-        busy = wait_for(lambda wanted=wanted: NodeSweep.objects.filter(
-            campaign=campaign, state=wanted).exclude(lease_owner="").exists(), timeout=180, interval=0.05)
-        assert busy, f"no node reached {wanted}; log:\n{log.read_text()[-3000:]}"
-        time.sleep(pause)
+    try:
+        for wanted in [s for s in SweepState.STEPS if s in SweepState.WORKING]:
+            # A node in the state: with a lease its step is executing; without one its step is queued
+            # (a fast step such as returning may be over before a poll sees the lease). Either way
+            # the worker dies with that state's step in hand or in its queue.
+            in_state = NodeSweep.objects.filter(campaign=campaign, state=wanted)
+            busy = wait_for(in_state.exists, timeout=180, interval=0.01)
+            if not busy:
+                campaign.refresh_from_db()
+                states = list(NodeSweep.objects.filter(campaign=campaign).values_list("node__name", "state", "error"))
+                raise AssertionError(f"no node reached {wanted}; campaign {campaign.status} "
+                                     f"{campaign.status_reason!r}; sweeps {states}; log:\n{log.read_text()[-3000:]}")
+            if in_state.exclude(lease_owner="").exists():
+                time.sleep(pause)
+            _kill(worker)
+            kills.append(wanted)
+            worker = _start("worker", env, log)
+    except BaseException:
         _kill(worker)
-        kills.append(wanted)
-        worker = _start("worker", env, log)
+        raise
     return worker, kills
 
 
