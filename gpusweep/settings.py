@@ -140,6 +140,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+# One queue per deployment sharing a broker (tests use a private one per run).
+CELERY_TASK_DEFAULT_QUEUE = env_str("GPUSWEEP_CELERY_QUEUE", "celery")
 
 # --- REST API -------------------------------------------------------------------------
 REST_FRAMEWORK = {
