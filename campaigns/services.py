@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Max
@@ -48,10 +49,11 @@ def _celery_enqueue(task: str, object_id: int, countdown: float = 0) -> None:
     from campaigns.tasks import advance_sweep, dispatch_campaign
 
     chosen = advance_sweep if task == "advance" else dispatch_campaign
+    # The queue is read at call time, so a deployment (or a test) sharing a broker keeps its own.
+    options: dict[str, Any] = {"queue": settings.CELERY_TASK_DEFAULT_QUEUE}
     if countdown:
-        chosen.apply_async((object_id,), countdown=countdown)
-    else:
-        chosen.apply_async((object_id,))
+        options["countdown"] = countdown
+    chosen.apply_async((object_id,), **options)
 
 
 ENQUEUE: list[Callable[[str, int, float], None]] = [_celery_enqueue]

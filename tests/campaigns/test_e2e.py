@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,21 +38,12 @@ STEP_S = 0.3
 
 
 @pytest.fixture(autouse=True)
-def private_queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def private_queue(monkeypatch: pytest.MonkeyPatch, settings) -> str:  # type: ignore[no-untyped-def]
     """A queue of this test's own, so that no other worker on the shared broker takes its tasks."""
-    from campaigns.tasks import advance_sweep, dispatch_campaign
-
     queue = f"e2e-{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv("GPUSWEEP_CELERY_QUEUE", queue)  # the workers and beat this test starts
-
-    def enqueue(task: str, object_id: int, countdown: float = 0) -> None:  # this process
-        chosen = advance_sweep if task == "advance" else dispatch_campaign
-        chosen.apply_async((object_id,), countdown=countdown or None, queue=queue)
-
-    original = services.ENQUEUE[0]
-    services.ENQUEUE[0] = enqueue
-    yield queue
-    services.ENQUEUE[0] = original
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue  # what this process enqueues
+    return queue
 
 
 def _need_services() -> None:
