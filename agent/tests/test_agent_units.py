@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -20,6 +22,14 @@ from gpusweep_agent.artifacts import GrowingFileHasher, LocalArtifactStore
 from gpusweep_agent.auth import AuthError, derive_node_key, verify
 from gpusweep_agent.config import ConfigError, load_config
 from gpusweep_agent.engines import EngineUnavailable, get_engine
+from gpusweep_agent.engines.criu import (
+    CAP_SYS_RESOURCE,
+    DUMP_OK,
+    CriuEngine,
+    ensure_pipe_max_size,
+    has_tcp_connections,
+    stopped,
+)
 from gpusweep_agent.engines.signal import SignalEngine
 from gpusweep_agent.facts import KernelProbe, PackagesProbe, gather, parse_dpkg_query, parse_nvidia_smi
 from gpusweep_agent.heartbeat import (
@@ -242,3 +252,101 @@ def test_it_hashes_page_images_while_they_are_written(tmp_path: Path) -> None:
     assert hasher.digests()["pages-1.img"][1] == 20 * 1_000_003
     store.write_manifest("ck-grow", manifest)
     assert store.verify("ck-grow")["total_bytes"] == 20 * 1_000_003 + len(b"new content") + 4
+
+
+def _proc_status(tmp_path: Path, with_sys_resource: bool) -> Path:
+    caps = 0x1FFFFFFFFFF if with_sys_resource else 0x1FFFFFFFFFF & ~(1 << CAP_SYS_RESOURCE)
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tagent\nCapPrm:\t{caps:016x}\nCapEff:\t{caps:016x}\n")
+    return status
+
+
+def test_it_raises_the_pipe_size_limit_for_criu_without_cap_sys_resource(tmp_path: Path) -> None:
+    """Files stand in for /proc here, so the test changes nothing on the machine."""
+    sysctl = tmp_path / "pipe-max-size"
+    sysctl.write_text("1048576\n")
+    status = _proc_status(tmp_path, with_sys_resource=False)
+    assert ensure_pipe_max_size(4 << 20, sysctl, status) == 4 << 20
+    assert sysctl.read_text().strip() == str(4 << 20)
+
+
+def test_it_never_lowers_the_pipe_size_limit_or_touches_it_when_criu_may_exceed_it(tmp_path: Path) -> None:
+    sysctl = tmp_path / "pipe-max-size"
+    sysctl.write_text("16777216\n")
+    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 16 << 20
+    assert sysctl.read_text().strip() == "16777216"
+    sysctl.write_text("1048576\n")
+    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=True)) == 4 << 20
+    assert ensure_pipe_max_size(0, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 0
+    assert sysctl.read_text().strip() == "1048576"
+
+
+def test_it_goes_on_with_the_old_pipe_size_limit_when_it_cannot_raise_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only /proc/sys (as in many containers) is simulated by refusing writes to the file."""
+    sysctl = tmp_path / "pipe-max-size"
+    sysctl.write_text("1048576\n")
+    write_text = Path.write_text
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> int:
+        if self == sysctl:
+            raise PermissionError(30, "Read-only file system", str(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 1 << 20
+    assert sysctl.read_text().strip() == "1048576"
+
+
+TCP_CHILD = """
+import socket, sys, time
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+if sys.argv[1] == "connect":
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode,connected", [("listen", False), ("connect", True)])
+def test_it_asks_criu_for_tcp_established_only_when_a_connection_is_open(mode: str, connected: bool) -> None:
+    """Real sockets in a real process tree: the connection is held by a grandchild of the workload."""
+    wrapper = ["sh", "-c", 'python3 -c "$0" "$1"; exit 0', TCP_CHILD, mode]
+    proc = subprocess.Popen(wrapper, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert has_tcp_connections(proc.pid) is connected
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("leave_running", [False, True])
+def test_it_kills_a_process_criu_left_stopped_when_the_agent_died_before_killing_it(
+    tmp_path: Path, leave_running: bool
+) -> None:
+    """CRIU itself is not run: a real stopped process and the log line of a finished dump stand in
+    for the moment after `criu dump --leave-stopped` returned and before the agent's kill."""
+    config = load_config(environ={"GPUSWEEP_AGENT_NODE": "n", "GPUSWEEP_AGENT_KEY": "k" * 32,
+                                  "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path / "state")})
+    engine = CriuEngine(config)
+    image_dir = tmp_path / "ck-1"
+    log = engine.log_path(image_dir, "dump")
+    log.write_text(f"(00.1) {DUMP_OK}\n")
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(proc.pid), 5, what="the process to stop")
+        state = {"log": str(log), "leave_running": leave_running}
+        assert engine.recover({"id": "w", "pid": proc.pid}, image_dir, state) is True
+        if leave_running:
+            assert proc.poll() is None
+        else:
+            assert proc.wait(5) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.wait()

@@ -89,6 +89,11 @@ class GrowingFileHasher:
         self._thread.join()
 
     def _loop(self) -> None:
+        # The workload is frozen until CRIU is done: hashing takes what CPU the dump leaves.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
         while True:
             stopping = self._stop.is_set()
             progressed = self._step()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,14 +15,31 @@ from typing import Any
 from ..util import pid_alive
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
+log = logging.getLogger(__name__)
+
 DUMP_OK = "Dumping finished successfully"
 RESTORE_OK = "Restore finished successfully"
+PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
+PROC_STATUS = Path("/proc/self/status")
+CAP_SYS_RESOURCE = 24
+
+
+_versions: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
 
 
 def criu_version(binary: str) -> tuple[int, ...] | None:
     path = shutil.which(binary)
     if not path:
         return None
+    # Asked once per binary (by path, inode and mtime): every checkpoint checks, and a run costs ~10 ms.
+    st = os.stat(path)
+    key = (path, st.st_ino, st.st_mtime_ns)
+    if key not in _versions:
+        _versions[key] = _run_version(path)
+    return _versions[key]
+
+
+def _run_version(path: str) -> tuple[int, ...] | None:
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
     match = re.search(r"Version:\s*([0-9.]+)", out)
     return tuple(int(p) for p in match.group(1).split(".") if p) if match else None
@@ -30,11 +50,101 @@ def has_tty(pid: int) -> bool:
     return int(stat.rsplit(")", 1)[1].split()[4]) != 0
 
 
+def stopped(pid: int) -> bool:
+    """True when `pid` exists and is stopped (CRIU's --leave-stopped leaves it so)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+# /proc/net/tcp states that are not a connection: LISTEN and CLOSE.
+_UNCONNECTED_TCP_STATES = {"0A", "07"}
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, through /proc/<pid>/task/<tid>/children."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                queue.extend(int(child) for child in (task / "children").read_text().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def has_tcp_connections(pid: int) -> bool:
+    """Whether any process in `pid`'s tree holds a TCP socket that is connected (or closing).
+
+    CRIU refuses such a socket unless told --tcp-established, which also makes it lock the
+    network namespace with nftables for the dump (about 25 ms), so it is passed only when needed.
+    Anything unreadable counts as a connection: the flag is the safe side.
+    """
+    try:
+        inodes: set[str] = set()
+        for member in process_tree(pid):
+            for fd in Path(f"/proc/{member}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        if not inodes:
+            return False
+        for table in ("tcp", "tcp6"):
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            for line in lines:
+                columns = line.split()
+                if columns[3] not in _UNCONNECTED_TCP_STATES and columns[9] in inodes:
+                    return True
+    except (OSError, IndexError):
+        return True
+    return False
+
+
+def has_capability(bit: int, status: Path = PROC_STATUS) -> bool:
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+def ensure_pipe_max_size(wanted: int, sysctl: Path = PIPE_MAX_SIZE, status: Path = PROC_STATUS) -> int:
+    """Let CRIU's page pipes grow to `wanted` bytes; return the pipe size limit CRIU works under.
+
+    CRIU moves memory through pipes it grows to 4 MiB (PIPE_MAX_SIZE in its page-pipe.h), one
+    round of eight pipes at a time. Past fs.pipe-max-size (1 MiB by default) the kernel lets only a
+    caller with CAP_SYS_RESOURCE grow a pipe, which root in a container or sandbox often lacks: the
+    dump then takes four times as many rounds and runs at half the speed (bench/checkpoint.py).
+    Raising the limit only lets unprivileged pipes grow as large; it is never lowered.
+    """
+    if wanted <= 0 or has_capability(CAP_SYS_RESOURCE, status):
+        return max(wanted, 0)
+    try:
+        current = int(sysctl.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    if current >= wanted:
+        return current
+    try:
+        sysctl.write_text(f"{wanted}\n")
+    except OSError as exc:
+        log.warning("could not raise %s from %d to %d (%s): CRIU dumps will be slower", sysctl, current, wanted, exc)
+        return current
+    log.info("raised %s from %d to %d for CRIU's page pipes", sysctl, current, wanted)
+    return wanted
+
+
 class CriuEngine(CheckpointEngine):
     name = "criu"
     live = True
-    # Established TCP connections and file locks are common in real jobs and harmless when absent.
-    common_options = ("--tcp-established", "--file-locks")
+    # File locks are common in real jobs and harmless when absent; --tcp-established is added when needed.
+    common_options = ("--file-locks",)
 
     def check(self) -> None:
         version = criu_version(self.config.criu)
@@ -65,23 +175,32 @@ class CriuEngine(CheckpointEngine):
         pid = int(workload["pid"])
         if not pid_alive(pid):
             raise EngineError(f"workload {workload['id']}: process {pid} is not running")
-        data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid}
+        data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid, "tcp_established": has_tcp_connections(pid)}
         data.update(self.before_dump(pid, progress))
+        ensure_pipe_max_size(self.config.criu_pipe_max_size)
         image_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path(image_dir, "dump")
         args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v3",
                 *self.common_options]
         if data["shell_job"]:
             args.append("--shell-job")
+        if data["tcp_established"]:
+            args.append("--tcp-established")
         if leave_running:
             args.append("--leave-running")
+        else:
+            # Stopped rather than killed by CRIU, which would wait while the kernel frees the
+            # process's memory (about 50 ms a GiB); we kill it as soon as the images are complete.
+            args.append("--leave-stopped")
         # Its own session and no pipes back to us: if the agent dies, CRIU still finishes (or
         # fails and thaws the process), and the log says which.
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-        progress(helper_pid=proc.pid, log=str(log))
+        progress(helper_pid=proc.pid, log=str(log), leave_running=leave_running)
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
+        if ok and not leave_running:
+            os.kill(pid, signal.SIGKILL)
         self.after_dump(pid, leave_running, ok)
         if not ok:
             raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
@@ -96,7 +215,12 @@ class CriuEngine(CheckpointEngine):
         while any(pid_alive(p) for p in helpers) and time.monotonic() < deadline:
             time.sleep(0.1)
         log = Path(state.get("log") or self.log_path(image_dir, "dump"))
-        return log.is_file() and DUMP_OK in log.read_text(errors="replace")
+        complete = log.is_file() and DUMP_OK in log.read_text(errors="replace")
+        pid = int(workload.get("pid") or 0)
+        if complete and not state.get("leave_running") and pid and stopped(pid):
+            # The agent died between CRIU's end and its kill: finish what it was about to do.
+            os.kill(pid, signal.SIGKILL)
+        return complete
 
     def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
         self.check()
@@ -110,6 +234,9 @@ class CriuEngine(CheckpointEngine):
                 "--restore-detached", "--pidfile", str(pidfile), *self.common_options]
         if engine_data.get("shell_job"):
             args.append("--shell-job")
+        # Not recorded (a checkpoint finished after an agent restart): pass it; it costs only time.
+        if engine_data.get("tcp_established", True):
+            args.append("--tcp-established")
         rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             timeout=600, check=False).returncode
         if rc != 0 or not pidfile.is_file():
