@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from agent_helpers import (
+    COUNTER,
     CRIU_HINT,
     FACTS,
     AgentProcess,
@@ -19,6 +25,8 @@ from agent_helpers import (
     wait_for,
     wait_steps,
 )
+from gpusweep_agent.agent import PR_SET_CHILD_SUBREAPER
+from gpusweep_agent.engines.criu import kill_tree, processes_mentioning
 from gpusweep_agent.util import pid_alive
 
 from conftest import need
@@ -226,3 +234,48 @@ def test_it_restores_beside_the_running_original_when_the_workload_has_its_own_p
         kill_pid(restored["result"].get("pid") or 0)
         kill_pid(original)
         assert wrapper.wait(10) == 128 + 9, "the wrapper exits with its command's status"
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """Makes this test process the reaper of its orphaned descendants for one test.
+
+    When CRIU's dump ends, the agent kills the stopped tree; the shell's child is then orphaned and
+    must be reaped by init before CRIU can restore it under its pid. This VM's init does not reap,
+    so the test does it, as a real init (systemd) does on a node.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    yield
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def test_it_moves_a_process_tree_and_leaves_none_of_it_behind(agents, subreaper, tmp_path: Path) -> None:
+    """A shell whose child holds the state: CRIU leaves the whole tree stopped and the agent kills all of it."""
+    a, b, _store = agents
+    log = tmp_path / "tree.log"
+    wrapper = shutil.which("gpusweep-run", path=str(Path(sys.executable).parent)) or "gpusweep-run"
+    script = f'"{sys.executable}" "{COUNTER}" "{log}" 20 & wait'
+    with log.with_suffix(".out").open("ab") as out:
+        proc = subprocess.Popen([wrapper, "--workload-id", "tree", "--engine", "criu", "--", "sh", "-c", script],
+                                env=a.run_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    wait_steps(log, 5)
+    counters = processes_mentioning(str(log))
+    assert len(counters) == 1  # the counter, a child of the workload's shell
+
+    op = a.client.call("/v1/checkpoint", "ck-tree", workload_id="tree")
+    assert op["state"] == "succeeded", op
+    proc.wait(30)
+    # Killed, not left stopped: the orphaned counter comes to this process's reaper as a corpse.
+    reaped = wait_for(lambda: (r := os.waitpid(counters[0], os.WNOHANG))[0] and r, 10, what="the counter to be killed")
+    assert os.WIFSIGNALED(reaped[1]) and os.WTERMSIG(reaped[1]) == signal.SIGKILL
+    at_checkpoint = steps(log)
+
+    restored = b.client.call("/v1/restore", "restore-tree", checkpoint_id=op["result"]["checkpoint_id"])
+    assert restored["state"] == "succeeded", restored
+    try:
+        assert_continuous(wait_steps(log, len(at_checkpoint) + 10))
+        assert processes_mentioning(str(log)) == counters  # the tree came back with its pids
+    finally:
+        kill_tree(restored["result"]["pid"])

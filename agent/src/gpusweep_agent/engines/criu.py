@@ -77,6 +77,15 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL the tree CRIU left stopped. Stopped processes cannot fork, so the list is complete."""
+    for member in process_tree(pid):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+
+
 def has_tcp_connections(pid: int) -> bool:
     """Whether any process in `pid`'s tree holds a TCP socket that is connected (or closing).
 
@@ -200,7 +209,7 @@ class CriuEngine(CheckpointEngine):
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
         if ok and not leave_running:
-            os.kill(pid, signal.SIGKILL)
+            kill_tree(pid)
         self.after_dump(pid, leave_running, ok)
         if not ok:
             raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
@@ -219,7 +228,7 @@ class CriuEngine(CheckpointEngine):
         pid = int(workload.get("pid") or 0)
         if complete and not state.get("leave_running") and pid and stopped(pid):
             # The agent died between CRIU's end and its kill: finish what it was about to do.
-            os.kill(pid, signal.SIGKILL)
+            kill_tree(pid)
         return complete
 
     def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
