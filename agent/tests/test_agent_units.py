@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -18,15 +20,14 @@ from typing import Any
 
 import pytest
 from agent_helpers import DATA, AgentProcess, start_workload, wait_for, wait_steps
+from gpusweep_agent.agent import PR_SET_CHILD_SUBREAPER, Agent
 from gpusweep_agent.artifacts import GrowingFileHasher, LocalArtifactStore
 from gpusweep_agent.auth import AuthError, derive_node_key, verify
 from gpusweep_agent.config import ConfigError, load_config
 from gpusweep_agent.engines import EngineUnavailable, get_engine
 from gpusweep_agent.engines.criu import (
-    CAP_SYS_RESOURCE,
     DUMP_OK,
     CriuEngine,
-    ensure_pipe_max_size,
     has_tcp_connections,
     stopped,
 )
@@ -38,6 +39,7 @@ from gpusweep_agent.heartbeat import (
     HeartbeatSender,
     HeartbeatUnavailable,
 )
+from gpusweep_agent.operations import OperationError
 from gpusweep_agent.patch import PackagePatch, PatchError
 from gpusweep_agent.workloads import discover_cgroup_workloads
 
@@ -254,51 +256,6 @@ def test_it_hashes_page_images_while_they_are_written(tmp_path: Path) -> None:
     assert store.verify("ck-grow")["total_bytes"] == 20 * 1_000_003 + len(b"new content") + 4
 
 
-def _proc_status(tmp_path: Path, with_sys_resource: bool) -> Path:
-    caps = 0x1FFFFFFFFFF if with_sys_resource else 0x1FFFFFFFFFF & ~(1 << CAP_SYS_RESOURCE)
-    status = tmp_path / "status"
-    status.write_text(f"Name:\tagent\nCapPrm:\t{caps:016x}\nCapEff:\t{caps:016x}\n")
-    return status
-
-
-def test_it_raises_the_pipe_size_limit_for_criu_without_cap_sys_resource(tmp_path: Path) -> None:
-    """Files stand in for /proc here, so the test changes nothing on the machine."""
-    sysctl = tmp_path / "pipe-max-size"
-    sysctl.write_text("1048576\n")
-    status = _proc_status(tmp_path, with_sys_resource=False)
-    assert ensure_pipe_max_size(4 << 20, sysctl, status) == 4 << 20
-    assert sysctl.read_text().strip() == str(4 << 20)
-
-
-def test_it_never_lowers_the_pipe_size_limit_or_touches_it_when_criu_may_exceed_it(tmp_path: Path) -> None:
-    sysctl = tmp_path / "pipe-max-size"
-    sysctl.write_text("16777216\n")
-    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 16 << 20
-    assert sysctl.read_text().strip() == "16777216"
-    sysctl.write_text("1048576\n")
-    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=True)) == 4 << 20
-    assert ensure_pipe_max_size(0, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 0
-    assert sysctl.read_text().strip() == "1048576"
-
-
-def test_it_goes_on_with_the_old_pipe_size_limit_when_it_cannot_raise_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A read-only /proc/sys (as in many containers) is simulated by refusing writes to the file."""
-    sysctl = tmp_path / "pipe-max-size"
-    sysctl.write_text("1048576\n")
-    write_text = Path.write_text
-
-    def refuse(self: Path, *args: Any, **kwargs: Any) -> int:
-        if self == sysctl:
-            raise PermissionError(30, "Read-only file system", str(self))
-        return write_text(self, *args, **kwargs)
-
-    monkeypatch.setattr(Path, "write_text", refuse)
-    assert ensure_pipe_max_size(4 << 20, sysctl, _proc_status(tmp_path, with_sys_resource=False)) == 1 << 20
-    assert sysctl.read_text().strip() == "1048576"
-
-
 TCP_CHILD = """
 import socket, sys, time
 server = socket.socket()
@@ -350,3 +307,29 @@ def test_it_kills_a_process_criu_left_stopped_when_the_agent_died_before_killing
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_it_fails_a_checkpoint_whose_images_cannot_reach_stable_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk error on fsync is simulated (EIO cannot be provoked on this machine's disk)."""
+    config = load_config(environ={"GPUSWEEP_AGENT_NODE": "n", "GPUSWEEP_AGENT_KEY": "k" * 32,
+                                  "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path / "state")})
+    agent = Agent(config)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)  # Agent() made this test process a subreaper
+    image_dir = agent.artifacts.image_dir("ck-eio")
+    image_dir.mkdir(parents=True)
+    (image_dir / "pages-1.img").write_bytes(b"x" * 4096)
+    agent.artifacts.make_durable("ck-eio")  # a working disk: no error
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OperationError) as raised:
+        agent._make_durable("ck-eio", {"id": "w", "pid": 0})
+    assert "could not be written to stable storage" in str(raised.value)
+    assert str(image_dir) in str(raised.value)
+    assert raised.value.result == {"workload_state": "exited", "checkpoint_id": "ck-eio"}
+    assert not (image_dir / "manifest.json").exists()

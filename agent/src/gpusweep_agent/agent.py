@@ -164,6 +164,8 @@ class Agent:
         try:
             with GrowingFileHasher(image_dir) as hasher:
                 engine_data = engine.checkpoint(workload, image_dir, leave_running, progress)
+                # While the hasher catches up on the other core.
+                self._make_durable(checkpoint_id, workload)
         except EngineError as exc:
             self.artifacts.discard(checkpoint_id)
             alive = pid_alive(int(workload.get("pid") or 0))
@@ -178,6 +180,7 @@ class Agent:
         carried = {k: workload[k] for k in CARRIED if k in workload}
         carried.setdefault("checkpoint_engine", engine_name)
         fp = fingerprint(self.facts(), workload)
+        self._make_durable(checkpoint_id, workload)  # already done on the usual path; after a restart it is not
         manifest = self.artifacts.build_manifest(checkpoint_id, carried, engine_name, fp,
                                                  {**engine_data, "source_node": self.config.identity}, hashed)
         self.artifacts.write_manifest(checkpoint_id, manifest)
@@ -185,6 +188,20 @@ class Agent:
             self.workloads.update(workload["id"], state="running" if leave_running else "checkpointed",
                                   checkpoint_id=checkpoint_id)
         return {"checkpoint_id": checkpoint_id, "manifest": manifest}
+
+    def _make_durable(self, checkpoint_id: str, workload: dict[str, Any]) -> None:
+        if not self.config.checkpoint_fsync:
+            return
+        try:
+            self.artifacts.make_durable(checkpoint_id)
+        except OSError as exc:
+            # The images stay, unsealed (no manifest), for an operator; nothing restores them unverified.
+            raise OperationError(
+                f"checkpoint {checkpoint_id}: the images could not be written to stable storage ({exc}); "
+                f"they are left unsealed in {self.artifacts.image_dir(checkpoint_id)}",
+                {"workload_state": "running" if pid_alive(int(workload.get("pid") or 0)) else "exited",
+                 "checkpoint_id": checkpoint_id},
+            ) from None
 
     def _verify_for_restore(self, checkpoint_id: str) -> dict[str, Any]:
         try:

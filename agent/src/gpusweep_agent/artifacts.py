@@ -44,6 +44,30 @@ def sha256_file(path: Path, chunk: int = 4 * 1024 * 1024) -> str:
     return digest.hexdigest()
 
 
+def fsync_tree(folder: Path) -> None:
+    """Flush every file under `folder` to stable storage, then the folders that name them."""
+    folders = [folder]
+    for path in sorted(folder.rglob("*")):
+        if path.is_dir():
+            folders.append(path)
+        elif path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for directory in reversed(folders):
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fingerprint(facts: dict[str, Any], workload: dict[str, Any]) -> dict[str, str]:
     components = facts.get("components", {})
     return {
@@ -137,6 +161,10 @@ class ArtifactStore:
     def image_dir(self, checkpoint_id: str) -> Path:
         raise NotImplementedError
 
+    def make_durable(self, checkpoint_id: str) -> None:
+        """Put the images on stable storage: the node may be patched and rebooted next."""
+        raise NotImplementedError
+
     def write_manifest(self, checkpoint_id: str, manifest: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -190,8 +218,13 @@ class LocalArtifactStore(ArtifactStore):
             "fingerprint": fp, "engine_data": extra,
         }
 
+    def make_durable(self, checkpoint_id: str) -> None:
+        # The page cache would lose them to a crash or a forced reboot, with the workload already stopped.
+        fsync_tree(self.image_dir(checkpoint_id))
+
     def write_manifest(self, checkpoint_id: str, manifest: dict[str, Any]) -> None:
         write_json_atomic(self.image_dir(checkpoint_id) / MANIFEST, manifest)
+        _fsync_dir(self.image_dir(checkpoint_id))  # the rename into place, too
 
     def manifest(self, checkpoint_id: str) -> dict[str, Any]:
         path = self.image_dir(checkpoint_id) / MANIFEST

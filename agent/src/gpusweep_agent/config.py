@@ -39,8 +39,8 @@ class AgentConfig:
     heartbeat_interval: float = 30.0
     heartbeat_max_backoff: float = 300.0
     criu: str = "criu"
-    # Raise fs.pipe-max-size to this many bytes before a dump when CRIU could not exceed it (0: never).
-    criu_pipe_max_size: int = 4 * 1024 * 1024
+    # Flush a checkpoint's images to disk before it counts as taken (the node is patched and rebooted next).
+    checkpoint_fsync: bool = True
     signal_timeout: float = 60.0
     # name -> dotted path of a CheckpointEngine / PatchMethod / Probe class; merged over the built-ins.
     engines: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -15,13 +14,8 @@ from typing import Any
 from ..util import pid_alive
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
-log = logging.getLogger(__name__)
-
 DUMP_OK = "Dumping finished successfully"
 RESTORE_OK = "Restore finished successfully"
-PIPE_MAX_SIZE = Path("/proc/sys/fs/pipe-max-size")
-PROC_STATUS = Path("/proc/self/status")
-CAP_SYS_RESOURCE = 24
 
 
 _versions: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
@@ -116,39 +110,6 @@ def has_tcp_connections(pid: int) -> bool:
     return False
 
 
-def has_capability(bit: int, status: Path = PROC_STATUS) -> bool:
-    for line in status.read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> bit & 1)
-    return False
-
-
-def ensure_pipe_max_size(wanted: int, sysctl: Path = PIPE_MAX_SIZE, status: Path = PROC_STATUS) -> int:
-    """Let CRIU's page pipes grow to `wanted` bytes; return the pipe size limit CRIU works under.
-
-    CRIU moves memory through pipes it grows to 4 MiB (PIPE_MAX_SIZE in its page-pipe.h), one
-    round of eight pipes at a time. Past fs.pipe-max-size (1 MiB by default) the kernel lets only a
-    caller with CAP_SYS_RESOURCE grow a pipe, which root in a container or sandbox often lacks: the
-    dump then takes four times as many rounds and runs at half the speed (bench/checkpoint.py).
-    Raising the limit only lets unprivileged pipes grow as large; it is never lowered.
-    """
-    if wanted <= 0 or has_capability(CAP_SYS_RESOURCE, status):
-        return max(wanted, 0)
-    try:
-        current = int(sysctl.read_text().strip())
-    except (OSError, ValueError):
-        return 0
-    if current >= wanted:
-        return current
-    try:
-        sysctl.write_text(f"{wanted}\n")
-    except OSError as exc:
-        log.warning("could not raise %s from %d to %d (%s): CRIU dumps will be slower", sysctl, current, wanted, exc)
-        return current
-    log.info("raised %s from %d to %d for CRIU's page pipes", sysctl, current, wanted)
-    return wanted
-
-
 class CriuEngine(CheckpointEngine):
     name = "criu"
     live = True
@@ -186,7 +147,6 @@ class CriuEngine(CheckpointEngine):
             raise EngineError(f"workload {workload['id']}: process {pid} is not running")
         data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid, "tcp_established": has_tcp_connections(pid)}
         data.update(self.before_dump(pid, progress))
-        ensure_pipe_max_size(self.config.criu_pipe_max_size)
         image_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path(image_dir, "dump")
         args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v3",
