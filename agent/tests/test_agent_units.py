@@ -269,11 +269,21 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("mode,connected", [("listen", False), ("connect", True)])
-def test_it_asks_criu_for_tcp_established_only_when_a_connection_is_open(mode: str, connected: bool) -> None:
-    """Real sockets in a real process tree: the connection is held by a grandchild of the workload."""
-    wrapper = ["sh", "-c", 'python3 -c "$0" "$1"; exit 0', TCP_CHILD, mode]
-    proc = subprocess.Popen(wrapper, stdout=subprocess.PIPE, text=True, start_new_session=True)
+@pytest.mark.parametrize("command,connected", [
+    ("python3 {script} listen", False),
+    ("python3 {script} connect", True),
+    ("unshare -n sh -c 'ip link set lo up && python3 {script} connect'", True),
+], ids=["listening", "connected", "connected-in-its-own-network-namespace"])
+def test_it_asks_criu_for_tcp_established_only_when_a_connection_is_open(
+    tmp_path: Path, command: str, connected: bool
+) -> None:
+    """Real sockets held by a child of the workload's shell (in one case in a network namespace of its own)."""
+    if command.startswith("unshare"):
+        need(os.geteuid() == 0, "a network namespace needs root: run the tests as root")
+    script = tmp_path / "tcp_child.py"
+    script.write_text(TCP_CHILD)
+    proc = subprocess.Popen(["sh", "-c", command.format(script=script) + "; exit 0"], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         assert has_tcp_connections(proc.pid) is connected

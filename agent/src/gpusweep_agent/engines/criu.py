@@ -89,7 +89,9 @@ def has_tcp_connections(pid: int) -> bool:
     """
     try:
         inodes: set[str] = set()
+        namespaces: dict[str, int] = {}  # network namespace -> a member in it, whose /proc/<pid>/net shows it
         for member in process_tree(pid):
+            namespaces.setdefault(os.readlink(f"/proc/{member}/ns/net"), member)
             for fd in Path(f"/proc/{member}/fd").iterdir():
                 try:
                     target = os.readlink(fd)
@@ -99,12 +101,12 @@ def has_tcp_connections(pid: int) -> bool:
                     inodes.add(target[8:-1])
         if not inodes:
             return False
-        for table in ("tcp", "tcp6"):
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-            for line in lines:
-                columns = line.split()
-                if columns[3] not in _UNCONNECTED_TCP_STATES and columns[9] in inodes:
-                    return True
+        for member in namespaces.values():
+            for table in ("tcp", "tcp6"):
+                for line in Path(f"/proc/{member}/net/{table}").read_text().splitlines()[1:]:
+                    columns = line.split()
+                    if columns[3] not in _UNCONNECTED_TCP_STATES and columns[9] in inodes:
+                        return True
     except (OSError, IndexError):
         return True
     return False
