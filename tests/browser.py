@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 
 import pytest
+from django.db import connections
 
 from conftest import need
 
@@ -42,4 +43,8 @@ def page(live_server: object) -> Iterator[object]:
             context = browser.new_context()
             yield context.new_page()
         finally:
+            # With Playwright's loop running, the test's ORM calls get a connection of their own
+            # (Django keys it by context, not thread); close it here, or it outlives the test
+            # and the test database cannot be dropped at the end of the run.
+            connections.close_all()
             browser.close()
