@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -54,3 +55,15 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.5) -> Any:
             return last
         time.sleep(interval)
     return last
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> None:
+    """SIGTERM the group `proc` leads (started with start_new_session), then SIGKILL what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -322,7 +322,7 @@ def test_it_kills_a_process_criu_left_stopped_when_the_agent_died_before_killing
 def test_it_fails_a_checkpoint_whose_images_cannot_reach_stable_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A disk error on fsync is simulated (EIO cannot be provoked on this machine's disk)."""
+    """A disk error on fsync in the artifact store is simulated (EIO cannot be provoked on this machine's disk)."""
     config = load_config(environ={"GPUSWEEP_AGENT_NODE": "n", "GPUSWEEP_AGENT_KEY": "k" * 32,
                                   "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path / "state")})
     agent = Agent(config)
@@ -333,8 +333,12 @@ def test_it_fails_a_checkpoint_whose_images_cannot_reach_stable_storage(
     (image_dir / "pages-1.img").write_bytes(b"x" * 4096)
     agent.artifacts.make_durable("ck-eio")  # a working disk: no error
 
+    fsync = os.fsync
+
     def failing_fsync(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(image_dir)):
+            raise OSError(errno.EIO, "Input/output error")
+        fsync(fd)  # the agent's own state folder is on a working disk
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OperationError) as raised:
@@ -343,3 +347,15 @@ def test_it_fails_a_checkpoint_whose_images_cannot_reach_stable_storage(
     assert str(image_dir) in str(raised.value)
     assert raised.value.result == {"workload_state": "exited", "checkpoint_id": "ck-eio"}
     assert not (image_dir / "manifest.json").exists()
+
+    # The same after an agent restart that finds CRIU's dump finished: failed, images kept, nothing sealed.
+    engine = CriuEngine(config)
+    log = engine.log_path(image_dir, "dump")
+    log.write_text(f"(00.1) {DUMP_OK}\n")
+    agent.operations.create("ck-op", "checkpoint", {"workload_id": "w"})
+    agent.operations.update("ck-op", state="running", progress={
+        "checkpoint_id": "ck-eio", "engine": "criu", "workload": {"id": "w", "pid": 0}, "log": str(log)})
+    agent._recover_checkpoint(agent.operations.get("ck-op") or {})
+    recovered = agent.operations.get("ck-op") or {}
+    assert recovered["state"] == "failed" and "stable storage" in recovered["error"]
+    assert (image_dir / "pages-1.img").is_file() and not (image_dir / "manifest.json").exists()

@@ -32,6 +32,16 @@ def create(client: Client, **fields) -> dict:
     return response.json()
 
 
+def start(operator: Client, approver: Client, **fields) -> tuple[dict, str]:
+    """A campaign planned by the operator, approved by the approver and started: (campaign, its URL)."""
+    campaign = create(operator, **fields)
+    url = f"{BASE}{campaign['id']}/"
+    operator.post(url + "plan/", {}, content_type="application/json")
+    approver.post(url + "approve/")
+    operator.post(url + "start/")
+    return campaign, url
+
+
 def test_it_runs_the_whole_life_cycle_with_the_right_roles(clients):
     operator, approver, viewer = clients
     campaign = create(operator)
@@ -99,11 +109,7 @@ def test_a_re_plan_is_compared_and_voids_approvals(clients):
 
 def test_pause_stops_admitting_nodes_and_resume_continues(clients):
     operator, approver, _viewer = clients
-    campaign = create(operator, parallelism_per_cluster="1")
-    url = f"{BASE}{campaign['id']}/"
-    operator.post(url + "plan/", {}, content_type="application/json")
-    approver.post(url + "approve/")
-    operator.post(url + "start/")
+    campaign, url = start(operator, approver, parallelism_per_cluster="1")
     assert operator.post(url + "pause/").json()["status"] == "paused"
     drive(campaign["id"])
     assert NodeSweep.objects.filter(campaign_id=campaign["id"], state="pending").count() == 3
@@ -113,11 +119,7 @@ def test_pause_stops_admitting_nodes_and_resume_continues(clients):
 
 def test_only_operators_abort_and_an_aborted_campaign_stays_aborted(clients):
     operator, approver, viewer = clients
-    campaign = create(operator)
-    url = f"{BASE}{campaign['id']}/"
-    operator.post(url + "plan/", {}, content_type="application/json")
-    approver.post(url + "approve/")
-    operator.post(url + "start/")
+    campaign, url = start(operator, approver)
     assert viewer.post(url + "abort/").status_code == 403
     response = operator.post(url + "abort/", {"reason": "change freeze"}, content_type="application/json")
     assert response.status_code == 200 and response.json()["status"] == "aborted"

@@ -5,7 +5,6 @@ person, start, and see every node patched and every counter continue after its m
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from conftest import need
 from tests.browser import CHROMIUM, CHROMIUM_FLAGS
-from tests.helpers import REPO, clean_env, free_port, get_json, manage, wait_for
+from tests.helpers import REPO, clean_env, free_port, get_json, manage, stop_process_group, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -122,8 +121,4 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
             assert values == list(range(values[0], values[0] + len(values))), f"{counter.name} has a gap or reset"
             assert values[-1] > before[counter.name]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc, timeout=30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import need
-from tests.helpers import REPO, clean_env, free_port, get_json, manage, wait_for
+from tests.helpers import REPO, clean_env, free_port, get_json, manage, stop_process_group, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +40,7 @@ def _boot_and_probe(env: dict[str, str], log: Path) -> tuple[float, dict]:
         assert body, f"/readyz never answered 200 within 60 s; log:\n{log.read_text()[-4000:]}"
         return elapsed, body
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_process_group(proc)
 
 
 def test_the_embedded_default_is_ready_within_60_seconds(tmp_path: Path):

@@ -6,7 +6,6 @@ here)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from django.db import connection
 from conftest import need
 from inventory.choices import ClusterKind
 from inventory.models import Cluster, Node
-from tests.helpers import REPO, clean_env, wait_for
+from tests.helpers import REPO, clean_env, stop_process_group, wait_for
 from tests.inventory.kube_api import KubeApi, gpu_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -27,17 +26,6 @@ def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
     with log.open("ab") as out:
         return subprocess.Popen([sys.executable, "-m", "celery", "-A", "gpusweep", *args], env=env, cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def test_beat_and_a_worker_keep_a_cluster_in_sync(tmp_path):
@@ -69,5 +57,5 @@ def test_beat_and_a_worker_keep_a_cluster_in_sync(tmp_path):
             assert Node.objects.get(name="n1").component_versions()["driver"] == "580.95.05"
             assert Cluster.objects.get(pk=cluster.pk).last_synced_at is not None
         finally:
-            _stop(beat)
-            _stop(worker)
+            stop_process_group(beat)
+            stop_process_group(worker)

@@ -180,7 +180,6 @@ class Agent:
         carried = {k: workload[k] for k in CARRIED if k in workload}
         carried.setdefault("checkpoint_engine", engine_name)
         fp = fingerprint(self.facts(), workload)
-        self._make_durable(checkpoint_id, workload)  # already done on the usual path; after a restart it is not
         manifest = self.artifacts.build_manifest(checkpoint_id, carried, engine_name, fp,
                                                  {**engine_data, "source_node": self.config.identity}, hashed)
         self.artifacts.write_manifest(checkpoint_id, manifest)
@@ -395,6 +394,12 @@ class Agent:
             complete = engine.recover(workload, self.artifacts.image_dir(checkpoint_id), progress)
             if complete:
                 leave = bool(record["params"].get("leave_running"))
+                try:
+                    self._make_durable(checkpoint_id, workload)
+                except OperationError as exc:  # the images stay, unsealed, as on the usual path
+                    self.operations.update(op_id, state="failed", finished_at=utcnow(), error=str(exc),
+                                           result=exc.result)
+                    return
                 result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id, {}, leave)
                 self.operations.update(op_id, state="succeeded", finished_at=utcnow(),
                                        result={**result, "recovered": True})

@@ -36,16 +36,22 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
-def pid_alive(pid: int) -> bool:
-    """True when `pid` is a live process (a zombie counts as dead)."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None without such a process."""
     if pid <= 0:
-        return False
+        return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    # The state letter follows the command name, which is in parentheses and may hold spaces.
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return None
+    # The command name is in parentheses and may hold spaces and parentheses of its own.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` is a live process (a zombie counts as dead)."""
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def reap(pid: int) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..util import pid_alive
+from ..util import pid_alive, proc_stat
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
 DUMP_OK = "Dumping finished successfully"
@@ -40,17 +40,14 @@ def _run_version(path: str) -> tuple[int, ...] | None:
 
 
 def has_tty(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[4]) != 0
+    fields = proc_stat(pid)
+    return fields is not None and int(fields[4]) != 0
 
 
 def stopped(pid: int) -> bool:
     """True when `pid` exists and is stopped (CRIU's --leave-stopped leaves it so)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] in ("T", "t")
 
 
 # /proc/net/tcp states that are not a connection: LISTEN and CLOSE.
