@@ -12,12 +12,12 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import DefaultRouter
 
 from advisories.choices import ExposureState, Severity
 from advisories.exposure import assign_deadlines
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure
 from gpusweep.roles import Role
+from gpusweep.routers import ApiRouter
 
 # --- serializers ---------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class ClusterDeadlineOverrideViewSet(viewsets.ModelViewSet):
             assign_deadlines(refresh=True)
 
 
-router = DefaultRouter()
+router = ApiRouter()
 router.register("advisories", AdvisoryViewSet, basename="advisory")
 router.register("cves", CVEViewSet, basename="cve")
 router.register("ranges", AffectedRangeViewSet, basename="range")

@@ -15,13 +15,13 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import DefaultRouter
 
 from campaigns import evidence, services
 from campaigns.choices import CampaignStatus, WorkloadPolicyChoice
 from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
 from campaigns.planner import PlanError, parse_blackouts, parse_limit, parse_windows
 from gpusweep.roles import Role
+from gpusweep.routers import ApiRouter
 
 LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
 
@@ -275,7 +275,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
         fields = ["id", "campaign", "plan", "user", "comment", "at"]
 
 
-router = DefaultRouter()
+router = ApiRouter()
 router.register("campaigns", CampaignViewSet)
 router.register("sweeps", NodeSweepViewSet)
 router.register("events", EvidenceEventViewSet)

@@ -200,6 +200,11 @@ def policy_of(campaign: Campaign) -> Policy:
 def compute_plan(campaign: Campaign) -> dict[str, Any]:
     """Run the planner on the current inventory (read only: the dry run)."""
     in_scope, others = scope_nodes(campaign)
+    if not in_scope:
+        # A typo in a selector would otherwise plan, run and "complete" a campaign that patched nothing.
+        raise CampaignError(
+            f"campaign {campaign.pk} selects no node: clusters {campaign.clusters or 'any'}, pools "
+            f"{campaign.pools or 'any'}, node_selector {campaign.node_selector or {}}", status=400)
     exposures = _exposures(in_scope, campaign)
     scope: list[PlanNode] = []
     skipped = []

@@ -1,6 +1,6 @@
 """One URL list for the REST API: each app contributes its own router under /api/v1/.
 
-An app opts in by defining ``router`` (a DRF router) in its ``api.py``.
+An app opts in by defining ``router`` (a gpusweep.routers.ApiRouter) in its ``api.py``.
 """
 
 from __future__ import annotations

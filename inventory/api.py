@@ -19,8 +19,8 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import DefaultRouter
 
+from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
@@ -246,7 +246,7 @@ class ChangeLogViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = ChangeLogFilter
 
 
-class InventoryRouter(DefaultRouter):
+class InventoryRouter(ApiRouter):
     """The viewsets, plus the agent heartbeat at the exact path the agents post to (no slash)."""
 
     def get_urls(self) -> list[URLPattern | URLResolver]:

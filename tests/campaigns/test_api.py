@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 
 from campaigns.choices import CampaignStatus
-from campaigns.models import Campaign, NodeSweep
+from campaigns.models import Campaign, NodeSweep, Plan
 from tests.campaigns.fleet import FIXED, drive, make_fleet, user
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +128,20 @@ def test_only_operators_abort_and_an_aborted_campaign_stays_aborted(clients):
     assert set(NodeSweep.objects.filter(campaign_id=campaign["id"]).values_list("state", flat=True)) == {"skipped"}
     log = viewer.get(url + "evidence/").json()
     assert log["intact"] and log["events"][-1]["kind"] == "skipped"
+
+
+def test_a_format_suffix_is_not_a_route_and_format_picks_the_renderer(clients):
+    operator, approver, _viewer = clients
+    campaign, url = start(operator, approver)
+    assert operator.get(url + "evidence.json").status_code == 404  # it used to reach the action and fail with 500
+    assert operator.get(url + "evidence/?format=json").json()["campaign"] == campaign["id"]
+
+
+def test_a_campaign_that_selects_no_node_is_not_planned(clients):
+    operator, _approver, _viewer = clients
+    campaign = create(operator, node_selector={"pool": "typo"})
+    response = operator.post(f"{BASE}{campaign['id']}/plan/", {}, content_type="application/json")
+    assert response.status_code == 400
+    assert "selects no node" in response.json()["detail"]
+    assert Campaign.objects.get(pk=campaign["id"]).status == CampaignStatus.DRAFT
+    assert not Plan.objects.filter(campaign_id=campaign["id"]).exists()
