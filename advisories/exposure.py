@@ -136,10 +136,13 @@ def recompute(
     node_ids: Sequence[int] | None = None,
     advisory_ids: Sequence[int] | None = None,
     now: dt.datetime | None = None,
+    remediated_by: str = "",
 ) -> RecomputeResult:
     """Bring Exposure rows in line with the inventory; None for both = the whole fleet.
 
-    Idempotent: run twice, the second run changes nothing.
+    `remediated_by` names what changed the versions (a campaign's sweep, an inventory source); it
+    is kept on the exposures this run remediates, as their evidence. Idempotent: run twice, the
+    second run changes nothing.
     """
     now = now or timezone.now()
     result = RecomputeResult()
@@ -178,10 +181,10 @@ def recompute(
                 {with_m}, {d_values}
                 -- Existing (node, range) rows are skipped by an anti-join; the unique constraint guards races.
                 INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                                 state, first_seen, deadline, deadline_source, fixed_by_version, risk_reason,
-                                 updated_at)
+                                 state, first_seen, deadline, deadline_source, fixed_by_version, remediated_by,
+                                 risk_reason, updated_at)
                 SELECT x.node_id, x.advisory_id, x.range_id, x.component, x.version, x.severity,
-                       %s, %s, d.deadline, d.deadline_source, '', '', %s
+                       %s, %s, d.deadline, d.deadline_source, '', '', '', %s
                 FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope}) x
                 JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
                 WHERE x.gone_at IS NULL
@@ -209,7 +212,7 @@ def recompute(
             cursor.execute(
                 f"""
                 {with_m}
-                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', deadline = NULL,
+                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', remediated_by = '', deadline = NULL,
                        detected_version = COALESCE({current_version}, detected_version), updated_at = %s
                 WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
                 """,
@@ -222,14 +225,15 @@ def recompute(
             cursor.execute(
                 f"""
                 {with_m}
-                UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s,
+                UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s, remediated_by = %s,
                        fixed_by_version = COALESCE({current_version}, '(component removed)')
                 WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {in_match}
                   AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
                   AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
                                   AND nc3.component = {E}.component AND nc3.version_key IS NULL)
                 """,
-                [*m_params, ExposureState.REMEDIATED, stamp, stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED,
+                [*m_params, ExposureState.REMEDIATED, stamp, stamp, remediated_by[:200], ExposureState.OPEN,
+                 ExposureState.RISK_ACCEPTED,
                  *e_node_params, *e_adv_params],
             )
             result.remediated = _rowcount(cursor)

@@ -130,6 +130,9 @@ class Exposure(models.Model):
     # Evidence of remediation: the version seen outside the range, and when.
     fixed_by_version = models.CharField(max_length=128, blank=True)
     remediated_at = models.DateTimeField(null=True, blank=True)
+    # What made the change that remediated it: "campaign 12, sweep 34" for a campaign's verified
+    # patch, or the inventory source ("agent", "slurm", ...) that reported the new version.
+    remediated_by = models.CharField(max_length=200, blank=True)
     risk_approver = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )

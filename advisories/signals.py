@@ -17,7 +17,7 @@ from inventory.signals import node_versions_changed
 
 
 @receiver(node_versions_changed, dispatch_uid="advisories.recompute_changed_nodes")
-def recompute_changed_nodes(sender: Any, node_ids: Iterable[int] = (), **kwargs: Any) -> None:
+def recompute_changed_nodes(sender: Any, node_ids: Iterable[int] = (), reference: str = "", **kwargs: Any) -> None:
     ids = sorted(set(node_ids))
     if ids:
-        recompute(node_ids=ids)
+        recompute(node_ids=ids, remediated_by=reference)

@@ -149,6 +149,8 @@ class ChangeLog(models.Model):
     object_repr = models.CharField(max_length=300)
     changes = models.JSONField(default=dict, help_text="{field: [before, after]}")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    # Who within the source made the change, e.g. "campaign 12, sweep 34" for a campaign's step.
+    reference = models.CharField(max_length=200, blank=True)
 
     class Meta:
         ordering = ["-time", "-id"]

@@ -138,6 +138,7 @@ class _Log(NamedTuple):
     object_repr: str
     changes: dict[str, Any]
     user_id: int | None
+    reference: str = ""
 
 
 @dataclass
@@ -293,7 +294,8 @@ def apply_snapshot(
             Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
         changed_ids = sorted(result.versions_changed)
         if changed_ids:
-            transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=changed_ids))
+            transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=changed_ids,
+                                                                     reference=source))
     result.lap("commit", started)
     return result
 
@@ -591,9 +593,9 @@ def _write_logs(logs: list[_Log], now: dt.datetime) -> None:
     stamp = db_datetime(now)
     insert_rows(
         ChangeLog,
-        ("time", "source", "action", "object_type", "object_id", "object_repr", "changes", "user"),
+        ("time", "source", "action", "object_type", "object_id", "object_repr", "changes", "user", "reference"),
         ((stamp, log.source, log.action, log.object_type, log.object_id, log.object_repr,
-          db_json(log.changes), log.user_id) for log in logs),
+          db_json(log.changes), log.user_id, log.reference[:200]) for log in logs),
     )
 
 
@@ -604,18 +606,93 @@ def _log(
     return _Log(source, action, object_type, object_id, object_repr, changes, user_id)
 
 
-def mark_node_state(node_ids: Sequence[int], state: str, source: str, user_id: int | None = None) -> int:
-    """Set service_state for nodes (campaigns use it); ChangeLog rows in the same transaction."""
+# -- writes on behalf of a campaign ------------------------------------------------------
+# The campaign engine changes inventory rows only through these, so every change has its
+# ChangeLog row (source "campaign", with the campaign and sweep as reference) and a version
+# change reaches the exposures through node_versions_changed like any other source's.
+
+
+def set_service_state(node_ids: Sequence[int], state: str, source: str, reference: str = "",
+                      user_id: int | None = None) -> int:
+    """Set service_state of nodes not already in it; one ChangeLog row each, in one transaction."""
     if state not in ServiceState.values():
         raise InventoryError(f"unknown service state {state!r}")
     with transaction.atomic():
-        rows = list(Node.objects.select_for_update().filter(pk__in=list(node_ids)).exclude(service_state=state)
-                    .values("id", "name", "cluster__name", "service_state"))
+        rows = list(Node.objects.filter(pk__in=list(node_ids)).exclude(service_state=state)
+                    .values_list("id", "name", "cluster__name", "service_state"))
+        if not rows:
+            return 0
         now = timezone.now()
-        Node.objects.filter(pk__in=[r["id"] for r in rows]).update(service_state=state, updated_at=now)
+        Node.objects.filter(pk__in=[r[0] for r in rows]).update(service_state=state, updated_at=now)
         _write_logs([
-            _log(source, ChangeAction.UPDATE, "node", r["id"], f"{r['cluster__name']}/{r['name']}",
-                 {"service_state": [r["service_state"], state]}, user_id)
-            for r in rows
+            _Log(source, ChangeAction.UPDATE, "node", node_id, f"{cluster}/{name}"[:300],
+                 {"service_state": [before, state]}, user_id, reference)
+            for node_id, name, cluster, before in rows
         ], now)
     return len(rows)
+
+
+def record_versions(node_id: int, versions: dict[str, str], source: str, reference: str = "",
+                    user_id: int | None = None) -> list[str]:
+    """Record component versions seen on a node (merged with the others); return the changed names.
+
+    The exposures of the node follow on commit (node_versions_changed, with `reference` as the
+    remediation evidence).
+    """
+    parsed = {}
+    for component, raw in versions.items():
+        name, version = parse_component(component, str(raw), f"node {node_id}")
+        parsed[name] = version
+    with transaction.atomic():
+        node = Node.objects.select_related("cluster").only("id", "name", "cluster__name").get(pk=node_id)
+        have = {c.component: c for c in NodeComponent.objects.filter(node_id=node_id, component__in=list(parsed))}
+        now = timezone.now()
+        diff: dict[str, list[str | None]] = {}
+        for name, version in parsed.items():
+            row = have.get(name)
+            if row is None:
+                NodeComponent.objects.create(node_id=node_id, component=name, version=version.raw,
+                                             version_key=version.key, branch=version.branch, source=source)
+                diff[f"component:{name}"] = [None, version.raw]
+            elif row.version != version.raw:
+                NodeComponent.objects.filter(pk=row.pk).update(version=version.raw, version_key=version.key,
+                                                               branch=version.branch, source=source, updated_at=now)
+                diff[f"component:{name}"] = [row.version, version.raw]
+        if diff:
+            _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{node.cluster.name}/{node.name}"[:300],
+                              diff, user_id, reference)], now)
+            transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id],
+                                                                     reference=reference or source))
+    return sorted(key.split(":", 1)[1] for key in diff)
+
+
+def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
+                  user_id: int | None = None) -> bool:
+    """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
+    with transaction.atomic():
+        row = (Workload.objects.select_for_update().select_related("cluster")
+               .filter(pk=workload_id).first())
+        if row is None or (row.node_id == node_id and row.scheduler_id == scheduler_id):
+            return False
+        now = timezone.now()
+        changes: dict[str, Any] = {"node_id": [row.node_id, node_id], "scheduler_id": [row.scheduler_id, scheduler_id]}
+        twin = Workload.objects.filter(cluster_id=row.cluster_id, kind=row.kind, scheduler_id=scheduler_id).exclude(
+            pk=row.pk).first()
+        if twin is not None:
+            # The target's own source (an agent heartbeat) reported the restored workload first:
+            # that row is the workload from now on, and this one ends here.
+            Workload.objects.filter(pk=row.pk).update(gone_at=now)
+            Workload.objects.filter(pk=twin.pk).update(node_id=node_id, gone_at=None, last_seen=now)
+            changes["superseded_by"] = [None, twin.pk]
+            moved_id = twin.pk
+        else:
+            Workload.objects.filter(pk=row.pk).update(node_id=node_id, scheduler_id=scheduler_id, gone_at=None,
+                                                      last_seen=now)
+            moved_id = row.pk
+        through = Workload.nodes.through
+        through.objects.filter(workload_id=moved_id).delete()
+        through.objects.create(workload_id=moved_id, node_id=node_id)
+        _write_logs([_Log(source, ChangeAction.UPDATE, "workload", row.pk,
+                          f"{row.cluster.name}/{row.kind}:{row.scheduler_id}"[:300], changes, user_id, reference)],
+                    now)
+    return True

@@ -141,16 +141,62 @@ def test_it_records_workload_changes(cluster):
     assert Workload.objects.get().time_limit == dt.timedelta(hours=2)
 
 
-def test_mark_node_state_logs_only_real_changes(cluster):
-    from inventory.services import mark_node_state
+def test_set_service_state_logs_only_real_changes(cluster):
+    from inventory.services import set_service_state
 
     apply_snapshot(cluster, fleet(), "file")
     ids = list(Node.objects.values_list("id", flat=True))
-    assert mark_node_state(ids, ServiceState.PATCHING, "campaign") == 2
-    assert mark_node_state(ids, ServiceState.PATCHING, "campaign") == 0
-    assert ChangeLog.objects.filter(source="campaign").count() == 2
+    assert set_service_state(ids, ServiceState.PATCHING, "campaign", "campaign 1, sweep 2") == 2
+    assert set_service_state(ids, ServiceState.PATCHING, "campaign") == 0
+    logs = ChangeLog.objects.filter(source="campaign")
+    assert logs.count() == 2
+    assert {log.reference for log in logs} == {"campaign 1, sweep 2"}
+    assert {tuple(log.changes["service_state"]) for log in logs} == {("in_service", "patching")}
     with pytest.raises(InventoryError, match="unknown service state"):
-        mark_node_state(ids, "asleep", "campaign")
+        set_service_state(ids, "asleep", "campaign")
+
+
+def test_record_versions_logs_the_change_and_tells_the_exposures(cluster, django_capture_on_commit_callbacks):
+    from inventory.services import record_versions
+    from inventory.signals import node_versions_changed
+
+    apply_snapshot(cluster, fleet(), "file")
+    node = Node.objects.get(name="a")
+    heard = []
+
+    def listener(sender, node_ids, reference="", **kwargs):
+        heard.append((list(node_ids), reference))
+
+    node_versions_changed.connect(listener)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            changed = record_versions(node.pk, {"driver": "570.195.03"}, "campaign", "campaign 3, sweep 9")
+        with django_capture_on_commit_callbacks(execute=True):
+            again = record_versions(node.pk, {"driver": "570.195.03"}, "campaign", "campaign 3, sweep 9")
+    finally:
+        node_versions_changed.disconnect(listener)
+    assert changed == ["driver"] and again == []
+    assert heard == [([node.pk], "campaign 3, sweep 9")]
+    row = NodeComponent.objects.get(node=node, component="driver")
+    assert (row.version, row.branch, row.source) == ("570.195.03", "R570", "campaign")
+    log = ChangeLog.objects.get(source="campaign")
+    assert log.changes == {"component:driver": ["570.86.15", "570.195.03"]} and log.reference == "campaign 3, sweep 9"
+    with pytest.raises(InventoryError):
+        record_versions(node.pk, {"driver": "570.1\x00"}, "campaign")
+
+
+def test_move_workload_records_the_new_place_once(cluster):
+    from inventory.services import move_workload
+
+    apply_snapshot(cluster, fleet(), "file")
+    workload = Workload.objects.get()
+    target = Node.objects.exclude(pk=workload.node_id).get()
+    assert move_workload(workload.pk, target.pk, "wl-7", "campaign", "campaign 1, sweep 1")
+    assert not move_workload(workload.pk, target.pk, "wl-7", "campaign", "campaign 1, sweep 1")
+    workload.refresh_from_db()
+    assert (workload.node_id, workload.scheduler_id) == (target.pk, "wl-7")
+    assert list(workload.nodes.values_list("pk", flat=True)) == [target.pk]
+    assert ChangeLog.objects.filter(source="campaign", object_type="workload").count() == 1
 
 
 def test_a_scheduler_sync_does_not_overwrite_what_the_agent_read(cluster):
