@@ -76,8 +76,8 @@ class ExposureSerializer(serializers.ModelSerializer):
         model = Exposure
         fields = ["id", "node", "node_name", "cluster", "advisory", "advisory_id", "affected_range", "component",
                   "detected_version", "fixed_version", "severity", "cves", "state", "first_seen", "deadline",
-                  "deadline_source", "overdue", "fixed_by_version", "remediated_at", "remediated_by", "risk_approver", "risk_reason",
-                  "risk_expires_at"]
+                  "deadline_source", "overdue", "fixed_by_version", "remediated_at", "remediated_by", "risk_approver",
+                  "risk_reason", "risk_expires_at"]
         read_only_fields = fields
 
     def get_cves(self, obj: Exposure) -> list[str]:

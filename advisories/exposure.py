@@ -212,8 +212,9 @@ def recompute(
             cursor.execute(
                 f"""
                 {with_m}
-                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', remediated_by = '', deadline = NULL,
-                       detected_version = COALESCE({current_version}, detected_version), updated_at = %s
+                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', remediated_by = '',
+                       deadline = NULL, detected_version = COALESCE({current_version}, detected_version),
+                       updated_at = %s
                 WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
                 """,
                 [*m_params, ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
