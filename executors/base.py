@@ -11,6 +11,13 @@ lets a Celery task be killed at any point and simply run again.
 Errors are typed so the campaign engine knows what to do: ``TemporaryExecutorError`` (the agent
 did not answer, a timeout) means retry the same step later; ``PermanentExecutorError`` (the
 checkpoint failed, the target refused the image, the patch failed) means this node has failed.
+
+Where a checkpoint may be restored is one rule for every back end: ``executors.portability``.
+A back end also says, before anything runs, whether it can reach a node at all (``reachable``,
+read by the planner) and who restarts a workload that is stopped for a cold start
+(``restarts_cold_starts``: a scheduler's requeue, a controller, or nobody).
+
+The shared contract every back end passes is ``tests/executors/contract.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from executors.portability import node_facts
 
 if TYPE_CHECKING:
     from inventory.models import Cluster
@@ -56,10 +65,17 @@ class NodeRef:
     gpu_model: str = ""
     gpu_count: int = 0
     versions: dict[str, str] = field(default_factory=dict)
+    pool: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
 
     @property
     def identity(self) -> str:
         return f"{self.cluster}/{self.name}"
+
+    @property
+    def facts(self) -> dict[str, str]:
+        """What portability reads: GPU model and component versions (executors.portability)."""
+        return node_facts(self.gpu_model, self.versions)
 
 
 @dataclass(frozen=True)
@@ -71,7 +87,10 @@ class WorkloadInfo:
     state: str = "running"
     # For demo/test workloads that count steps: the last step counted (None when unknown).
     steps: int | None = None
+    # What the workload reports of itself: engine, engine_version, model_name, model_version.
     fingerprint: dict[str, str] = field(default_factory=dict)
+    # Facts the workload declares its checkpoint needs on top of its engine's (executors.portability).
+    requires: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,10 +128,25 @@ class Executor:
     """Base class of every back end. Subclasses implement all operations."""
 
     name = "base"
+    # Who starts a workload again after it was stopped for a cold start; "" means nobody (the
+    # plan says so, and its owner has to).
+    restarts_cold_starts = ""
 
     def __init__(self, cluster: Cluster | None = None, **options: Any) -> None:
         self.cluster = cluster
         self.options = options
+
+    # -- planning --------------------------------------------------------------------
+    def reachable(self, node: NodeRef) -> str:
+        """"" when this back end can drive `node`; otherwise why not (no agent endpoint, no key).
+
+        Read at planning time, so the plan lists such nodes as blocked instead of failing them later.
+        """
+        return ""
+
+    def maintenance_hold(self, node: NodeRef) -> str:
+        """Why the node is out of service for someone other than gpusweep ("" when it is not)."""
+        return ""
 
     # -- reads -----------------------------------------------------------------------
     def facts(self, node: NodeRef) -> dict[str, str]:
