@@ -40,7 +40,7 @@ def _exposed(nodes: list[Node]) -> Advisory:
 
 def test_a_campaign_with_no_heartbeats_remediates_its_exposures_and_logs_every_change(
         people, django_capture_on_commit_callbacks):
-    fleet, _cluster = make_fleet(nodes=2, spares=2)
+    _fleet, _cluster = make_fleet(nodes=2, spares=2)
     swept = list(Node.objects.filter(name__startswith="gpu"))
     advisory = _exposed(swept)
     assert Exposure.objects.filter(node__in=swept, state=ExposureState.OPEN).count() == 2
