@@ -137,7 +137,7 @@ class NodeSweep(models.Model):
     evidence_seq = models.PositiveIntegerField(default=0)
     evidence_head = models.CharField(max_length=64, blank=True)
     signed_seq = models.PositiveIntegerField(null=True, blank=True)
-    head_signature = models.CharField(max_length=200, blank=True)
+    head_signature = models.CharField(max_length=300, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -87,6 +87,12 @@ if _default_db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+elif (_pool_size := env_int("GPUSWEEP_DB_POOL_SIZE", 0, minimum=0)) and not _default_db.get("CONN_MAX_AGE"):
+    # PostgreSQL through a connection pool per process (psycopg_pool): a campaign step gives its
+    # connection back while the executor waits on a node, so k nodes in flight do not hold k
+    # connections (campaigns.engine). 0 (the default) keeps one connection per thread.
+    _default_db["OPTIONS"] = {**_default_db.get("OPTIONS", {}),
+                              "pool": {"min_size": 1, "max_size": _pool_size, "timeout": 60}}
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

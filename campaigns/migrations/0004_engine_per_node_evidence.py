@@ -65,7 +65,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='nodesweep',
             name='head_signature',
-            field=models.CharField(blank=True, max_length=200),
+            field=models.CharField(blank=True, max_length=300),
         ),
         migrations.AddField(
             model_name='nodesweep',
