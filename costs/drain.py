@@ -17,6 +17,7 @@ Per window opening at W, the five steps:
 
 Every allocation is counted once per window: a requeued job's runs are separate allocations, a
 job is submitted once (its first Submit), a pending array record counts each of its tasks.
+Jobs without GPUs are left out of every step.
 """
 
 from __future__ import annotations
@@ -137,14 +138,14 @@ def occupancy(acct: Accounting, start: datetime, end: datetime) -> float:
 
 
 def submissions(acct: Accounting, start: datetime, end: datetime) -> int:
-    return sum(job.count for job in acct.jobs if start <= job.submit < end)
+    return sum(job.count for job in acct.jobs if start <= job.submit < end and any(r.gpus for r in job.runs))
 
 
 def held_back(acct: Accounting, window: datetime) -> list[HeldJob]:
     held = []
     for job in acct.jobs:
         for run in job.runs:
-            if run.eligible >= window:
+            if run.eligible >= window or not run.gpus:
                 continue
             left_queue = run.start or run.end  # started, or cancelled while pending
             if left_queue is not None and left_queue < window:
@@ -162,7 +163,7 @@ def running_at(acct: Accounting, window: datetime) -> list[RunningJob]:
     for job in acct.jobs:
         for run in job.runs:
             finished = run.finished_at(acct.as_of)
-            if run.start is None or finished is None or not run.start < window < finished:
+            if run.start is None or finished is None or not run.gpus or not run.start < window < finished:
                 continue
             elapsed_h = (window - run.start).total_seconds() / HOUR
             running.append(RunningJob(job_id=job.job_id, name=job.name, gpus=run.gpus, start=run.start,
