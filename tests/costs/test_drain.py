@@ -15,35 +15,35 @@ U = "Unknown"
 # Window opens 2025-03-10T08:00Z; two days measured; baseline 2025-03-01T08:00 to 03-03T08:00.
 RECORDS = [
     # baseline: 16 GPUs for the whole 48 h (submitted before the baseline)
-    f"100|100|train|gpu|COMPLETED|2025-03-01T07:00:00|2025-03-01T07:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800|4000|cpu=8,gres/gpu=16,node=2|cpu=8,gres/gpu=16,node=2|2|gpu[01-02]",  # noqa: E501
-    f"100.batch|100.batch|batch||COMPLETED|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800||cpu=4,gres/gpu=8|cpu=4,gres/gpu=8,mem=4G|1|gpu01",  # noqa: E501
-    f"100.extern|100.extern|extern||COMPLETED|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800||billing=8|billing=8|2|gpu[01-02]",  # noqa: E501
+    "100|100|train|gpu|COMPLETED|2025-03-01T07:00:00|2025-03-01T07:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800|4000|cpu=8,gres/gpu=16,node=2|cpu=8,gres/gpu=16,node=2|2|gpu[01-02]",
+    "100.batch|100.batch|batch||COMPLETED|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800||cpu=4,gres/gpu=8|cpu=4,gres/gpu=8,mem=4G|1|gpu01",
+    "100.extern|100.extern|extern||COMPLETED|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-01T08:00:00|2025-03-03T08:00:00|172800||billing=8|billing=8|2|gpu[01-02]",
     # baseline: two array tasks, 2 GPUs x 12 h each
-    "101_1|102|sweep|gpu|COMPLETED|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T20:00:00|43200|720|gres/gpu=2|gres/gpu=2|1|gpu03",  # noqa: E501
-    "101_2|103|sweep|gpu|COMPLETED|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T20:00:00|43200|720|gres/gpu=2|gres/gpu=2|1|gpu04",  # noqa: E501
+    "101_1|102|sweep|gpu|COMPLETED|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T20:00:00|43200|720|gres/gpu=2|gres/gpu=2|1|gpu03",
+    "101_2|103|sweep|gpu|COMPLETED|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T08:00:00|2025-03-02T20:00:00|43200|720|gres/gpu=2|gres/gpu=2|1|gpu04",
     # baseline: a heterogeneous job, 1 + 2 GPUs (the typed and untyped entries name the same 2) x 12 h
-    "102+0|104|het|gpu|COMPLETED|2025-03-02T10:00:00|2025-03-02T10:00:00|2025-03-02T12:00:00|2025-03-03T00:00:00|43200|720|gres/gpu=1|cpu=1,gres/gpu=1|1|gpu05",  # noqa: E501
-    "102+1|105|het|gpu|COMPLETED|2025-03-02T10:00:00|2025-03-02T10:00:00|2025-03-02T12:00:00|2025-03-03T00:00:00|43200|720|gres/gpu=2|cpu=1,gres/gpu:a100=2,gres/gpu=2|1|gpu06",  # noqa: E501
+    "102+0|104|het|gpu|COMPLETED|2025-03-02T10:00:00|2025-03-02T10:00:00|2025-03-02T12:00:00|2025-03-03T00:00:00|43200|720|gres/gpu=1|cpu=1,gres/gpu=1|1|gpu05",
+    "102+1|105|het|gpu|COMPLETED|2025-03-02T10:00:00|2025-03-02T10:00:00|2025-03-02T12:00:00|2025-03-03T00:00:00|43200|720|gres/gpu=2|cpu=1,gres/gpu:a100=2,gres/gpu=2|1|gpu06",
     # requeued (recorded with --duplicates): run 1 then run 2, still running when the window opened
-    "103|106|long|gpu|REQUEUED|2025-03-08T09:00:00|2025-03-08T09:00:00|2025-03-08T09:00:00|2025-03-09T09:00:00|86400|2880|gres/gpu=2|gres/gpu=2|1|gpu01",  # noqa: E501
+    "103|106|long|gpu|REQUEUED|2025-03-08T09:00:00|2025-03-08T09:00:00|2025-03-08T09:00:00|2025-03-09T09:00:00|86400|2880|gres/gpu=2|gres/gpu=2|1|gpu01",
     "103|106|long|gpu|CANCELLED by 0|2025-03-09T09:00:00|2025-03-09T09:10:00|2025-03-09T09:10:00|2025-03-10T08:05:00|82500|2880|gres/gpu=2|gres/gpu=2|1|gpu02",  # noqa: E501
     # pending at the window: 4 GPUs x 24 h limit
     f"104|107|wait|gpu|PENDING|2025-03-09T10:00:00|2025-03-09T10:00:00|{U}|{U}|0|1440|cpu=4,gres/gpu=4||1|None assigned",  # noqa: E501
     # a pending array record of three tasks: 3 x 1 GPU x 2 h
-    f"105_[1-3]|108|arr|gpu|PENDING|2025-03-09T12:00:00|2025-03-09T12:00:00|{U}|{U}|0|120|gres/gpu=1||1|None assigned",  # noqa: E501
+    f"105_[1-3]|108|arr|gpu|PENDING|2025-03-09T12:00:00|2025-03-09T12:00:00|{U}|{U}|0|120|gres/gpu=1||1|None assigned",
     # cancelled while pending, before the window: not held
-    f"106|112|gone|gpu|CANCELLED by 1000|2025-03-09T13:00:00|2025-03-09T13:00:00|None|2025-03-09T15:00:00|0|60|gres/gpu=1||1|None assigned",  # noqa: E501
+    "106|112|gone|gpu|CANCELLED by 1000|2025-03-09T13:00:00|2025-03-09T13:00:00|None|2025-03-09T15:00:00|0|60|gres/gpu=1||1|None assigned",  # noqa: E501
     # pending without a limit: held, no hours
-    f"107|113|svc|gpu|PENDING|2025-03-09T14:00:00|2025-03-09T14:00:00|{U}|{U}|0|UNLIMITED|gres/gpu=2||1|None assigned",  # noqa: E501
+    f"107|113|svc|gpu|PENDING|2025-03-09T14:00:00|2025-03-09T14:00:00|{U}|{U}|0|UNLIMITED|gres/gpu=2||1|None assigned",
     # eligible before the window, started after it: held, 1 GPU x 10 h
-    "108|114|late|gpu|COMPLETED|2025-03-09T16:00:00|2025-03-09T16:00:00|2025-03-10T20:00:00|2025-03-10T22:00:00|7200|600|gres/gpu=1|gres/gpu=1|1|gpu03",  # noqa: E501
+    "108|114|late|gpu|COMPLETED|2025-03-09T16:00:00|2025-03-09T16:00:00|2025-03-10T20:00:00|2025-03-10T22:00:00|7200|600|gres/gpu=1|gres/gpu=1|1|gpu03",
     # CPU only, running at the window: no GPU, left out
-    f"109|115|cpu|cpu|RUNNING|2025-03-09T01:00:00|2025-03-09T01:00:00|2025-03-09T02:00:00|{U}|100000|UNLIMITED|cpu=4|cpu=4,mem=4G,node=1|1|cpu01",  # noqa: E501
+    f"109|115|cpu|cpu|RUNNING|2025-03-09T01:00:00|2025-03-09T01:00:00|2025-03-09T02:00:00|{U}|100000|UNLIMITED|cpu=4|cpu=4,mem=4G,node=1|1|cpu01",
     # 8 GPUs since before the days measured, still running
-    f"110|116|big|gpu|RUNNING|2025-03-07T07:00:00|2025-03-07T07:00:00|2025-03-07T08:00:00|{U}|259200|10080|gres/gpu=8|cpu=8,gres/gpu=8|1|gpu07",  # noqa: E501
-    "110.0|116.0|python||RUNNING|2025-03-07T08:00:00|2025-03-07T08:00:00|2025-03-07T08:00:00|Unknown|259200||gres/gpu=8|gres/gpu=8|1|gpu07",  # noqa: E501
+    f"110|116|big|gpu|RUNNING|2025-03-07T07:00:00|2025-03-07T07:00:00|2025-03-07T08:00:00|{U}|259200|10080|gres/gpu=8|cpu=8,gres/gpu=8|1|gpu07",
+    "110.0|116.0|python||RUNNING|2025-03-07T08:00:00|2025-03-07T08:00:00|2025-03-07T08:00:00|Unknown|259200||gres/gpu=8|gres/gpu=8|1|gpu07",
     # typed GPU entry only: 1 GPU x 4 h on day -2
-    "111|117|short|gpu|COMPLETED|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T14:00:00|14400|300|gres/gpu:v100=1|gres/gpu:v100=1|1|gpu08",  # noqa: E501
+    "111|117|short|gpu|COMPLETED|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T14:00:00|14400|300|gres/gpu:v100=1|gres/gpu:v100=1|1|gpu08",
 ]
 SACCT = "\n".join([HEADER, *RECORDS]) + "\n"
 WINDOW = datetime(2025, 3, 10, 8, tzinfo=UTC)

@@ -103,10 +103,10 @@ def test_the_sweep_is_planned_by_the_campaign_planner(monkeypatch: pytest.Monkey
 
 
 def test_parameters_out_of_range_are_named():
-    with pytest.raises(ModelError, match="limit_factor=0.5"):
+    with pytest.raises(ModelError, match=r"limit_factor=0\.5"):
         Params(limit_factor=0.5)
     with pytest.raises(ModelError, match="cadences"):
         Params(cadences=("weekly",))
     params = Params(**BASE)
-    with pytest.raises(ModelError, match="release_s=.*outside the trace"):
+    with pytest.raises(ModelError, match=r"release_s=.*outside the trace"):
         simulate(NODES, from_openb(TRACE, params), params.with_(release_s=99 * D))
