@@ -182,6 +182,11 @@ GPUSWEEP_SHARED_DATA_DIR = Path(env_str("GPUSWEEP_SHARED_DATA_DIR", str(BASE_DIR
 # is generated once under var/ (so the demo fleet works with no configuration); in production it
 # must come from the environment, and empty means agent heartbeats are refused.
 GPUSWEEP_AGENT_FLEET_SECRET = persistent_secret(VAR_DIR, "GPUSWEEP_AGENT_FLEET_SECRET", generate=DEBUG)
+# The Ed25519 key that signs evidence heads (campaigns.signing): GPUSWEEP_EVIDENCE_KEY inline, or
+# this file; in DEBUG generated under var/ when absent. Never in the database.
+GPUSWEEP_EVIDENCE_KEY_FILE = env_str(
+    "GPUSWEEP_EVIDENCE_KEY_FILE", str(VAR_DIR / "evidence-signing-key.pem") if DEBUG else "")
+GPUSWEEP_EVIDENCE_KEY_GENERATE = DEBUG
 GPUSWEEP_IMPORT_MAX_BYTES = env_int("GPUSWEEP_IMPORT_MAX_MB", 100, minimum=1) * 1024 * 1024
 GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum=1))
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)
