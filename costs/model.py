@@ -25,8 +25,11 @@ import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from executors import portability
+
 CADENCE_DAYS = {"monthly": 30.44, "quarterly": 91.31, "yearly": 365.25}
 PLACEMENTS = ("first_fit", "best_fit")
+CHECKPOINT_ENGINES = tuple(sorted(name for name, rule in portability.ENGINES.items() if rule.checkpointable))
 POLICIES = ("wait", "cold_restart")
 
 
@@ -54,6 +57,8 @@ HELP = {
     "restore_s_per_gib": "restore seconds per GiB",
     "last_group": "driver-group rule for work left in the last group: wait or cold_restart",
     "not_checkpointable": "work that cannot be checkpointed: wait or cold_restart",
+    "checkpoint_engine": "how checkpointable work is checkpointed (executors.portability: cuda, criu, signal): "
+                         "where its image is valid, so which nodes, patched ones too, may receive it",
 }
 
 
@@ -94,6 +99,7 @@ class Params:
     # campaign's default workload policy, "checkpoint", does that) or waits.
     last_group: str = "wait"
     not_checkpointable: str = "cold_restart"
+    checkpoint_engine: str = "cuda"
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -116,6 +122,8 @@ class Params:
             ("last_group", self.last_group in POLICIES, f"one of {', '.join(POLICIES)}"),
             ("not_checkpointable", self.not_checkpointable in POLICIES, f"one of {', '.join(POLICIES)}"),
             ("deadline_days", self.deadline_days > 0, "> 0"),
+            ("checkpoint_engine", self.checkpoint_engine in CHECKPOINT_ENGINES,
+             f"one of {', '.join(CHECKPOINT_ENGINES)}"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from campaigns.planner import CHECKPOINT, COLD_RESTART, WAIT, PlanNode, PlanWorkload, Policy, plan
+from campaigns.planner import PlanNode, PlanWorkload, Policy, plan
 from costs.fleet import SimNode
+from inventory.choices import WorkloadPolicy
 
-MIGRATE, COLD_START, FINISH_FIRST, BLOCKED = "migrate", "cold_start", "finish_first", "blocked"
+MIGRATE, RETURN_HOME, COLD_START = "migrate", "return_home", "cold_start"
+FINISH_FIRST, BLOCKED = "finish_first", "blocked"
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,9 @@ class Resident:
 
 @dataclass(frozen=True)
 class Fate:
-    action: str  # MIGRATE, COLD_START, FINISH_FIRST or BLOCKED (no capacity: it runs to its end)
+    # MIGRATE, RETURN_HOME (restored on its own node after the patch), COLD_START, FINISH_FIRST or
+    # BLOCKED (no capacity: it runs to its end)
+    action: str
     to: int | None = None  # node index that receives it (MIGRATE)
 
 
@@ -49,14 +53,15 @@ class SweepPlan:
 
 def plan_sweep(nodes: Sequence[SimNode], residents: Mapping[int, Sequence[Resident]], *, start: datetime,
                parallelism: str, node_seconds: int, target: Mapping[str, str], last_group_cold_restart: bool,
-               not_checkpointable_waits: bool, deadline: datetime | None) -> SweepPlan:
+               not_checkpointable_waits: bool, deadline: datetime | None, checkpoint_engine: str) -> SweepPlan:
     """Plan a sweep of every node in `nodes`, with `residents` (node index -> its tasks) running."""
     scope = []
     for node in nodes:
-        otherwise = WAIT if not_checkpointable_waits else COLD_RESTART
+        otherwise = WorkloadPolicy.WAIT if not_checkpointable_waits else WorkloadPolicy.COLD_RESTART
         workloads = tuple(
-            PlanWorkload(ref=str(r.task), name=r.name, gpus=r.milli, checkpointable=r.checkpointable,
-                         policy=CHECKPOINT if r.checkpointable else otherwise)
+            PlanWorkload(ref=str(r.task), name=r.name, gpus=r.milli,
+                         checkpoint_engine=checkpoint_engine if r.checkpointable else "none",
+                         policy=WorkloadPolicy.CHECKPOINT if r.checkpointable else otherwise)
             for r in residents.get(node.index, ())
         )
         scope.append(PlanNode(id=node.index + 1, name=node.name, cluster=node.cluster, pool=node.pool,
@@ -73,6 +78,6 @@ def plan_sweep(nodes: Sequence[SimNode], residents: Mapping[int, Sequence[Reside
             action = move.get("action", BLOCKED)
             to = move.get("to") if action == MIGRATE else None
             result.fates[(int(node_id) - 1, int(move["workload"]))] = Fate(
-                action=action if action in (MIGRATE, COLD_START, FINISH_FIRST) else BLOCKED,
+                action=action if action in (MIGRATE, RETURN_HOME, COLD_START, FINISH_FIRST) else BLOCKED,
                 to=int(to) - 1 if to is not None else None)
     return result

@@ -32,7 +32,7 @@ from campaigns.planner import parse_limit
 from costs.fleet import SimNode
 from costs.model import CADENCE_DAYS, Params
 from costs.placement import Placement
-from costs.planning import COLD_START, FINISH_FIRST, MIGRATE, Resident, SweepPlan, plan_sweep
+from costs.planning import COLD_START, FINISH_FIRST, MIGRATE, RETURN_HOME, Resident, SweepPlan, plan_sweep
 from costs.trace import Task, Trace
 
 DAY = 86400.0
@@ -200,7 +200,7 @@ def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
         node_seconds=max(1, math.ceil(scenario.patch_s + slowest)), target={"driver": "fixed"},
         last_group_cold_restart=p.last_group == "cold_restart",
         not_checkpointable_waits=p.not_checkpointable == "wait",
-        deadline=scenario.trace.at(scenario.deadline),
+        deadline=scenario.trace.at(scenario.deadline), checkpoint_engine=p.checkpoint_engine,
     )
 
 
@@ -219,10 +219,12 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     waiting: list[Task] = []
     for i, action in todo:
         task = scenario.trace.tasks[i]
-        if action == MIGRATE:
+        if action in (MIGRATE, RETURN_HOME):
             seconds = scenario.checkpoint_s(task, node)
             moving += seconds
-            ledger.idle += scenario.gpus(task) * seconds / HOUR  # paused while it moves
+            # Paused while it moves; one restored at home after the patch waits for the patch too.
+            paused = seconds + (scenario.patch_s if action == RETURN_HOME else 0)
+            ledger.idle += scenario.gpus(task) * paused / HOUR
         elif action == COLD_START:
             ledger.kill(task, begins)
         else:  # finish first, or no capacity to move it: it runs to its end
