@@ -174,16 +174,13 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any) -> list[int]:
             "node__cluster__name", "node__pool", "n"):
         in_cluster[cluster] += count
         in_pool[f"{cluster}/{pool}"] += count
-    # Waves go in order: wave v starts only when every wave up to v-2 is finished, so the
-    # nodes receiving its workloads (wave v+2 or later) have not started either.
     admitted: list[int] = []
     pending = sweeps.filter(state=SweepState.PENDING, wave__lte=lowest + 1).order_by("wave", "position").values(
         "id", "wave", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
     for row in pending:
         cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"
-        if in_cluster[cluster] >= cluster_limit.get(cluster, 1):
-            continue
-        if pool_limit is not None and in_pool[pool] >= pool_limit.get(pool, 1):
+        if not policy.admits(row["wave"], lowest, in_cluster[cluster], cluster_limit.get(cluster, 1), in_pool[pool],
+                             pool_limit.get(pool, 1) if pool_limit is not None else None):
             continue
         event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
                                             EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})

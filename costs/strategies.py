@@ -28,6 +28,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from campaigns import policy
 from campaigns.planner import parse_limit
 from costs.fleet import SimNode
 from costs.model import CADENCE_DAYS, Params
@@ -259,7 +260,7 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
         kept = []
         for wave, node_index in pending:
             cluster = scenario.nodes[node_index].cluster
-            if wave > lowest + 1 or in_flight[cluster] >= plan.limits.get(cluster, 1):
+            if not policy.admits(wave, lowest, in_flight[cluster], plan.limits.get(cluster, 1)):
                 kept.append((wave, node_index))
                 continue
             done = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index])
