@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from campaigns import evidence, policy
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
-from campaigns.models import Campaign, EvidenceSeal, NodeSweep, WorkloadMove
+from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
 from campaigns.queue import enqueue, enqueue_now
 from executors import portability
@@ -218,16 +218,24 @@ def _guarded(sweep: NodeSweep, worker: str, **extra: Any) -> Any:
 
 
 def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], query: Any = None,
-           **fields: Any) -> bool:
-    """One conditional UPDATE of the sweep (with its chain's new head) and the event; in a transaction."""
-    event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
-                                        _actor(worker), data)
+           then: tuple[str, dict[str, Any]] | None = None, sign: bool = False, **fields: Any) -> bool:
+    """One conditional UPDATE of the sweep (with its chain's new head) and its event (and a second,
+    `then`), in the caller's transaction; with `sign` the new head is signed in the same UPDATE."""
+    events = [evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
+                                          _actor(worker), data)]
+    if then is not None:
+        events.append(evidence.prepare_node_event(sweep.campaign_id, sweep.pk, events[0].node_seq or 0,
+                                                  events[0].hash, then[0], _actor(worker), then[1]))
+    head = events[-1]
+    if sign:
+        fields.update(signed_seq=head.node_seq, head_signature=evidence.head_signature(
+            sweep.campaign_id, sweep.pk, head.node_seq or 0, head.hash))
     rows = (query if query is not None else _guarded(sweep, worker)).update(
-        evidence_seq=event.node_seq, evidence_head=event.hash, **fields)
+        evidence_seq=head.node_seq, evidence_head=head.hash, **fields)
     if not rows:
         return False
-    event.save(force_insert=True)
-    sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
+    EvidenceEvent.objects.bulk_create(events)
+    sweep.evidence_seq, sweep.evidence_head = head.node_seq or 0, head.hash
     return True
 
 
@@ -265,7 +273,9 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
         }
         data = {"step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt,
                 **result.data}
-        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, **fields):
+        done = None if chain else (EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
+                                                       or sweep.versions_after})
+        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, then=done, sign=not chain, **fields):
             if following == SweepState.PATCHING:
                 # Lost to an abort (or the lease expired): hand the step over to the unwind.
                 NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
@@ -277,12 +287,10 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
             inventory.set_service_state([sweep.node_id], SERVICE_STATE_AFTER[current], ChangeSource.CAMPAIGN,
                                         reference(sweep))
         if following == SweepState.DONE:
-            _write(sweep, worker, EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
-                                                      or sweep.versions_after},
-                   query=NodeSweep.objects.filter(pk=sweep.pk, state=SweepState.DONE))
-            evidence.sign_node_head(sweep)
             enqueue("dispatch", sweep.campaign_id)
         sweep.state, sweep.attempt, sweep.step_started_at = following, 1, now
+        for name, value in result.fields.items():
+            setattr(sweep, name, value)
         return following
 
 
@@ -290,9 +298,8 @@ def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any], in_ser
     """The sweep's last transition (failed or rolled back), its signed head, and the error budget."""
     with transaction.atomic():
         if not _write(sweep, worker, final, {"from": sweep.state, **data}, state=final, lease_owner="",
-                      step_deadline=None, error=str(data.get("error", ""))[:4000]):
+                      step_deadline=None, error=str(data.get("error", ""))[:4000], sign=True):
             return False
-        evidence.sign_node_head(sweep)
         if in_service:
             inventory.set_service_state([sweep.node_id], ServiceState.IN_SERVICE, ChangeSource.CAMPAIGN,
                                         reference(sweep))
@@ -345,9 +352,8 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
             return state
         if not go_on:
             return state
-        sweep = _load(sweep_id)  # fresh campaign status (an abort) and inventory for the next step
-        if sweep is None or sweep.lease_owner != worker:
-            return state
+        # The sweep in hand is current (this worker wrote it); only an abort can have come meanwhile.
+        sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
 
 
 class _Unpinned:
