@@ -45,6 +45,7 @@ from executors.base import (
     CheckpointResult,
     Executor,
     ExecutorError,
+    InterruptedOperation,
     NodeRef,
     PermanentExecutorError,
     TemporaryExecutorError,
@@ -81,6 +82,23 @@ def op_id(sweep: NodeSweep, name: str) -> str:
     # The agent accepts [A-Za-z0-9._:-], at most 128 characters.
     safe = "".join(ch if ch.isalnum() or ch in "._:-" else "_" for ch in name)
     return f"gs-{sweep.campaign_id}-{sweep.pk}-{safe}"[:128]
+
+
+def move_op(sweep: NodeSweep, move: WorkloadMove, step: str) -> str:
+    """The operation id of a move's checkpoint ("ck") or restore ("restore"), renamed after each
+    interruption the back end reported (a new id for a run that left nothing behind)."""
+    tries = int((move.detail.get("tries") or {}).get(step, 0))
+    base = f"ck-{move.workload_ref}" if step == "ck" else f"restore-{move.pk}"
+    return op_id(sweep, f"{base}.{tries}" if tries else base)
+
+
+def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> TemporaryExecutorError:
+    """Record that the move's `step` runs again under a new operation id; the step is retried."""
+    tries = dict(move.detail.get("tries") or {})
+    tries[step] = int(tries.get(step, 0)) + 1
+    move.detail = {**move.detail, "tries": tries}
+    WorkloadMove.objects.filter(pk=move.pk).update(detail=move.detail)
+    return TemporaryExecutorError(f"{exc}; it runs again under a new operation id")
 
 
 def reference(sweep: NodeSweep) -> str:
@@ -462,8 +480,8 @@ def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move:
         # A restore was under way: finish it where it went (same operation id) rather than
         # starting a second copy here; only a restore that failed comes home.
         try:
-            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
-        except PermanentExecutorError:
+            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except (PermanentExecutorError, InterruptedOperation):
             pass
         else:
             entry = {"workload": name, "from": sweep.node.name, "to": move.target_node.name,
@@ -585,8 +603,11 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
                     "and cold restart is not allowed")
         if checkpoint:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
-                                   requires=move.detail.get("requires"))
+            try:
+                result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
+                                       requires=move.detail.get("requires"))
+            except InterruptedOperation as exc:
+                raise _renamed(move, "ck", exc) from exc
             done.append(_checkpointed(sweep, move, engine, result))
         else:
             if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
@@ -629,8 +650,10 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
     name = move.workload_name or move.workload_ref
     if checkpoint:
         try:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
+            result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
                                    requires=move.detail.get("requires"))
+        except InterruptedOperation as exc:
+            raise _renamed(move, "ck", exc) from exc
         except PermanentExecutorError:
             result = None
         if result is not None:
@@ -701,7 +724,10 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             move.target_node, move.target_node_id = target, target.pk
         assert move.target_node is not None
         target = move.target_node
-        result = ex.restore(node_ref(target), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
+        try:
+            result = ex.restore(node_ref(target), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except InterruptedOperation as exc:
+            raise _renamed(move, "restore", exc) from exc
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")

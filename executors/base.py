@@ -50,6 +50,11 @@ class TemporaryExecutorError(ExecutorError):
     """The step may succeed if tried again (unreachable agent, timeout, busy)."""
 
 
+class InterruptedOperation(TemporaryExecutorError):
+    """The back end lost the operation midway (its agent restarted) and nothing lasting came of it:
+    it may be run again, under a new operation id (the old one stays failed)."""
+
+
 class PermanentExecutorError(ExecutorError):
     """The step cannot succeed on this node; the node sweep fails (and is undone if not yet patched)."""
 

@@ -200,6 +200,10 @@ class ArtifactStore:
     def release(self, checkpoint_id: str) -> None:
         raise NotImplementedError
 
+    def claimed_by(self, checkpoint_id: str) -> str | None:
+        """Who holds the restore claim on a checkpoint (None when nobody does)."""
+        raise NotImplementedError
+
     def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -293,6 +297,12 @@ class LocalArtifactStore(ArtifactStore):
 
     def release(self, checkpoint_id: str) -> None:
         (self.image_dir(checkpoint_id) / CLAIM).unlink(missing_ok=True)
+
+    def claimed_by(self, checkpoint_id: str) -> str | None:
+        path = self.image_dir(checkpoint_id) / CLAIM
+        if not path.exists():
+            return None
+        return str((read_json(path, {}) or {}).get("by", "?"))
 
     def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
         write_json_atomic(self.image_dir(checkpoint_id) / RESTORED, info)
