@@ -660,10 +660,16 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             with api.lock:
                 since = query.get("resourceVersion", "")
                 pending: list[dict[str, Any]] = []
-                if since in ("", "0"):
+                initial = query.get("sendInitialEvents") == "true"
+                if since in ("", "0") or initial:
                     pending = [{"type": "ADDED", "object": o} for o in api.objects(kind.plural, namespace or None)
                                if wanted(o)]
                     cursor = api.rv
+                    if initial:
+                        # A streaming list (WatchList) ends its initial events with this bookmark.
+                        pending.append({"type": "BOOKMARK", "object": {
+                            "kind": kind.kind, "apiVersion": kind.api_version, "metadata": {
+                                "resourceVersion": str(cursor), "annotations": {"k8s.io/initial-events-end": "true"}}}})
                 else:
                     cursor = int(since)
                     if api.events and api.events[0][0] > cursor + 1:
