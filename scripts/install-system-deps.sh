@@ -8,6 +8,8 @@ PACKAGES=(
   slurm-wlm slurm-client munge
   # the real browser the UI tests drive through Playwright
   chromium
+  # certificates for the TLS test Kubernetes API server (tests/kube/pki.py)
+  openssl
 )
 
 missing=()

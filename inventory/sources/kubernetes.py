@@ -19,7 +19,9 @@ nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
 nvidia.com/cuda.runtime-version.full or nvidia.com/cuda.runtime.major|minor. Kernel and OS
 come from status.nodeInfo. Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
-describe what the pod runs.
+describe what the pod runs; StatefulSet and Job pods count as not checkpointable
+(``pod_checkpoint_engine``): their controller recreates them under their own identity.
+``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
 from __future__ import annotations
