@@ -192,17 +192,17 @@ def bench_sweep(nodes: int, parallelism: int, step: float, database_url: str | N
     with tempfile.TemporaryDirectory() as tmp:
         dropped = _setup_django(database_url, tmp)
         try:
-            from campaigns import services
+            from campaigns import queue
             from campaigns.models import NodeSweep
 
             fleet = _build_fleet(nodes, step)
             pool = Pool(parallelism + 4)
-            services.ENQUEUE.insert(0, pool.enqueue)
+            queue.ENQUEUE.insert(0, pool.enqueue)
             try:
                 one, first = _run_campaign(["gpu00000"], 1, pool)
                 makespan, campaign = _run_campaign(None, parallelism, pool)
             finally:
-                services.ENQUEUE.pop(0)
+                queue.ENQUEUE.pop(0)
                 pool.stop()
             states = dict.fromkeys(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True), 0)
             for state in NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True):

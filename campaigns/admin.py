@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
+from campaigns.models import Approval, Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, Plan, WorkloadMove
 
 
 @admin.register(Campaign)
@@ -39,8 +39,24 @@ class WorkloadMoveAdmin(admin.ModelAdmin):
 class EvidenceEventAdmin(admin.ModelAdmin):
     """Read only: the log is append-only and hash-chained."""
 
-    list_display = ("campaign", "seq", "sweep", "kind", "actor", "at")
+    list_display = ("campaign", "seq", "sweep", "node_seq", "kind", "actor", "at")
     list_filter = ("kind",)
+
+    def has_add_permission(self, request: object) -> bool:
+        return False
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(EvidenceSeal)
+class EvidenceSealAdmin(admin.ModelAdmin):
+    """Read only: signed statements of the chain heads."""
+
+    list_display = ("campaign", "number", "reason", "at", "key_id")
 
     def has_add_permission(self, request: object) -> bool:
         return False

@@ -1,0 +1,56 @@
+"""A campaign's rules, in one place for the API, the UI, the services, the engine and the planner.
+
+- The error budget: how many failed nodes a campaign tolerates; one more halts it.
+- The workload policy: what happens to a workload on a node being drained.
+- The step deadline: when a step that has not finished is re-driven.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from campaigns.planner import PlanError, parse_limit
+from inventory.choices import WorkloadPolicy
+
+if TYPE_CHECKING:
+    from campaigns.models import Campaign
+
+
+def allowed_failures(error_budget: str, total: int) -> int:
+    """Failed nodes tolerated out of `total`: '2' or '10%' (rounded down); '0' halts at the first."""
+    text = (error_budget or "").strip()
+    if text in ("0", "0%"):
+        return 0
+    return parse_limit(text, total, "error_budget")
+
+
+def check_error_budget(error_budget: str) -> None:
+    """Raise PlanError (naming the field) for a budget that is not '0', a count or a percentage."""
+    allowed_failures(error_budget, 100)
+
+
+def workload_policy(campaign: Campaign, ref: str, name: str, own_policy: str) -> str:
+    """A per-workload override first, then the workload's own non-default policy, then the campaign's."""
+    overrides = campaign.workload_overrides or {}
+    if ref in overrides:
+        return str(overrides[ref])
+    if name and name in overrides:
+        return str(overrides[name])
+    # A workload's own non-default policy (set by its owner) beats the campaign default.
+    if own_policy and own_policy != WorkloadPolicy.CHECKPOINT:
+        return own_policy
+    return campaign.workload_policy
+
+
+def check_overrides(overrides: object) -> None:
+    if not isinstance(overrides, dict):
+        raise PlanError('workload_overrides must be an object: {"workload id or name": "policy"}')
+    bad = {k: v for k, v in overrides.items() if v not in WorkloadPolicy.values()}
+    if bad:
+        raise PlanError(f"workload_overrides: unknown policies {bad}; use {WorkloadPolicy.values()}")
+
+
+def step_deadline(step_timeout_s: int, now: datetime) -> datetime:
+    """A step still running after this is taken to be lost (its worker died) and re-driven."""
+    return now + timedelta(seconds=step_timeout_s)
