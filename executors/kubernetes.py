@@ -546,7 +546,8 @@ class KubernetesExecutor(Executor):
                     return str(env["value"])
         return f"pod-{_meta(pod)['uid']}"
 
-    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
+                   requires: dict[str, Any] | None = None) -> CheckpointResult:
         namespace, name = _split(workload_id)
         pod = self._call(self.kube.pod, namespace, name)
         if pod is None:
@@ -561,25 +562,35 @@ class KubernetesExecutor(Executor):
             raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
                                          "its controller restarts it (policy cold_restart) or it is waited for")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
+        if requires is None:
+            requires = self._requirements(pod, engine, self._portability_facts(node)).as_dict()
         via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
         if via == "kubelet":
             taken = self._kubelet_checkpoint(node, pod)
         else:
-            done = self.agents.checkpoint(self._need_agent(node), self._workload_id(pod), engine, operation_id)
+            ref = self._need_agent(node)
+            # The agent checks a restore against its own facts, so it gets the rule applied to its own.
+            own = self.agents.client(ref).get("/v1/facts")
+            mine = self._requirements(pod, engine, portability.node_facts(
+                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}))
+            done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
-        notes = _annotations(pod)
-        needed = portability.requirements(
-            engine, self._portability_facts(node), gpus=pod_gpus(pod),
-            inference_engine=notes.get("gpusweep.io/engine", ""), engine_version=notes.get(
-                "gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
-            model_version=notes.get("gpusweep.io/model-version", ""),
-            requires=json.loads(notes.get("gpusweep.io/requires", "{}") or "{}"))
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
-                  "requires": needed.as_dict()}
+                  "requires": requires}
         self._call(self.kube.patch_pod, namespace, name, {"metadata": {
             "labels": {CHECKPOINT_ID: record["id"]},
             "annotations": {CHECKPOINTED: json.dumps(record, sort_keys=True), CAMPAIGN: campaign_of(operation_id)}}})
         return self._result(record, workload_id)
+
+    @staticmethod
+    def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str]) -> portability.Requirements:
+        """The portability rule for this pod's image, from its annotations, on a node with `facts`."""
+        notes = _annotations(pod)
+        return portability.requirements(
+            engine, facts, gpus=pod_gpus(pod), inference_engine=notes.get("gpusweep.io/engine", ""),
+            engine_version=notes.get("gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
+            model_version=notes.get("gpusweep.io/model-version", ""),
+            requires=json.loads(notes.get("gpusweep.io/requires", "{}") or "{}"))
 
     @staticmethod
     def _result(record: dict[str, Any], workload_id: str) -> CheckpointResult:

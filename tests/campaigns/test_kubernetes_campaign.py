@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from campaigns import engine, services
+from campaigns import engine, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
@@ -24,6 +24,14 @@ from tests.kube.gpu_operator import SKIP, STATE, GpuOperator
 from tests.kube.objects import cluster_policy, pdb
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def synchronous() -> Iterator[None]:
+    """drive() runs every step itself: nothing goes to a broker."""
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: None)
+    yield
+    queue.ENQUEUE.pop(0)
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +144,7 @@ def test_an_abort_leaves_no_node_cordoned_or_tainted(tmp_path: Path) -> None:
         made = campaign(["n0", "n1"])
         engine.dispatch(made.pk)
         for sweep in NodeSweep.objects.filter(campaign=made, state=SweepState.DRAINING):
-            engine.advance(sweep.pk)
+            engine.advance(sweep.pk, max_steps=1)
         assert fleet.api.get("nodes", "n0")["spec"]["unschedulable"] is True
         services.abort(made.pk, None, "operator changed their mind")
         done = drive(made.pk)
