@@ -390,6 +390,9 @@ class KubernetesExecutor(Executor):
             return f"the Kubernetes API cannot be read: {exc}"
         if obj is None:
             return f"no node {node.name!r} in the Kubernetes cluster"
+        if self.connection.get("agents") is not False and self._agent(node, obj) is None:
+            return (f"no agent endpoint for node {node.name}: no heartbeat, no {AGENT_ENDPOINT} annotation and no "
+                    "InternalIP (or set connection agents: false)")
         return ""
 
     def maintenance_hold(self, node: NodeRef) -> str:
@@ -814,8 +817,9 @@ class KubernetesExecutor(Executor):
         if record.get("op") != operation_id:
             record = {"op": operation_id, "version": version, "started": _now(),
                       "before": node_from_kubernetes(obj).components.get("driver", "")}
-            self._hold_others(node.name, version, operation_id)
-            self._set_operator_version(obj, version)
+            plural, resource, selector = self._governing(obj)
+            self._hold_others(node.name, selector, version, operation_id)
+            self._set_operator_version(plural, resource, version)
             self._update_node(node.name, lambda current: self._lift(current, record))
         until = time.monotonic() + self.option("upgrade_wait_s", 60)
         while True:
@@ -854,10 +858,12 @@ class KubernetesExecutor(Executor):
         return {"metadata": {"labels": new_labels, "annotations": {
             PATCH_RECORD: json.dumps(record, sort_keys=True), SKIP_SET_BY: None}}}
 
-    def _hold_others(self, this: str, version: str, operation_id: str) -> None:
-        """Every other GPU node not at `version`, and not being upgraded to it by gpusweep, gets the skip label
-        before the version changes, so the operator upgrades only the nodes whose work has moved."""
-        for other in self._call(self.kube.nodes, "nvidia.com/gpu.present=true"):
+    def _hold_others(self, this: str, selector: dict[str, str], version: str, operation_id: str) -> None:
+        """Every other GPU node the same resource governs (`selector`), not at `version` and not being upgraded
+        to it by gpusweep, gets the skip label before the version changes: the operator upgrades only the nodes
+        whose work has moved."""
+        chosen = ",".join(["nvidia.com/gpu.present=true", *(f"{k}={v}" for k, v in sorted(selector.items()))])
+        for other in self._call(self.kube.nodes, chosen):
             name = _meta(other)["name"]
             if name == this:
                 continue
@@ -872,28 +878,31 @@ class KubernetesExecutor(Executor):
 
             self._update_node(name, hold)
 
-    def _set_operator_version(self, node: dict[str, Any], version: str) -> None:
-        """spec.version of the node's NVIDIADriver, else spec.driver.version of the ClusterPolicy."""
+    def _governing(self, node: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
+        """The resource that sets the node's driver version: its NVIDIADriver (by nodeSelector, or the one
+        named in the connection), else the ClusterPolicy; with the node selector it governs."""
         settings = self.connection.get("gpu_operator") or {}
         labels = _labels(node)
-        drivers = [d for d in self._call(self.kube.custom_objects, "nvidia.com", "v1alpha1", "nvidiadrivers")
-                   if (settings.get("nvidia_driver") and _meta(d)["name"] == settings["nvidia_driver"]) or (
-                       not settings.get("nvidia_driver") and all(labels.get(k) == v for k, v in (
-                           (d.get("spec") or {}).get("nodeSelector") or {}).items()))]
-        if drivers:
-            driver = drivers[0]
-            if (driver.get("spec") or {}).get("version") != version:
-                self._call(self.kube.patch_custom, "nvidia.com", "v1alpha1", "nvidiadrivers", _meta(driver)["name"],
-                           {"spec": {"version": version}})
-            return
-        policies = [p for p in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies")
-                    if not settings.get("cluster_policy") or _meta(p)["name"] == settings["cluster_policy"]]
-        if not policies:
-            raise PermanentExecutorError("driver_management gpu-operator: no NVIDIADriver selects node "
-                                         f"{_meta(node)['name']} and no ClusterPolicy exists")
-        policy = policies[0]
-        if ((policy.get("spec") or {}).get("driver") or {}).get("version") != version:
-            self._call(self.kube.patch_custom, "nvidia.com", "v1", "clusterpolicies", _meta(policy)["name"],
+        for driver in self._call(self.kube.custom_objects, "nvidia.com", "v1alpha1", "nvidiadrivers"):
+            selector = {str(k): str(v) for k, v in ((driver.get("spec") or {}).get("nodeSelector") or {}).items()}
+            named = settings.get("nvidia_driver")
+            if (named and _meta(driver)["name"] == named) or (not named and all(
+                    labels.get(k) == v for k, v in selector.items())):
+                return "nvidiadrivers", driver, selector
+        for policy in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies"):
+            if not settings.get("cluster_policy") or _meta(policy)["name"] == settings["cluster_policy"]:
+                return "clusterpolicies", policy, {}
+        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node "
+                                     f"{_meta(node)['name']} and no ClusterPolicy exists")
+
+    def _set_operator_version(self, plural: str, resource: dict[str, Any], version: str) -> None:
+        """spec.version of an NVIDIADriver, spec.driver.version of a ClusterPolicy."""
+        spec = resource.get("spec") or {}
+        if plural == "nvidiadrivers" and spec.get("version") != version:
+            self._call(self.kube.patch_custom, "nvidia.com", "v1alpha1", plural, _meta(resource)["name"],
+                       {"spec": {"version": version}})
+        elif plural == "clusterpolicies" and (spec.get("driver") or {}).get("version") != version:
+            self._call(self.kube.patch_custom, "nvidia.com", "v1", plural, _meta(resource)["name"],
                        {"spec": {"driver": {"version": version}}})
 
 

@@ -156,6 +156,34 @@ def test_an_abort_leaves_no_node_cordoned_or_tainted(tmp_path: Path) -> None:
         assert n1["spec"]["unschedulable"] is True and not n1["spec"].get("taints"), "the admin's cordon stays"
 
 
+def test_an_abort_after_the_checkpoint_brings_the_work_home_in_its_own_pod(tmp_path: Path) -> None:
+    """Rolled back between checkpoint and migration: the node leaves maintenance and the original
+    pod's restarting container restores its own checkpoint; no replacement is made."""
+    with KubeFleet(tmp_path, ["n0", "n1"]) as fleet:
+        log = tmp_path / "counter.log"
+        fleet.counter_pod("ml", "trainer", "n0", "signal", log)
+        fleet.helpers.wait_steps(log, 3)
+        fleet.make_cluster()
+        made = campaign(["n0"])
+        engine.dispatch(made.pk)
+        sweep = NodeSweep.objects.get(campaign=made)
+        engine.advance(sweep.pk, max_steps=2)
+        assert NodeSweep.objects.get(pk=sweep.pk).state == SweepState.MIGRATING
+        stopped_at = len(fleet.helpers.steps(log))
+        services.abort(made.pk, None, "window closed")
+        done = drive(made.pk)
+        assert NodeSweep.objects.get(pk=sweep.pk).state == SweepState.ROLLED_BACK, done.status_reason
+        assert untouched(fleet, "n0")
+        move = WorkloadMove.objects.get(sweep=sweep)
+        assert move.state == MoveState.RETURNED and move.new_workload_ref == "ml/trainer"
+        pod = fleet.api.get("pods", "trainer", "ml")
+        assert "gpusweep.io/checkpoint-id" not in pod["metadata"]["labels"] and pod["status"]["containerStatuses"][
+            0]["restartCount"] >= 1
+        assert [p["metadata"]["name"] for p in fleet.api.objects("pods", "ml")] == ["trainer"]
+        after = fleet.helpers.wait_steps(log, stopped_at + 3)
+        assert after == list(range(1, len(after) + 1)), "the counter did not go on from its checkpoint"
+
+
 def test_the_gpu_operator_upgrades_only_the_nodes_gpusweep_releases_in_plan_order(tmp_path: Path) -> None:
     """Done-when 3: skip labels hold every node until its turn; the operator's upgrade state is
     followed to done, or to failed (n2 here), which fails that node's sweep."""

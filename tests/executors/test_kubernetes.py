@@ -6,6 +6,7 @@ tests/campaigns/test_kubernetes_campaign.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,9 @@ from executors.kubernetes import CHECKPOINT_ID, CHECKPOINTED, DRAINED_BY, TAINT,
 from inventory.models import Cluster
 from tests.helpers import wait_for
 from tests.kube.apiserver import KubeApiServer
+from tests.kube.gpu_operator import GpuOperator
 from tests.kube.kubelet import Kubelet
-from tests.kube.objects import gpu_node, gpu_pod, pdb
+from tests.kube.objects import cluster_policy, gpu_node, gpu_pod, nvidia_driver, pdb
 
 OP = "gs-7-11-drain"
 
@@ -31,10 +33,13 @@ def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApiSer
         yield api
 
 
-def executor(api: KubeApiServer, **connection: object) -> KubernetesExecutor:
+def executor(api: KubeApiServer, executor_options: dict[str, object] | None = None,
+             **connection: object) -> KubernetesExecutor:
+    options = {"eviction_wait_s": 0.2, "eviction_deadline_s": 1, "restore_wait_s": 10, "poll_s": 0.1,
+               **(executor_options or {})}
     cluster = Cluster(name="prod", kind="kubernetes", secret_env={"token": "GPUSWEEP_TEST_KUBE_TOKEN"}, connection={
         "executor": "kubernetes", "host": api.url, "ca_cert": str(api.ca_path), "agents": False, **connection,
-        "executor_options": {"eviction_wait_s": 0.2, "eviction_deadline_s": 1, "restore_wait_s": 10, "poll_s": 0.1}})
+        "executor_options": options})
     ex = get_executor(cluster, **cluster.connection["executor_options"])
     assert isinstance(ex, KubernetesExecutor)
     return ex
@@ -164,3 +169,57 @@ def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_resto
     # The same operation again finds the replacement instead of making a second one.
     assert ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore") == moved
     assert len([p for p in kube.objects("pods", "ml")]) == 1
+
+
+def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer) -> None:
+    kube.nodes = [gpu_node("a1", pool="a", labels={"pool": "a"}), gpu_node("b1", pool="b", labels={"pool": "b"}),
+                  gpu_node("a2", pool="a", labels={"pool": "a"})]
+    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    kube.put("nvidiadrivers", nvidia_driver("pool-a", "570.86.15", {"pool": "a"}))
+    kube.put("nvidiadrivers", nvidia_driver("pool-b", "570.86.15", {"pool": "b"}))
+    operator = GpuOperator(kube)
+    ex = executor(kube, driver_management="gpu-operator", executor_options={"upgrade_wait_s": 15, "poll_s": 0.1})
+    done = ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver")
+    assert (done.before, done.after) == ("570.86.15", "570.195.03")
+    assert kube.get("nvidiadrivers", "pool-a")["spec"]["version"] == "570.195.03"
+    assert kube.get("nvidiadrivers", "pool-b")["spec"]["version"] == "570.86.15"
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.86.15"
+    a2 = kube.get("nodes", "a2")["metadata"]
+    assert a2["labels"]["nvidia.com/gpu-driver-upgrade.skip"] == "true"
+    assert a2["annotations"]["gpusweep.io/upgrade-skip-set-by"] == "gs-7-11-patch-driver"
+    # Pool b's driver does not change: its nodes are not held.
+    assert "nvidia.com/gpu-driver-upgrade.skip" not in kube.get("nodes", "b1")["metadata"]["labels"]
+    assert operator.started("") == ["a1"]
+    # A retry of the same operation reads what the first did and waits for nothing more.
+    assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
+    assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
+    # A skip label an administrator set is theirs: the node is held, not upgraded.
+    kube.mutate("nodes", "b1", "", lambda n: n["metadata"]["labels"].update({
+        "nvidia.com/gpu-driver-upgrade.skip": "true"}))
+    assert "excluded from driver upgrades" in ex.maintenance_hold(ref("b1"))
+    with pytest.raises(PermanentExecutorError, match="set by someone other than gpusweep"):
+        ex.patch(ref("b1"), "driver", "570.195.03", "gs-7-12-patch-driver")
+
+
+def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: KubeApiServer, tmp_path: Path) -> None:
+    for name in ("n1", "n2"):
+        Kubelet(kube, name, tmp_path / name)
+    kube.mutate("nodes", "n1", "", lambda n: n["spec"].update(unschedulable=True))
+    kube.put("pods", gpu_pod("ml", "bare", "n1", 1))
+    kube.put("pods", gpu_pod("ml", "web-7c9d-x", "n1", 1, owner={
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c9d", "uid": "rs"}))
+    ex = executor(kube)
+    ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")
+    ex.stop(ref("n1"), "ml/web-7c9d-x", "gs-7-11-stop-ml_web")
+    assert wait_for(lambda: {p["metadata"]["name"] for p in kube.objects("pods", "ml")} == {"bare-gs" + _h(
+        "gs-7-11-stop-ml_bare")}, 10, 0.1)
+    fresh = kube.objects("pods", "ml")[0]
+    assert fresh["spec"]["nodeName"] == "n2" and fresh["metadata"]["annotations"]["gpusweep.io/replaces"] == "ml/bare"
+    assert "affinity" not in fresh["spec"], "a cold start goes wherever the scheduler puts it"
+    assert kube.happened("evicted", "ml/web-7c9d-x") and kube.happened("evicted", "ml/bare")
+    ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")  # already done: nothing more
+    assert len(kube.objects("pods", "ml")) == 1
+
+
+def _h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
