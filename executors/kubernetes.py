@@ -18,7 +18,9 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   artifact store, e.g. a PersistentVolume) or, with the pod annotation
   ``gpusweep.io/checkpoint-via: kubelet``, the kubelet's ContainerCheckpoint API through the API
   server's node proxy. The pod is then labelled ``gpusweep.io/checkpoint-id`` and annotated with
-  the record (``gpusweep.io/checkpointed``: operation, engine, portability requirements).
+  the record (``gpusweep.io/checkpointed``: operation, engine, and the engine's portability
+  requirements, which a restore checks against the target's facts). The agent gets the same rule
+  applied to its own facts, since it checks a restore against what it reads itself.
 - restore: a replacement pod, a copy of the original's spec with a required node affinity to
   the target the engine chose and ``gpusweep.io/restore-from`` naming the checkpoint; its
   container's ``gpusweep-run`` finds the pending checkpoint through its agent and resumes it
@@ -146,6 +148,24 @@ def label_value(text: str) -> str:
 
 def _now() -> float:
     return time.time()
+
+
+def _pod_name(base: str, key: str) -> str:
+    """A pod name derived from `base` and `key`, the same for every retry (DNS label, 63 characters)."""
+    return label_value(f"{base}-gs{hashlib.sha256(key.encode()).hexdigest()[:8]}").lower().replace("_", "-")
+
+
+def _declared(pod: dict[str, Any]) -> dict[str, str]:
+    """What the pod declares its checkpoint needs (annotation ``gpusweep.io/requires``, a JSON object)."""
+    text = _annotations(pod).get("gpusweep.io/requires") or "{}"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise PermanentExecutorError(f"pod {_pod_ref(pod)}: annotation gpusweep.io/requires is not a JSON object: "
+                                     f"{text[:200]!r}")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _split(workload_id: str) -> tuple[str, str]:
@@ -413,22 +433,22 @@ class KubernetesExecutor(Executor):
         return ""
 
     # -- reads -----------------------------------------------------------------------
-    def _versions(self, node: NodeRef, obj: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-        """(what GPU feature discovery and the kubelet report, what the agent reports)."""
-        observed = node_from_kubernetes(obj).components
+    def _observed(self, node: NodeRef, obj: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """(the versions as gpusweep reads them, what GPU feature discovery and the kubelet report, what the
+        agent reports). The agent installed host drivers itself; the operator's containerized driver shows in
+        GFD's labels first."""
+        labels = dict(node_from_kubernetes(obj).components)
         ref = self._agent(node, obj)
-        return dict(observed), (self.agents.facts(ref) if ref is not None else {})
+        agent = self.agents.facts(ref) if ref is not None else {}
+        return ({**labels, **agent} if self.mode == "agent" else {**agent, **labels}), labels, agent
 
     def facts(self, node: NodeRef) -> dict[str, str]:
-        labels, agent = self._versions(node, self._node(node.name))
-        # The agent installed host drivers itself; the operator's containerized driver shows in GFD's labels.
-        return {**labels, **agent} if self.mode == "agent" else {**agent, **labels}
+        return self._observed(node, self._node(node.name))[0]
 
     def _portability_facts(self, node: NodeRef) -> dict[str, str]:
         obj = self._node(node.name)
-        labels, agent = self._versions(node, obj)
-        versions = {**labels, **agent} if self.mode == "agent" else {**agent, **labels}
-        return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model, versions)
+        return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
+                                      self._observed(node, obj)[0])
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         found = []
@@ -447,7 +467,7 @@ class KubernetesExecutor(Executor):
                              "engine_version": notes.get("gpusweep.io/engine-version", ""),
                              "model_name": notes.get("gpusweep.io/model", ""),
                              "model_version": notes.get("gpusweep.io/model-version", "")},
-                requires=json.loads(notes.get("gpusweep.io/requires", "{}") or "{}"),
+                requires=_declared(pod),
             ))
         return found
 
@@ -479,11 +499,12 @@ class KubernetesExecutor(Executor):
             notes, spec = _annotations(obj), obj.get("spec") or {}
             taints = spec.get("taints") or []
             kept = [t for t in taints if t.get("key") != TAINT]
-            if DRAINED_BY not in notes and kept == taints and CAMPAIGN not in _labels(obj):
+            if DRAINED_BY not in notes and kept == taints and CAMPAIGN not in _labels(obj) \
+                    and PATCH_RECORD not in notes:
                 return None
             patch: dict[str, Any] = {
-                "metadata": {"labels": {CAMPAIGN: None},
-                             "annotations": {DRAINED_BY: None, CAMPAIGN: None, CORDONED_BEFORE: None}},
+                "metadata": {"labels": {CAMPAIGN: None}, "annotations": {
+                    DRAINED_BY: None, CAMPAIGN: None, CORDONED_BEFORE: None, PATCH_RECORD: None}},
                 "spec": {"taints": kept or None}}
             if notes.get(CORDONED_BEFORE) != "true":
                 patch["spec"]["unschedulable"] = None
@@ -593,7 +614,7 @@ class KubernetesExecutor(Executor):
             engine, facts, gpus=pod_gpus(pod), inference_engine=notes.get("gpusweep.io/engine", ""),
             engine_version=notes.get("gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
             model_version=notes.get("gpusweep.io/model-version", ""),
-            requires=json.loads(notes.get("gpusweep.io/requires", "{}") or "{}"))
+            requires=_declared(pod))
 
     @staticmethod
     def _result(record: dict[str, Any], workload_id: str) -> CheckpointResult:
@@ -636,7 +657,7 @@ class KubernetesExecutor(Executor):
         if pod is None:
             return
         if pod_controller(pod) is None:
-            copy_name = label_value(f"{name}-gs{hashlib.sha256(operation_id.encode()).hexdigest()[:8]}").lower()
+            copy_name = _pod_name(name, operation_id)
             fresh = self._copy(pod, copy_name, {REPLACES: workload_id, OPERATION: operation_id,
                                                 CAMPAIGN: campaign_of(operation_id)}, {})
             try:
@@ -701,7 +722,7 @@ class KubernetesExecutor(Executor):
                             operation_id: str) -> dict[str, Any]:
         checkpoint_id = str(record["id"])
         namespace, name = _split(_pod_ref(original))
-        new_name = label_value(f"{name}-gs{hashlib.sha256(checkpoint_id.encode()).hexdigest()[:8]}").lower()
+        new_name = _pod_name(name, checkpoint_id)
         pod = self._copy(original, new_name, {
             RESTORE_FROM: checkpoint_id, RESTORED_RECORD: json.dumps(record, sort_keys=True),
             REPLACES: _pod_ref(original), OPERATION: operation_id, CAMPAIGN: campaign_of(operation_id),
@@ -794,8 +815,7 @@ class KubernetesExecutor(Executor):
 
     def verify(self, node: NodeRef) -> VerifyResult:
         obj = self._node(node.name)
-        labels, agent = self._versions(node, obj)
-        versions = {**labels, **agent} if self.mode == "agent" else {**agent, **labels}
+        versions, labels, agent = self._observed(node, obj)
         ready = _ready(obj)
         healthy = ready
         output = [f"node {node.name} Ready={ready}", f"GPU feature discovery: {labels}"]
