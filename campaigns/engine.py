@@ -28,9 +28,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, Count, Exists, F, Min, OuterRef, Q, Subquery, Sum, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -174,16 +174,13 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any) -> list[int]:
             "node__cluster__name", "node__pool", "n"):
         in_cluster[cluster] += count
         in_pool[f"{cluster}/{pool}"] += count
-    # Waves go in order: wave v starts only when every wave up to v-2 is finished, so the
-    # nodes receiving its workloads (wave v+2 or later) have not started either.
     admitted: list[int] = []
     pending = sweeps.filter(state=SweepState.PENDING, wave__lte=lowest + 1).order_by("wave", "position").values(
         "id", "wave", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
     for row in pending:
         cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"
-        if in_cluster[cluster] >= cluster_limit.get(cluster, 1):
-            continue
-        if pool_limit is not None and in_pool[pool] >= pool_limit.get(pool, 1):
+        if not policy.admits(row["wave"], lowest, in_cluster[cluster], cluster_limit.get(cluster, 1), in_pool[pool],
+                             pool_limit.get(pool, 1) if pool_limit is not None else None):
             continue
         event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
                                             EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})
@@ -353,9 +350,39 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
             return state
 
 
+class _Unpinned:
+    """An executor whose every call first gives this thread's database connection back to the pool.
+
+    A step waits on its node for seconds to minutes; k nodes in flight must not hold k database
+    connections meanwhile (GPUSWEEP_DB_POOL_SIZE). Inside a transaction nothing is given back.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._executor, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not connection.in_atomic_block:
+                connection.close()
+            return value(*args, **kwargs)
+
+        return call
+
+
+def executor_for(sweep: NodeSweep) -> Executor:
+    ex = get_executor(sweep.node.cluster)
+    if (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
+        return cast(Executor, _Unpinned(ex))
+    return ex
+
+
 def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
     """One step under the lease; (state now, whether this worker goes on with the next one)."""
-    ex = get_executor(sweep.node.cluster)
+    ex = executor_for(sweep)
     try:
         if sweep.state in SweepState.BEFORE_PATCH and sweep.campaign.status == CampaignStatus.ABORTED:
             return _unwind(sweep, worker, ex, SweepState.ROLLED_BACK, ""), False

@@ -251,13 +251,19 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 class _Lane:
-    """Candidate receivers in preference order, with a pointer past those that are full for good."""
+    """Candidate receivers in preference order, with a pointer past those that are full for good.
 
-    __slots__ = ("ids", "start")
+    In the lane of later waves the search starts where the last one ended (`rotor`), so work
+    carried ahead spreads over those nodes instead of piling onto the very last wave.
+    """
+
+    __slots__ = ("ids", "rotor", "start", "waves")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.start = 0
+        self.rotor = 0
+        self.waves: list[int] = []  # minus the wave of each id (the lane is sorted latest first)
 
 
 # Lanes in the order receivers are preferred.
@@ -313,24 +319,33 @@ class Capacity:
             for facts, index in self.indexes.items():
                 index[self._key(facts, node.id, True)][PATCHED].ids.append(node.id)
 
+    def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
+        if candidate == source.id or self.free[candidate] < gpus:
+            return False
+        return not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))
+
     def find(self, needed: portability.Requirements, gpus: int, source: PlanNode) -> tuple[PlanNode, int] | None:
         """The preferred receiver for a checkpoint, with the lane it came from."""
         lanes = self._index(needed.facts).get((source.cluster, *(needed.must[f] for f in needed.facts)))
         if lanes is None:
             return None
-        for lane_no, lane in enumerate(lanes):
+        for lane_no, lane in enumerate(lanes[:LATER]):
             ids = lane.ids
-            while lane.start < len(ids) and lane_no != LATER and self.free[ids[lane.start]] <= 0:
+            while lane.start < len(ids) and self.free[ids[lane.start]] <= 0:
                 lane.start += 1  # outside and patched nodes only ever fill up
             for index in range(lane.start, len(ids)):
-                candidate = ids[index]
-                if lane_no == LATER and self.wave_of[candidate] <= self.current + 1:
-                    break  # sorted by wave, latest first: nothing further is far enough ahead
-                if candidate == source.id or self.free[candidate] < gpus:
-                    continue
-                if needed.if_reported and portability.mismatches(needed, self.facts(candidate)):
-                    continue
-                return self.by_id[candidate], lane_no
+                if self._fits(ids[index], needed, gpus, source):
+                    return self.by_id[ids[index]], lane_no
+        later = lanes[LATER]
+        if len(later.waves) != len(later.ids):
+            later.waves = [-self.wave_of[i] for i in later.ids]
+        # Far enough ahead: waves after the next (a prefix, the lane being sorted latest first).
+        usable = bisect.bisect_left(later.waves, -(self.current + 1))
+        for offset in range(usable):
+            index = (later.rotor + offset) % usable
+            if self._fits(later.ids[index], needed, gpus, source):
+                later.rotor = index + 1
+                return self.by_id[later.ids[index]], LATER
         return None
 
 

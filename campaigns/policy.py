@@ -3,6 +3,8 @@
 - The error budget: how many failed nodes a campaign tolerates; one more halts it.
 - The workload policy: what happens to a workload on a node being drained.
 - The step deadline: when a step that has not finished is re-driven.
+- Admission: which pending node may start now (the engine runs it; the simulator of
+  costs/ replays it, so what it predicts is what a campaign does).
 """
 
 from __future__ import annotations
@@ -54,3 +56,16 @@ def check_overrides(overrides: object) -> None:
 def step_deadline(step_timeout_s: int, now: datetime) -> datetime:
     """A step still running after this is taken to be lost (its worker died) and re-driven."""
     return now + timedelta(seconds=step_timeout_s)
+
+
+def admits(wave: int, lowest: int, in_cluster: int, cluster_limit: int, in_pool: int = 0,
+           pool_limit: int | None = None) -> bool:
+    """May a pending node of `wave` start, with `lowest` the lowest unfinished wave?
+
+    Waves go in order: wave v starts only when every wave up to v-2 is finished, so the nodes
+    receiving its workloads (wave v+2 or later, or patched ones of v-2 and before) are not being
+    drained meanwhile; and the nodes in flight stay within the limits the approver read.
+    """
+    if wave > lowest + 1 or in_cluster >= cluster_limit:
+        return False
+    return pool_limit is None or in_pool < pool_limit

@@ -490,6 +490,10 @@ def start(campaign_id: int, user: User | None) -> Campaign:
         plan = campaign.approved_plan
         assert plan is not None
         nodes = plan.content.get("nodes", {})
+        if not nodes:
+            blocked = ", ".join(f"{b['name']} ({b['reason']})" for b in plan.content.get("blocked", []))
+            raise CampaignError(f"campaign {campaign.pk}: its plan sweeps no node"
+                                + (f"; blocked: {blocked}" if blocked else "; every node in scope is skipped"))
         sweeps = [
             NodeSweep(campaign=campaign, node_id=int(node_id), wave=item["wave"], position=item["position"],
                       target=item["target"], planned=item)

@@ -71,13 +71,17 @@ class Store:
                 yield record
             return
         folder = self.root / kind
-        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".locks").mkdir(parents=True, exist_ok=True)
         path = folder / _file_name(key)
-        with _LOCK, open(path, "a+", encoding="utf-8") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        # The lock is a file of its own that is never replaced: a lock on the data file would be
+        # lost to whoever waited on it when the rename below swaps the file.
+        with open(folder / ".locks" / path.name, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                handle.seek(0)
-                text = handle.read()
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except FileNotFoundError:
+                    text = ""
                 record = json.loads(text) if text.strip() else {}
                 before = json.dumps(record, sort_keys=True)
                 yield record
@@ -88,7 +92,7 @@ class Store:
                     tmp.write_text(after, encoding="utf-8")
                     os.replace(tmp, path)
             finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def read(self, kind: str, key: str) -> dict[str, Any] | None:
         if self.root is None:

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "advisories",
     "campaigns",
     "executors",
+    "costs",
 ]
 
 MIDDLEWARE = [
