@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 ALIASES = {
     "memory": "executors.memory.MemoryExecutor",
     "local": "executors.local.LocalExecutor",
+    "kubernetes": "executors.kubernetes.KubernetesExecutor",
 }
 DEFAULT_EXECUTOR = "local"
 

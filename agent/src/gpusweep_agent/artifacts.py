@@ -210,6 +210,10 @@ class ArtifactStore:
     def pending_for(self, workload_id: str) -> str | None:
         raise NotImplementedError
 
+    def restoration(self, checkpoint_id: str) -> dict[str, Any]:
+        """Who claimed the checkpoint and who restored it (None each while nobody has)."""
+        raise NotImplementedError
+
 
 class LocalArtifactStore(ArtifactStore):
     def __init__(self, root: Path) -> None:
@@ -306,6 +310,16 @@ class LocalArtifactStore(ArtifactStore):
 
     def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
         write_json_atomic(self.image_dir(checkpoint_id) / RESTORED, info)
+
+    def restoration(self, checkpoint_id: str) -> dict[str, Any]:
+        folder = self.image_dir(checkpoint_id)
+        out: dict[str, Any] = {}
+        for key, name in (("claimed", CLAIM), ("restored", RESTORED)):
+            try:
+                out[key] = read_json(folder / name, None)
+            except ValueError:  # the claim is being written: it exists, its content follows
+                out[key] = {}
+        return out
 
     def pending_for(self, workload_id: str) -> str | None:
         """The newest complete, unclaimed checkpoint of `workload_id`, if any."""
