@@ -15,7 +15,7 @@ from tests.executors.contract import ExecutorContract, Harness
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "agent" / "tests"))
-import agent_helpers as agents  # noqa: E402
+import agent_helpers as agents
 
 
 class TestLocalExecutor(ExecutorContract):
