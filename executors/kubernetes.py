@@ -551,7 +551,7 @@ class KubernetesExecutor(Executor):
         namespace, name = _split(_pod_ref(pod))
         since_text = _annotations(pod).get(EVICTION_BLOCKED)
         if since_text is None:
-            since_text = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            since_text = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
             self._call(self.kube.patch_pod, namespace, name, {"metadata": {"annotations": {
                 EVICTION_BLOCKED: since_text}}})
         waited = _now() - dt.datetime.fromisoformat(since_text).timestamp()
