@@ -35,8 +35,8 @@ class CampaignSerializer(serializers.ModelSerializer):
             "canary", "soak_s", "wave_growth", "growth_step", "soak_started_at",
             "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
             "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
-            "workload_placement", "workload_overrides", "approvals_required", "deadline", "step_timeout_s",
-            "node_estimate_s",
+            "workload_placement", "held_nodes", "workload_overrides", "approvals_required", "deadline",
+            "step_timeout_s", "node_estimate_s",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "soak_started_at",
