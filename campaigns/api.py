@@ -11,6 +11,8 @@ from typing import Any, cast
 import django_filters
 from django.contrib.auth.models import User
 from django.db import transaction
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -20,14 +22,20 @@ from campaigns import evidence, services
 from campaigns.choices import CampaignStatus, WorkloadPolicyChoice
 from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
 from campaigns.planner import PlanError, parse_blackouts, parse_limit, parse_windows
+from gpusweep.filters import FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
 LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
 
+APPROVAL_SUMMARY = inline_serializer("ApprovalSummary", {
+    "user": serializers.CharField(), "plan": serializers.IntegerField(), "at": serializers.DateTimeField()},
+    many=True)
+
 
 class CampaignSerializer(serializers.ModelSerializer):
-    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None)
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None,
+                                         allow_null=True)
     approvals = serializers.SerializerMethodField()
 
     class Meta:
@@ -42,6 +50,7 @@ class CampaignSerializer(serializers.ModelSerializer):
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "evidence_seq",
                             "evidence_head", "created_at"]
 
+    @extend_schema_field(APPROVAL_SUMMARY)
     def get_approvals(self, obj: Campaign) -> list[dict[str, Any]]:
         return [{"user": str(a.user), "plan": a.plan_id, "at": a.at} for a in obj.approvals.all()]
 
@@ -81,7 +90,7 @@ class PlanSerializer(serializers.ModelSerializer):
 
 
 class MoveSerializer(serializers.ModelSerializer):
-    target_node = serializers.CharField(source="target_node.name", read_only=True, default=None)
+    target_node = serializers.CharField(source="target_node.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = WorkloadMove
@@ -107,7 +116,7 @@ class EventSerializer(serializers.ModelSerializer):
                   "node_prev_hash", "node_hash"]
 
 
-class CampaignFilter(django_filters.FilterSet):
+class CampaignFilter(FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=CampaignStatus.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
 
@@ -116,7 +125,7 @@ class CampaignFilter(django_filters.FilterSet):
         fields = ["status", "name"]
 
 
-class NodeSweepFilter(django_filters.FilterSet):
+class NodeSweepFilter(FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
 
     class Meta:
@@ -124,7 +133,7 @@ class NodeSweepFilter(django_filters.FilterSet):
         fields = ["campaign", "node", "state", "wave"]
 
 
-class EventFilter(django_filters.FilterSet):
+class EventFilter(FilterSet):
     class Meta:
         model = EvidenceEvent
         fields = ["campaign", "sweep", "kind"]
@@ -176,6 +185,10 @@ class CampaignViewSet(viewsets.ModelViewSet):
                             {"changes": request.data})
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
+    @extend_schema(
+        request=inline_serializer("PlanRequest", {"dry_run": serializers.BooleanField(required=False)}),
+        responses={201: PlanSerializer, 200: inline_serializer("PlanPreview", {
+            "dry_run": serializers.BooleanField(), "content": serializers.JSONField()})})
     @action(detail=True, methods=["post"])
     def plan(self, request: Request, pk: str | None = None) -> Response:
         """Plan: stored as a new version; with {"dry_run": true} only previewed."""
@@ -188,11 +201,14 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(PlanSerializer(stored).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["get"])
+    @extend_schema(responses=PlanSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)
     def plans(self, request: Request, pk: str | None = None) -> Response:
         campaign = self.get_object()
         return Response(PlanSerializer(campaign.plans.order_by("-version"), many=True).data)
 
+    @extend_schema(parameters=[OpenApiParameter("old", int), OpenApiParameter("new", int)],
+                   responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])
     def compare(self, request: Request, pk: str | None = None) -> Response:
         """?old=1&new=2 compares two versions; without `new`, the newest (or `old`) with a fresh re-plan."""
@@ -207,8 +223,10 @@ class CampaignViewSet(viewsets.ModelViewSet):
         except services.CampaignError as exc:
             return _error(exc)
 
+    @extend_schema(request=inline_serializer("ApproveRequest", {"comment": serializers.CharField(required=False)}))
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
+        self.get_object()  # 404 for an unknown or malformed id
         try:
             campaign = services.approve(int(pk or 0), _user(request), str(_body(request).get("comment", "")))
         except services.CampaignError as exc:
@@ -227,22 +245,29 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "start")
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "pause")
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "resume")
 
+    @extend_schema(request=inline_serializer("AbortRequest", {"reason": serializers.CharField(required=False)}))
     @action(detail=True, methods=["post"])
     def abort(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "abort")
 
+    @extend_schema(responses=inline_serializer("EvidenceLog", {
+        "campaign": serializers.IntegerField(), "intact": serializers.BooleanField(),
+        "problems": serializers.ListField(child=serializers.CharField()), "events": EventSerializer(many=True)}))
     @action(detail=True, methods=["get"])
     def evidence(self, request: Request, pk: str | None = None) -> Response:
         """The whole log in order, with the chain verified now."""
