@@ -186,6 +186,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Two choice sets hold the same three workload policies (labels differ): name both.
+    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices",
+                            "CampaignWorkloadPolicyEnum": "campaigns.choices.WorkloadPolicyChoice.choices"},
 }
 
 LOGGING = {
