@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from advisories.choices import ExposureState, Severity
 from advisories.exposure import assign_deadlines
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure
-from gpusweep.filters import FilterSet
+from gpusweep.filters import DateTimeFilter, FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -124,7 +124,7 @@ class ClusterDeadlineOverrideSerializer(serializers.ModelSerializer):
 class AdvisoryFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     cve = django_filters.CharFilter(field_name="cves__cve_id", lookup_expr="iexact")
-    published_after = django_filters.DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
+    published_after = DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
 
     class Meta:
         model = Advisory

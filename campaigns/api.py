@@ -6,6 +6,7 @@ campaign); every role reads.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, cast
 
 import django_filters
@@ -27,6 +28,7 @@ from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
 LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
+WEEK_S = 7 * 24 * 3600
 
 APPROVAL_SUMMARY = inline_serializer("ApprovalSummary", {
     "user": serializers.CharField(), "plan": serializers.IntegerField(), "at": serializers.DateTimeField()},
@@ -49,6 +51,11 @@ class CampaignSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "evidence_seq",
                             "evidence_head", "created_at"]
+        # Bounded: a larger duration overflows SQLite's integer column, and the planner's times
+        # must stay dates (a server error either way).
+        extra_kwargs = {"wait_limit": {"max_value": timedelta(days=366), "min_value": timedelta(0)},
+                        "step_timeout_s": {"min_value": 1, "max_value": WEEK_S},
+                        "node_estimate_s": {"min_value": 1, "max_value": WEEK_S}}
 
     @extend_schema_field(APPROVAL_SUMMARY)
     def get_approvals(self, obj: Campaign) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from urllib.parse import unquote_to_bytes
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation
+from django.db.models import ProtectedError, RestrictedError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -82,6 +83,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.ValidationError({"non_field_errors": ["input is nested too deeply"]})
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()
+    elif isinstance(exc, ProtectedError | RestrictedError):
+        # Checked before anything is deleted: the object stays, and the answer says what holds it.
+        held_by = sorted({str(type(obj)._meta.verbose_name_plural) for obj in exc.args[1]})
+        exc = Conflict(f"cannot delete: still referenced by {', '.join(held_by) or 'other rows'}")
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -93,6 +98,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         response.data = error_body(str(response.data))
     return response
+
+
+class Conflict(exceptions.APIException):
+    status_code = HTTPStatus.CONFLICT
+    default_detail = "Conflicts with the object's state."
+    default_code = "conflict"
 
 
 class PayloadTooLarge(exceptions.APIException):

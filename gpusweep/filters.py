@@ -1,18 +1,22 @@
-"""The FilterSet every API filter derives from: integer filters bounded by the database's range.
+"""The FilterSet every API filter derives from: integers and times the database can compare.
 
 django-filter's NumberFilter takes any decimal (``?cluster_id=-2.7e218``) and hands it to the
 database, which fails the query (a server error). Here an integer column is filtered by a whole
-number within the column's range, or the request is refused with 400.
+number within the column's range, or the request is refused with 400. Times are compared in
+UTC: PostgreSQL refuses offsets beyond ±15:59 (``-18:07`` parses in Python), and a time near
+year 1 or 9999 may not exist in UTC at all (400 too).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from copy import deepcopy
 from typing import Any
 
 import django_filters
 from django import forms
 from django.db import connection, models
+from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from django_filters.rest_framework import FilterSet as DRFFilterSet
 from django_filters.rest_framework.filterset import FILTER_FOR_DBFIELD_DEFAULTS
@@ -46,8 +50,26 @@ def _integer_defaults(field: models.Field[Any, Any]) -> dict[str, int]:
     return {"min_value": low, "max_value": high}
 
 
+class UTCDateTimeField(IsoDateTimeField):
+    def to_python(self, value: Any) -> dt.datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(dt.UTC)
+        except OverflowError:
+            raise forms.ValidationError("not a time that exists in UTC", code="invalid") from None
+
+
+class DateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time, compared in UTC."""
+
+    field_class = UTCDateTimeField
+
+
 DEFAULTS = deepcopy(FILTER_FOR_DBFIELD_DEFAULTS)
 DEFAULTS.update({kind: {"filter_class": IntegerFilter, "extra": _integer_defaults} for kind in INTEGER_FIELDS})
+DEFAULTS[models.DateTimeField] = {"filter_class": DateTimeFilter}
 
 
 class FilterSet(DRFFilterSet):

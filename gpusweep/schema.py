@@ -2,8 +2,8 @@
 
 Every operation can answer 400 (a bad query, a NUL in the path), 401, 403 and 404 (no such
 object, or ``?format=`` naming no renderer); one taking a body also 409 (the object's state
-forbids it), 413 (over the upload limit) and 415 (a media type no parser reads). All of them in
-``gpusweep.errors``' format.
+forbids it), 413 (over the upload limit) and 415 (a media type no parser reads); a DELETE also
+409 (the object is still referenced). All of them in ``gpusweep.errors``' format.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ class AutoSchema(SpectacularAutoSchema):
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)
         codes = ALWAYS + (WITH_BODY if self.method in ("POST", "PUT", "PATCH") else ())
+        if self.method == "DELETE":
+            codes += (409,)  # still referenced (a protected foreign key)
         for code in codes:
             if str(code) not in responses:
                 described = OpenApiResponse(response=ERROR, description=HTTPStatus(code).phrase)

@@ -21,7 +21,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gpusweep.filters import FilterSet, IntegerFilter
+from gpusweep.filters import DateTimeFilter, FilterSet, IntegerFilter
 from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
@@ -195,7 +195,7 @@ class WorkloadFilter(FilterSet):
 
 
 class ChangeLogFilter(FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+    since = DateTimeFilter(field_name="time", lookup_expr="gte")
 
     class Meta:
         model = ChangeLog

@@ -148,3 +148,31 @@ def test_field_errors_are_named_with_dots_and_positions():
     assert flatten_errors(detail) == {"windows[1].start": ["bad time"], "name": ["required"],
                                       "non_field_errors": ["x"]}
     assert flatten_errors(["only this"]) == {"non_field_errors": ["only this"]}
+
+
+def test_times_and_durations_the_database_cannot_hold_are_refused(admin):
+    assert admin.get("/api/v1/inventory/changes/?since=2020-01-01T00:00:00-18:07").status_code == 200  # UTC
+    assert_error(admin.get("/api/v1/inventory/changes/?since=0001-01-01T00:00:00%2B05:00"), 400)
+    campaign = admin.post(CAMPAIGNS, {"name": "times"}, content_type="application/json").json()
+    url = f"{CAMPAIGNS}{campaign['id']}/"
+    for body in ({"wait_limit": "999999999 00:00:00"}, {"deadline": "0001-01-01T00:00:00+05:00"},
+                 {"deadline": "9999-12-31T23:59:59-05:00"}):
+        response = admin.patch(url, body, content_type="application/json")
+        assert response.status_code in (200, 400), (body, response.content)
+    stored = admin.patch(url, {"deadline": "2027-01-01T00:00:00-18:07"}, content_type="application/json")
+    assert stored.status_code == 200 and stored.json()["deadline"] == "2027-01-01T18:07:00Z"
+
+
+def test_a_cluster_still_referenced_by_a_campaign_is_not_deleted(admin):
+    cluster = Cluster.objects.get(name="local")
+    from campaigns.models import NodeSweep
+    from tests.campaigns.fleet import approved_campaign
+    from campaigns import services
+
+    operator, approver = user("olga", "operator"), user("abe", "approver")
+    campaign = approved_campaign(operator, approver)
+    services.start(campaign.pk, operator)
+    assert NodeSweep.objects.filter(node__cluster=cluster).exists()
+    body = assert_error(admin.delete(f"/api/v1/inventory/clusters/{cluster.pk}/"), 409)
+    assert "still referenced by node sweeps" in body["detail"]
+    assert Cluster.objects.filter(pk=cluster.pk).exists()
