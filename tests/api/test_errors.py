@@ -9,10 +9,11 @@ import json
 import pytest
 from django.test import Client
 
-from campaigns.models import Approval, Campaign, EvidenceEvent
+from campaigns import services
+from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep
 from gpusweep.errors import flatten_errors
 from inventory.models import Cluster
-from tests.campaigns.fleet import make_fleet, user
+from tests.campaigns.fleet import approved_campaign, make_fleet, user
 
 pytestmark = pytest.mark.django_db
 
@@ -165,10 +166,6 @@ def test_times_and_durations_the_database_cannot_hold_are_refused(admin):
 
 def test_a_cluster_still_referenced_by_a_campaign_is_not_deleted(admin):
     cluster = Cluster.objects.get(name="local")
-    from campaigns.models import NodeSweep
-    from tests.campaigns.fleet import approved_campaign
-    from campaigns import services
-
     operator, approver = user("olga", "operator"), user("abe", "approver")
     campaign = approved_campaign(operator, approver)
     services.start(campaign.pk, operator)
