@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
+from gpusweep.admin import ReadOnlyAdmin
 
 
 @admin.register(Campaign)
@@ -18,7 +19,9 @@ class PlanAdmin(admin.ModelAdmin):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(admin.ModelAdmin):
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Read only: an approval is given through services.approve, with its evidence event."""
+
     list_display = ("campaign", "plan", "user", "at")
 
 
@@ -36,17 +39,8 @@ class WorkloadMoveAdmin(admin.ModelAdmin):
 
 
 @admin.register(EvidenceEvent)
-class EvidenceEventAdmin(admin.ModelAdmin):
+class EvidenceEventAdmin(ReadOnlyAdmin):
     """Read only: the log is append-only and hash-chained."""
 
     list_display = ("campaign", "seq", "sweep", "kind", "actor", "at")
     list_filter = ("kind",)
-
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False
