@@ -14,17 +14,11 @@ from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep
 from gpusweep.errors import flatten_errors
 from inventory.models import Cluster
 from tests.campaigns.fleet import approved_campaign, make_fleet, user
+from tests.campaigns.test_api import login
 
 pytestmark = pytest.mark.django_db
 
 CAMPAIGNS = "/api/v1/campaigns/campaigns/"
-
-
-def login(name: str, *roles: str) -> Client:
-    user(name, *roles)
-    client = Client()
-    assert client.login(username=name, password=f"pw-{name}-123456")
-    return client
 
 
 @pytest.fixture

@@ -12,16 +12,9 @@ from django.core.management import call_command
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from tests.campaigns.fleet import user
+from tests.campaigns.test_api import login
 
 pytestmark = pytest.mark.django_db
-
-
-def login(name: str, *roles: str) -> Client:
-    user(name, *roles)
-    client = Client()
-    assert client.login(username=name, password=f"pw-{name}-123456")
-    return client
 
 
 def test_the_schema_and_the_docs_need_a_login():
