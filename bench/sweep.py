@@ -1,18 +1,25 @@
-"""Sweep benchmark: makespan against its lower bound, and planner speed.
+"""Sweep benchmark: makespan against its lower bound, SQL statements per node step, and planner speed.
 
-    .venv/bin/python bench/sweep.py [--nodes 1000] [--parallelism 50] [--step 1.0] [--plan-nodes 10000]
+    .venv/bin/python bench/sweep.py [--nodes 1000] [--parallelism 50] [--step 0.5] [--plan-nodes 10000]
+        [--workers N] [--database-url postgres://user@host:port/name] [--broker-url redis://...]
 
 1. Planner: plans --plan-nodes synthetic nodes (4 clusters, 20 pools, 2 workloads each, a
    night window) and prints the time; the target is at most 10 s for 10,000.
-2. Sweep: --nodes nodes (one 1-GPU workload each, plus receivers outside the campaign) run
-   through the real engine (campaigns.engine: conditional updates, evidence, dispatch) against
-   the memory executor whose every agent operation takes --step seconds. Celery is replaced by
-   a pool of threads fed by the same enqueue hook (the broker is not what is measured). The time
-   of one node is measured in the same run (a one-node campaign); the lower bound is
-   ceil(N / k) x that time; the target is makespan / bound <= 1.15.
+2. Statements: a 20-node campaign run in this process with every SQL statement counted, per
+   node step (a step's claim, its work and its transition, evidence and inventory writes
+   included; the exposure recompute that follows a verified patch too); target at most 25.
+3. Sweep: --nodes nodes (one 1-GPU workload each, checkpointed with the `signal` engine, plus
+   receivers outside the campaign, so each workload moves once) run through the real engine
+   against the memory executor whose every agent operation takes --step seconds, k =
+   --parallelism in parallel.
+   With --workers N, N real Celery worker processes (thread pools) on the broker run the tasks;
+   with 0 (the default), threads in this process stand in for them. The time of one node alone is
+   measured in the same run, the same way; the lower bound is ceil(N / k) x that time; the target
+   is makespan / bound <= 1.15.
 
 The database is a fresh SQLite file in a temporary folder, or with --database-url
 postgres://user@host:port/name a fresh database NAME_bench created and dropped by the script.
+The broker is --broker-url, else a filesystem broker in the temporary folder.
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ import math
 import os
 import queue
 import random
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def bench_planner(count: int) -> float:
@@ -42,7 +52,8 @@ def bench_planner(count: int) -> float:
         PlanNode(
             id=i, name=f"n{i:05d}", cluster=f"c{i % 4}", pool=f"p{i % 20}", gpu_model="H100", gpu_count=8,
             versions={"driver": "570.86.15" if i % 3 else "535.183.01", "cuda": "12.8"},
-            workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=2) for j in range(2)),
+            workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=2, checkpoint_engine=("cuda", "signal")[j % 2])
+                            for j in range(2)),
             target={"driver": "570.195.03" if i % 3 else "535.247.01"},
             deadline=start + timedelta(days=rng.randint(5, 60)),
         )
@@ -56,15 +67,18 @@ def bench_planner(count: int) -> float:
     began = time.perf_counter()
     result = plan(nodes, receivers, policy)
     elapsed = time.perf_counter() - began
-    print(f"planner: {count} nodes in {elapsed:.2f} s ({result['summary']['waves']} waves, "
-          f"{result['summary']['migrations']} migrations, {result['summary']['cold_starts']} cold starts) "
-          f"target <= 10 s: {'PASS' if elapsed <= 10 else 'FAIL'}")
+    summary = result["summary"]
+    print(f"planner: {count} nodes in {elapsed:.2f} s ({summary['waves']} waves, {summary['migrations']} migrations, "
+          f"{summary['cold_starts']} cold starts) target <= 10 s: {'PASS' if elapsed <= 10 else 'FAIL'}")
     return elapsed
 
 
-def _setup_django(database_url: str | None, tmp: str) -> str | None:
-    """Point Django at a fresh database; return the PostgreSQL database to drop afterwards."""
+def _setup_django(database_url: str | None, broker_url: str | None, tmp: str) -> tuple[str | None, dict[str, str]]:
+    """Point Django at a fresh database; return the PostgreSQL database to drop, and the workers' env."""
     dropped = None
+    env: dict[str, str] = {"GPUSWEEP_VAR_DIR": tmp, "GPUSWEEP_ADVISORY_SOURCES": "", "DEBUG": "true",
+                           "GPUSWEEP_MEMORY_EXECUTOR_STATE": str(Path(tmp) / "fleet"),
+                           "GPUSWEEP_CELERY_QUEUE": f"bench-sweep-{os.getpid()}", "LOG_LEVEL": "WARNING"}
     if database_url and database_url.startswith("postgres"):
         import psycopg
 
@@ -73,21 +87,21 @@ def _setup_django(database_url: str | None, tmp: str) -> str | None:
         with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{bench_name}"')
             conn.execute(f'CREATE DATABASE "{bench_name}"')
-        os.environ["DATABASE_URL"] = f"{base}/{bench_name}"
+        env["DATABASE_URL"] = f"{base}/{bench_name}"
+        env["GPUSWEEP_DB_POOL_SIZE"] = "8"
         dropped = f"{base}/postgres|{bench_name}"
     else:
         os.environ.pop("DATABASE_URL", None)
-        os.environ["GPUSWEEP_VAR_DIR"] = tmp
-    os.environ["CELERY_BROKER_URL"] = "memory://"
+    env["CELERY_BROKER_URL"] = broker_url or "filesystem://"
+    os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
-    os.environ.setdefault("LOG_LEVEL", "WARNING")
     import django
 
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    return dropped
+    return dropped, env
 
 
 class Pool:
@@ -119,7 +133,7 @@ class Pool:
                 engine.advance(object_id) if task == "advance" else engine.dispatch(object_id)
             except Exception as exc:  # noqa: BLE001 - a benchmark reports and carries on, like a worker
                 print(f"task {task}({object_id}) failed: {exc!r}", file=sys.stderr)
-        connection.close()
+            connection.close()
 
     def stop(self) -> None:
         for _ in self.threads:
@@ -128,20 +142,50 @@ class Pool:
             thread.join(timeout=30)
 
 
-def _build_fleet(nodes: int, step: float) -> Any:
+class Workers:
+    """N real Celery worker processes, each a pool of threads, on the configured broker and queue."""
+
+    def __init__(self, count: int, threads: int, env: dict[str, str], tmp: str) -> None:
+        self.logs = [Path(tmp) / f"worker-{i}.log" for i in range(count)]
+        self.procs = []
+        for index, log in enumerate(self.logs):
+            with log.open("wb") as out:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "celery", "-A", "gpusweep", "worker", "--pool", "threads",
+                     "--concurrency", str(threads), "--queues", env["GPUSWEEP_CELERY_QUEUE"],
+                     "--hostname", f"bench{index}@%h", "--loglevel", "WARNING", "--without-heartbeat",
+                     "--without-mingle", "--without-gossip"],
+                    env={**os.environ, **env}, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+        time.sleep(4)  # the workers import Django and connect to the broker
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            if proc.poll() is not None:
+                raise RuntimeError(f"a Celery worker exited at start:\n{log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _build_fleet(nodes: int, step: float, cluster_name: str = "bench", prefix: str = "gpu", spares: int = 0) -> Any:
     from executors.memory import Fleet
     from inventory.models import Cluster, Node, NodeComponent, Workload
     from inventory.versions import parse_version
 
     fleet = Fleet()
-    fleet.reset()
-    cluster = Cluster.objects.create(name="bench", kind="static",
+    cluster = Cluster.objects.create(name=cluster_name, kind="static",
                                      connection={"executor": "memory", "executor_options": {"step_seconds": step}})
     versions = {"driver": "570.86.15", "cuda": "12.8"}
-    spares = math.ceil(nodes / 7) + 2
-    names = [f"gpu{i:05d}" for i in range(nodes)] + [f"spare{i:04d}" for i in range(spares)]
+    names = [f"{prefix}{i:05d}" for i in range(nodes)]
+    spare_names = [f"spare{i:04d}" for i in range(spares)]
     Node.objects.bulk_create([Node(cluster=cluster, name=name, gpu_model="H100", gpu_count=8,
-                                   labels={"sweep": "yes" if name.startswith("gpu") else "no"}) for name in names])
+                                   labels={"sweep": cluster_name if name in names else "spare"})
+                              for name in names + spare_names])
     by_name = {n.name: n for n in Node.objects.filter(cluster=cluster)}
     NodeComponent.objects.bulk_create([
         NodeComponent(node=node, component=c, version=v, version_key=parse_version(c, v).key,
@@ -150,17 +194,17 @@ def _build_fleet(nodes: int, step: float) -> Any:
     ])
     Workload.objects.bulk_create([
         Workload(cluster=cluster, node=by_name[name], kind="process", scheduler_id=f"{name}-w", name=f"job-{name}",
-                 gpus=1, checkpoint_engine="criu")
-        for name in names if name.startswith("gpu")
+                 gpus=1, checkpoint_engine="signal")
+        for name in names
     ])
+    for name in names + spare_names:
+        fleet.add_node(cluster_name, name, gpu_model="H100", gpu_count=8, versions=versions)
     for name in names:
-        fleet.add_node("bench", name, gpu_model="H100", gpu_count=8, versions=versions)
-        if name.startswith("gpu"):
-            fleet.add_workload("bench", name, f"{name}-w", name=f"job-{name}", gpus=1)
+        fleet.add_workload(cluster_name, name, f"{name}-w", name=f"job-{name}", gpus=1, engine="signal")
     return fleet
 
 
-def _run_campaign(names: list[str] | None, parallelism: int, pool: Pool) -> tuple[float, Any]:
+def _run_campaign(selector: dict[str, Any], parallelism: int, target: str) -> tuple[float, Any]:
     from django.contrib.auth.models import User
 
     from campaigns import services
@@ -169,14 +213,9 @@ def _run_campaign(names: list[str] | None, parallelism: int, pool: Pool) -> tupl
 
     requester, _ = User.objects.get_or_create(username="bench-requester")
     approver, _ = User.objects.get_or_create(username="bench-approver")
-    selector: dict[str, Any] = {"sweep": "yes"}
-    if names is not None:
-        selector = {"names": names}
-    campaign = Campaign.objects.create(
-        name=f"bench {len(names) if names else 'all'}", requested_by=requester, node_selector=selector,
-        target_versions={"driver": "570.195.03"}, parallelism_per_cluster=str(parallelism), step_timeout_s=3600,
-        error_budget="0",
-    )
+    campaign = services.create_campaign(requester, {
+        "name": f"bench {selector}"[:200], "node_selector": selector, "target_versions": {"driver": target},
+        "parallelism_per_cluster": str(parallelism), "step_timeout_s": 3600, "error_budget": "0"})
     services.make_plan(campaign.pk, requester)
     services.approve(campaign.pk, approver)
     began = time.perf_counter()
@@ -188,36 +227,91 @@ def _run_campaign(names: list[str] | None, parallelism: int, pool: Pool) -> tupl
     return elapsed, Campaign.objects.get(pk=campaign.pk)
 
 
-def bench_sweep(nodes: int, parallelism: int, step: float, database_url: str | None) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        dropped = _setup_django(database_url, tmp)
-        try:
-            from campaigns import services
-            from campaigns.models import NodeSweep
+def bench_statements(nodes: int = 20) -> float:
+    """SQL statements per node step, counted in this process (no sleep in the executor)."""
+    from django.db import connection
 
-            fleet = _build_fleet(nodes, step)
-            pool = Pool(parallelism + 4)
-            services.ENQUEUE.insert(0, pool.enqueue)
+    from campaigns import engine
+    from campaigns import queue as campaign_queue
+    from campaigns.choices import EvidenceKind
+    from campaigns.models import EvidenceEvent
+    work: list[tuple[str, int]] = []
+    counts: Counter[str] = Counter()
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        counts[current[0]] += 1
+        return execute(sql, params, many, context)
+
+    current = ["setup"]
+    campaign_queue.ENQUEUE.insert(0, lambda task, object_id, countdown: work.append((task, object_id)))
+    try:
+        _build_fleet(nodes, 0.0, cluster_name="count", prefix="count")
+        from django.contrib.auth.models import User
+
+        from campaigns import services
+
+        requester, _ = User.objects.get_or_create(username="count-requester")
+        approver, _ = User.objects.get_or_create(username="count-approver")
+        campaign = services.create_campaign(requester, {
+            "name": "count", "node_selector": {"sweep": "count"}, "target_versions": {"driver": "570.195.03"},
+            "parallelism_per_cluster": "5"})
+        services.make_plan(campaign.pk, requester)
+        services.approve(campaign.pk, approver)
+        services.start(campaign.pk, requester)
+        with connection.execute_wrapper(count):
+            while work:
+                task, object_id = work.pop(0)
+                current[0] = task
+                engine.advance(object_id) if task == "advance" else engine.dispatch(object_id)
+        steps = EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.STEP_DONE).count()
+    finally:
+        campaign_queue.ENQUEUE.pop(0)
+    per_step = counts["advance"] / max(1, steps)
+    print(f"statements: {steps} node steps of {nodes} nodes: {counts['advance']} statements in steps "
+          f"({per_step:.1f} per step, the exposure recompute after a patch included), {counts['dispatch']} in "
+          f"admission ({counts['dispatch'] / nodes:.1f} per node); target <= 25 per step: "
+          f"{'PASS' if per_step <= 25 else 'FAIL'}")
+    return per_step
+
+
+def bench_sweep(nodes: int, parallelism: int, step: float, database_url: str | None, broker_url: str | None,
+                workers: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        dropped, env = _setup_django(database_url, broker_url, tmp)
+        try:
+            from campaigns import queue as campaign_queue
+            from campaigns.models import NodeSweep
+            from executors.memory import Fleet
+
+            Fleet().reset()
+            per_step = bench_statements()
+            # Receivers outside the campaign, as many GPUs as the workloads: each workload moves once.
+            fleet = _build_fleet(nodes, step, spares=math.ceil(nodes / 8) + 2)
+            runner: Pool | Workers
+            if workers:
+                runner = Workers(workers, math.ceil(parallelism / workers) + 8, env, tmp)
+            else:
+                runner = Pool(parallelism + 4)
+                campaign_queue.ENQUEUE.insert(0, runner.enqueue)
             try:
-                one, first = _run_campaign(["gpu00000"], 1, pool)
-                makespan, campaign = _run_campaign(None, parallelism, pool)
+                one, first = _run_campaign({"names": ["gpu00000"]}, 1, "570.195.03")
+                makespan, campaign = _run_campaign({"sweep": "bench"}, parallelism, "570.211.01")
             finally:
-                services.ENQUEUE.pop(0)
-                pool.stop()
-            states = dict.fromkeys(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True), 0)
-            for state in NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True):
-                states[state] += 1
+                if not workers:
+                    campaign_queue.ENQUEUE.pop(0)
+                runner.stop()
+            states = Counter(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
             patched = sum(1 for n in fleet.snapshot()["nodes"].values() if n["patches"])
-            swept = nodes - 1  # gpu00000 went first, alone, to measure one node
-            bound = math.ceil(swept / parallelism) * one
+            bound = math.ceil(nodes / parallelism) * one
             ratio = makespan / bound
-            print(f"sweep: {swept} nodes, parallelism {parallelism}, agent step {step:.3f} s, "
-                  f"database {'postgresql' if dropped else 'sqlite'}")
+            where = f"{workers} Celery worker processes" if workers else "threads in one process"
+            print(f"sweep: {nodes} nodes, parallelism {parallelism}, agent step {step:.3f} s, "
+                  f"database {'postgresql' if dropped else 'sqlite'}, {where}")
             print(f"  one node alone: {one:.2f} s ({first.status}); makespan: {makespan:.2f} s ({campaign.status}, "
-                  f"{states}); nodes patched: {patched}")
+                  f"{dict(states)}); nodes patched: {patched}")
             print(f"  lower bound ceil(N/k) x one node = {bound:.2f} s; makespan / bound = {ratio:.3f} "
                   f"target <= 1.15: {'PASS' if ratio <= 1.15 else 'FAIL'}")
-            return ratio
+            return ratio, per_step
         finally:
             from django.db import connections
 
@@ -227,20 +321,23 @@ def bench_sweep(nodes: int, parallelism: int, step: float, database_url: str | N
 
                 server, name = dropped.split("|")
                 with psycopg.connect(server, autocommit=True) as conn:
-                    conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--parallelism", type=int, default=50)
-    parser.add_argument("--step", type=float, default=1.0, help="seconds per agent operation (T)")
+    parser.add_argument("--step", type=float, default=0.5, help="seconds per agent operation (T)")
     parser.add_argument("--plan-nodes", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=0, help="real Celery worker processes (0: threads)")
     parser.add_argument("--database-url", default=None, help="postgres://... (a NAME_bench database is made)")
+    parser.add_argument("--broker-url", default=None, help="e.g. redis://127.0.0.1:6379/15 (default: filesystem)")
     args = parser.parse_args()
     planned = bench_planner(args.plan_nodes)
-    ratio = bench_sweep(args.nodes + 1, args.parallelism, args.step, args.database_url)
-    return 0 if planned <= 10 and ratio <= 1.15 else 1
+    ratio, per_step = bench_sweep(args.nodes, args.parallelism, args.step, args.database_url, args.broker_url,
+                                  args.workers)
+    return 0 if planned <= 10 and ratio <= 1.15 and per_step <= 25 else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
+from campaigns.models import Approval, Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, Plan, WorkloadMove
 from gpusweep.admin import ReadOnlyAdmin
 
 
@@ -42,5 +42,12 @@ class WorkloadMoveAdmin(admin.ModelAdmin):
 class EvidenceEventAdmin(ReadOnlyAdmin):
     """Read only: the log is append-only and hash-chained."""
 
-    list_display = ("campaign", "seq", "sweep", "kind", "actor", "at")
+    list_display = ("campaign", "seq", "sweep", "node_seq", "kind", "actor", "at")
     list_filter = ("kind",)
+
+
+@admin.register(EvidenceSeal)
+class EvidenceSealAdmin(ReadOnlyAdmin):
+    """Read only: signed statements of the chain heads."""
+
+    list_display = ("campaign", "number", "reason", "at", "key_id")

@@ -11,7 +11,6 @@ from typing import Any, cast
 
 import django_filters
 from django.contrib.auth.models import User
-from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
@@ -20,9 +19,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from campaigns import evidence, services
-from campaigns.choices import CampaignStatus, WorkloadPolicyChoice
-from campaigns.models import Approval, Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
-from campaigns.planner import PlanError, parse_blackouts, parse_limit, parse_windows
+from campaigns.choices import CampaignStatus
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
 from gpusweep.filters import FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
@@ -44,9 +42,10 @@ class CampaignSerializer(serializers.ModelSerializer):
         model = Campaign
         fields = [
             "id", "name", "description", "advisories", "requested_by", "status", "status_reason", "clusters", "pools",
-            "node_selector", "target_versions", "parallelism_per_cluster", "parallelism_per_pool", "windows",
-            "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
-            "workload_overrides", "approvals_required", "deadline", "step_timeout_s", "node_estimate_s",
+            "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
+            "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
+            "workload_placement", "workload_overrides", "approvals_required", "deadline", "step_timeout_s",
+            "node_estimate_s",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "evidence_seq",
@@ -62,29 +61,11 @@ class CampaignSerializer(serializers.ModelSerializer):
         return [{"user": str(a.user), "plan": a.plan_id, "at": a.at} for a in obj.approvals.all()]
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        errors: dict[str, str] = {}
-        for name in ("parallelism_per_cluster", "parallelism_per_pool", "error_budget"):
-            value = attrs.get(name)
-            if value and not (name == "error_budget" and value.strip() in ("0", "0%")):
-                try:
-                    parse_limit(value, 100, name)
-                except PlanError as exc:
-                    errors[name] = str(exc)
-        for name, parse in (("windows", parse_windows), ("blackouts", parse_blackouts)):
-            if name in attrs:
-                try:
-                    if not isinstance(attrs[name], list):
-                        raise PlanError(f"{name} must be a list")
-                    parse(attrs[name])
-                except (PlanError, AttributeError) as exc:
-                    errors[name] = str(exc)
-        overrides = attrs.get("workload_overrides") or {}
-        bad = {k: v for k, v in overrides.items() if v not in WorkloadPolicyChoice.values()}
-        if bad:
-            errors["workload_overrides"] = f"unknown policies {bad}; use {WorkloadPolicyChoice.values()}"
-        targets = attrs.get("target_versions") or {}
-        if not isinstance(targets, dict) or not all(isinstance(v, str | dict) for v in targets.values()):
-            errors["target_versions"] = 'use {"driver": "580.95.05"} or {"driver": {"R570": "570.195.03"}}'
+        # The services' own check, so the API and the UI refuse exactly the same campaigns.
+        checked = {k: v for k, v in attrs.items() if k in services.DEFINITION_FIELDS}
+        if "pools" in checked and "clusters" not in checked and self.instance is not None:
+            checked["clusters"] = self.instance.clusters
+        errors = services.definition_errors(checked)
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
@@ -119,8 +100,7 @@ class NodeSweepSerializer(serializers.ModelSerializer):
 class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = EvidenceEvent
-        fields = ["id", "campaign", "sweep", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash",
-                  "node_prev_hash", "node_hash"]
+        fields = ["id", "campaign", "sweep", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash"]
 
 
 class CampaignFilter(FilterSet):
@@ -164,32 +144,50 @@ class CampaignViewSet(viewsets.ModelViewSet):
     filterset_class = CampaignFilter
     ordering_fields = ["created_at", "deadline", "status"]
     write_roles = {Role.OPERATOR}
-    action_roles = {"approve": {Role.APPROVER}, **{name: {Role.OPERATOR} for name in LIFECYCLE}}
+    action_roles = {"approve": {Role.APPROVER}, "add_last_group": {Role.OPERATOR}, "seal": {Role.OPERATOR},
+                    **{name: {Role.OPERATOR} for name in LIFECYCLE}}
     http_method_names = ["get", "post", "patch", "put", "head", "options"]
 
-    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
-        with transaction.atomic():
-            campaign = serializer.save(requested_by=self.request.user)
-            locked = evidence.lock_campaign(campaign.pk)
-            evidence.append(locked, "created", services.actor_of(_user(self.request)),
-                            {"fields": serializer.data})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        values, advisories = _definition(serializer.validated_data)
+        try:
+            campaign = services.create_campaign(_user(request), values, advisories)
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data, status=status.HTTP_201_CREATED)
 
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         campaign = self.get_object()
-        if campaign.status not in CampaignStatus.EDITABLE:
-            return Response({"detail": f"campaign {campaign.pk} is {campaign.status}; it can no longer be edited"},
-                            status=status.HTTP_409_CONFLICT)
         serializer = self.get_serializer(campaign, data=request.data, partial=kwargs.get("partial", False))
         serializer.is_valid(raise_exception=True)
-        with transaction.atomic():
-            locked = evidence.lock_campaign(campaign.pk)
-            if locked.status not in CampaignStatus.EDITABLE:
-                return Response({"detail": f"campaign {campaign.pk} is {locked.status}"}, status=409)
+        values, advisories = _definition(serializer.validated_data)
+        try:
             # An edit voids the plan's approvals: the campaign goes back to draft.
-            serializer.save(status=CampaignStatus.DRAFT, approved_plan=None)
-            locked.refresh_from_db()
-            evidence.append(locked, "edited", services.actor_of(_user(request)),
-                            {"changes": request.data})
+            services.update_campaign(campaign.pk, _user(request), values,
+                                     advisories if "advisories" in serializer.validated_data else None)
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
+
+    @extend_schema(request=inline_serializer("LastGroupRequest", {
+        "nodes": serializers.ListField(child=serializers.IntegerField(), required=False)}))
+    @action(detail=True, methods=["post"])
+    def add_last_group(self, request: Request, pk: str | None = None) -> Response:
+        """Take the plan's offer: {"nodes": [ids]} (default: the newest plan's exposed receivers)."""
+        campaign = self.get_object()
+        nodes = _body(request).get("nodes")
+        if nodes is None:
+            newest = campaign.plans.order_by("-version").first()
+            nodes = [r["node"] for r in (newest.content.get("exposed_receivers", []) if newest else [])]
+        if not isinstance(nodes, list) or not nodes:
+            return Response({"detail": "nodes: a non-empty list of node ids (or a plan with exposed receivers)"},
+                            status=400)
+        try:
+            services.add_last_group(campaign.pk, _user(request), nodes)
+        except services.CampaignError as exc:
+            return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
     @extend_schema(
@@ -272,17 +270,40 @@ class CampaignViewSet(viewsets.ModelViewSet):
     def abort(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "abort")
 
-    @extend_schema(responses=inline_serializer("EvidenceLog", {
-        "campaign": serializers.IntegerField(), "intact": serializers.BooleanField(),
-        "problems": serializers.ListField(child=serializers.CharField()), "events": EventSerializer(many=True)}))
+    @extend_schema(responses=inline_serializer("EvidenceExport", {
+        "format": serializers.CharField(), "campaign": serializers.DictField(),
+        "sweeps": serializers.ListField(child=serializers.DictField()),
+        "events": serializers.ListField(child=serializers.DictField()),
+        "seals": serializers.ListField(child=serializers.DictField()), "public_key": serializers.CharField(),
+        "key_id": serializers.CharField(), "verify_with": serializers.CharField(),
+        "intact": serializers.BooleanField(), "problems": serializers.ListField(child=serializers.CharField())}))
     @action(detail=True, methods=["get"])
     def evidence(self, request: Request, pk: str | None = None) -> Response:
-        """The whole log in order, with the chain verified now."""
+        """The whole log with its signed seals, after a fresh seal of the current heads (the auditor's
+        export; check it offline with `python -m campaigns.verify`), and the result of checking it now."""
         campaign = self.get_object()
-        events = EvidenceEvent.objects.filter(campaign=campaign).order_by("seq")
-        problems = [str(p) for p in evidence.verify_campaign(campaign)]
-        return Response({"campaign": campaign.pk, "intact": not problems, "problems": problems,
-                         "events": EventSerializer(events, many=True).data})
+        exported = evidence.export(campaign.pk, services.actor_of(_user(request)))
+        problems = evidence.verify_campaign(campaign)
+        return Response({**exported, "intact": not problems, "problems": problems})
+
+    @extend_schema(request=None, responses={201: inline_serializer("Seal", {
+        "number": serializers.IntegerField(), "body": serializers.DictField(), "signature": serializers.CharField(),
+        "key_id": serializers.CharField()})})
+    @action(detail=True, methods=["post"])
+    def seal(self, request: Request, pk: str | None = None) -> Response:
+        """Sign the current chain heads now (stored and recorded in the campaign chain)."""
+        campaign = self.get_object()
+        services.seal_now(campaign.pk, _user(request))
+        newest = campaign.seals.order_by("-number").first()
+        assert newest is not None
+        return Response({"number": newest.number, "body": newest.body, "signature": newest.signature,
+                         "key_id": newest.key_id}, status=status.HTTP_201_CREATED)
+
+
+def _definition(validated: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    values = {k: v for k, v in validated.items() if k in services.DEFINITION_FIELDS}
+    advisories = [a.pk for a in validated.get("advisories", [])]
+    return values, advisories
 
 
 class NodeSweepViewSet(viewsets.ReadOnlyModelViewSet):
@@ -297,14 +318,6 @@ class EvidenceEventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     serializer_class = EventSerializer
     filterset_class = EventFilter
     ordering_fields = ["seq", "at"]
-
-
-class ApprovalSerializer(serializers.ModelSerializer):
-    user = serializers.CharField(source="user.username", read_only=True)
-
-    class Meta:
-        model = Approval
-        fields = ["id", "campaign", "plan", "user", "comment", "at"]
 
 
 router = ApiRouter()

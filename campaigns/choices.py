@@ -74,6 +74,7 @@ class MoveState(ChoiceSet):
     PLANNED = "planned"
     CHECKPOINTED = "checkpointed"
     STOPPED = "stopped"  # cold restart: stopped without a checkpoint
+    PARKED = "parked"  # checkpointed; restored on its own node once that node is back (kernel-only patches)
     RESTORED = "restored"
     COLD_STARTED = "cold_started"
     RETURNED = "returned"  # put back on its own node (abort / failure before the patch)
@@ -82,6 +83,7 @@ class MoveState(ChoiceSet):
     CHOICES = [
         (PLANNED, "Planned"),
         (CHECKPOINTED, "Checkpointed"),
+        (PARKED, "Parked until its node is back"),
         (STOPPED, "Stopped for a cold restart"),
         (RESTORED, "Restored on target"),
         (COLD_STARTED, "Cold started"),
@@ -91,12 +93,81 @@ class MoveState(ChoiceSet):
     ]
 
 
-class WorkloadPolicyChoice(ChoiceSet):
-    CHECKPOINT = "checkpoint"
-    WAIT = "wait"
-    COLD_RESTART = "cold_restart"
+class Placement(ChoiceSet):
+    """Where a checkpointed workload goes while its node is patched."""
+
+    MOVE = "move"
+    HOME = "home"
     CHOICES = [
-        (CHECKPOINT, "Checkpoint and migrate"),
-        (WAIT, "Wait for completion (up to the limit)"),
-        (COLD_RESTART, "Cold restart"),
+        (MOVE, "Move it to a compatible node (back on its own node only when none is free)"),
+        (HOME, "Bring it back to its own node after the reboot where its checkpoint stays valid"),
     ]
+
+
+class EvidenceKind(ChoiceSet):
+    """Every kind of evidence event. CAMPAIGN kinds go into the campaign's chain, NODE kinds into
+    the chain of one node sweep (campaigns.evidence)."""
+
+    CREATED = "created"
+    EDITED = "edited"
+    PLANNED = "planned"
+    APPROVED = "approved"
+    FULLY_APPROVED = "fully_approved"
+    STARTED = "started"
+    WAITING_FOR_WINDOW = "waiting_for_window"
+    WINDOW_OPENED = "window_opened"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    HALTED = "halted"
+    ABORTED = "aborted"
+    COMPLETED = "completed"
+    SEALED = "sealed"
+    ADMITTED = "admitted"
+    STEP_DONE = "step_done"
+    STEP_FAILED = "step_failed"
+    RETRY = "retry"
+    WAITING = "waiting"
+    CHECKPOINTED = "checkpointed"
+    PARKED = "parked"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    RESTORED = "restored"
+    RETURNED = "returned"
+    DONE = "done"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    SKIPPED = "skipped"
+    CHOICES = [
+        (CREATED, "Created"),
+        (EDITED, "Edited"),
+        (PLANNED, "Planned"),
+        (APPROVED, "Approved"),
+        (FULLY_APPROVED, "Fully approved"),
+        (STARTED, "Started"),
+        (WAITING_FOR_WINDOW, "Waiting for a window"),
+        (WINDOW_OPENED, "Window opened"),
+        (PAUSED, "Paused"),
+        (RESUMED, "Resumed"),
+        (HALTED, "Halted"),
+        (ABORTED, "Aborted"),
+        (COMPLETED, "Completed"),
+        (SEALED, "Heads sealed and signed"),
+        (ADMITTED, "Admitted"),
+        (STEP_DONE, "Step done"),
+        (STEP_FAILED, "Step failed"),
+        (RETRY, "Step to be retried"),
+        (WAITING, "Waiting for a workload"),
+        (CHECKPOINTED, "Workload checkpointed"),
+        (PARKED, "Checkpoint parked until the node is back"),
+        (STOPPED, "Workload stopped for a cold start"),
+        (FINISHED, "Workload ended by itself"),
+        (RESTORED, "Workload restored"),
+        (RETURNED, "Workload returned to its node"),
+        (DONE, "Node done"),
+        (FAILED, "Node failed"),
+        (ROLLED_BACK, "Node rolled back"),
+        (SKIPPED, "Node skipped"),
+    ]
+    CAMPAIGN = frozenset({CREATED, EDITED, PLANNED, APPROVED, FULLY_APPROVED, STARTED, WAITING_FOR_WINDOW,
+                          WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED})
+    NODE = frozenset(set(dict(CHOICES)) - CAMPAIGN)

@@ -3,12 +3,21 @@
 A step runs in three parts. (1) Claim: a conditional UPDATE takes the step's lease (state as
 expected and no live lease) and sets its deadline. (2) Work: the executor operations, outside
 any transaction, each with an operation id derived from the campaign, sweep and step, so doing
-it again after a crash does nothing twice. (3) Finish: a conditional UPDATE moves the state on
-only if this worker still holds the lease, with the evidence event in the same transaction.
+it again after a crash does nothing twice. (3) Transition: one conditional UPDATE moves the state
+on only if this worker still holds the lease, writing the node chain's new head, with the
+evidence event and the inventory changes (through inventory.services) in the same transaction.
+A worker then goes straight on with the node's next step under the same lease, so a node costs
+one task, not one per step.
 
 A worker killed anywhere leaves a step whose deadline passes; ``redrive`` (periodic) enqueues it
 again and the next worker repeats the idempotent operations. Nothing is half-recorded: either
 the transition and its event are committed together, or neither is.
+
+Failure is final: a permanent error (or a temporary one past MAX_ATTEMPTS) fails the node once.
+A node not yet patched is first put back as it was (maintenance off, its checkpoints restored on
+it); an error during that unwind is recorded too, the node stays as the evidence says (drained),
+and the step is never run again. Each failed node is charged to the campaign's error budget.
+No step takes the campaign row lock; only campaign-level work does (admission, halting, sealing).
 """
 
 from __future__ import annotations
@@ -16,31 +25,35 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from django.db import transaction
-from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Sum, Value, When
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, Count, Exists, F, Min, OuterRef, Q, Subquery, Sum, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from campaigns import evidence
-from campaigns.choices import CampaignStatus, MoveState, SweepState, WorkloadPolicyChoice
-from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from campaigns import evidence, policy
+from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceSeal, NodeSweep, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
-from campaigns.services import ENQUEUE, enqueue, error_budget
+from campaigns.queue import enqueue, enqueue_now
+from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    ExecutorError,
     NodeRef,
     PermanentExecutorError,
     TemporaryExecutorError,
     WorkloadInfo,
     get_executor,
 )
-from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState
-from inventory.models import ChangeLog, Node, NodeComponent, Workload
-from inventory.versions import parse_version
+from inventory import services as inventory
+from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
+from inventory.models import Node, NodeComponent, Workload
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -56,10 +69,11 @@ class WaitMore(Exception):
         self.seconds = seconds
 
 
-def node_ref(node: Node) -> NodeRef:
+def node_ref(node: Node, versions: dict[str, str] | None = None) -> NodeRef:
     return NodeRef(
         cluster=node.cluster.name, name=node.name, node_id=node.pk, endpoint=node.agent_endpoint,
-        gpu_model=node.gpu_model, gpu_count=node.gpu_count,
+        gpu_model=node.gpu_model, gpu_count=node.gpu_count, versions=versions or {}, pool=node.pool,
+        labels=dict(node.labels or {}),
     )
 
 
@@ -69,12 +83,19 @@ def op_id(sweep: NodeSweep, name: str) -> str:
     return f"gs-{sweep.campaign_id}-{sweep.pk}-{safe}"[:128]
 
 
+def reference(sweep: NodeSweep) -> str:
+    """How inventory changes and remediated exposures name the campaign step that made them."""
+    return f"campaign {sweep.campaign_id}, sweep {sweep.pk}"
+
+
 def _actor(worker: str) -> str:
     return f"worker:{worker}"
 
 
-def _sweep(sweep_id: int) -> NodeSweep:
-    return NodeSweep.objects.select_related("campaign", "node__cluster").get(pk=sweep_id)
+def _load(sweep_id: int) -> NodeSweep | None:
+    return (NodeSweep.objects.select_related("campaign", "node__cluster")
+            .defer("planned", "versions_before", "versions_after", "node__labels", "campaign__name")
+            .filter(pk=sweep_id).first())
 
 
 # -- admission ---------------------------------------------------------------------------
@@ -83,303 +104,464 @@ def dispatch(campaign_id: int) -> list[int]:
     now = timezone.now()
     with transaction.atomic():
         campaign = evidence.lock_campaign(campaign_id)
+        sweeps = NodeSweep.objects.filter(campaign=campaign)
+        if campaign.status == CampaignStatus.ABORTED:
+            _seal_when_at_rest(campaign, sweeps, "aborted")
+            return []
         if campaign.status not in (CampaignStatus.RUNNING, CampaignStatus.WAITING):
             return []
         # Aggregates only: a dispatch costs the same for 10 nodes or 10,000.
-        sweeps = NodeSweep.objects.filter(campaign=campaign)
         lowest = sweeps.filter(state__in=SweepState.ACTIVE).aggregate(w=Min("wave"))["w"]
         if lowest is None:
-            counts = dict(sweeps.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
-            Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.COMPLETED, finished_at=now)
-            campaign.status = CampaignStatus.COMPLETED
-            evidence.append(campaign, "completed", "system", {"states": counts})
+            _complete(campaign, sweeps, now)
             return []
-        calendar = Calendar(parse_windows(campaign.windows or []), parse_blackouts(campaign.blackouts or []),
-                            now, horizon_days=9)
-        if not calendar.is_open(now):
-            opens = calendar.earliest(now, timedelta(0))
-            if campaign.status == CampaignStatus.RUNNING:
-                Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.WAITING)
-                campaign.status = CampaignStatus.WAITING
-                evidence.append(campaign, "waiting_for_window", "system",
-                                {"next_window": opens.isoformat() if opens else None})
-            if opens is not None:
-                enqueue("dispatch", campaign.pk, min(300.0, max(1.0, (opens - now).total_seconds())))
+        if not _window_open(campaign, now):
             return []
-        if campaign.status == CampaignStatus.WAITING:
-            Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.RUNNING)
-            campaign.status = CampaignStatus.RUNNING
-            evidence.append(campaign, "window_opened", "system", {})
-        limits = campaign.limits or {}
-        cluster_limit: dict[str, int] = limits.get("cluster") or {}
-        pool_limit: dict[str, int] | None = limits.get("pool")
-        in_cluster: Counter[str] = Counter()
-        in_pool: Counter[str] = Counter()
-        for cluster, pool, count in sweeps.filter(state__in=SweepState.WORKING).values_list(
-                "node__cluster__name", "node__pool").annotate(n=Count("id")).values_list(
-                "node__cluster__name", "node__pool", "n"):
-            in_cluster[cluster] += count
-            in_pool[f"{cluster}/{pool}"] += count
-        # Waves go in order: wave v starts only when every wave up to v-2 is finished, so the
-        # nodes receiving its workloads (wave v+2 or later) have not started either.
-        admitted: list[int] = []
-        pending = sweeps.filter(state=SweepState.PENDING, wave__lte=lowest + 1).order_by("wave", "position").values(
-            "id", "wave", "node__cluster__name", "node__pool")
-        for row in pending:
-            cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"
-            if in_cluster[cluster] >= cluster_limit.get(cluster, 1):
-                continue
-            if pool_limit is not None and in_pool[pool] >= pool_limit.get(pool, 1):
-                continue
-            moved = NodeSweep.objects.filter(pk=row["id"], state=SweepState.PENDING).update(
-                state=SweepState.DRAINING, lease_owner="", attempt=0, step_started_at=now,
-                step_deadline=now + timedelta(seconds=campaign.step_timeout_s),
-            )
-            if moved:
-                in_cluster[cluster] += 1
-                in_pool[pool] += 1
-                admitted.append(row["id"])
-                evidence.append(campaign, "admitted", "system", {"wave": row["wave"]}, sweep=NodeSweep(pk=row["id"]))
+        admitted = _admit(campaign, sweeps, lowest, now)
         for sweep_id in admitted:
             enqueue("advance", sweep_id)
         return admitted
 
 
-# -- one step ----------------------------------------------------------------------------
+def _complete(campaign: Campaign, sweeps: Any, now: Any) -> None:
+    counts = dict(sweeps.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.COMPLETED, finished_at=now)
+    campaign.status = CampaignStatus.COMPLETED
+    heads = list(sweeps.order_by("pk").values_list("pk", "evidence_seq", "evidence_head"))
+    from campaigns.verify import merkle_root
+
+    # The campaign's head now commits to every node chain's head; the seal signs both.
+    evidence.campaign_event(campaign, EvidenceKind.COMPLETED, "system",
+                            {"states": counts, "node_heads_root": merkle_root(heads), "nodes": len(heads)})
+    evidence.seal(campaign, "completed")
+
+
+def _seal_when_at_rest(campaign: Campaign, sweeps: Any, reason: str) -> None:
+    if sweeps.filter(state__in=SweepState.WORKING).exists():
+        return
+    if not EvidenceSeal.objects.filter(campaign=campaign, reason=reason).exists():
+        evidence.seal(campaign, reason)
+
+
+def _window_open(campaign: Campaign, now: Any) -> bool:
+    calendar = Calendar(parse_windows(campaign.windows or []), parse_blackouts(campaign.blackouts or []),
+                        now, horizon_days=9)
+    if not calendar.is_open(now):
+        opens = calendar.earliest(now, timedelta(0))
+        if campaign.status == CampaignStatus.RUNNING:
+            Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.WAITING)
+            campaign.status = CampaignStatus.WAITING
+            evidence.campaign_event(campaign, EvidenceKind.WAITING_FOR_WINDOW, "system",
+                                    {"next_window": opens.isoformat() if opens else None})
+        if opens is not None:
+            enqueue("dispatch", campaign.pk, min(300.0, max(1.0, (opens - now).total_seconds())))
+        return False
+    if campaign.status == CampaignStatus.WAITING:
+        Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.RUNNING)
+        campaign.status = CampaignStatus.RUNNING
+        evidence.campaign_event(campaign, EvidenceKind.WINDOW_OPENED, "system", {})
+    return True
+
+
+def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any) -> list[int]:
+    limits = campaign.limits or {}
+    cluster_limit: dict[str, int] = limits.get("cluster") or {}
+    pool_limit: dict[str, int] | None = limits.get("pool")
+    in_cluster: Counter[str] = Counter()
+    in_pool: Counter[str] = Counter()
+    for cluster, pool, count in sweeps.filter(state__in=SweepState.WORKING).values_list(
+            "node__cluster__name", "node__pool").annotate(n=Count("id")).values_list(
+            "node__cluster__name", "node__pool", "n"):
+        in_cluster[cluster] += count
+        in_pool[f"{cluster}/{pool}"] += count
+    admitted: list[int] = []
+    pending = sweeps.filter(state=SweepState.PENDING, wave__lte=lowest + 1).order_by("wave", "position").values(
+        "id", "wave", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
+    for row in pending:
+        cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"
+        if not policy.admits(row["wave"], lowest, in_cluster[cluster], cluster_limit.get(cluster, 1), in_pool[pool],
+                             pool_limit.get(pool, 1) if pool_limit is not None else None):
+            continue
+        event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
+                                            EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})
+        moved = NodeSweep.objects.filter(pk=row["id"], state=SweepState.PENDING).update(
+            state=SweepState.DRAINING, lease_owner="", attempt=0, step_started_at=now,
+            step_deadline=policy.step_deadline(campaign.step_timeout_s, now),
+            evidence_seq=event.node_seq, evidence_head=event.hash,
+        )
+        if moved:
+            event.save(force_insert=True)
+            in_cluster[cluster] += 1
+            in_pool[pool] += 1
+            admitted.append(row["id"])
+    return admitted
+
+
+# -- the lease and transitions -------------------------------------------------------------
 def _claim(sweep: NodeSweep, worker: str) -> bool:
-    """Take the step's lease. One conditional UPDATE; the step's evidence event is written when it
-    ends (with this start time and attempt), so a claim needs no campaign lock."""
+    """Take the step's lease: one conditional UPDATE (the lease holder is the step's only writer)."""
     now = timezone.now()
     rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state).filter(
         Q(lease_owner="") | Q(step_deadline__lt=now)
     ).update(lease_owner=worker, attempt=F("attempt") + 1, step_started_at=now,
-             step_deadline=now + timedelta(seconds=sweep.campaign.step_timeout_s))
+             step_deadline=policy.step_deadline(sweep.campaign.step_timeout_s, now))
     if not rows:
         return False
-    sweep.attempt = NodeSweep.objects.values_list("attempt", flat=True).get(pk=sweep.pk)
+    sweep.attempt += 1
     sweep.lease_owner, sweep.step_started_at = worker, now
     return True
 
 
+def _guarded(sweep: NodeSweep, worker: str, **extra: Any) -> Any:
+    """The sweep's row, only while `worker` holds the lease of its current step."""
+    return NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker, **extra)
+
+
+def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], query: Any = None,
+           **fields: Any) -> bool:
+    """One conditional UPDATE of the sweep (with its chain's new head) and the event; in a transaction."""
+    event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
+                                        _actor(worker), data)
+    rows = (query if query is not None else _guarded(sweep, worker)).update(
+        evidence_seq=event.node_seq, evidence_head=event.hash, **fields)
+    if not rows:
+        return False
+    event.save(force_insert=True)
+    sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
+    return True
+
+
 def _release(sweep: NodeSweep, worker: str, countdown: float, kind: str, data: dict[str, Any]) -> None:
+    """Give the step back to run again in `countdown` seconds (a retry, or a wait)."""
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
-        rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(
-            lease_owner="", step_deadline=timezone.now() + timedelta(seconds=countdown + 1))
-        if rows:
-            evidence.append(campaign, kind, _actor(worker), {"step": sweep.state, **data}, sweep=sweep)
+        if _write(sweep, worker, kind, {"step": sweep.state, **data}, lease_owner="",
+                  step_deadline=timezone.now() + timedelta(seconds=countdown + 1)):
             enqueue("advance", sweep.pk, countdown)
 
 
-def _node_state(node_id: int, state: str) -> None:
-    Node.objects.filter(pk=node_id).update(service_state=state)
+SERVICE_STATE_AFTER = {
+    SweepState.DRAINING: ServiceState.DRAINING,
+    SweepState.MIGRATING: ServiceState.PATCHING,  # the step after migrating is the patch
+    SweepState.RETURNING: ServiceState.IN_SERVICE,
+}
 
 
-def _finish(sweep: NodeSweep, worker: str, data: dict[str, Any], fields: dict[str, Any]) -> str | None:
+def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
+    """Move to the next step (keeping the lease, so this worker goes on with it) or to done."""
     now = timezone.now()
-    current = sweep.state
-    following = SweepState.next(current)
+    current, following = sweep.state, SweepState.next(sweep.state)
+    chain = following != SweepState.DONE
+    query = _guarded(sweep, worker)
+    if following == SweepState.PATCHING:
+        # Aborted meanwhile: no patch; the next step unwinds instead.
+        query = query.exclude(Exists(Campaign.objects.filter(pk=OuterRef("campaign_id"),
+                                                             status=CampaignStatus.ABORTED)))
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
-        if campaign.status == CampaignStatus.ABORTED and following == SweepState.PATCHING:
-            # Aborted before the patch: hand over to the rollback instead of patching.
-            NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
-            enqueue("advance", sweep.pk)
+        fields: dict[str, Any] = {
+            "state": following, "attempt": 1 if chain else 0, "lease_owner": worker if chain else "",
+            "step_started_at": now,
+            "step_deadline": policy.step_deadline(sweep.campaign.step_timeout_s, now) if chain else None,
+            **result.fields,
+        }
+        data = {"step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt,
+                **result.data}
+        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, **fields):
+            if following == SweepState.PATCHING:
+                # Lost to an abort (or the lease expired): hand the step over to the unwind.
+                NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
+                enqueue("advance", sweep.pk)
             return None
-        rows = NodeSweep.objects.filter(pk=sweep.pk, state=current, lease_owner=worker).update(
-            state=following, lease_owner="", attempt=0, step_started_at=now,
-            step_deadline=None if following == SweepState.DONE else now + timedelta(seconds=campaign.step_timeout_s),
-            **fields,
-        )
-        if not rows:
-            return None  # the lease expired and another worker finished this step
-        evidence.append(campaign, "step_done", _actor(worker), {
-            "step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt, **data,
-        }, sweep=sweep)
-        if current == SweepState.DRAINING:
-            _node_state(sweep.node_id, ServiceState.DRAINING)
-        elif following == SweepState.PATCHING:
-            _node_state(sweep.node_id, ServiceState.PATCHING)
-        elif following == SweepState.DONE:
-            _node_state(sweep.node_id, ServiceState.IN_SERVICE)
+        if result.after is not None:
+            result.after()
+        if current in SERVICE_STATE_AFTER:
+            inventory.set_service_state([sweep.node_id], SERVICE_STATE_AFTER[current], ChangeSource.CAMPAIGN,
+                                        reference(sweep))
         if following == SweepState.DONE:
-            evidence.append(campaign, "done", _actor(worker), {"versions_after": sweep.versions_after
-                                                               or fields.get("versions_after", {})}, sweep=sweep)
-            enqueue("dispatch", campaign.pk)
-        else:
-            enqueue("advance", sweep.pk)
-        sweep.state = following
+            _write(sweep, worker, EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
+                                                      or sweep.versions_after},
+                   query=NodeSweep.objects.filter(pk=sweep.pk, state=SweepState.DONE))
+            evidence.sign_node_head(sweep)
+            enqueue("dispatch", sweep.campaign_id)
+        sweep.state, sweep.attempt, sweep.step_started_at = following, 1, now
         return following
 
 
-def _check_budget(campaign: Campaign) -> None:
-    counts = Counter(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))
-    total = sum(counts.values())
-    allowed = error_budget(campaign, total)
-    if counts[SweepState.FAILED] > allowed and campaign.status in (
-        CampaignStatus.RUNNING, CampaignStatus.WAITING, CampaignStatus.PAUSED
-    ):
-        reason = f"{counts[SweepState.FAILED]} failed nodes exceed the error budget of {allowed}"
-        Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.HALTED, status_reason=reason)
-        campaign.status = CampaignStatus.HALTED
-        evidence.append(campaign, "halted", "system", {"reason": reason, "failed": counts[SweepState.FAILED]})
-
-
-def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any]) -> bool:
+def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any], in_service: bool) -> bool:
+    """The sweep's last transition (failed or rolled back), its signed head, and the error budget."""
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
-        rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(
-            state=final, lease_owner="", step_deadline=None)
-        if not rows:
+        if not _write(sweep, worker, final, {"from": sweep.state, **data}, state=final, lease_owner="",
+                      step_deadline=None, error=str(data.get("error", ""))[:4000]):
             return False
-        evidence.append(campaign, final, _actor(worker), {"from": sweep.state, **data}, sweep=sweep)
+        evidence.sign_node_head(sweep)
+        if in_service:
+            inventory.set_service_state([sweep.node_id], ServiceState.IN_SERVICE, ChangeSource.CAMPAIGN,
+                                        reference(sweep))
         if final == SweepState.FAILED:
-            _check_budget(campaign)
-        enqueue("dispatch", campaign.pk)
+            _check_budget(sweep.campaign_id)
+        enqueue("dispatch", sweep.campaign_id)
         sweep.state = final
         return True
 
 
-def _record_error(sweep: NodeSweep, worker: str, error: str) -> None:
-    with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
-        rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker).update(error=error[:4000])
-        if rows:
-            sweep.error = error
-            evidence.append(campaign, "step_failed", _actor(worker), {"step": sweep.state, "error": error[:4000]},
-                            sweep=sweep)
+def _check_budget(campaign_id: int) -> None:
+    counts = Counter(NodeSweep.objects.filter(campaign_id=campaign_id).values_list("state", flat=True))
+    failed, total = counts[SweepState.FAILED], sum(counts.values())
+    allowed = policy.allowed_failures(Campaign.objects.values_list("error_budget", flat=True).get(pk=campaign_id),
+                                      total)
+    if failed <= allowed:
+        return
+    campaign = evidence.lock_campaign(campaign_id)
+    if campaign.status in (CampaignStatus.RUNNING, CampaignStatus.WAITING, CampaignStatus.PAUSED):
+        reason = f"{failed} failed nodes exceed the error budget of {allowed}"
+        Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.HALTED, status_reason=reason)
+        campaign.status = CampaignStatus.HALTED
+        evidence.campaign_event(campaign, EvidenceKind.HALTED, "system", {"reason": reason, "failed": failed})
 
 
-def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str) -> str | None:
-    """Put a node that was not patched back as it was: its checkpointed workloads restored on it."""
-    ref = node_ref(sweep.node)
-    returned: list[dict[str, Any]] = []
-    if sweep.state != SweepState.PENDING:
-        # Leave maintenance first: a node in maintenance admits no work, so its own workloads
-        # could not come home. Repeating it (same operation id) on a re-drive is harmless.
-        ex.undo(ref, op_id(sweep, "undo"))
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related(
-            "target_node__cluster"):
-        if move.target_node is not None:
-            # A restore was under way: finish it where it went (same operation id) rather than
-            # starting a second copy here; only a restore that failed comes home.
-            try:
-                away = ex.restore(node_ref(move.target_node), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
-            except PermanentExecutorError:
-                pass
-            else:
-                entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name,
-                         "to": move.target_node.name, "checkpoint_id": move.checkpoint_id,
-                         "new_id": away.workload_id, "resumed": True}
-                with transaction.atomic():
-                    if _move(sweep, move, MoveState.CHECKPOINTED, "restored", entry, state=MoveState.RESTORED,
-                             new_workload_ref=away.workload_id, steps_after=away.steps):
-                        _move_inventory(move, move.target_node, away.workload_id)
-                returned.append(entry)
-                continue
-        result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"return-{move.pk}"))
-        entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
-                 "returned_to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,
-                 "steps_after": result.steps}
-        with transaction.atomic():
-            if _move(sweep, move, MoveState.CHECKPOINTED, "returned", entry, state=MoveState.RETURNED,
-                     new_workload_ref=result.workload_id, steps_after=result.steps, target_node=sweep.node):
-                _move_inventory(move, sweep.node, result.workload_id)
-        returned.append(entry)
-    with transaction.atomic():
-        Node.objects.filter(pk=sweep.node_id).update(service_state=ServiceState.IN_SERVICE)
-    if _end(sweep, worker, final, {"error": sweep.error, "workloads_returned": returned}):
-        return final
-    return None
+# -- running a step ----------------------------------------------------------------------
+@dataclass
+class StepResult:
+    data: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = field(default_factory=dict)
+    # Inventory changes that must commit with the transition (run inside its transaction).
+    after: Callable[[], None] | None = None
 
 
-def advance(sweep_id: int, worker: str | None = None) -> str | None:
-    """Run the sweep's current step once; returns the new state (None when nothing was done)."""
+def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = None) -> str | None:
+    """Run the sweep's steps from the current one while they succeed (at most `max_steps`, and then
+    the lease is given back); return the state it rests in."""
     worker = worker or uuid.uuid4().hex[:16]
-    sweep = _sweep(sweep_id)
-    if sweep.state not in SweepState.WORKING:
+    sweep = _load(sweep_id)
+    if sweep is None or sweep.state not in SweepState.WORKING or not _claim(sweep, worker):
         return None
-    campaign = sweep.campaign
-    unwinding = sweep.state in SweepState.BEFORE_PATCH and (
-        campaign.status == CampaignStatus.ABORTED or bool(sweep.error))
-    if not _claim(sweep, worker):
-        return None
+    state: str | None = sweep.state
+    taken = 0
+    while True:
+        state, go_on = _step(sweep, worker)
+        taken += 1
+        if go_on and max_steps is not None and taken >= max_steps:
+            # Stop here, leaving the next step for whoever advances it (tests step one at a time).
+            NodeSweep.objects.filter(pk=sweep_id, lease_owner=worker).update(lease_owner="", attempt=0)
+            return state
+        if not go_on:
+            return state
+        sweep = _load(sweep_id)  # fresh campaign status (an abort) and inventory for the next step
+        if sweep is None or sweep.lease_owner != worker:
+            return state
+
+
+class _Unpinned:
+    """An executor whose every call first gives this thread's database connection back to the pool.
+
+    A step waits on its node for seconds to minutes; k nodes in flight must not hold k database
+    connections meanwhile (GPUSWEEP_DB_POOL_SIZE). Inside a transaction nothing is given back.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._executor, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not connection.in_atomic_block:
+                connection.close()
+            return value(*args, **kwargs)
+
+        return call
+
+
+def executor_for(sweep: NodeSweep) -> Executor:
     ex = get_executor(sweep.node.cluster)
+    if (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
+        return cast(Executor, _Unpinned(ex))
+    return ex
+
+
+def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
+    """One step under the lease; (state now, whether this worker goes on with the next one)."""
+    ex = executor_for(sweep)
     try:
-        if unwinding:
-            final = SweepState.FAILED if sweep.error else SweepState.ROLLED_BACK
-            return _unwind(sweep, worker, ex, final)
-        data, fields = STEPS[sweep.state](sweep, ex, node_ref(sweep.node))
+        if sweep.state in SweepState.BEFORE_PATCH and sweep.campaign.status == CampaignStatus.ABORTED:
+            return _unwind(sweep, worker, ex, SweepState.ROLLED_BACK, ""), False
+        result = STEPS[sweep.state](sweep, ex, node_ref(sweep.node))
     except WaitMore as wait:
-        _release(sweep, worker, wait.seconds, "waiting", {"reason": str(wait)})
-        return sweep.state
+        _release(sweep, worker, wait.seconds, EvidenceKind.WAITING, {"reason": str(wait)})
+        return sweep.state, False
     except TemporaryExecutorError as exc:
         if sweep.attempt < MAX_ATTEMPTS:
-            _release(sweep, worker, RETRY_BACKOFF_S * sweep.attempt, "retry", {"error": str(exc),
-                                                                              "attempt": sweep.attempt})
-            return sweep.state
-        return _failed(sweep, worker, ex, f"gave up after {sweep.attempt} attempts: {exc}")
+            _release(sweep, worker, RETRY_BACKOFF_S * sweep.attempt, EvidenceKind.RETRY,
+                     {"error": str(exc), "attempt": sweep.attempt})
+            return sweep.state, False
+        return _fail(sweep, worker, ex, f"gave up after {sweep.attempt} attempts: {exc}"), False
     except PermanentExecutorError as exc:
-        return _failed(sweep, worker, ex, str(exc))
-    return _finish(sweep, worker, data, fields)
+        return _fail(sweep, worker, ex, str(exc)), False
+    except IntegrityError:
+        return None, False  # another worker wrote this node's chain: the lease was lost
+    following = _finish(sweep, worker, result)
+    return following, following in SweepState.WORKING
 
 
-def _failed(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | None:
-    _record_error(sweep, worker, error)
-    if sweep.state in SweepState.BEFORE_PATCH:
-        try:
-            return _unwind(sweep, worker, ex, SweepState.FAILED)
-        except (TemporaryExecutorError, PermanentExecutorError) as exc:
-            # The error is recorded: the next attempt (redrive) unwinds again.
-            _release(sweep, worker, RETRY_BACKOFF_S, "retry", {"error": f"undo: {exc}"})
-            return sweep.state
-    # Patched (or partly): the node stays out of service for a human to look at.
-    return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, {"error": error}) else None
-
-
-# -- the steps ---------------------------------------------------------------------------
-StepResult = tuple[dict[str, Any], dict[str, Any]]
-
-
-def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
-    before = ex.facts(ref)
-    ex.drain(ref, op_id(sweep, "drain"))
-    return {"versions_before": before}, {"versions_before": before}
-
-
-def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
-    return {m["workload"]: m for m in (sweep.planned or {}).get("moves", [])}
-
-
-def _move(sweep: NodeSweep, move: WorkloadMove, expected: str, kind: str, data: dict[str, Any],
-          **fields: Any) -> bool:
-    """A workload move's conditional state change and its evidence event, in one transaction."""
+def _fail(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | None:
+    """Fail the node once: unwind it if it was not patched, record every error, never run it again."""
     with transaction.atomic():
-        campaign = evidence.lock_campaign(sweep.campaign_id, light=True)
-        if not WorkloadMove.objects.filter(pk=move.pk, state=expected).update(**fields):
+        _write(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000]},
+               error=error[:4000])
+    if sweep.state in SweepState.BEFORE_PATCH:
+        return _unwind(sweep, worker, ex, SweepState.FAILED, error)
+    # Patched (or partly): the node stays out of service for a human to look at.
+    parked = list(WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED).values_list(
+        "workload_ref", "checkpoint_id"))
+    data = {"error": error, "left": "out of service after its patch",
+            "parked_checkpoints": [{"workload": w, "checkpoint_id": c} for w, c in parked]}
+    return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
+
+
+def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) -> str | None:
+    """Put a node that was not patched back as it was: maintenance off, its workloads restored on it.
+
+    Tried once. An error here is recorded beside the one that caused the unwind and ends the
+    sweep too: the node is left as the evidence says, for an operator, and never retried.
+    """
+    ref = node_ref(sweep.node)
+    returned: list[dict[str, Any]] = []
+    try:
+        if sweep.state != SweepState.PENDING:
+            # Leave maintenance first: a node in maintenance admits no work, so its own workloads
+            # could not come home. Repeating it (same operation id) after a crash is harmless.
+            ex.undo(ref, op_id(sweep, "undo"))
+        for move in WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
+                                                ).select_related("target_node__cluster"):
+            returned.append(_bring_back(sweep, worker, ex, ref, move))
+    except ExecutorError as exc:
+        if final == SweepState.ROLLED_BACK and isinstance(exc, TemporaryExecutorError) and (
+                sweep.attempt < MAX_ATTEMPTS):
+            _release(sweep, worker, RETRY_BACKOFF_S * sweep.attempt, EvidenceKind.RETRY,
+                     {"error": f"rollback: {exc}", "attempt": sweep.attempt})
+            return sweep.state
+        state = "drained" if sweep.state != SweepState.PENDING else "untouched"
+        data = {"error": error or f"rollback failed: {exc}", "unwind_error": str(exc), "left": state,
+                "workloads_returned": returned}
+        return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
+    data = {"error": error, "workloads_returned": returned} if error else {"workloads_returned": returned}
+    return final if _end(sweep, worker, final, data, in_service=True) else None
+
+
+def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move: WorkloadMove) -> dict[str, Any]:
+    """One checkpointed workload of an unwinding node: finish a restore under way, else restore it home."""
+    name = move.workload_name or move.workload_ref
+    if move.target_node is not None and move.target_node_id != sweep.node_id:
+        # A restore was under way: finish it where it went (same operation id) rather than
+        # starting a second copy here; only a restore that failed comes home.
+        try:
+            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
+        except PermanentExecutorError:
+            pass
+        else:
+            entry = {"workload": name, "from": sweep.node.name, "to": move.target_node.name,
+                     "checkpoint_id": move.checkpoint_id, "new_id": away.workload_id, "resumed": True}
+            _move(sweep, worker, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+                  new_workload_ref=away.workload_id, steps_after=away.steps, inventory_to=move.target_node)
+            return entry
+    result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"return-{move.pk}"))
+    entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "returned_to": sweep.node.name,
+             "new_id": result.workload_id, "steps_before": move.steps_before, "steps_after": result.steps}
+    _move(sweep, worker, move, EvidenceKind.RETURNED, entry, state=MoveState.RETURNED,
+          new_workload_ref=result.workload_id, steps_after=result.steps, target_node=sweep.node,
+          inventory_to=sweep.node)
+    return entry
+
+
+def _move(sweep: NodeSweep, worker: str, move: WorkloadMove, kind: str, data: dict[str, Any],
+          inventory_to: Node | None = None, **fields: Any) -> bool:
+    """A workload move's conditional state change, its evidence and its inventory placement, together."""
+    with transaction.atomic():
+        if not WorkloadMove.objects.filter(pk=move.pk, state=move.state).update(**fields):
             return False
-        evidence.append(campaign, kind, "system", data, sweep=sweep)
+        event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head,
+                                            kind, _actor(worker), data)
+        if not NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(
+                evidence_seq=event.node_seq, evidence_head=event.hash):
+            raise TemporaryExecutorError(f"node sweep {sweep.pk}: the lease was lost while recording {kind}")
+        event.save(force_insert=True)
+        sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
+        if inventory_to is not None and move.workload_id is not None and fields.get("new_workload_ref"):
+            inventory.move_workload(move.workload_id, inventory_to.pk, str(fields["new_workload_ref"]),
+                                    ChangeSource.CAMPAIGN, reference(sweep))
+        move.state = str(fields.get("state", move.state))
         return True
 
 
-def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
-    from campaigns.services import workload_policy
+# -- the steps ---------------------------------------------------------------------------
+def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    before = ex.facts(ref)
+    ex.drain(ref, op_id(sweep, "drain"))
+    return StepResult({"versions_before": before}, {"versions_before": before})
 
+
+def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
+    planned = NodeSweep.objects.values_list("planned", flat=True).get(pk=sweep.pk) or {}
+    return {m["workload"]: m for m in planned.get("moves", []) if "arrived_from" not in m}
+
+
+def _requirements(info: WorkloadInfo | None, row: Workload | None, engine: str,
+                  facts: dict[str, str]) -> portability.Requirements:
+    """What this workload's checkpoint will need of its target (the one portability rule)."""
+    reported = info.fingerprint if info is not None else {}
+
+    def pick(name: str, own: str) -> str:
+        return str(reported.get(name) or own or "")
+
+    return portability.requirements(
+        engine, facts, gpus=(info.gpus if info is not None and info.gpus else (row.gpus if row else 0)),
+        inference_engine=pick("engine", row.engine if row else ""),
+        engine_version=pick("engine_version", row.engine_version if row else ""),
+        model_name=pick("model_name", row.model_name if row else ""),
+        model_version=pick("model_version", row.model_version if row else ""),
+        requires={**(row.requires if row else {}), **(info.requires if info is not None else {})},
+    )
+
+
+def _source_facts(sweep: NodeSweep) -> dict[str, str]:
+    versions = dict(NodeComponent.objects.filter(node_id=sweep.node_id).values_list("component", "version"))
+    return portability.node_facts(sweep.node.gpu_model, versions)
+
+
+def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
+    """One WorkloadMove per workload running on the node, with its policy and its image's needs."""
+    campaign = sweep.campaign
+    have = set(WorkloadMove.objects.filter(sweep=sweep).values_list("workload_ref", flat=True))
+    missing = [ref for ref in running if ref not in have]
+    if not missing:
+        return
+    known = {w.scheduler_id: w for w in Workload.objects.filter(cluster=sweep.node.cluster, scheduler_id__in=missing,
+                                                                gone_at__isnull=True)}
+    planned = _planned_moves(sweep)
+    facts = _source_facts(sweep)
+    moves = []
+    for ref in missing:
+        info, row = running[ref], known.get(ref)
+        engine = (row.checkpoint_engine if row else info.checkpoint_engine) or CheckpointEngine.NONE
+        needed = _requirements(info, row, engine, facts)
+        gpus = info.gpus or (row.gpus if row else 0)
+        moves.append(WorkloadMove(
+            sweep=sweep, workload=row, workload_ref=ref, workload_name=info.name, gpus=gpus,
+            policy=policy.workload_policy(campaign, ref, info.name, row.policy if row else ""),
+            detail={"engine": engine, "requires": needed.as_dict(),
+                    "planned": (planned.get(ref) or {}).get("action", "")}))
+    WorkloadMove.objects.bulk_create(moves, ignore_conflicts=True)
+
+
+def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     campaign = sweep.campaign
     running = {w.id: w for w in ex.list_workloads(ref)}
-    known = {w.scheduler_id: w for w in Workload.objects.filter(cluster=sweep.node.cluster,
-                                                                 scheduler_id__in=list(running))}
-    for info in running.values():
-        row = known.get(info.id)
-        WorkloadMove.objects.get_or_create(sweep=sweep, workload_ref=info.id, defaults={
-            "workload": row, "workload_name": info.name, "gpus": info.gpus or (row.gpus if row else 0),
-            "policy": workload_policy(campaign, info.id, info.name, row.policy if row else ""),
-            "detail": {"engine": (row.checkpoint_engine if row else info.checkpoint_engine)},
-        })
+    _prepare_moves(sweep, running)
     done = []
     for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PLANNED):
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
-        checkpoint = move.policy == WorkloadPolicyChoice.CHECKPOINT and engine != CheckpointEngine.NONE
+        checkpoint = move.policy == WorkloadPolicy.CHECKPOINT and portability.rule(engine).checkpointable
         if move.workload_ref not in running:
             # Either it ended by itself, or a worker died after the agent checkpointed (or stopped)
             # it and before this was recorded. Asking again with the same operation id tells which:
@@ -388,7 +570,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             if entry is not None:
                 done.append(entry)
             continue
-        if move.policy == WorkloadPolicyChoice.WAIT:
+        if move.policy == WorkloadPolicy.WAIT:
             waited = timezone.now() - move.created_at
             if campaign.wait_limit is None or waited < campaign.wait_limit:
                 raise WaitMore(WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish")
@@ -397,25 +579,41 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
                     "and cold restart is not allowed")
         if checkpoint:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"))
-            entry = _checkpointed(sweep, move, engine, result)
+            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
+                                   requires=move.detail.get("requires"))
+            done.append(_checkpointed(sweep, move, engine, result))
         else:
-            if move.policy != WorkloadPolicyChoice.COLD_RESTART and not campaign.cold_restart_allowed:
+            if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
                 raise PermanentExecutorError(
                     f"workload {move.workload_name or move.workload_ref} cannot be checkpointed ({engine}) "
                     "and cold restart is not allowed")
             ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
-            entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart"}
-            _move(sweep, move, MoveState.PLANNED, "stopped", entry, state=MoveState.STOPPED)
-        done.append(entry)
-    return {"workloads": done}, {}
+            done.append(_stopped(sweep, ex, move))
+    return StepResult({"workloads": done})
+
+
+def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
+    who = ex.restarts_cold_starts
+    entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
+             "restarted_by": who or "nobody: its owner must start it again"}
+    _move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
+    return entry
 
 
 def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
-             "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine}
-    _move(sweep, move, MoveState.PLANNED, "checkpointed", entry, state=MoveState.CHECKPOINTED,
-          checkpoint_id=result.checkpoint_id, checkpoint_sha256=result.sha256, steps_before=result.steps)
+             "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
+             "requires": move.detail.get("requires")}
+    home = move.detail.get("planned") == "return_home"
+    fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
+                              "steps_before": result.steps}
+    if home:  # planned to come back here after the reboot (the image stays valid on this node)
+        fields.update(state=MoveState.PARKED, target_node_id=sweep.node_id)
+        _move(sweep, sweep.lease_owner, move, EvidenceKind.PARKED,
+              {**entry, "restore": "on this node after its reboot"}, **fields)
+    else:
+        _move(sweep, sweep.lease_owner, move, EvidenceKind.CHECKPOINTED, entry, state=MoveState.CHECKPOINTED,
+              **fields)
     return entry
 
 
@@ -425,66 +623,55 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
     name = move.workload_name or move.workload_ref
     if checkpoint:
         try:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"))
+            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
+                                   requires=move.detail.get("requires"))
         except PermanentExecutorError:
             result = None
         if result is not None:
             return _checkpointed(sweep, move, engine, result)
-    elif move.policy != WorkloadPolicyChoice.WAIT:
+    elif move.policy != WorkloadPolicy.WAIT:
         try:
             ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
         except PermanentExecutorError:
             pass
         else:
-            entry = {"workload": name, "action": "stopped for a cold restart"}
-            _move(sweep, move, MoveState.PLANNED, "stopped", entry, state=MoveState.STOPPED)
-            return entry
-    _move(sweep, move, MoveState.PLANNED, "finished",
+            return _stopped(sweep, ex, move)
+    _move(sweep, sweep.lease_owner, move, EvidenceKind.FINISHED,
           {"workload": name, "action": "ended by itself before it was moved"}, state=MoveState.FINISHED)
     return None
 
 
 def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> Node | None:
-    """A node the checkpoint can be restored on: same fingerprint, room, not being drained soon.
+    """A node where the checkpoint is valid (executors.portability), with room, not being drained soon.
 
-    One query: the fingerprint (GPU model, driver, CUDA) and free GPUs are matched in SQL, the
-    planned target first, then the emptiest.
+    One query: the facts the image needs and free GPUs are matched in SQL, the planned target
+    first, then the emptiest.
     """
     source = sweep.node
-    versions = source.component_versions()
-    candidates = Node.objects.filter(
-        cluster=source.cluster, gpu_model=source.gpu_model, service_state=ServiceState.IN_SERVICE, gone_at__isnull=True,
-    ).exclude(pk=source.pk)
-    for component in ("driver", "cuda"):
-        if versions.get(component):
-            candidates = candidates.filter(pk__in=NodeComponent.objects.filter(
-                component=component, version=versions[component]).values("node_id"))
+    needed = portability.from_dict(move.detail.get("requires") or {})
+    candidates = Node.objects.filter(cluster=source.cluster, service_state=ServiceState.IN_SERVICE,
+                                     gone_at__isnull=True).exclude(pk=source.pk)
+    for fact, value in needed.must.items():
+        if fact == portability.GPU_MODEL:
+            candidates = candidates.filter(gpu_model=value)
+        elif value:
+            candidates = candidates.filter(pk__in=NodeComponent.objects.filter(component=fact, version=value)
+                                           .values("node_id"))
         else:
-            candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=component)
-                                            .values("node_id"))
+            candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=fact).values("node_id"))
+    for fact, value in needed.if_reported.items():
+        candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=fact).exclude(version=value)
+                                        .values("node_id"))
     # Nodes being swept now, and nodes of this campaign in this or the next wave (drained before
     # the workload settles), do not receive work.
     candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(state__in=SweepState.WORKING).values("node_id"))
     candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(
-        campaign=sweep.campaign, state=SweepState.PENDING, wave__lte=sweep.wave + 1).values("node_id"))
+        campaign_id=sweep.campaign_id, state=SweepState.PENDING, wave__lte=sweep.wave + 1).values("node_id"))
     used = Workload.objects.filter(node=OuterRef("pk"), gone_at__isnull=True).values("node").annotate(
         n=Sum("gpus")).values("n")
     candidates = candidates.annotate(free=F("gpu_count") - Coalesce(Subquery(used), 0)).filter(free__gte=move.gpus)
     first = Case(When(pk=planned, then=Value(0)), default=Value(1)) if planned else Value(1)
-    return candidates.order_by(first, "-free", "name").first()
-
-
-def _move_inventory(move: WorkloadMove, target: Node, new_ref: str) -> None:
-    if move.workload_id is None:
-        return
-    with transaction.atomic():
-        row = Workload.objects.select_for_update().filter(pk=move.workload_id).first()
-        if row is None or (row.node_id == target.pk and row.scheduler_id == new_ref):
-            return
-        changes = {"node": [row.node_id, target.pk], "scheduler_id": [row.scheduler_id, new_ref]}
-        Workload.objects.filter(pk=row.pk).update(node=target, scheduler_id=new_ref)
-        ChangeLog.objects.create(source=ChangeSource.CAMPAIGN, action=ChangeAction.UPDATE, object_type="workload",
-                                 object_id=row.pk, object_repr=str(row)[:300], changes=changes)
+    return candidates.select_related("cluster").order_by(first, "-free", "name").first()
 
 
 def _resumed(ex: Executor, ref: NodeRef, workload_id: str) -> WorkloadInfo | None:
@@ -494,52 +681,65 @@ def _resumed(ex: Executor, ref: NodeRef, workload_id: str) -> WorkloadInfo | Non
 def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     planned = _planned_moves(sweep)
     done = []
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related("target_node"):
+    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related(
+            "target_node__cluster"):
         plan_entry = planned.get(move.workload_ref, {})
         if move.target_node_id is None:
-            chosen = choose_target(sweep, move, plan_entry.get("to"))
-            if chosen is None:
-                raise PermanentExecutorError(f"no compatible node with {move.gpus} free GPUs for workload "
-                                             f"{move.workload_name or move.workload_ref}")
+            target = choose_target(sweep, move, plan_entry.get("to"))
+            if target is None:
+                done.append(_park_or_fail(sweep, move))
+                continue
             # Recorded before the restore: a retry after a crash goes to the same node with the same
             # operation id, so the workload is restored once, never on two nodes.
-            WorkloadMove.objects.filter(pk=move.pk, target_node__isnull=True).update(target_node=chosen)
-            move.refresh_from_db(fields=["target_node"])
-        assert move.target_node_id is not None
-        target = Node.objects.select_related("cluster").get(pk=move.target_node_id)
+            WorkloadMove.objects.filter(pk=move.pk, target_node__isnull=True).update(target_node=target)
+            move.target_node, move.target_node_id = target, target.pk
+        assert move.target_node is not None
+        target = move.target_node
         result = ex.restore(node_ref(target), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")
+        as_planned = plan_entry.get("to") == target.pk
         entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
                  "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
-                 "steps_before": move.steps_before, "steps_after": seen.steps,
-                 "as_planned": plan_entry.get("to") == target.pk}
-        with transaction.atomic():  # the move, its event and the inventory's new placement together
-            if _move(sweep, move, MoveState.CHECKPOINTED, "restored", entry, state=MoveState.RESTORED,
-                     target_node=target, new_workload_ref=result.workload_id, steps_after=seen.steps,
-                     detail={**move.detail, "planned_target": plan_entry.get("to"),
-                             "as_planned": plan_entry.get("to") == target.pk}):
-                _move_inventory(move, target, result.workload_id)
+                 "steps_before": move.steps_before, "steps_after": seen.steps, "as_planned": as_planned}
+        _move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+              new_workload_ref=result.workload_id, steps_after=seen.steps, inventory_to=target,
+              detail={**move.detail, "planned_target": plan_entry.get("to"), "as_planned": as_planned})
         done.append(entry)
-    return {"workloads": done}, {}
+    return StepResult({"workloads": done})
+
+
+def _park_or_fail(sweep: NodeSweep, move: WorkloadMove) -> dict[str, Any]:
+    """No receiver is free now: keep the checkpoint for this node's return if it stays valid here."""
+    name = move.workload_name or move.workload_ref
+    needed = portability.from_dict(move.detail.get("requires") or {})
+    after = portability.node_facts(sweep.node.gpu_model, {**_source_facts(sweep), **sweep.target})
+    if not portability.compatible(needed, after):
+        raise PermanentExecutorError(f"no node where the checkpoint of {name} is valid has {move.gpus} free GPUs, "
+                                     f"and it would not be valid on {sweep.node.name} after the patch")
+    entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "restore": "on this node after its reboot",
+             "why": "no compatible node with room; the checkpoint stays valid here after the patch"}
+    _move(sweep, sweep.lease_owner, move, EvidenceKind.PARKED, entry, state=MoveState.PARKED,
+          target_node_id=sweep.node_id)
+    return entry
 
 
 def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     # A failed or unfinished checkpoint never leads to a patch.
-    left = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.PLANNED, MoveState.CHECKPOINTED])
-    if left.exists():
-        raise PermanentExecutorError(f"refusing to patch: {left.count()} workload(s) not moved off the node")
+    left = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.PLANNED, MoveState.CHECKPOINTED]).count()
+    if left:
+        raise PermanentExecutorError(f"refusing to patch: {left} workload(s) not moved off the node")
     results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
                for component, version in sorted(sweep.target.items())]
     patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000]}
                for r in results]
-    return {"patches": patches}, {"patched_at": timezone.now()}
+    return StepResult({"patches": patches}, {"patched_at": timezone.now()})
 
 
 def _reboot(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     ex.reboot(ref, op_id(sweep, "reboot"))
-    return {}, {}
+    return StepResult()
 
 
 def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
@@ -548,27 +748,33 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
              if result.versions.get(c) != v}
     if wrong or not result.healthy:
         raise PermanentExecutorError(f"verification failed: healthy={result.healthy} versions={wrong}")
-    with transaction.atomic():
-        for component, version in sweep.target.items():
-            parsed = parse_version(component, version)
-            row = NodeComponent.objects.filter(node_id=sweep.node_id, component=component).first()
-            before = row.version if row else ""
-            NodeComponent.objects.update_or_create(
-                node_id=sweep.node_id, component=component,
-                defaults={"version": version, "version_key": parsed.key, "branch": parsed.branch})
-            ChangeLog.objects.create(source=ChangeSource.CAMPAIGN, action=ChangeAction.UPDATE, object_type="node",
-                                     object_id=sweep.node_id, object_repr=str(sweep.node)[:300],
-                                     changes={component: [before, version]})
+    verified = {c: result.versions[c] for c in sweep.target}
+
+    def record() -> None:
+        # The inventory learns the new versions from the campaign, and the node's exposures are
+        # remediated with this sweep as their evidence (node_versions_changed, on commit).
+        inventory.record_versions(sweep.node_id, verified, ChangeSource.CAMPAIGN, reference(sweep))
+
     data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000]}
-    return data, {"versions_after": result.versions}
+    return StepResult(data, {"versions_after": result.versions}, after=record)
 
 
 def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     ex.return_to_service(ref, op_id(sweep, "return"))
-    return {}, {}
+    # Checkpoints parked for this node come back now that it admits work again.
+    restored = []
+    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED):
+        result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"home-{move.pk}"))
+        entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
+                 "to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,
+                 "steps_after": result.steps, "after_reboot": True}
+        _move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+              new_workload_ref=result.workload_id, steps_after=result.steps, inventory_to=sweep.node)
+        restored.append(entry)
+    return StepResult({"workloads": restored} if restored else {})
 
 
-STEPS = {
+STEPS: dict[str, Callable[[NodeSweep, Executor, NodeRef], StepResult]] = {
     SweepState.DRAINING: _drain,
     SweepState.CHECKPOINTING: _checkpoint,
     SweepState.MIGRATING: _migrate,
@@ -586,9 +792,9 @@ def redrive() -> dict[str, int]:
     stale = list(NodeSweep.objects.filter(state__in=SweepState.WORKING, step_deadline__lt=now)
                  .values_list("pk", flat=True))
     for sweep_id in stale:
-        ENQUEUE[0]("advance", sweep_id, 0)
+        enqueue_now("advance", sweep_id, 0)
     running = list(Campaign.objects.filter(status__in=[CampaignStatus.RUNNING, CampaignStatus.WAITING])
                    .values_list("pk", flat=True))
     for campaign_id in running:
-        ENQUEUE[0]("dispatch", campaign_id, 0)
+        enqueue_now("dispatch", campaign_id, 0)
     return {"steps": len(stale), "campaigns": len(running)}

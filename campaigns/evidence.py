@@ -1,55 +1,53 @@
-"""The tamper-evident evidence log.
+"""The tamper-evident evidence log: a chain per node sweep, a short chain per campaign, signed heads.
 
-Each event is hashed over the previous hash and its own canonical JSON (sorted keys, no spaces,
-UTC timestamps with microseconds), once in its campaign's chain and once in its node sweep's
-chain. The newest hash and sequence number of each chain are also kept on the campaign and the
-sweep, so removing the last event is as visible as editing or reordering one in the middle.
-
-Appending needs the campaign row locked (``lock_campaign``) in the caller's transaction: that
-serializes the chain, and taking the campaign lock first everywhere keeps lock order fixed.
+- A node event (admitted, each step, each workload move, done/failed) goes into its sweep's own
+  chain. Appending locks that sweep's row only, so nodes of one campaign never wait for each other.
+- A campaign event (created, planned, approved, started, paused, completed ...) goes into the
+  campaign's chain; appending needs the campaign row locked by the caller (``lock_campaign``).
+- Each event's ``hash = sha256(prev_hash + canonical JSON of its body)`` (``campaigns.verify``
+  holds the one definition); the newest number and hash of every chain are kept on its row, so
+  removing the last event is as visible as editing one in the middle.
+- Heads are signed with an Ed25519 key that is not in the database (``campaigns.signing``): each
+  node sweep's head when the sweep ends, and a seal of the campaign head with every node head
+  (their Merkle root) when the campaign completes, when asked, and at each export. A rewritten
+  chain with recomputed hashes no longer matches what was signed.
+- ``export`` gives the auditor's JSON, which ``python -m campaigns.verify`` checks with no database;
+  ``verify_campaign`` runs the same check on the stored log.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
-from campaigns.models import Campaign, EvidenceEvent, NodeSweep
-
-
-def canonical(payload: Any) -> str:
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, cls=DjangoJSONEncoder)
+from campaigns import signing, verify
+from campaigns.choices import EvidenceKind, SweepState
+from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep
 
 
 def _normal(data: dict[str, Any]) -> dict[str, Any]:
-    # What is hashed must be exactly what the database gives back.
-    loaded: dict[str, Any] = json.loads(canonical(data))
+    # What is hashed must be exactly what the database gives back: JSON types only.
+    loaded: dict[str, Any] = json.loads(json.dumps(data, cls=DjangoJSONEncoder))
     return loaded
 
 
-def _stamp(at: datetime) -> str:
+def stamp(at: datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="microseconds")
 
 
-def event_body(event: EvidenceEvent) -> dict[str, Any]:
-    return {
-        "campaign": event.campaign_id, "seq": event.seq, "sweep": event.sweep_id, "node_seq": event.node_seq,
-        "kind": event.kind, "actor": event.actor, "at": _stamp(event.at), "data": event.data,
-    }
+def body_of(event: EvidenceEvent) -> dict[str, Any]:
+    seq = event.seq if event.sweep_id is None else event.node_seq
+    return verify.event_body(event.campaign_id, event.sweep_id, int(seq or 0), event.kind, event.actor,
+                             stamp(event.at), event.data)
 
 
-def chain_hash(prev: str, body: dict[str, Any]) -> str:
-    return hashlib.sha256((prev + canonical(body)).encode()).hexdigest()
-
-
-# What the execution engine reads from a locked campaign: loading only these keeps a step cheap.
+# What the execution engine reads from a locked campaign: loading only these keeps a lock cheap.
 LIGHT_FIELDS = ("id", "status", "evidence_seq", "evidence_head", "step_timeout_s", "error_budget")
 
 
@@ -63,68 +61,159 @@ def lock_campaign(campaign_id: int, light: bool = False) -> Campaign:
     return rows.get(pk=campaign_id)
 
 
-def append(
-    campaign: Campaign, kind: str, actor: str, data: dict[str, Any] | None = None, sweep: NodeSweep | None = None
-) -> EvidenceEvent:
-    """Append one event; `campaign` must come from lock_campaign in the same transaction."""
-    event = EvidenceEvent(
-        campaign_id=campaign.pk, sweep_id=sweep.pk if sweep else None, seq=campaign.evidence_seq + 1,
-        kind=kind, actor=actor[:200], at=timezone.now(), data=_normal(data or {}),
-        prev_hash=campaign.evidence_head,
-    )
-    if sweep is not None:
-        head = NodeSweep.objects.filter(pk=sweep.pk).values_list("evidence_seq", "evidence_head").get()
-        event.node_seq = head[0] + 1
-        event.node_prev_hash = head[1]
-    body = event_body(event)
-    event.hash = chain_hash(event.prev_hash, body)
-    if sweep is not None:
-        event.node_hash = chain_hash(event.node_prev_hash, body)
+def campaign_event(campaign: Campaign, kind: str, actor: str, data: dict[str, Any] | None = None) -> EvidenceEvent:
+    """Append to the campaign's chain; `campaign` must come from lock_campaign in this transaction."""
+    if kind not in EvidenceKind.CAMPAIGN:
+        raise ValueError(f"{kind!r} is not a campaign-level evidence kind")
+    event = EvidenceEvent(campaign_id=campaign.pk, seq=campaign.evidence_seq + 1, kind=kind, actor=actor[:200],
+                          at=timezone.now(), data=_normal(data or {}), prev_hash=campaign.evidence_head)
+    event.hash = verify.chain_hash(event.prev_hash, body_of(event))
     event.save(force_insert=True)
     Campaign.objects.filter(pk=campaign.pk).update(evidence_seq=event.seq, evidence_head=event.hash)
-    campaign.evidence_seq, campaign.evidence_head = event.seq, event.hash
-    if sweep is not None:
-        NodeSweep.objects.filter(pk=sweep.pk).update(evidence_seq=event.node_seq, evidence_head=event.node_hash)
-        sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.node_hash
+    campaign.evidence_seq, campaign.evidence_head = event.seq or 0, event.hash
     return event
 
 
-@dataclass(frozen=True)
-class Problem:
-    campaign: int
-    seq: int | None
-    message: str
+def prepare_node_event(campaign_id: int, sweep_id: int, seq: int, head: str, kind: str, actor: str,
+                       data: dict[str, Any] | None = None) -> EvidenceEvent:
+    """Number seq + 1 of a node chain whose head is `head`, hashed, not yet saved.
 
-    def __str__(self) -> str:
-        where = f"campaign {self.campaign}" + (f" event #{self.seq}" if self.seq is not None else "")
-        return f"{where}: {self.message}"
+    The caller writes the sweep's new head (``event.node_seq``, ``event.hash``) in the same
+    conditional UPDATE that changes the sweep's state, then saves the event: one statement saved
+    per step, and the unique (sweep, node_seq) constraint makes two writers of one chain impossible.
+    """
+    if kind not in EvidenceKind.NODE:
+        raise ValueError(f"{kind!r} is not a node-level evidence kind")
+    event = EvidenceEvent(campaign_id=campaign_id, sweep_id=sweep_id, node_seq=seq + 1, kind=kind, actor=actor[:200],
+                          at=timezone.now(), data=_normal(data or {}), prev_hash=head)
+    event.hash = verify.chain_hash(head, body_of(event))
+    return event
 
 
-def verify_campaign(campaign: Campaign) -> list[Problem]:
-    """Every way the stored log differs from an untouched one: edited, removed or reordered events."""
-    problems: list[Problem] = []
-    prev, expected = "", 1
-    node_heads: dict[int, tuple[int, str]] = {}
-    for event in EvidenceEvent.objects.filter(campaign=campaign).order_by("seq", "id"):
-        body = event_body(event)
-        if event.seq != expected:
-            problems.append(Problem(campaign.pk, event.seq, f"expected event #{expected}: events removed or reordered"))
-        if event.prev_hash != prev:
-            problems.append(Problem(campaign.pk, event.seq, "previous hash does not match: chain broken"))
-        if chain_hash(event.prev_hash, body) != event.hash:
-            problems.append(Problem(campaign.pk, event.seq, f"content of {event.kind!r} event was edited"))
-        if event.sweep_id is not None:
-            node_seq, node_prev = node_heads.get(event.sweep_id, (0, ""))
-            if event.node_seq != node_seq + 1 or event.node_prev_hash != node_prev:
-                problems.append(Problem(campaign.pk, event.seq, f"node sweep {event.sweep_id} chain broken"))
-            if chain_hash(event.node_prev_hash, body) != event.node_hash:
-                problems.append(Problem(campaign.pk, event.seq, f"node sweep {event.sweep_id} hash does not match"))
-            node_heads[event.sweep_id] = (event.node_seq or 0, event.node_hash)
-        prev, expected = event.hash, event.seq + 1
-    if (campaign.evidence_seq, campaign.evidence_head) != (expected - 1, prev):
-        problems.append(Problem(campaign.pk, None, f"log ends at #{expected - 1} but the campaign recorded "
-                                                   f"#{campaign.evidence_seq}: events removed at the end"))
-    for sweep in NodeSweep.objects.filter(campaign=campaign).only("pk", "evidence_seq", "evidence_head"):
-        if node_heads.get(sweep.pk, (0, "")) != (sweep.evidence_seq, sweep.evidence_head):
-            problems.append(Problem(campaign.pk, None, f"node sweep {sweep.pk} log does not end where recorded"))
-    return problems
+def node_event(sweep: NodeSweep, kind: str, actor: str, data: dict[str, Any] | None = None) -> EvidenceEvent:
+    """Append to a node sweep's chain, from the head `sweep` carries (inside the caller's transaction).
+
+    Whoever holds the sweep's lease (or the campaign lock, for a sweep nobody works on) is its only
+    writer, so the head it read is current; a stale writer fails on the unique (sweep, node_seq)
+    constraint and its transaction rolls back.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("node_event must run inside transaction.atomic()")
+    event = prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind, actor,
+                               data)
+    event.save(force_insert=True)
+    NodeSweep.objects.filter(pk=sweep.pk).update(evidence_seq=event.node_seq, evidence_head=event.hash)
+    sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
+    return event
+
+
+def head_signature(campaign_id: int, sweep_id: int, seq: int, head: str) -> str:
+    """The stored form of a finished node chain's signed head: key id, head, signature."""
+    signature = signing.sign(verify.seal_message(verify.node_head_body(campaign_id, sweep_id, seq, head)))
+    return f"{signing.key_id()}:{head}:{signature}"
+
+
+def sign_node_head(sweep: NodeSweep) -> None:
+    """Sign the node chain's current head (the sweep has ended); inside the transaction that ended it."""
+    NodeSweep.objects.filter(pk=sweep.pk).update(
+        signed_seq=sweep.evidence_seq,
+        head_signature=head_signature(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head))
+
+
+def _seal_body(campaign: Campaign, number: int, reason: str, now: datetime) -> dict[str, Any]:
+    heads = [[sweep_id, seq, head] for sweep_id, seq, head in NodeSweep.objects.filter(campaign=campaign)
+             .order_by("pk").values_list("pk", "evidence_seq", "evidence_head")]
+    return {"format": verify.FORMAT, "campaign": campaign.pk, "number": number, "reason": reason, "at": stamp(now),
+            "campaign_seq": campaign.evidence_seq, "campaign_head": campaign.evidence_head, "nodes": heads,
+            "root": verify.merkle_root(heads)}
+
+
+def _next_seal_number(campaign: Campaign) -> int:
+    # Counted from the campaign chain, where every seal leaves a "sealed" event in the transaction
+    # that stores it: a seal row deleted later leaves a gap instead of having its number reused.
+    recorded = EvidenceEvent.objects.filter(campaign=campaign, sweep__isnull=True, kind=EvidenceKind.SEALED).count()
+    stored = EvidenceSeal.objects.filter(campaign=campaign).aggregate(n=Max("number"))["n"] or 0
+    return max(recorded, stored) + 1
+
+
+def seal(campaign: Campaign, reason: str, actor: str = "system") -> EvidenceSeal:
+    """Sign the campaign head together with every node head; `campaign` locked by the caller.
+
+    The seal is then recorded in the campaign chain itself ("sealed"), so a removed seal shows.
+    """
+    number = _next_seal_number(campaign)
+    now = timezone.now()
+    body = _seal_body(campaign, number, reason, now)
+    sealed = EvidenceSeal.objects.create(campaign=campaign, number=number, at=now, reason=reason, body=body,
+                                         signature=signing.sign(verify.seal_message(body)), key_id=signing.key_id())
+    campaign_event(campaign, EvidenceKind.SEALED, actor, {"seal": number, "reason": reason, "root": body["root"],
+                                                          "campaign_seq": body["campaign_seq"],
+                                                          "nodes": len(body["nodes"])})
+    return sealed
+
+
+def _export_events(campaign: Campaign) -> list[dict[str, Any]]:
+    events = []
+    for event in EvidenceEvent.objects.filter(campaign=campaign).select_related("sweep__node").order_by("at", "id"):
+        events.append({
+            "sweep": event.sweep_id, "node": event.sweep.node.name if event.sweep else None,
+            "seq": event.seq if event.sweep_id is None else event.node_seq, "kind": event.kind,
+            "actor": event.actor, "at": stamp(event.at), "data": event.data, "prev_hash": event.prev_hash,
+            "hash": event.hash,
+        })
+    return events
+
+
+def _export_sweeps(campaign: Campaign) -> list[dict[str, Any]]:
+    sweeps = []
+    for sweep in NodeSweep.objects.filter(campaign=campaign).select_related("node").order_by("pk"):
+        entry: dict[str, Any] = {"id": sweep.pk, "node": sweep.node.name, "state": sweep.state,
+                                 "finished": sweep.state in SweepState.TERMINAL,
+                                 "evidence_seq": sweep.evidence_seq, "evidence_head": sweep.evidence_head,
+                                 "signed_head": None}
+        if sweep.head_signature and sweep.signed_seq is not None:
+            key, head, signature = [*sweep.head_signature.split(":", 2), "", ""][:3]
+            entry["signed_head"] = {"seq": sweep.signed_seq, "head": head, "signature": signature, "key_id": key}
+        sweeps.append(entry)
+    return sweeps
+
+
+def build_export(campaign: Campaign) -> dict[str, Any]:
+    """The stored log in the auditor's format (no new seal)."""
+    campaign.refresh_from_db(fields=["evidence_seq", "evidence_head", "status", "name"])
+    return {
+        "format": verify.FORMAT,
+        "campaign": {"id": campaign.pk, "name": campaign.name, "status": campaign.status,
+                     "evidence_seq": campaign.evidence_seq, "evidence_head": campaign.evidence_head},
+        "sweeps": _export_sweeps(campaign),
+        "events": _export_events(campaign),
+        "seals": [{"number": s.number, "reason": s.reason, "at": stamp(s.at), "body": s.body,
+                   "signature": s.signature, "key_id": s.key_id}
+                  for s in EvidenceSeal.objects.filter(campaign=campaign).order_by("number")],
+        "public_key": signing.public_key_pem(),
+        "key_id": signing.key_id(),
+        "verify_with": "python -m campaigns.verify EXPORT.json --public-key KEY.pem",
+    }
+
+
+def export(campaign_id: int, actor: str = "system") -> dict[str, Any]:
+    """Seal the current heads (an on-demand seal, recorded), then export the whole log."""
+    with transaction.atomic():
+        campaign = lock_campaign(campaign_id)
+        seal(campaign, "export", actor)
+    return build_export(Campaign.objects.get(pk=campaign_id))
+
+
+def verify_campaign(campaign: Campaign) -> list[str]:
+    """Every problem in the stored log, found by the same check an auditor runs on an export."""
+    exported = build_export(campaign)
+    # Events after the newest stored seal (a campaign still running) are checked against a seal of
+    # the current heads made now and not stored; the stored seals still pin everything before.
+    exported["seals"].append(_unsaved_seal(campaign, _next_seal_number(campaign)))
+    return verify.verify_export(exported, signing.private_key().public_key())
+
+
+def _unsaved_seal(campaign: Campaign, number: int) -> dict[str, Any]:
+    body = _seal_body(campaign, number, "check", timezone.now())
+    return {"number": number, "reason": "check", "at": body["at"], "body": body,
+            "signature": signing.sign(verify.seal_message(body)), "key_id": signing.key_id()}

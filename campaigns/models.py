@@ -6,7 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from campaigns.choices import CampaignStatus, MoveState, SweepState, WorkloadPolicyChoice
+from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, Placement, SweepState
+from inventory.choices import WorkloadPolicy
 
 
 class Campaign(models.Model):
@@ -27,6 +28,8 @@ class Campaign(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_campaigns", null=True, blank=True
     )
+    # Everyone who changed the campaign's definition: none of them may approve its plans.
+    editors = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="edited_campaigns")
     status = models.CharField(
         max_length=20, choices=CampaignStatus.choices(), default=CampaignStatus.DRAFT, db_index=True
     )
@@ -34,6 +37,8 @@ class Campaign(models.Model):
     clusters = models.JSONField(default=list, blank=True, help_text="cluster names; empty for all")
     pools = models.JSONField(default=list, blank=True, help_text="pool names; empty for all")
     node_selector = models.JSONField(default=dict, blank=True, help_text='{"label": "value"} or {"names": [...]}')
+    # Nodes added beyond the selection, swept after every other node (e.g. exposed receivers).
+    last_group = models.JSONField(default=list, blank=True, help_text="node ids swept as the last group")
     target_versions = models.JSONField(default=dict, blank=True)
     # Policy.
     parallelism_per_cluster = models.CharField(max_length=10, default="1")
@@ -42,10 +47,11 @@ class Campaign(models.Model):
     blackouts = models.JSONField(default=list, blank=True)
     error_budget = models.CharField(max_length=10, default="1")
     workload_policy = models.CharField(
-        max_length=20, choices=WorkloadPolicyChoice.choices(), default=WorkloadPolicyChoice.CHECKPOINT
+        max_length=20, choices=WorkloadPolicy.choices(), default=WorkloadPolicy.CHECKPOINT
     )
     wait_limit = models.DurationField(null=True, blank=True, help_text="how long to wait for a workload to end")
     cold_restart_allowed = models.BooleanField(default=False)
+    workload_placement = models.CharField(max_length=10, choices=Placement.choices(), default=Placement.MOVE)
     workload_overrides = models.JSONField(default=dict, blank=True, help_text="{workload id or name: policy}")
     approvals_required = models.PositiveSmallIntegerField(default=1)
     deadline = models.DateTimeField(null=True, blank=True)
@@ -60,7 +66,8 @@ class Campaign(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     status_reason = models.TextField(blank=True)
-    # Head of the campaign's evidence chain: removing the last event is detectable too.
+    # Head of the campaign's own evidence chain (campaign-level events; each node sweep keeps its
+    # own): removing the last event is detectable too.
     evidence_seq = models.PositiveIntegerField(default=0)
     evidence_head = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -126,8 +133,11 @@ class NodeSweep(models.Model):
     step_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
     patched_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Head of this node's own evidence chain, and its signature once the sweep has ended.
     evidence_seq = models.PositiveIntegerField(default=0)
     evidence_head = models.CharField(max_length=64, blank=True)
+    signed_seq = models.PositiveIntegerField(null=True, blank=True)
+    head_signature = models.CharField(max_length=300, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -152,7 +162,7 @@ class WorkloadMove(models.Model):
     workload_ref = models.CharField(max_length=200, help_text="the workload's id on its source node")
     workload_name = models.CharField(max_length=200, blank=True)
     gpus = models.PositiveIntegerField(default=0)
-    policy = models.CharField(max_length=20, choices=WorkloadPolicyChoice.choices())
+    policy = models.CharField(max_length=20, choices=WorkloadPolicy.choices())
     state = models.CharField(max_length=20, choices=MoveState.choices(), default=MoveState.PLANNED)
     target_node = models.ForeignKey(
         "inventory.Node", on_delete=models.SET_NULL, null=True, blank=True, related_name="incoming_moves"
@@ -175,33 +185,39 @@ class WorkloadMove(models.Model):
 
 
 class EvidenceEvent(models.Model):
-    """Append-only, hash-chained: per campaign (seq, hash) and per node sweep (node_seq, node_hash).
+    """Append-only and hash-chained: a campaign-level event (``sweep`` empty) is number ``seq`` of its
+    campaign's chain, a node event number ``node_seq`` of its sweep's chain.
 
-    ``hash = sha256(prev_hash + canonical JSON of the event)``; see campaigns.evidence.
+    ``hash = sha256(prev_hash + canonical JSON of the event)``; see campaigns.evidence and, for
+    checking an export without the database, campaigns.verify.
     """
 
     campaign = models.ForeignKey(Campaign, on_delete=models.PROTECT, related_name="events")
     sweep = models.ForeignKey(NodeSweep, on_delete=models.PROTECT, null=True, blank=True, related_name="events")
-    seq = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField(null=True, blank=True)
     node_seq = models.PositiveIntegerField(null=True, blank=True)
-    kind = models.CharField(max_length=40)
+    kind = models.CharField(max_length=40, choices=EvidenceKind.choices())
     actor = models.CharField(max_length=200)
     at = models.DateTimeField()
     data = models.JSONField(default=dict)
     prev_hash = models.CharField(max_length=64, blank=True)
     hash = models.CharField(max_length=64)
-    node_prev_hash = models.CharField(max_length=64, blank=True)
-    node_hash = models.CharField(max_length=64, blank=True)
 
     class Meta:
-        ordering = ["campaign_id", "seq"]
+        ordering = ["campaign_id", "at", "id"]
         constraints = [
             models.UniqueConstraint(fields=["campaign", "seq"], name="event_seq_unique"),
             models.UniqueConstraint(fields=["sweep", "node_seq"], name="event_node_seq_unique"),
+            models.CheckConstraint(
+                condition=(Q(sweep__isnull=True, seq__isnull=False, node_seq__isnull=True)
+                           | Q(sweep__isnull=False, seq__isnull=True, node_seq__isnull=False)),
+                name="event_in_one_chain",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.campaign_id}#{self.seq} {self.kind}"
+        where = f"#{self.seq}" if self.sweep_id is None else f"sweep {self.sweep_id} #{self.node_seq}"
+        return f"{self.campaign_id} {where} {self.kind}"
 
     def save(self, *args: object, **kwargs: object) -> None:
         if self.pk is not None and not kwargs.get("force_insert"):
@@ -210,3 +226,26 @@ class EvidenceEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> tuple[int, dict[str, int]]:
         raise ValueError("evidence events are append-only")
+
+
+class EvidenceSeal(models.Model):
+    """A signed statement of a campaign's chain heads at one moment (campaigns.evidence.seal).
+
+    ``body`` holds the campaign chain's head and every node chain's head with their Merkle root;
+    ``signature`` is Ed25519 over the body's canonical JSON, by a key that is not in the database.
+    """
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.PROTECT, related_name="seals")
+    number = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    reason = models.CharField(max_length=40)
+    body = models.JSONField()
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["campaign_id", "number"]
+        constraints = [models.UniqueConstraint(fields=["campaign", "number"], name="seal_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id} seal {self.number} ({self.reason})"

@@ -4,16 +4,24 @@ Input: the nodes in scope (each with its target versions, workloads and deadline
 nodes of the same clusters (possible receivers), and the policy. Output: a JSON-ready plan.
 
 - Waves: nodes sorted by urgency (earliest deadline first), each put into the first wave whose
-  per-cluster and per-pool counts are below the parallelism limits. A wave is a group of the
-  fleet going through the upgrade together.
+  per-cluster and per-pool counts are below the parallelism limits; nodes added as the campaign's
+  last group come after all others. A wave is a group of the fleet going through the upgrade
+  together. Execution starts wave w only when every wave up to w-2 has finished.
 - Capacity: waves are simulated in order. Every workload on a node of wave w (including those
-  moved there earlier) needs a target with the same cluster, GPU model, driver and CUDA (the
-  checkpoint's fingerprint), the same engine version when the target reports one, and enough
-  free GPUs, that is not in wave w or w+1 (it would be drained while the workload lands).
-  Receivers outside the campaign come first, then the latest waves, so work moves as seldom as
-  possible. When no old-version target is left (typically the last groups), the workload
-  finishes first (policy "wait") or cold-starts after the patch (policy "cold restart", or
-  cold restart allowed); otherwise the node carries a "no capacity" risk. All named in advance.
+  moved there earlier) needs a receiver where its checkpoint is valid: the portability rule of its
+  checkpoint engine (executors.portability: a `cuda` image needs the same GPU model, driver and
+  CUDA; a `signal` one nothing of the node), judged against the receiver's versions as they will
+  be when the workload lands: a node of wave w-2 or earlier is patched by then, one of wave w+2 or
+  later is not yet drained (waves w-1 to w+1 may be draining meanwhile and take nothing).
+  Receivers outside the campaign that are not exposed come first, then patched nodes of the
+  campaign, then exposed nodes outside it, then later waves (whose work moves again), so work
+  moves as seldom as possible and lands on exposed nodes last; every exposed receiver used is
+  named with an offer to add it as a last group. With placement "home", or when nothing else is
+  free, a checkpoint that stays valid on its own node after the patch (e.g. a kernel-only update
+  for a `cuda` or `signal` image) is parked and restored there after the reboot. Otherwise the
+  workload finishes first (policy "wait") or cold-starts (policy "cold restart", or cold restart
+  allowed) and the plan says who restarts it (the cluster's scheduler, or nobody); else the node
+  carries a "no capacity" risk. All named in advance.
 - Time: each wave takes `node_seconds`, starts at the earliest moment inside a window, outside
   any blackout, with room for the whole wave; a node ending after its deadline is at risk.
 """
@@ -23,15 +31,18 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-CHECKPOINT, WAIT, COLD_RESTART = "checkpoint", "wait", "cold_restart"
-FINGERPRINT = ("driver", "cuda")
+from executors import portability
+from inventory.choices import WorkloadPolicy
+
 FAR = datetime.max.replace(tzinfo=UTC)
 OUT_OF_SCOPE = 10**9  # the "wave" of a receiver that the campaign never drains
+HOME, MOVE = "home", "move"
 
 
 class PlanError(ValueError):
@@ -43,10 +54,25 @@ class PlanWorkload:
     ref: str
     name: str = ""
     gpus: int = 1
-    checkpointable: bool = True
-    policy: str = CHECKPOINT
-    engine: str = ""
+    policy: str = WorkloadPolicy.CHECKPOINT
+    # How it is checkpointed (executors.portability decides where the image is valid).
+    checkpoint_engine: str = "cuda"
+    # The inference engine it runs (a node component such as "triton") and its model.
+    inference_engine: str = ""
     engine_version: str = ""
+    model_name: str = ""
+    model_version: str = ""
+    requires: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def checkpointable(self) -> bool:
+        return portability.rule(self.checkpoint_engine).checkpointable
+
+    def requirements(self, facts: dict[str, str]) -> portability.Requirements:
+        return portability.requirements(
+            self.checkpoint_engine, facts, gpus=self.gpus, inference_engine=self.inference_engine,
+            engine_version=self.engine_version, model_name=self.model_name, model_version=self.model_version,
+            requires=dict(self.requires))
 
 
 @dataclass(frozen=True)
@@ -61,6 +87,10 @@ class PlanNode:
     workloads: tuple[PlanWorkload, ...] = ()
     target: dict[str, str] = field(default_factory=dict)
     deadline: datetime | None = None
+    # Swept after every other node (added to the campaign as its last group).
+    last: bool = False
+    # Advisories of the campaign this node is exposed to (for a receiver outside the campaign).
+    exposed_to: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,9 @@ class Policy:
     node_seconds: int = 1800
     cold_restart_allowed: bool = False
     deadline: datetime | None = None
+    placement: str = MOVE
+    # Who restarts a workload stopped for a cold start, per cluster ("" or absent: nobody).
+    restarters: dict[str, str] = field(default_factory=dict)
 
 
 def parse_limit(text: str, total: int, field_name: str) -> int:
@@ -186,14 +219,20 @@ class Calendar:
 
 def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None) -> (
         dict[int, int]):
-    """Greedy, urgency first: each node goes to the first wave with room in its cluster and pool."""
+    """Greedy, urgency first: each node goes to the first wave with room in its cluster and pool.
+
+    Nodes of the last group (`last`) start after the last wave of the others.
+    """
     cluster_count: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     pool_count: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
     first_open: dict[tuple[str, str], int] = defaultdict(lambda: 1)
     waves: dict[int, int] = {}
+    floor = 1
     for node in nodes:
+        if node.last and floor == 1:
+            floor = max(waves.values(), default=0) + 1
         key = (node.cluster, node.pool)
-        wave = first_open[key]
+        wave = max(first_open[key], floor)
         limit_c = per_cluster[node.cluster]
         limit_p = per_pool[key] if per_pool is not None else None
         while cluster_count[node.cluster][wave] >= limit_c or (
@@ -207,130 +246,281 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
     return waves
 
 
-def _compat_key(node: PlanNode) -> tuple[str, ...]:
-    return (node.cluster, node.gpu_model, *(node.versions.get(c, "") for c in FINGERPRINT))
-
-
 def _iso(moment: datetime | None) -> str | None:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else None
 
 
-def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> dict[str, Any]:
-    """Plan `scope` (nodes to patch); `receivers` are other nodes that may take moved work."""
-    start = policy.start
-    ordered = sorted(scope, key=lambda n: (n.deadline or policy.deadline or FAR, n.cluster, n.pool, n.name, n.id))
-    everyone = [*scope, *receivers]
+class _Lane:
+    """Candidate receivers in preference order, with a pointer past those that are full for good.
+
+    In the lane of later waves the search starts where the last one ended (`rotor`), so work
+    carried ahead spreads over those nodes instead of piling onto the very last wave.
+    """
+
+    __slots__ = ("ids", "rotor", "start", "waves")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.start = 0
+        self.rotor = 0
+        self.waves: list[int] = []  # minus the wave of each id (the lane is sorted latest first)
+
+
+# Lanes in the order receivers are preferred.
+CLEAN, PATCHED, EXPOSED, LATER = range(4)
+
+
+class Capacity:
+    """Where moved work can land, wave by wave: free GPUs and facts (as patched or not) per node.
+
+    Receivers are indexed per set of facts a checkpoint depends on (one index per distinct set:
+    a handful, built when first needed) and per cluster and values of those facts, in lanes.
+    """
+
+    def __init__(self, scope: list[PlanNode], receivers: list[PlanNode], waves: dict[int, int]) -> None:
+        self.by_id = {n.id: n for n in [*scope, *receivers]}
+        self.wave_of = {n.id: OUT_OF_SCOPE for n in receivers} | waves
+        self.facts_now = {n.id: portability.node_facts(n.gpu_model, n.versions) for n in self.by_id.values()}
+        self.facts_after = {n.id: portability.node_facts(n.gpu_model, {**n.versions, **n.target})
+                            for n in scope}
+        self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
+        self.receivers = receivers
+        self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
+        self.patched: list[int] = []  # scope nodes patched so far, in wave order
+        self.current = 0
+        self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
+
+    def facts(self, node_id: int) -> dict[str, str]:
+        patched = node_id in self.facts_after and self.wave_of[node_id] <= self.current - 2
+        return self.facts_after[node_id] if patched else self.facts_now[node_id]
+
+    def _key(self, facts: tuple[str, ...], node_id: int, patched: bool) -> tuple[str, ...]:
+        values = (self.facts_after if patched else self.facts_now)[node_id]
+        return (self.by_id[node_id].cluster, *(values.get(f, "") for f in facts))
+
+    def _index(self, facts: tuple[str, ...]) -> dict[tuple[str, ...], list[_Lane]]:
+        index = self.indexes.get(facts)
+        if index is None:
+            index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
+            for node in sorted(self.receivers, key=lambda n: n.name):
+                index[self._key(facts, node.id, False)][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
+            for node in self.scope_by_wave:
+                index[self._key(facts, node.id, False)][LATER].ids.append(node.id)
+            for node_id in self.patched:
+                index[self._key(facts, node_id, True)][PATCHED].ids.append(node_id)
+            self.indexes[facts] = index
+        return index
+
+    def begin_wave(self, wave: int, nodes_of: dict[int, list[PlanNode]]) -> None:
+        """Wave `wave` starts: the nodes of wave - 2 have been patched and may receive as such."""
+        self.current = wave
+        for node in nodes_of.get(wave - 2, []):
+            self.patched.append(node.id)
+            for facts, index in self.indexes.items():
+                index[self._key(facts, node.id, True)][PATCHED].ids.append(node.id)
+
+    def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
+        if candidate == source.id or self.free[candidate] < gpus:
+            return False
+        return not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))
+
+    def find(self, needed: portability.Requirements, gpus: int, source: PlanNode) -> tuple[PlanNode, int] | None:
+        """The preferred receiver for a checkpoint, with the lane it came from."""
+        lanes = self._index(needed.facts).get((source.cluster, *(needed.must[f] for f in needed.facts)))
+        if lanes is None:
+            return None
+        for lane_no, lane in enumerate(lanes[:LATER]):
+            ids = lane.ids
+            while lane.start < len(ids) and self.free[ids[lane.start]] <= 0:
+                lane.start += 1  # outside and patched nodes only ever fill up
+            for index in range(lane.start, len(ids)):
+                if self._fits(ids[index], needed, gpus, source):
+                    return self.by_id[ids[index]], lane_no
+        later = lanes[LATER]
+        if len(later.waves) != len(later.ids):
+            later.waves = [-self.wave_of[i] for i in later.ids]
+        # Far enough ahead: waves after the next (a prefix, the lane being sorted latest first).
+        usable = bisect.bisect_left(later.waves, -(self.current + 1))
+        for offset in range(usable):
+            index = (later.rotor + offset) % usable
+            if self._fits(later.ids[index], needed, gpus, source):
+                later.rotor = index + 1
+                return self.by_id[later.ids[index]], LATER
+        return None
+
+
+def _why(needed: portability.Requirements, target: PlanNode, free: int, where: str) -> str:
+    facts = ", ".join(f"{k.replace('_', ' ')} {v or '(none)'}" for k, v in sorted(needed.must.items()))
+    depends = f"same {facts}" if facts else "its image needs nothing of the node"
+    return f"{needed.engine} checkpoint: {depends}; {free} GPUs free on {target.name}; {where}"
+
+
+def _restart_text(policy: Policy, cluster: str) -> tuple[str, str]:
+    who = policy.restarters.get(cluster, "")
+    if who:
+        return who, f"restarted from its beginning by {who}"
+    return "", "nobody restarts it: its owner must start it again after the patch"
+
+
+@dataclass
+class _Outcome:
+    cold_starts: list[dict[str, Any]] = field(default_factory=list)
+    finish_first: list[dict[str, Any]] = field(default_factory=list)
+    no_capacity: list[dict[str, Any]] = field(default_factory=list)
+    exposed_receivers: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
+           outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, int]]]) -> tuple[dict[str, Any], str]:
+    """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
+    entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
+                             "engine": workload.checkpoint_engine}
+    label = workload.name or workload.ref
+    if workload.checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
+        needed = workload.requirements(capacity.facts_now[node.id])
+        entry["requires"] = needed.as_dict()
+        home_ok = portability.compatible(needed, capacity.facts_after[node.id])
+        found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
+        if found is not None:
+            target, lane = found
+            capacity.free[target.id] -= workload.gpus
+            if target.id in capacity.facts_after and lane == LATER:
+                carried[target.id].append((workload, node.id))
+            where = {CLEAN: "outside the campaign", PATCHED: f"patched in wave {capacity.wave_of[target.id]}",
+                     EXPOSED: "outside the campaign, itself exposed to this campaign's advisories",
+                     LATER: f"in wave {capacity.wave_of[target.id]}, moved again then"}[lane]
+            entry.update(action="migrate", to=target.id, to_name=target.name,
+                         why=_why(needed, target, capacity.free[target.id] + workload.gpus, where))
+            if lane == EXPOSED:
+                item = outcome.exposed_receivers.setdefault(target.id, {
+                    "node": target.id, "name": target.name, "cluster": target.cluster,
+                    "advisories": list(target.exposed_to), "workloads": []})
+                item["workloads"].append(workload.ref)
+            return entry, ""
+        if home_ok:
+            entry.update(action="return_home", to=node.id, to_name=node.name,
+                         why=f"{needed.engine} checkpoint stays valid on {node.name} after the patch: restored there "
+                             "after the reboot")
+            return entry, ""
+    restarter, restart = _restart_text(policy, node.cluster)
+    if workload.policy == WorkloadPolicy.WAIT:
+        entry.update(action="finish_first", why="policy waits for it to end before the node drains")
+        outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
+        return entry, f"waits for {label} to finish"
+    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not workload.checkpointable:
+        reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not workload.checkpointable else
+                  "no node where its checkpoint is valid has room outside this and the next wave")
+        if workload.policy == WorkloadPolicy.COLD_RESTART:
+            reason = "its policy is a cold restart"
+        entry.update(action="cold_start", to=node.id, to_name=node.name, restarted_by=restarter,
+                     why=f"{reason}; stopped before the patch, {restart}")
+        outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
+        return entry, f"cold start of {label}"
+    entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "
+                                       "restart is not allowed")
+    outcome.no_capacity.append({"node": node.id, "node_name": node.name, **entry})
+    return entry, f"no capacity for {label}"
+
+
+def _wave_times(policy: Policy, last_wave: int) -> dict[int, tuple[datetime | None, datetime | None]]:
+    calendar = Calendar(policy.windows, policy.blackouts, policy.start)
+    duration = timedelta(seconds=policy.node_seconds)
+    times: dict[int, tuple[datetime | None, datetime | None]] = {}
+    moment: datetime | None = policy.start
+    for wave in range(1, last_wave + 1):
+        begins = calendar.earliest(moment, duration) if moment else None
+        times[wave] = (begins, begins + duration if begins else None)
+        moment = begins + duration if begins else None
+    return times
+
+
+def _limits(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> tuple[
+        dict[str, int], dict[tuple[str, str], int] | None]:
     cluster_sizes: dict[str, int] = defaultdict(int)
     pool_sizes: dict[tuple[str, str], int] = defaultdict(int)
-    for node in everyone:
+    for node in [*scope, *receivers]:
         cluster_sizes[node.cluster] += 1
         pool_sizes[(node.cluster, node.pool)] += 1
     per_cluster = {c: parse_limit(policy.per_cluster, size, "parallelism_per_cluster")
                    for c, size in cluster_sizes.items()}
     per_pool = ({p: parse_limit(policy.per_pool, size, "parallelism_per_pool") for p, size in pool_sizes.items()}
                 if policy.per_pool.strip() else None)
+    return per_cluster, per_pool
+
+
+def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> dict[str, Any]:
+    """Plan `scope` (nodes to patch); `receivers` are other nodes that may take moved work."""
+    ordered = sorted(scope, key=lambda n: (n.last, n.deadline or policy.deadline or FAR, n.cluster, n.pool, n.name,
+                                           n.id))
+    per_cluster, per_pool = _limits(scope, receivers, policy)
     waves = assign_waves(ordered, per_cluster, per_pool)
-    wave_of = {n.id: OUT_OF_SCOPE for n in receivers} | waves
-    by_id = {n.id: n for n in everyone}
-
-    # Receivers per compatibility key, latest wave first; capacity only shrinks while planning.
-    free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in everyone}
-    candidates: dict[tuple[str, ...], list[int]] = defaultdict(list)
-    for node in sorted(everyone, key=lambda n: (-wave_of[n.id], n.name)):
-        candidates[_compat_key(node)].append(node.id)
-    offsets: dict[tuple[str, ...], int] = defaultdict(int)
-    carried: dict[int, list[tuple[PlanWorkload, int]]] = defaultdict(list)  # arrivals: (workload, from node)
-
-    # Times per wave.
-    calendar = Calendar(policy.windows, policy.blackouts, start)
-    duration = timedelta(seconds=policy.node_seconds)
+    capacity = Capacity(scope, receivers, waves)
     last_wave = max(waves.values(), default=0)
-    wave_times: dict[int, tuple[datetime | None, datetime | None]] = {}
-    moment: datetime | None = start
-    for wave in range(1, last_wave + 1):
-        begins = calendar.earliest(moment, duration) if moment else None
-        wave_times[wave] = (begins, begins + duration if begins else None)
-        moment = begins + duration if begins else None
-
-    explained: dict[str, dict[str, Any]] = {}
-    cold_starts: list[dict[str, Any]] = []
-    finish_first: list[dict[str, Any]] = []
-    no_capacity: list[dict[str, Any]] = []
+    wave_times = _wave_times(policy, last_wave)
     ordered_by_wave = sorted(ordered, key=lambda n: waves[n.id])  # stable: urgency order within a wave
-    for position, node in enumerate(ordered_by_wave, start=1):
-        wave = waves[node.id]
+    nodes_of: dict[int, list[PlanNode]] = defaultdict(list)
+    for node in ordered_by_wave:
+        nodes_of[waves[node.id]].append(node)
+    outcome = _Outcome()
+    carried: dict[int, list[tuple[PlanWorkload, int]]] = defaultdict(list)  # arrivals: (workload, from node)
+    explained: dict[str, dict[str, Any]] = {}
+    position = 0
+    for wave in range(1, last_wave + 1):
+        capacity.begin_wave(wave, nodes_of)
         begins, ends = wave_times[wave]
-        risks: list[str] = []
-        moves: list[dict[str, Any]] = []
-        key = _compat_key(node)
-        pool = candidates[key]
-        # Receivers only lose room while planning: skip the full ones at the front for good.
-        first = offsets[key]
-        while first < len(pool) and free[pool[first]] <= 0:
-            first += 1
-        offsets[key] = first
-        residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
-        residents += carried.pop(node.id, [])
-        for workload, came_from in residents:
-            entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus}
-            if came_from is not None:
-                entry["arrived_from"] = by_id[came_from].name
-            target = None
-            if workload.checkpointable and workload.policy == CHECKPOINT:
-                for index in range(first, len(pool)):
-                    candidate_id = pool[index]
-                    if wave_of[candidate_id] <= wave + 1:
-                        break  # sorted by wave descending: nothing further qualifies
-                    candidate = by_id[candidate_id]
-                    if candidate_id == node.id or free[candidate_id] < workload.gpus:
-                        continue
-                    if workload.engine and candidate.versions.get(workload.engine, workload.engine_version) != (
-                            workload.engine_version):
-                        continue
-                    target = candidate
-                    break
-            if target is not None:
-                free[target.id] -= workload.gpus
-                if target.id in waves:
-                    carried[target.id].append((workload, node.id))
-                where = "outside the campaign" if target.id not in waves else f"in wave {wave_of[target.id]}"
-                entry.update(action="migrate", to=target.id, to_name=target.name, why=(
-                    f"same GPU model {target.gpu_model}, driver {target.versions.get('driver', '?')}, CUDA "
-                    f"{target.versions.get('cuda', '?')}; {free[target.id] + workload.gpus} GPUs free; {where}"))
-            elif workload.policy == WAIT:
-                entry.update(action="finish_first", why="policy waits for it to end before the node drains")
-                finish_first.append({"node": node.id, "node_name": node.name, **entry})
-                risks.append(f"waits for {workload.name or workload.ref} to finish")
-            elif workload.policy == COLD_RESTART or policy.cold_restart_allowed or not workload.checkpointable:
-                reason = ("it cannot be checkpointed" if not workload.checkpointable else
-                          "no old-version node with room is left outside this and the next wave")
-                entry.update(action="cold_start", to=node.id, to_name=node.name, why=f"{reason}; restarts after patch")
-                cold_starts.append({"node": node.id, "node_name": node.name, **entry})
-                risks.append(f"cold start of {workload.name or workload.ref}")
-            else:
-                entry.update(action="blocked",
-                             why="no compatible target with enough free GPUs, cold restart not allowed")
-                no_capacity.append({"node": node.id, "node_name": node.name, **entry})
-                risks.append(f"no capacity for {workload.name or workload.ref}")
-            moves.append(entry)
-        deadline = node.deadline or policy.deadline
-        if begins is None:
-            risks.append("no window within the planning horizon")
-        elif deadline is not None and ends is not None and ends > deadline:
-            risks.append(f"past deadline {_iso(deadline)}")
-        explained[str(node.id)] = {
-            "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-            "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
-            "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
-            "moves": moves, "risks": risks,
-        }
+        for node in nodes_of.get(wave, []):
+            position += 1
+            explained[str(node.id)] = _plan_node(node, wave, position, begins, ends, capacity, policy, outcome,
+                                                 carried)
+    return _result(policy, waves, ordered_by_wave, wave_times, explained, outcome, per_cluster, per_pool, scope)
+
+
+def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
+               capacity: Capacity, policy: Policy, outcome: _Outcome,
+               carried: dict[int, list[tuple[PlanWorkload, int]]]) -> dict[str, Any]:
+    residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
+    residents += carried.pop(node.id, [])
+    # The node is drained: its own work leaves (what comes back home is counted again below).
+    capacity.free[node.id] = node.gpu_count
+    risks: list[str] = []
+    moves: list[dict[str, Any]] = []
+    for workload, came_from in residents:
+        entry, risk = _place(workload, node, capacity, policy, outcome, carried)
+        if came_from is not None:
+            entry["arrived_from"] = capacity.by_id[came_from].name
+        if entry["action"] in ("return_home", "cold_start", "finish_first"):
+            capacity.free[node.id] -= workload.gpus
+        if risk:
+            risks.append(risk)
+        moves.append(entry)
+    deadline = node.deadline or policy.deadline
+    if begins is None:
+        risks.append("no window within the planning horizon")
+    elif deadline is not None and ends is not None and ends > deadline:
+        risks.append(f"past deadline {_iso(deadline)}")
+    return {
+        "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
+        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
+        "last_group": node.last, "moves": moves, "risks": risks,
+    }
+
+
+def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNode],
+            wave_times: dict[int, tuple[datetime | None, datetime | None]], explained: dict[str, dict[str, Any]],
+            outcome: _Outcome, per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None,
+            scope: list[PlanNode]) -> dict[str, Any]:
+    last_wave = max(waves.values(), default=0)
     wave_list = [
         {"wave": w, "start": _iso(wave_times[w][0]), "end": _iso(wave_times[w][1]),
          "nodes": [n.id for n in ordered_by_wave if waves[n.id] == w]}
         for w in range(1, last_wave + 1)
     ]
+    exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
+    count: Callable[[str], int] = lambda action: sum(  # noqa: E731 - a short local counter
+        1 for n in explained.values() for m in n["moves"] if m.get("action") == action)
     return {
-        "generated_at": _iso(start),
+        "generated_at": _iso(policy.start),
         # The limits as numbers, so execution enforces exactly what the approver read.
         "limits": {
             "cluster": per_cluster,
@@ -338,14 +528,20 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
         },
         "waves": wave_list,
         "nodes": explained,
-        "cold_starts": cold_starts,
-        "finish_first": finish_first,
-        "no_capacity": no_capacity,
+        "cold_starts": outcome.cold_starts,
+        "finish_first": outcome.finish_first,
+        "no_capacity": outcome.no_capacity,
+        # Receivers outside the campaign that stay exposed while they hold moved work.
+        "exposed_receivers": exposed,
+        "offers": ([{"action": "add_last_group", "nodes": [r["node"] for r in exposed],
+                     "why": "these receivers are exposed to the campaign's advisories themselves: sweep them last"}]
+                   if exposed else []),
         "summary": {
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
-            "migrations": sum(1 for n in explained.values() for m in n["moves"] if m.get("action") == "migrate"),
-            "cold_starts": len(cold_starts), "finish_first": len(finish_first), "no_capacity": len(no_capacity),
+            "migrations": count("migrate"), "returns_home": count("return_home"),
+            "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
+            "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
             "past_deadline": sum(
                 1 for n in explained.values() if any(r.startswith("past deadline") for r in n["risks"])
             ),

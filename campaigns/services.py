@@ -1,24 +1,23 @@
-"""Campaign life cycle: plan, approve, start, pause, resume, abort. Typed, atomic, evidenced.
+"""Campaign life cycle: create, edit, plan, approve, start, pause, resume, abort. Typed, atomic, evidenced.
 
 Every change locks the campaign row first (evidence.lock_campaign), changes state with a
 conditional UPDATE, and appends its evidence event in the same transaction. Work for Celery
-is enqueued with transaction.on_commit, so a task never sees a row that was rolled back.
+is enqueued with transaction.on_commit (campaigns.queue), so a task never sees a row that was
+rolled back. The API and the UI both create and edit campaigns through `create_campaign` and
+`update_campaign`: one validation, one evidence trail.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from campaigns import evidence
-from campaigns.choices import CampaignStatus, SweepState, WorkloadPolicyChoice
+from campaigns import evidence, policy
+from campaigns.choices import CampaignStatus, EvidenceKind, Placement, SweepState
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -31,8 +30,10 @@ from campaigns.planner import (
     parse_windows,
 )
 from campaigns.planner import plan as run_planner
-from inventory.choices import CheckpointEngine, ServiceState
-from inventory.models import Node
+from campaigns.queue import enqueue
+from executors.base import Executor, NodeRef, get_executor
+from inventory.choices import ServiceState
+from inventory.models import Cluster, Node
 from inventory.versions import DRIVER, parse_version
 
 
@@ -44,27 +45,174 @@ class CampaignError(Exception):
         self.status = status
 
 
-# -- enqueueing: on commit, through a hook the benchmark can replace ---------------------
-def _celery_enqueue(task: str, object_id: int, countdown: float = 0) -> None:
-    from campaigns.tasks import advance_sweep, dispatch_campaign
+class DefinitionError(CampaignError):
+    """Invalid campaign fields; `errors` maps each field to what is wrong with it."""
 
-    chosen = advance_sweep if task == "advance" else dispatch_campaign
-    # The queue is read at call time, so a deployment (or a test) sharing a broker keeps its own.
-    options: dict[str, Any] = {"queue": settings.CELERY_TASK_DEFAULT_QUEUE}
-    if countdown:
-        options["countdown"] = countdown
-    chosen.apply_async((object_id,), **options)
-
-
-ENQUEUE: list[Callable[[str, int, float], None]] = [_celery_enqueue]
-
-
-def enqueue(task: str, object_id: int, countdown: float = 0) -> None:
-    transaction.on_commit(lambda: ENQUEUE[0](task, object_id, countdown))
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()), status=400)
+        self.errors = errors
 
 
 def actor_of(user: User | None) -> str:
     return f"user:{user.get_username()}" if user is not None else "system"
+
+
+def node_ref(node: Node) -> NodeRef:
+    """The executor's view of an inventory node (its versions as the inventory knows them)."""
+    return NodeRef(
+        cluster=node.cluster.name, name=node.name, node_id=node.pk, endpoint=node.agent_endpoint,
+        gpu_model=node.gpu_model, gpu_count=node.gpu_count, versions=node.component_versions(), pool=node.pool,
+        labels=dict(node.labels or {}),
+    )
+
+
+# -- the campaign's definition -----------------------------------------------------------
+DEFINITION_FIELDS = (
+    "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions",
+    "parallelism_per_cluster", "parallelism_per_pool", "windows", "blackouts", "error_budget", "workload_policy",
+    "wait_limit", "cold_restart_allowed", "workload_placement", "workload_overrides", "approvals_required",
+    "deadline", "step_timeout_s", "node_estimate_s",
+)
+
+
+def _names(value: Any, field: str, known: set[str], errors: dict[str, str]) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        errors[field] = "a list of names"
+    elif unknown := sorted(set(value) - known):
+        errors[field] = f"unknown {field}: {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}"
+
+
+def _check_selector(selector: Any, errors: dict[str, str]) -> None:
+    if not isinstance(selector, dict):
+        errors["node_selector"] = 'an object: {"label": "value"} or {"names": ["node", ...]}'
+        return
+    for key, value in selector.items():
+        if key == "names":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                errors["node_selector"] = '"names" must be a list of node names'
+        elif not isinstance(value, str | int | float | bool):
+            errors["node_selector"] = f"label {key!r}: the value must be a string or number"
+
+
+def _check_policy_fields(values: dict[str, Any], errors: dict[str, str]) -> None:
+    for name in ("parallelism_per_cluster", "parallelism_per_pool"):
+        value = values.get(name)
+        if value:
+            try:
+                parse_limit(str(value), 100, name)
+            except PlanError as exc:
+                errors[name] = str(exc)
+    if "error_budget" in values:
+        try:
+            policy.check_error_budget(str(values["error_budget"]))
+        except PlanError as exc:
+            errors["error_budget"] = str(exc)
+    for name, parse in (("windows", parse_windows), ("blackouts", parse_blackouts)):
+        if name in values:
+            try:
+                if not isinstance(values[name], list) or not all(isinstance(i, dict) for i in values[name]):
+                    raise PlanError(f"{name} must be a list of objects")
+                parse(values[name])
+            except PlanError as exc:
+                errors[name] = str(exc)
+    if "workload_overrides" in values:
+        try:
+            policy.check_overrides(values["workload_overrides"])
+        except PlanError as exc:
+            errors["workload_overrides"] = str(exc)
+    if "approvals_required" in values and not (isinstance(values["approvals_required"], int)
+                                               and 1 <= values["approvals_required"] <= 10):
+        errors["approvals_required"] = "between 1 and 10: every campaign needs an approver who did not write it"
+    targets = values.get("target_versions", {})
+    if not isinstance(targets, dict) or not all(isinstance(v, str | dict) for v in targets.values()):
+        errors["target_versions"] = 'use {"driver": "580.95.05"} or {"driver": {"R570": "570.195.03"}}'
+
+
+def definition_errors(values: dict[str, Any]) -> dict[str, str]:
+    """What is wrong with these campaign fields (only the fields given are checked)."""
+    errors: dict[str, str] = {}
+    if "clusters" in values:
+        _names(values["clusters"], "clusters", set(Cluster.objects.values_list("name", flat=True)), errors)
+    if "pools" in values:
+        clusters = values.get("clusters") if isinstance(values.get("clusters"), list) else []
+        pools = Node.objects.exclude(service_state=ServiceState.GONE)
+        if clusters:
+            pools = pools.filter(cluster__name__in=clusters)
+        _names(values["pools"], "pools", set(pools.values_list("pool", flat=True).distinct()), errors)
+    if "node_selector" in values:
+        _check_selector(values["node_selector"], errors)
+    if "last_group" in values:
+        group = values["last_group"]
+        if not isinstance(group, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in group):
+            errors["last_group"] = "a list of node ids"
+        elif missing := sorted(set(group) - set(Node.objects.filter(pk__in=group).values_list("pk", flat=True))):
+            errors["last_group"] = f"unknown node ids {missing}"
+    _check_policy_fields(values, errors)
+    return errors
+
+
+def _apply(campaign: Campaign, values: dict[str, Any]) -> None:
+    unknown = set(values) - set(DEFINITION_FIELDS)
+    if unknown:
+        raise DefinitionError({name: "not a campaign field that can be set" for name in sorted(unknown)})
+    checked = dict(values)
+    if "pools" in values and "clusters" not in values:
+        checked["clusters"] = campaign.clusters  # pools are known within the campaign's clusters
+    errors = definition_errors(checked)
+    if errors:
+        raise DefinitionError(errors)
+    for name, value in values.items():
+        setattr(campaign, name, value)
+
+
+def create_campaign(user: User, values: dict[str, Any], advisories: list[int] | None = None) -> Campaign:
+    """A new draft campaign, requested by `user`, with its "created" event."""
+    with transaction.atomic():
+        campaign = Campaign(requested_by=user)
+        _apply(campaign, values)
+        campaign.save()
+        if advisories:
+            campaign.advisories.set(advisories)
+        locked = evidence.lock_campaign(campaign.pk)
+        evidence.campaign_event(locked, EvidenceKind.CREATED, actor_of(user),
+                                {"fields": _described(campaign), "advisories": sorted(advisories or [])})
+        return campaign
+
+
+def update_campaign(campaign_id: int, user: User, values: dict[str, Any],
+                    advisories: list[int] | None = None) -> Campaign:
+    """Edit a campaign before it starts: it goes back to draft, and its editor can never approve it."""
+    with transaction.atomic():
+        campaign = evidence.lock_campaign(campaign_id)
+        if campaign.status not in CampaignStatus.EDITABLE:
+            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; it can no longer be edited")
+        before = _described(campaign)
+        _apply(campaign, values)
+        campaign.status, campaign.approved_plan = CampaignStatus.DRAFT, None
+        campaign.save()
+        changes = {k: [before.get(k), v] for k, v in _described(campaign).items() if before.get(k) != v}
+        if advisories is not None:
+            old = sorted(campaign.advisories.values_list("pk", flat=True))
+            campaign.advisories.set(advisories)
+            if old != sorted(advisories):
+                changes["advisories"] = [old, sorted(advisories)]
+        campaign.editors.add(user)
+        evidence.campaign_event(campaign, EvidenceKind.EDITED, actor_of(user), {"changes": changes})
+        return campaign
+
+
+def _described(campaign: Campaign) -> dict[str, Any]:
+    values = {name: getattr(campaign, name) for name in DEFINITION_FIELDS}
+    values["wait_limit"] = campaign.wait_limit.total_seconds() if campaign.wait_limit else None
+    values["deadline"] = campaign.deadline.isoformat() if campaign.deadline else None
+    return values
+
+
+def add_last_group(campaign_id: int, user: User, node_ids: list[int]) -> Campaign:
+    """Take the plan's offer: sweep these nodes (e.g. exposed receivers) after every other node."""
+    campaign = Campaign.objects.get(pk=campaign_id)
+    group = list(dict.fromkeys([*campaign.last_group, *node_ids]))
+    return update_campaign(campaign_id, user, {"last_group": group})
 
 
 # -- targets and scope -------------------------------------------------------------------
@@ -135,18 +283,6 @@ def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
     return needed, ""
 
 
-def workload_policy(campaign: Campaign, ref: str, name: str, own_policy: str) -> str:
-    overrides = campaign.workload_overrides or {}
-    if ref in overrides:
-        return str(overrides[ref])
-    if name and name in overrides:
-        return str(overrides[name])
-    # A workload's own non-default policy (set by its owner) beats the campaign default.
-    if own_policy and own_policy != WorkloadPolicyChoice.CHECKPOINT:
-        return own_policy
-    return campaign.workload_policy
-
-
 def scope_nodes(campaign: Campaign) -> tuple[list[Node], list[Node]]:
     """(nodes in scope, other nodes of the same clusters that may receive work)."""
     nodes = Node.objects.exclude(service_state=ServiceState.GONE).select_related("cluster").prefetch_related(
@@ -167,24 +303,27 @@ def scope_nodes(campaign: Campaign) -> tuple[list[Node], list[Node]]:
     return in_scope, others
 
 
-def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline: Any) -> PlanNode:
+def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline: Any,
+               exposed_to: tuple[str, ...] = ()) -> PlanNode:
     versions = {c.component: c.version for c in node.components.all()}
     workloads = tuple(
         PlanWorkload(
             ref=w.scheduler_id, name=w.name, gpus=w.gpus,
-            checkpointable=w.checkpoint_engine != CheckpointEngine.NONE,
-            policy=workload_policy(campaign, w.scheduler_id, w.name, w.policy),
-            engine=w.engine, engine_version=w.engine_version,
+            policy=policy.workload_policy(campaign, w.scheduler_id, w.name, w.policy),
+            checkpoint_engine=w.checkpoint_engine, inference_engine=w.engine, engine_version=w.engine_version,
+            model_name=w.model_name, model_version=w.model_version,
+            requires=tuple(sorted((str(k), str(v)) for k, v in (w.requires or {}).items())),
         )
         for w in node.workloads.all() if w.gone_at is None
     )
     return PlanNode(
         id=node.pk, name=node.name, cluster=node.cluster.name, pool=node.pool, gpu_model=node.gpu_model,
         gpu_count=node.gpu_count, versions=versions, workloads=workloads, target=target, deadline=deadline,
+        last=node.pk in set(campaign.last_group or []), exposed_to=exposed_to,
     )
 
 
-def policy_of(campaign: Campaign) -> Policy:
+def policy_of(campaign: Campaign, restarters: dict[str, str] | None = None) -> Policy:
     try:
         return Policy(
             start=max(timezone.now(), campaign.created_at or timezone.now()),
@@ -192,9 +331,35 @@ def policy_of(campaign: Campaign) -> Policy:
             windows=parse_windows(campaign.windows or []), blackouts=parse_blackouts(campaign.blackouts or []),
             node_seconds=campaign.node_estimate_s, cold_restart_allowed=campaign.cold_restart_allowed,
             deadline=campaign.deadline,
+            placement="home" if campaign.workload_placement == Placement.HOME else "move",
+            restarters=restarters or {},
         )
     except PlanError as exc:
         raise CampaignError(f"campaign {campaign.pk}: {exc}", status=400) from exc
+
+
+def _executors(nodes: list[Node]) -> dict[str, Executor]:
+    found: dict[str, Executor] = {}
+    for node in nodes:
+        if node.cluster.name not in found:
+            found[node.cluster.name] = get_executor(node.cluster)
+    return found
+
+
+def _receiver_exposures(nodes: list[Node], campaign: Campaign) -> dict[int, tuple[str, ...]]:
+    """node id -> names of the campaign's advisories it is exposed to (open exposures)."""
+    from advisories.choices import ExposureState
+    from advisories.models import Exposure
+
+    advisory_ids = _advisory_ids(campaign)
+    if not advisory_ids:
+        return {}
+    found: dict[int, set[str]] = {}
+    for node_id, publisher, ident in Exposure.objects.filter(
+            node__in=nodes, state=ExposureState.OPEN, advisory_id__in=advisory_ids).values_list(
+            "node_id", "advisory__publisher", "advisory__publisher_id"):
+        found.setdefault(node_id, set()).add(f"{publisher} {ident}".strip())
+    return {k: tuple(sorted(v)) for k, v in found.items()}
 
 
 def compute_plan(campaign: Campaign) -> dict[str, Any]:
@@ -205,9 +370,11 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
         raise CampaignError(
             f"campaign {campaign.pk} selects no node: clusters {campaign.clusters or 'any'}, pools "
             f"{campaign.pools or 'any'}, node_selector {campaign.node_selector or {}}", status=400)
+    executors = _executors([*in_scope, *others])
+    reasons = {n.pk: executors[n.cluster.name].reachable(node_ref(n)) for n in [*in_scope, *others]}
     exposures = _exposures(in_scope, campaign)
     scope: list[PlanNode] = []
-    skipped = []
+    skipped, blocked = [], []
     for node in in_scope:
         versions = {c.component: c.version for c in node.components.all()}
         mine = exposures.get(node.pk, [])
@@ -216,15 +383,24 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
             skipped.append({"node": node.pk, "name": node.name, "reason": reason})
             others.append(node)  # not swept, so it may receive work
             continue
+        if reasons[node.pk]:
+            # Listed, never swept: its first step could only fail.
+            blocked.append({"node": node.pk, "name": node.name, "cluster": node.cluster.name,
+                            "target": target, "reason": reasons[node.pk]})
+            continue
         deadlines = [d for _c, _f, d in mine if d is not None]
         scope.append(_plan_node(campaign, node, target, min(deadlines) if deadlines else None))
-    receivers = [_plan_node(campaign, node, {}, None) for node in others
-                 if node.service_state == ServiceState.IN_SERVICE]
+    usable = [n for n in others if n.service_state == ServiceState.IN_SERVICE and not reasons[n.pk]]
+    exposed = _receiver_exposures(usable, campaign)
+    receivers = [_plan_node(campaign, node, {}, None, exposed.get(node.pk, ())) for node in usable]
+    restarters = {name: ex.restarts_cold_starts for name, ex in executors.items()}
     try:
-        content = run_planner(scope, receivers, policy_of(campaign))
+        content = run_planner(scope, receivers, policy_of(campaign, restarters))
     except PlanError as exc:
         raise CampaignError(f"campaign {campaign.pk}: {exc}", status=400) from exc
     content["skipped"] = skipped
+    content["blocked"] = blocked
+    content["summary"]["blocked"] = len(blocked)
     return content
 
 
@@ -249,8 +425,10 @@ def make_plan(campaign_id: int, user: User | None) -> Plan:
         plan = Plan.objects.create(campaign=campaign, version=version, created_by=user, content=content,
                                    summary=content["summary"])
         _set_status(campaign, set(CampaignStatus.EDITABLE), CampaignStatus.PLANNED, approved_plan=None)
-        evidence.append(campaign, "planned", actor_of(user), {"plan": plan.pk, "version": version,
-                                                               "summary": content["summary"]})
+        evidence.campaign_event(campaign, EvidenceKind.PLANNED, actor_of(user), {
+            "plan": plan.pk, "version": version, "summary": content["summary"],
+            "blocked": [b["name"] for b in content.get("blocked", [])],
+            "exposed_receivers": [r["name"] for r in content.get("exposed_receivers", [])]})
         return plan
 
 
@@ -272,24 +450,34 @@ def compare_plans(campaign: Campaign, old_version: int | None = None, new_versio
     return {"old": old.version, "new": new_version or "re-plan", **compare(old.content, new_content)}
 
 
+def authors(campaign: Campaign, plan: Plan) -> set[int]:
+    """Who wrote what an approver approves: the requester, every editor, the plan's maker."""
+    found = set(campaign.editors.values_list("pk", flat=True))
+    found |= {pk for pk in (campaign.requested_by_id, plan.created_by_id) if pk is not None}
+    return found
+
+
 def approve(campaign_id: int, user: User, comment: str = "") -> Campaign:
+    """Approve the newest plan; nobody approves a plan they requested, edited or planned."""
     with transaction.atomic():
         campaign = evidence.lock_campaign(campaign_id)
-        if campaign.requested_by_id is not None and campaign.requested_by_id == user.pk:
-            raise CampaignError(f"campaign {campaign.pk}: the requester cannot approve their own campaign", 403)
         if campaign.status not in (CampaignStatus.PLANNED, CampaignStatus.APPROVED):
             raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a planned campaign is approved")
         plan = campaign.plans.order_by("-version").first()
         assert plan is not None  # PLANNED implies a plan
+        if user.pk in authors(campaign, plan):
+            raise CampaignError(f"campaign {campaign.pk}: you requested, edited or planned it, so you cannot "
+                                "approve it (the requester cannot approve their own campaign)", 403)
         _approval, created = Approval.objects.get_or_create(campaign=campaign, plan=plan, user=user,
                                                             defaults={"comment": comment})
         if created:
-            evidence.append(campaign, "approved", actor_of(user), {"plan": plan.pk, "version": plan.version,
-                                                                    "comment": comment})
+            evidence.campaign_event(campaign, EvidenceKind.APPROVED, actor_of(user), {
+                "plan": plan.pk, "version": plan.version, "comment": comment})
         count = Approval.objects.filter(plan=plan).count()
         if count >= campaign.approvals_required and campaign.status == CampaignStatus.PLANNED:
             _set_status(campaign, {CampaignStatus.PLANNED}, CampaignStatus.APPROVED, approved_plan=plan)
-            evidence.append(campaign, "fully_approved", actor_of(user), {"plan": plan.pk, "approvals": count})
+            evidence.campaign_event(campaign, EvidenceKind.FULLY_APPROVED, actor_of(user),
+                                    {"plan": plan.pk, "approvals": count})
         return campaign
 
 
@@ -302,6 +490,10 @@ def start(campaign_id: int, user: User | None) -> Campaign:
         plan = campaign.approved_plan
         assert plan is not None
         nodes = plan.content.get("nodes", {})
+        if not nodes:
+            blocked = ", ".join(f"{b['name']} ({b['reason']})" for b in plan.content.get("blocked", []))
+            raise CampaignError(f"campaign {campaign.pk}: its plan sweeps no node"
+                                + (f"; blocked: {blocked}" if blocked else "; every node in scope is skipped"))
         sweeps = [
             NodeSweep(campaign=campaign, node_id=int(node_id), wave=item["wave"], position=item["position"],
                       target=item["target"], planned=item)
@@ -318,7 +510,8 @@ def start(campaign_id: int, user: User | None) -> Campaign:
         _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now(),
                     limits=plan.content.get("limits") or {})
         # Versions before are recorded per node as the node reports them, when it is drained.
-        evidence.append(campaign, "started", actor_of(user), {"plan": plan.pk, "nodes": len(sweeps)})
+        evidence.campaign_event(campaign, EvidenceKind.STARTED, actor_of(user), {"plan": plan.pk,
+                                                                                 "nodes": len(sweeps)})
         enqueue("dispatch", campaign.pk)
         return campaign
 
@@ -327,7 +520,7 @@ def pause(campaign_id: int, user: User | None) -> Campaign:
     with transaction.atomic():
         campaign = evidence.lock_campaign(campaign_id)
         _set_status(campaign, {CampaignStatus.RUNNING, CampaignStatus.WAITING}, CampaignStatus.PAUSED)
-        evidence.append(campaign, "paused", actor_of(user), {})
+        evidence.campaign_event(campaign, EvidenceKind.PAUSED, actor_of(user), {})
         return campaign
 
 
@@ -337,7 +530,7 @@ def resume(campaign_id: int, user: User | None) -> Campaign:
         was = campaign.status
         _set_status(campaign, {CampaignStatus.PAUSED, CampaignStatus.HALTED}, CampaignStatus.RUNNING,
                     status_reason="")
-        evidence.append(campaign, "resumed", actor_of(user), {"from": was})
+        evidence.campaign_event(campaign, EvidenceKind.RESUMED, actor_of(user), {"from": was})
         enqueue("dispatch", campaign.pk)
         return campaign
 
@@ -350,23 +543,22 @@ def abort(campaign_id: int, user: User | None, reason: str = "") -> Campaign:
             raise CampaignError(f"campaign {campaign.pk} is already {campaign.status}")
         _set_status(campaign, set(CampaignStatus.values()) - set(CampaignStatus.TERMINAL), CampaignStatus.ABORTED,
                     status_reason=reason or "aborted", finished_at=timezone.now())
-        evidence.append(campaign, "aborted", actor_of(user), {"reason": reason})
-        for sweep in NodeSweep.objects.filter(campaign=campaign, state=SweepState.PENDING):
+        evidence.campaign_event(campaign, EvidenceKind.ABORTED, actor_of(user), {"reason": reason})
+        for sweep in NodeSweep.objects.filter(campaign=campaign, state=SweepState.PENDING).only(
+                "pk", "campaign_id", "evidence_seq", "evidence_head"):
             if NodeSweep.objects.filter(pk=sweep.pk, state=SweepState.PENDING).update(state=SweepState.SKIPPED):
-                evidence.append(campaign, "skipped", actor_of(user), {"reason": "campaign aborted"}, sweep=sweep)
+                evidence.node_event(sweep, EvidenceKind.SKIPPED, actor_of(user), {"reason": "campaign aborted"})
+                evidence.sign_node_head(sweep)
         for sweep_id in NodeSweep.objects.filter(
             campaign=campaign, state__in=SweepState.BEFORE_PATCH - {SweepState.PENDING}
         ).values_list("pk", flat=True):
             enqueue("advance", sweep_id)
+        enqueue("dispatch", campaign.pk)  # seals the campaign once its last node has come to rest
         return campaign
 
 
-def error_budget(campaign: Campaign, total: int) -> int:
-    """Failed nodes tolerated; one more halts the campaign. '0' halts at the first failure."""
-    if campaign.error_budget.strip() in ("0", "0%"):
-        return 0
-    return parse_limit(campaign.error_budget, total, "error_budget")
+def seal_now(campaign_id: int, user: User | None) -> None:
+    """Sign the campaign's current heads on demand (an auditor's checkpoint in time)."""
+    with transaction.atomic():
+        evidence.seal(evidence.lock_campaign(campaign_id), "requested", actor_of(user))
 
-
-def step_deadline(campaign: Campaign) -> Any:
-    return timezone.now() + timedelta(seconds=campaign.step_timeout_s)

@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from campaigns import evidence, services
+from campaigns.choices import Placement
 from campaigns.models import Campaign, EvidenceEvent
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
@@ -27,6 +28,7 @@ ACTIONS: dict[str, Role] = {
     "pause": Role.OPERATOR,
     "resume": Role.OPERATOR,
     "abort": Role.OPERATOR,
+    "add_last_group": Role.OPERATOR,
 }
 
 
@@ -35,27 +37,39 @@ def _names(text: str) -> list[str]:
 
 
 class CampaignForm(forms.ModelForm):
+    """The UI's campaign fields; validation and saving are the services' (the same as the API's)."""
+
     # The scope as comma-separated names; the model keeps lists (empty means all).
     cluster_names = forms.CharField(required=False, label="Clusters", help_text="comma separated; empty for all")
     pool_names = forms.CharField(required=False, label="Pools", help_text="comma separated; empty for all")
-
-    def save(self, commit: bool = True) -> Campaign:
-        campaign: Campaign = super().save(commit=False)
-        campaign.clusters = _names(self.cleaned_data.get("cluster_names", ""))
-        campaign.pools = _names(self.cleaned_data.get("pool_names", ""))
-        if commit:
-            campaign.save()
-            self.save_m2m()
-        return campaign
 
     class Meta:
         model = Campaign
         fields = [
             "name", "description", "advisories", "cluster_names", "pool_names",
             "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
-            "workload_policy", "cold_restart_allowed", "approvals_required", "deadline",
+            "workload_policy", "workload_placement", "cold_restart_allowed", "approvals_required", "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["workload_placement"].required = False  # the model's default when left out
+
+    def definition(self) -> dict[str, Any]:
+        values = {k: v for k, v in self.cleaned_data.items() if k in services.DEFINITION_FIELDS}
+        values["workload_placement"] = values.get("workload_placement") or Placement.MOVE
+        values["clusters"] = _names(self.cleaned_data.get("cluster_names", ""))
+        values["pools"] = _names(self.cleaned_data.get("pool_names", ""))
+        return values
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if not self.errors:
+            for name, message in services.definition_errors(self.definition()).items():
+                self.add_error(name if name in self.fields else {"clusters": "cluster_names",
+                                                                 "pools": "pool_names"}.get(name), message)
+        return cleaned
 
 
 def campaign_list(request: HttpRequest) -> HttpResponse:
@@ -70,13 +84,16 @@ def campaign_create(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied("operators create campaigns")
     form = CampaignForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        campaign = form.save(commit=False)
         assert isinstance(request.user, User)
-        campaign.requested_by = request.user
-        campaign.save()
-        form.save_m2m()
-        messages.success(request, f"Campaign {campaign.name} created; make a plan next.")
-        return redirect("campaigns-ui:campaign-detail", pk=campaign.pk)
+        advisories = [a.pk for a in form.cleaned_data.get("advisories") or []]
+        try:
+            campaign = services.create_campaign(request.user, form.definition(), advisories)
+        except services.DefinitionError as exc:
+            for name, message in exc.errors.items():
+                form.add_error(None, f"{name}: {message}")
+        else:
+            messages.success(request, f"Campaign {campaign.name} created; make a plan next.")
+            return redirect("campaigns-ui:campaign-detail", pk=campaign.pk)
     return render(request, "campaigns/campaign_form.html", {"form": form})
 
 
@@ -93,7 +110,7 @@ def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "sweeps": sweeps,
         # A plain dict: the template looks up ".items" as a key first, which a Counter answers with 0.
         "progress": dict(Counter(sweeps.values_list("state", flat=True))),
-        "events": campaign.events.order_by("-seq")[:50],
+        "events": campaign.events.select_related("sweep__node").order_by("-at", "-id")[:50],
         "allowed": {name for name, role in ACTIONS.items() if has_role(request.user, role)},
         "advisories": campaign.advisories.all(),
     })
@@ -115,6 +132,11 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             services.approve(pk, user, request.POST.get("comment", ""))
         elif action == "abort":
             services.abort(pk, user, request.POST.get("reason", ""))
+        elif action == "add_last_group":
+            assert user is not None
+            newest = Campaign.objects.get(pk=pk).plans.order_by("-version").first()
+            receivers = [r["node"] for r in (newest.content.get("exposed_receivers", []) if newest else [])]
+            services.add_last_group(pk, user, receivers)
         else:
             getattr(services, action)(pk, user)
     except services.CampaignError as exc:
@@ -125,30 +147,32 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
 
 
 def _event_rows(campaign: Campaign) -> list[dict[str, Any]]:
-    return [
-        {
-            "seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "actor": e.actor,
+    rows = []
+    for e in EvidenceEvent.objects.filter(campaign=campaign).select_related("sweep__node").order_by("at", "id"):
+        step = e.data.get("step") if isinstance(e.data, dict) else None
+        rows.append({
+            "chain": "campaign" if e.sweep_id is None else f"sweep {e.sweep_id}",
+            "seq": e.seq if e.sweep_id is None else e.node_seq, "at": e.at.isoformat(),
+            "kind": f"{e.kind}: {step}" if step else e.kind, "actor": e.actor,
             "node": e.sweep.node.name if e.sweep else "", "data": e.data, "prev_hash": e.prev_hash, "hash": e.hash,
-        }
-        for e in EvidenceEvent.objects.filter(campaign=campaign).select_related("sweep__node").order_by("seq")
-    ]
+        })
+    return rows
 
 
 def campaign_evidence(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
-    """The evidence log for auditors, with the result of verifying its hash chain."""
+    """The evidence log for auditors: JSON is the signed export `python -m campaigns.verify` checks."""
     campaign = get_object_or_404(Campaign, pk=pk)
-    rows = _event_rows(campaign)
-    problems = [str(p) for p in evidence.verify_campaign(campaign)]
     if fmt == "csv":
-        header = ["seq", "at", "kind", "actor", "node", "data", "prev_hash", "hash"]
+        rows = _event_rows(campaign)
+        header = ["chain", "seq", "at", "kind", "actor", "node", "data", "prev_hash", "hash"]
         return csv_response(
             f"campaign-{campaign.pk}-evidence.csv", header,
             [[r[h] if h != "data" else json.dumps(r["data"], sort_keys=True) for h in header] for r in rows],
         )
-    response = JsonResponse({
-        "campaign": {"id": campaign.pk, "name": campaign.name, "status": campaign.status,
-                     "evidence_head": campaign.evidence_head},
-        "verified": not problems, "problems": problems, "events": rows,
-    }, json_dumps_params={"indent": 2})
+    user = request.user if isinstance(request.user, User) else None
+    exported = evidence.export(campaign.pk, services.actor_of(user))
+    problems = evidence.verify_campaign(campaign)
+    response = JsonResponse({**exported, "verified": not problems, "problems": problems},
+                            json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="campaign-{campaign.pk}-evidence.json"'
     return response

@@ -161,8 +161,14 @@ class Executor:
         """Stop admitting new work on the node (cordon / Slurm drain / agent maintenance)."""
         raise NotImplementedError
 
-    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
-        """Save the workload's running state and stop it on `node`."""
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
+                   requires: dict[str, Any] | None = None) -> CheckpointResult:
+        """Save the workload's running state and stop it on `node`.
+
+        `requires` is what the image needs of a restore target (``Requirements.as_dict()``, computed
+        by the engine with executors.portability); the back end records it with the checkpoint and
+        refuses a restore where it does not hold. None: the back end computes it from its own facts.
+        """
         raise NotImplementedError
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from executors.agent_client import AgentClient
+from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
     CheckpointResult,
     Executor,
@@ -27,6 +27,18 @@ RUNNING_STATES = ("running", "restored")
 
 class LocalExecutor(Executor):
     name = "local"
+    # Agents addressed directly have no scheduler: a stopped workload stays stopped.
+    restarts_cold_starts = ""
+
+    def reachable(self, node: NodeRef) -> str:
+        if not node.endpoint:
+            return "no agent endpoint: the node's agent has never sent a heartbeat and none is configured"
+        if self.options.get("secret") is None:
+            try:
+                fleet_secret()
+            except PermanentExecutorError as exc:
+                return f"no agent key: {exc}"
+        return ""
 
     def client(self, node: NodeRef) -> AgentClient:
         return AgentClient(
@@ -53,15 +65,19 @@ class LocalExecutor(Executor):
                 gpus=int(item.get("gpus") or 0), checkpoint_engine=str(item.get("checkpoint_engine", "none")),
                 state=str(item.get("state", "running")), steps=int(steps) if steps is not None else None,
                 fingerprint={k: str(item.get(k, "")) for k in FINGERPRINT_FIELDS},
+                requires={str(k): str(v) for k, v in (item.get("requires") or {}).items()}
+                if isinstance(item.get("requires"), dict) else {},
             ))
         return found
 
     def drain(self, node: NodeRef, operation_id: str) -> None:
         self.client(node).operation("/v1/maintenance", operation_id, enabled=True)
 
-    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
+                   requires: dict[str, Any] | None = None) -> CheckpointResult:
+        extra = {"requires": requires} if requires is not None else {}
         result = self.client(node).operation(
-            "/v1/checkpoint", operation_id, workload_id=workload_id, engine=engine, leave_running=False
+            "/v1/checkpoint", operation_id, workload_id=workload_id, engine=engine, leave_running=False, **extra
         )
         manifest: dict[str, Any] = result.get("manifest") or {}
         if not result.get("checkpoint_id"):

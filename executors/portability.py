@@ -35,6 +35,7 @@ class EngineRule:
     # Whether the workload's own inference engine (a node component named by it) must match.
     inference_engine: bool = False
     checkpointable: bool = True
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,11 @@ def register(rule: EngineRule) -> EngineRule:
     return rule
 
 
-register(EngineRule("cuda", node_facts=(GPU_MODEL, "driver", "cuda"), inference_engine=True))
-register(EngineRule("criu", node_facts=("kernel", "criu"), gpu_facts=(GPU_MODEL, "driver")))
-register(EngineRule("signal"))
-register(EngineRule("none", checkpointable=False))
+register(EngineRule("criu", node_facts=("kernel", "criu"), gpu_facts=(GPU_MODEL, "driver"), label="CRIU"))
+register(EngineRule("cuda", node_facts=(GPU_MODEL, "driver", "cuda"), inference_engine=True,
+                    label="CUDA checkpoint + CRIU"))
+register(EngineRule("signal", label="Application signal"))
+register(EngineRule("none", checkpointable=False, label="None (cold restart)"))
 
 
 class UnknownEngine(ValueError):

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "advisories",
     "campaigns",
     "executors",
+    "costs",
 ]
 
 MIDDLEWARE = [
@@ -90,6 +91,12 @@ if _default_db["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+elif (_pool_size := env_int("GPUSWEEP_DB_POOL_SIZE", 0, minimum=0)) and not _default_db.get("CONN_MAX_AGE"):
+    # PostgreSQL through a connection pool per process (psycopg_pool): a campaign step gives its
+    # connection back while the executor waits on a node, so k nodes in flight do not hold k
+    # connections (campaigns.engine). 0 (the default) keeps one connection per thread.
+    _default_db["OPTIONS"] = {**_default_db.get("OPTIONS", {}),
+                              "pool": {"min_size": 1, "max_size": _pool_size, "timeout": 60}}
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -186,9 +193,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    # Two choice sets hold the same three workload policies (labels differ): name both.
-    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices",
-                            "CampaignWorkloadPolicyEnum": "campaigns.choices.WorkloadPolicyChoice.choices"},
+    # Fields named "policy" in several serializers: one enum, named after its one choice set.
+    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices"},
 }
 
 LOGGING = {
@@ -207,6 +213,11 @@ GPUSWEEP_SHARED_DATA_DIR = Path(env_str("GPUSWEEP_SHARED_DATA_DIR", str(BASE_DIR
 # is generated once under var/ (so the demo fleet works with no configuration); in production it
 # must come from the environment, and empty means agent heartbeats are refused.
 GPUSWEEP_AGENT_FLEET_SECRET = persistent_secret(VAR_DIR, "GPUSWEEP_AGENT_FLEET_SECRET", generate=DEBUG)
+# The Ed25519 key that signs evidence heads (campaigns.signing): GPUSWEEP_EVIDENCE_KEY inline, or
+# this file; in DEBUG generated under var/ when absent. Never in the database.
+GPUSWEEP_EVIDENCE_KEY_FILE = env_str(
+    "GPUSWEEP_EVIDENCE_KEY_FILE", str(VAR_DIR / "evidence-signing-key.pem") if DEBUG else "")
+GPUSWEEP_EVIDENCE_KEY_GENERATE = DEBUG
 GPUSWEEP_IMPORT_MAX_BYTES = env_int("GPUSWEEP_IMPORT_MAX_MB", 100, minimum=1) * 1024 * 1024
 GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum=1))
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)

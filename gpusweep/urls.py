@@ -13,6 +13,7 @@ urlpatterns = [
     path("nodes/", include("inventory.urls")),
     path("advisories/", include("advisories.urls")),
     path("campaigns/", include("campaigns.urls")),
+    path("costs/", include("costs.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

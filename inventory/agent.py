@@ -149,10 +149,23 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
             engine_version=_text(item, "engine_version", errors, where, 100),
             model_name=_text(item, "model_name", errors, where, 200),
             model_version=_text(item, "model_version", errors, where, 100),
+            requires=_requires(item.get("requires"), errors, f"{where}requires"),
         ))
     if errors:
         raise PayloadError(errors)
     return node, workloads
+
+
+def _requires(value: Any, errors: dict[str, str], where: str) -> dict[str, str]:
+    """What a workload declares its checkpoint needs of a target: a small {fact: value} object."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 20 or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 63 and len(v) <= 128
+            for k, v in value.items()):
+        errors[where] = "an object of at most 20 {fact: value} strings"
+        return {}
+    return dict(value)
 
 
 def _unauthorized(detail: str) -> JsonResponse:

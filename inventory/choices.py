@@ -37,23 +37,37 @@ class WorkloadKind(ChoiceSet):
 
 
 class CheckpointEngine(ChoiceSet):
+    """How a workload is checkpointed. The set of engines is executors.portability's registry (a new
+    engine is one EngineRule and a register call, no migration); these names are the built-ins."""
+
     CRIU = "criu"
     CUDA = "cuda"
     SIGNAL = "signal"
     NONE = "none"
-    CHOICES = [
-        (CRIU, "CRIU"),
-        (CUDA, "CUDA checkpoint + CRIU"),
-        (SIGNAL, "Application signal"),
-        (NONE, "None (cold restart)"),
-    ]
+
+    @classmethod
+    def choices(cls) -> list[tuple[str, str]]:
+        from executors.portability import ENGINES
+
+        return [(name, rule.label) for name, rule in ENGINES.items()]
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [name for name, _label in cls.choices()]
 
 
 class WorkloadPolicy(ChoiceSet):
+    """What a campaign does with a workload on a node it drains (the one definition: the
+    workload's own setting, a campaign's default and its per-workload overrides all use it)."""
+
     CHECKPOINT = "checkpoint"
     WAIT = "wait"
     COLD_RESTART = "cold_restart"
-    CHOICES = [(CHECKPOINT, "Checkpoint and migrate"), (WAIT, "Wait for completion"), (COLD_RESTART, "Cold restart")]
+    CHOICES = [
+        (CHECKPOINT, "Checkpoint and migrate"),
+        (WAIT, "Wait for completion (up to the limit)"),
+        (COLD_RESTART, "Cold restart"),
+    ]
 
 
 class ChangeSource(ChoiceSet):

@@ -121,14 +121,15 @@ class Workload(models.Model):
     gpus = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(null=True, blank=True)
     time_limit = models.DurationField(null=True, blank=True)
-    checkpoint_engine = models.CharField(
-        max_length=20, choices=CheckpointEngine.choices(), default=CheckpointEngine.NONE
-    )
+    # No choices here: the engines are a registry (executors.portability), validated by the sources.
+    checkpoint_engine = models.CharField(max_length=20, default=CheckpointEngine.NONE)
     policy = models.CharField(max_length=20, choices=WorkloadPolicy.choices(), default=WorkloadPolicy.CHECKPOINT)
     engine = models.CharField(max_length=100, blank=True, help_text="e.g. triton, vllm")
     engine_version = models.CharField(max_length=100, blank=True)
     model_name = models.CharField(max_length=200, blank=True)
     model_version = models.CharField(max_length=100, blank=True)
+    # Facts its checkpoint needs of a restore target beyond its engine's ({"gpu_model": "H100"}).
+    requires = models.JSONField(default=dict, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
     gone_at = models.DateTimeField(null=True, blank=True)
 

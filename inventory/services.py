@@ -71,6 +71,7 @@ WORKLOAD_FIELDS = (
     "engine_version",
     "model_name",
     "model_version",
+    "requires",
 )
 
 
@@ -113,6 +114,7 @@ class ObservedWorkload:
     engine_version: str = ""
     model_name: str = ""
     model_version: str = ""
+    requires: dict[str, str] = field(default_factory=dict)
     # All nodes held (multi-node jobs); empty means just `node`.
     nodes: list[str] = field(default_factory=list)
 

@@ -6,6 +6,8 @@ set -euo pipefail
 PACKAGES=(
   # the real Slurm controller and daemons the inventory and executor tests start on localhost
   slurm-wlm slurm-client munge
+  # Slurm accounting (sacct) for the cost-of-waiting tests: slurmdbd storing into the machine's MariaDB
+  slurmdbd slurm-wlm-mysql-plugin mariadb-client
   # the real browser the UI tests drive through Playwright
   chromium
 )

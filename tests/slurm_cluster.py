@@ -7,11 +7,17 @@ tests or engineers may run), its own slurm.conf (clients find it through SLURM_C
 ports chosen at start. GPUs are declared as GRES with AutoDetect=off and no device files,
 which Slurm accepts for scheduling and accounting without real GPUs.
 
+With ``accounting=True`` the cluster also runs its own slurmdbd (Debian's slurmdbd and
+slurm-wlm-mysql-plugin) storing into the machine's MariaDB (127.0.0.1:3306, root, no password)
+in a database of its own (``slurm_acct_<random>``, dropped at stop), so parallel runs never share
+rows; ``sacct`` and ``sstat`` then answer for its jobs (jobacct_gather/linux).
+
 Usage (see tests/inventory/test_slurm_sync.py):
 
-    with SlurmCluster(tmp_path, nodes=["gpu01", "gpu02"]) as cluster:
-        cluster.sbatch("sleep 300", nodelist="gpu01", gpus=1)
+    with SlurmCluster(tmp_path, nodes=["gpu01", "gpu02"], accounting=True) as cluster:
+        job = cluster.sbatch("sleep 300", nodelist="gpu01", gpus=1)
         cluster.run("squeue", "--json")
+        cluster.run("sacct", "-j", job, "--json")
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -29,24 +36,41 @@ from tests.helpers import wait_for
 
 COMMAND_TIMEOUT = 30
 REQUIRED = ("munged", "slurmctld", "slurmd", "sinfo", "squeue", "sbatch", "scontrol")
+ACCOUNTING_REQUIRED = ("slurmdbd", "sacct", "sacctmgr", "mysql")
+MARIADB = {"host": "127.0.0.1", "port": "3306", "user": "root"}
 
 
-def missing_binaries() -> list[str]:
+def missing_binaries(names: Iterable[str] = REQUIRED) -> list[str]:
     extra = ("/usr/sbin",)
     path = os.pathsep.join([os.environ.get("PATH", ""), *extra])
-    return [name for name in REQUIRED if shutil.which(name, path=path) is None]
+    return [name for name in names if shutil.which(name, path=path) is None]
 
 
-def can_run_slurm() -> tuple[bool, str]:
+def _mysql(sql: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["mysql", "-h", MARIADB["host"], "-P", MARIADB["port"], "-u", MARIADB["user"], "-e", sql],
+        capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False,
+    )
+
+
+def can_run_slurm(accounting: bool = False) -> tuple[bool, str]:
     """(ok, reason): the daemons need root (munged's key checks, slurmd's spool) and the packages."""
-    missing = missing_binaries()
+    missing = missing_binaries(REQUIRED + (ACCOUNTING_REQUIRED if accounting else ()))
     if missing:
         return False, (
-            f"Slurm is not installed (missing {', '.join(missing)}): "
-            "run `sudo bash scripts/install-system-deps.sh` (apt packages slurm-wlm slurm-client munge)"
+            f"Slurm is not installed (missing {', '.join(missing)}): run `sudo bash scripts/install-system-deps.sh` "
+            "(apt packages slurm-wlm slurm-client munge, and slurmdbd slurm-wlm-mysql-plugin mariadb-server for "
+            "accounting)"
         )
     if os.geteuid() != 0:
         return False, "the local Slurm cluster needs root (munged and slurmd): run the tests as root, as CI does"
+    if accounting:
+        probe = _mysql("SELECT 1")
+        if probe.returncode != 0:
+            return False, (
+                f"Slurm accounting needs MariaDB on {MARIADB['host']}:{MARIADB['port']} (user root, no password): "
+                f"start it (`service mariadb start`, as .ci/run does): {probe.stderr.strip()[-200:]}"
+            )
     return True, ""
 
 
@@ -80,6 +104,8 @@ class SlurmCluster:
         cpus_per_node: int = 4,
         features: dict[str, str] | None = None,
         cluster_name: str = "gpusweeptest",
+        accounting: bool = False,
+        reboot_program: str = "",
     ) -> None:
         self.root = root
         self.nodes = list(nodes)
@@ -94,9 +120,15 @@ class SlurmCluster:
         self._slurmd: dict[str, subprocess.Popen[bytes]] = {}
         self._ctld: subprocess.Popen[bytes] | None = None
         self._munged_pid: int | None = None
-        ports = _free_ports(len(self.nodes) + 1)
-        self.ctld_port = ports[0]
-        self.node_ports = dict(zip(self.nodes, ports[1:], strict=True))
+        self.accounting = accounting
+        # What slurmd runs for `scontrol reboot` (Slurm refuses the command without one).
+        self.reboot_program = reboot_program
+        # One database per cluster instance: parallel test runs never see each other's jobs.
+        self.accounting_db = f"slurm_acct_{uuid.uuid4().hex[:12]}" if accounting else ""
+        self._dbd: subprocess.Popen[bytes] | None = None
+        ports = _free_ports(len(self.nodes) + 2)
+        self.ctld_port, self.dbd_port = ports[0], ports[1]
+        self.node_ports = dict(zip(self.nodes, ports[2:], strict=True))
 
     # --- environment -------------------------------------------------------------------
     @property
@@ -150,9 +182,8 @@ class SlurmCluster:
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
+            *self._accounting_lines(),
+            *([] if self.accounting else ["JobCompType=jobcomp/none"]),
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
             "SelectType=select/cons_tres",
@@ -162,6 +193,7 @@ class SlurmCluster:
             "InactiveLimit=0",
             "KillWait=2",
             "GresTypes=gpu",
+            *([f"RebootProgram={self.reboot_program}"] if self.reboot_program else []),
             # Trust slurm.conf for CPUs and GRES: the test host has no GPUs and only a few cores.
             "SlurmdParameters=config_overrides",
             *[self._node_line(name) for name in active],
@@ -179,6 +211,41 @@ class SlurmCluster:
             + "".join(f"NodeName={n} Name=gpu Count={self.gpus_per_node} File={files}\n" for n in active)
         )
         (self.root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
+        if self.accounting:
+            self._write_dbd_conf()
+
+    def _accounting_lines(self) -> list[str]:
+        if not self.accounting:
+            return ["JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none"]
+        return [
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherFrequency=task=5",
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=localhost",
+            f"AccountingStoragePort={self.dbd_port}",
+            f"AccountingStoragePass={self.munge_socket}",
+            "JobCompType=jobcomp/none",
+        ]
+
+    def _write_dbd_conf(self) -> None:
+        conf = self.root / "slurmdbd.conf"
+        conf.write_text("\n".join([
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "DbdHost=localhost",
+            "DbdAddr=127.0.0.1",
+            f"DbdPort={self.dbd_port}",
+            "SlurmUser=root",
+            f"LogFile={self.root}/slurmdbd.log",
+            f"PidFile={self.root}/slurmdbd.pid",
+            "DebugLevel=info",
+            "StorageType=accounting_storage/mysql",
+            f"StorageHost={MARIADB['host']}",
+            f"StoragePort={MARIADB['port']}",
+            f"StorageUser={MARIADB['user']}",
+            f"StorageLoc={self.accounting_db}",
+        ]) + "\n")
+        os.chmod(conf, 0o600)  # slurmdbd refuses a configuration others can read
 
     # --- daemons -----------------------------------------------------------------------
     def _start_munged(self) -> None:
@@ -201,8 +268,11 @@ class SlurmCluster:
         self._munged_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 10) or 0)
 
     def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        env = self.env
+        if args[0] == "slurmdbd":
+            env["SLURM_CONF"] = str(self.conf)  # slurmdbd.conf is found beside it
         proc = subprocess.Popen(
-            list(args), env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            list(args), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         self._procs.append(proc)
         return proc
@@ -210,15 +280,55 @@ class SlurmCluster:
     def start_slurmd(self, name: str) -> None:
         self._slurmd[name] = self._spawn("slurmd", "-D", "-N", name, "-f", str(self.conf))
 
+    def restart_slurmd_script(self, name: str) -> Path:
+        """A script that restarts node `name`'s slurmd: what a modelled reboot runs on this one host.
+
+        A real reboot also gives the node a new boot time, which is what Slurm 22.05 waits for to
+        complete `scontrol reboot`; on one host that cannot happen, so tests reboot through the agent.
+        """
+        script = self.root / f"restart-slurmd-{name}.sh"
+        pid_file = self.root / f"slurmd-{name}.pid"
+        script.write_text(
+            "#!/bin/sh\n"
+            f"export SLURM_CONF={self.conf}\n"
+            f"pid=$(cat {pid_file} 2>/dev/null)\n"
+            'if [ -n "$pid" ]; then kill "$pid" 2>/dev/null; '
+            'for i in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done; fi\n'
+            f"exec /usr/sbin/slurmd -N {name} -f {self.conf}\n"
+        )
+        script.chmod(0o755)
+        return script
+
     def stop_slurmd(self, name: str) -> None:
         proc = self._slurmd.pop(name, None)
         if proc is not None:
             self._terminate(proc)
 
+    def _start_slurmdbd(self) -> None:
+        self._dbd = self._spawn("slurmdbd", "-D", "-s")
+        env_conf = {"SLURM_CONF": str(self.conf)}
+
+        def answering() -> bool:
+            # sacctmgr reaches slurmdbd through slurm.conf's AccountingStorageHost/Port.
+            done = subprocess.run(["sacctmgr", "-n", "list", "cluster"], env={**self.env, **env_conf},
+                                  capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+            return done.returncode == 0
+
+        if not wait_for(answering, 60, interval=0.5):
+            raise RuntimeError(f"slurmdbd did not answer; logs in {self.root}:\n{self.logs()}")
+        # slurmctld registers with the cluster's association; make it before the controller starts.
+        self.run("sacctmgr", "-i", "add", "cluster", self.cluster_name, check=False)
+
     def start(self) -> SlurmCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.write_conf()
         self._start_munged()
+        if self.accounting:
+            try:
+                self._start_slurmdbd()
+            except BaseException:
+                self.stop()
+                raise
         self._ctld = self._spawn("slurmctld", "-D", "-c", "-i", "-f", str(self.conf))
         for name in self.nodes:
             self.start_slurmd(name)
@@ -272,6 +382,10 @@ class SlurmCluster:
         self._procs.clear()
         self._slurmd.clear()
         self._ctld = None
+        self._dbd = None
+        # slurmd daemons restarted by a modelled reboot (restart_slurmd_script) are not our children.
+        for pid_file in self.root.glob("slurmd-*.pid"):
+            self._kill_own_daemon(pid_file)
         if self._munged_pid:
             try:
                 os.kill(self._munged_pid, signal.SIGTERM)
@@ -280,6 +394,34 @@ class SlurmCluster:
             self._munged_pid = None
         # Job step daemons (slurmstepd) of our jobs are children of slurmd's session; kill leftovers.
         self._kill_leftover_steps()
+        if self.accounting_db:
+            _mysql(f"DROP DATABASE IF EXISTS `{self.accounting_db}`")
+
+    def _kill_own_daemon(self, pid_file: Path) -> None:
+        """Stop the daemon a pid file names, only if it runs with this cluster's slurm.conf (pids get reused)."""
+        try:
+            pid = int(pid_file.read_text().strip() or 0)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return
+        if str(self.conf).encode() not in argv:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        if not wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, interval=0.1):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def sacct(self, *args: str) -> list[dict[str, str]]:
+        """`sacct` rows (every run of a job, requeued ones included) as dictionaries of its columns."""
+        fields = "JobID,JobName,State,NodeList,Start,End,ExitCode"
+        out = self.run("sacct", "-X", "-D", "-n", "-P", f"--format={fields}", *args)
+        names = fields.split(",")
+        return [dict(zip(names, line.split("|"), strict=True)) for line in out.splitlines() if line.strip()]
 
     def _kill_leftover_steps(self) -> None:
         """Kill processes still running with our SLURM_CONF (job steps of this cluster only)."""

@@ -225,7 +225,10 @@ def test_it_completes_a_six_node_campaign_while_the_worker_is_killed_in_every_st
     subprocess.run([sys.executable, "-m", "celery", "-A", "gpusweep", "purge", "-f"], env=env, cwd=REPO,
                    check=True, capture_output=True, timeout=60)
     fleet = Fleet(str(state))
-    cluster = Cluster.objects.create(name="local", kind="static", connection={"executor": "memory"})
+    # The fleet's state folder is named on the cluster too: planning (here) asks the executor
+    # whether it reaches each node.
+    cluster = Cluster.objects.create(name="local", kind="static", connection={
+        "executor": "memory", "executor_options": {"state_file": str(state)}})
     for index in range(6):
         add_node(fleet, cluster, f"gpu{index:02d}", labels={"sweep": "yes"})
     for index in range(2):

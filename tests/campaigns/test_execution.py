@@ -6,11 +6,9 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import CommandError
-from django.db import connection
 from django.utils import timezone
 
-from campaigns import engine, services
+from campaigns import engine, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from campaigns.services import CampaignError
@@ -140,8 +138,8 @@ def test_abort_returns_unpatched_nodes_with_their_workloads(people):
     engine.dispatch(campaign.pk)
     admitted = list(NodeSweep.objects.filter(campaign=campaign, state=SweepState.DRAINING))
     for sweep in admitted:
-        engine.advance(sweep.pk)  # drained
-        engine.advance(sweep.pk)  # checkpointed, not yet restored
+        engine.advance(sweep.pk, max_steps=1)  # drained
+        engine.advance(sweep.pk, max_steps=1)  # checkpointed, not yet restored
     services.abort(campaign.pk, requester, reason="change freeze")
     for sweep in admitted:
         engine.advance(sweep.pk)
@@ -167,11 +165,11 @@ def test_a_step_whose_worker_died_is_redriven_and_nothing_runs_twice(people):
     assert engine.advance(sweep.pk) is None
     NodeSweep.objects.filter(pk=sweep.pk).update(step_deadline=timezone.now() - timedelta(seconds=1))
     sent = []
-    services.ENQUEUE.insert(0, lambda task, object_id, countdown: sent.append((task, object_id)))
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: sent.append((task, object_id)))
     try:
         assert engine.redrive()["steps"] == 1
     finally:
-        services.ENQUEUE.pop(0)
+        queue.ENQUEUE.pop(0)
     assert ("advance", sweep.pk) in sent
     drive(campaign.pk)
     assert fleet.snapshot()["nodes"][f"local/{sweep.node.name}"]["patches"] == {"driver": 1}
@@ -187,40 +185,6 @@ def test_verification_compares_versions_and_health(people):
     sweep = NodeSweep.objects.get(campaign=campaign)
     assert sweep.state == SweepState.FAILED
     assert "verification failed: healthy=False" in sweep.error
-
-
-def test_verify_evidence_detects_edited_removed_and_reordered_events(people):
-    make_fleet(nodes=1, spares=1)
-    requester, approver, _ = people
-    campaign = approved_campaign(requester, approver)
-    services.start(campaign.pk, requester)
-    drive(campaign.pk)
-    call_command("verify_evidence", campaign=campaign.pk)
-    table = EvidenceEvent._meta.db_table
-    events = list(EvidenceEvent.objects.filter(campaign=campaign).order_by("seq"))
-    with connection.cursor() as cursor:
-        # Edited: one event's data changed behind the application's back.
-        cursor.execute(f"UPDATE {table} SET actor = 'user:mallory' WHERE id = %s", [events[3].pk])
-    with pytest.raises(CommandError, match="evidence verification failed"):
-        call_command("verify_evidence", campaign=campaign.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET actor = %s WHERE id = %s", [events[3].actor, events[3].pk])
-    call_command("verify_evidence", campaign=campaign.pk)
-    with connection.cursor() as cursor:  # reordered: two events swap places
-        cursor.execute(f"UPDATE {table} SET seq = 100000 WHERE id = %s", [events[4].pk])
-        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[4].seq, events[5].pk])
-        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[5].seq, events[4].pk])
-    with pytest.raises(CommandError):
-        call_command("verify_evidence", campaign=campaign.pk)
-    with connection.cursor() as cursor:  # restored, then the last one removed
-        cursor.execute(f"UPDATE {table} SET seq = 100000 WHERE id = %s", [events[4].pk])
-        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[5].seq, events[5].pk])
-        cursor.execute(f"UPDATE {table} SET seq = %s WHERE id = %s", [events[4].seq, events[4].pk])
-    call_command("verify_evidence", campaign=campaign.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table} WHERE id = %s", [events[-1].pk])
-    with pytest.raises(CommandError):
-        call_command("verify_evidence", campaign=campaign.pk)
 
 
 def test_events_cannot_be_changed_through_the_orm(people):
@@ -337,7 +301,7 @@ def test_abort_lets_a_node_already_patching_finish_and_skips_the_rest(people):
     engine.dispatch(campaign.pk)
     sweep = NodeSweep.objects.get(campaign=campaign, state=SweepState.DRAINING)
     while NodeSweep.objects.get(pk=sweep.pk).state != SweepState.PATCHING:
-        engine.advance(sweep.pk)
+        engine.advance(sweep.pk, max_steps=1)
     services.abort(campaign.pk, requester)
     drive(campaign.pk)
     states = sorted(NodeSweep.objects.filter(campaign=campaign).values_list("state", flat=True))

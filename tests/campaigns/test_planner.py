@@ -22,19 +22,20 @@ OLD = {"driver": "570.86.15", "cuda": "12.8"}
 
 
 def node(i: int, *, pool: str = "a", cluster: str = "c", workloads: int = 1, gpus: int = 2, deadline_days: int = 30,
-         versions: dict[str, str] | None = None, policy: str = "checkpoint", checkpointable: bool = True) -> PlanNode:
+         versions: dict[str, str] | None = None, policy: str = "checkpoint", engine: str = "cuda",
+         target: dict[str, str] | None = None) -> PlanNode:
     return PlanNode(
         id=i, name=f"n{i:03d}", cluster=cluster, pool=pool, gpu_model="H100", gpu_count=8,
-        versions=versions or OLD, target={"driver": "570.195.03"},
-        workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=gpus, policy=policy, checkpointable=checkpointable)
+        versions=versions or OLD, target=target or {"driver": "570.195.03"},
+        workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=gpus, policy=policy, checkpoint_engine=engine)
                         for j in range(workloads)),
         deadline=MONDAY + timedelta(days=deadline_days),
     )
 
 
-def spare(i: int, versions: dict[str, str] | None = None) -> PlanNode:
+def spare(i: int, versions: dict[str, str] | None = None, exposed_to: tuple[str, ...] = ()) -> PlanNode:
     return PlanNode(id=1000 + i, name=f"spare{i}", cluster="c", pool="spare", gpu_model="H100", gpu_count=8,
-                    versions=versions or OLD)
+                    versions=versions or OLD, exposed_to=exposed_to)
 
 
 def test_it_keeps_every_wave_within_the_cluster_and_pool_limits():
@@ -63,7 +64,8 @@ def test_every_move_has_a_compatible_target_outside_this_and_the_next_wave():
             if move["action"] == "migrate":
                 assert move["to"] != 1001, "never to another driver"
                 assert waves.get(move["to"], 10**9) > item["wave"] + 1
-                assert "same GPU model H100, driver 570.86.15" in move["why"]
+                assert move["requires"]["must"] == {"gpu_model": "H100", "driver": "570.86.15", "cuda": "12.8"}
+                assert "driver 570.86.15" in move["why"] and "gpu model H100" in move["why"]
     used = Counter(m["to"] for n in result["nodes"].values() for m in n["moves"] if m["action"] == "migrate")
     assert all(count * 2 <= 8 for count in used.values()), "never more GPUs than a target has"
 
@@ -106,3 +108,75 @@ def test_bad_limits_and_windows_name_the_field():
     assert parse_limit("10%", 5, "x") == 1 and parse_limit("50%", 10, "x") == 5
     with pytest.raises(PlanError, match=r"windows\[0\]"):
         parse_windows([{"days": [9], "start": "22:00", "end": "06:00"}])
+
+
+def _moves(result):
+    """Each workload's first move, off the node it ran on before the campaign."""
+    return {m["workload"]: m for n in result["nodes"].values() for m in n["moves"] if "arrived_from" not in m}
+
+
+def test_a_pool_of_signal_workloads_sweeps_itself_with_no_spare():
+    nodes = [node(i, engine="signal") for i in range(6)]
+    result = plan(nodes, [], Policy(start=MONDAY, per_cluster="1"))
+    waves = {int(k): v["wave"] for k, v in result["nodes"].items()}
+    assert result["summary"]["cold_starts"] == result["summary"]["no_capacity"] == 0
+    moves = _moves(result)
+    first = result["waves"][0]["nodes"][0]
+    # The first node's work goes to a node not yet drained; later work lands on patched nodes.
+    assert waves[moves[f"w{first}-0"]["to"]] >= waves[first] + 2
+    patched_targets = [m for m in moves.values() if m["action"] == "migrate" and "patched in wave" in m["why"]]
+    assert patched_targets, "later waves use nodes patched before them"
+    for item in result["nodes"].values():
+        for move in item["moves"]:
+            assert move["action"] == "migrate"
+            to_wave = waves[move["to"]]
+            assert to_wave <= item["wave"] - 2 or to_wave >= item["wave"] + 2
+            assert move["requires"]["must"] == {}
+
+
+def test_cuda_workloads_of_the_last_group_finish_first_or_cold_start_as_named():
+    cold = plan([node(i, gpus=1) for i in range(6)], [],
+                Policy(start=MONDAY, per_cluster="1", cold_restart_allowed=True, restarters={"c": "Slurm requeue"}))
+    last_waves = {w["wave"] for w in cold["waves"][-2:]}
+    cold_nodes = {c["node"] for c in cold["cold_starts"]}
+    assert cold_nodes and all(cold["nodes"][str(n)]["wave"] in last_waves for n in cold_nodes)
+    assert all(c["restarted_by"] == "Slurm requeue" and "Slurm requeue" in c["why"] for c in cold["cold_starts"])
+    nobody = plan([node(i) for i in range(2)], [], Policy(start=MONDAY, per_cluster="1", cold_restart_allowed=True))
+    assert all(c["restarted_by"] == "" and "nobody restarts it" in c["why"] for c in nobody["cold_starts"])
+    wait = plan([node(i, policy="wait") for i in range(6)], [], Policy(start=MONDAY, per_cluster="1"))
+    assert {f["action"] for f in wait["finish_first"]} == {"finish_first"} and len(wait["finish_first"]) == 6
+
+
+def test_a_kernel_only_patch_parks_a_cuda_checkpoint_on_its_own_node():
+    kernel = {"driver": "570.86.15", "cuda": "12.8", "kernel": "6.1.0-25"}
+    nodes = [node(i, versions=kernel, target={"kernel": "6.1.0-28"}) for i in range(2)]
+    home = plan(nodes, [], Policy(start=MONDAY, per_cluster="1", placement="home"))
+    assert {m["action"] for m in _moves(home).values()} == {"return_home"}
+    # Placement "move" prefers another node; a CRIU image (kernel-bound) never comes home.
+    moved = plan(nodes, [spare(0, versions=kernel)], Policy(start=MONDAY, per_cluster="1"))
+    assert {m["action"] for m in _moves(moved).values()} == {"migrate"}
+    criu = [node(i, versions=kernel, target={"kernel": "6.1.0-28"}, engine="criu", gpus=0) for i in range(2)]
+    blocked = plan(criu, [], Policy(start=MONDAY, per_cluster="1"))
+    assert {m["action"] for m in _moves(blocked).values()} == {"blocked"}
+
+
+def test_exposed_receivers_are_named_and_offered_as_a_last_group():
+    nodes = [node(i) for i in range(2)]
+    result = plan(nodes, [spare(0, exposed_to=("NVIDIA 5703",))], Policy(start=MONDAY, per_cluster="1"))
+    assert [r["name"] for r in result["exposed_receivers"]] == ["spare0"]
+    assert result["exposed_receivers"][0]["advisories"] == ["NVIDIA 5703"]
+    assert result["offers"] == [{"action": "add_last_group", "nodes": [1000], "why": result["offers"][0]["why"]}]
+    # Clean receivers are preferred to exposed ones.
+    clean = plan(nodes, [spare(0, exposed_to=("NVIDIA 5703",)), spare(1)], Policy(start=MONDAY, per_cluster="1"))
+    assert {m["to_name"] for m in _moves(clean).values()} == {"spare1"}
+    assert clean["exposed_receivers"] == []
+
+
+def test_the_last_group_comes_after_every_other_node():
+    nodes = [node(i, workloads=0, deadline_days=60) for i in range(3)]
+    last = PlanNode(id=99, name="spare-late", cluster="c", pool="spare", gpu_model="H100", gpu_count=8,
+                    versions=OLD, target={"driver": "570.195.03"}, last=True,
+                    deadline=MONDAY + timedelta(days=1))
+    result = plan([*nodes, last], [], Policy(start=MONDAY, per_cluster="2"))
+    assert result["nodes"]["99"]["wave"] == max(w["wave"] for w in result["waves"]) > result["nodes"]["0"]["wave"]
+    assert result["nodes"]["99"]["last_group"] is True

@@ -22,6 +22,7 @@ from .artifacts import (
     fingerprint,
     fingerprint_differences,
     new_checkpoint_id,
+    requirement_differences,
 )
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine
@@ -120,6 +121,8 @@ class Agent:
                 validate(str(params["component"]), str(params["version"]))
             except PatchError as exc:
                 raise ValueError(str(exc)) from None
+        if kind == "checkpoint" and not isinstance(params.get("requires", {}), dict):
+            raise ValueError("checkpoint: requires must be an object")
         if kind == "maintenance" and not isinstance(params["enabled"], bool):
             raise ValueError("maintenance: enabled must be true or false")
         if kind == "register" and not WORKLOAD_ID_RE.match(str(params["workload_id"])):
@@ -174,17 +177,21 @@ class Agent:
             alive = pid_alive(int(workload.get("pid") or 0))
             raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
         return self._finish_checkpoint(record["id"], workload, engine_name, checkpoint_id, engine_data, leave_running,
-                                       hasher.digests())
+                                       hasher.digests(), params.get("requires"))
 
     def _finish_checkpoint(
         self, op_id: str, workload: dict[str, Any], engine_name: str, checkpoint_id: str,
         engine_data: dict[str, Any], leave_running: bool, hashed: dict[str, tuple[int, int, str]] | None = None,
+        requires: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         carried = {k: workload[k] for k in CARRIED if k in workload}
         carried.setdefault("checkpoint_engine", engine_name)
         fp = fingerprint(self.facts(), workload)
         manifest = self.artifacts.build_manifest(checkpoint_id, carried, engine_name, fp,
                                                  {**engine_data, "source_node": self.config.identity}, hashed)
+        if isinstance(requires, dict):
+            # What the service's portability rule says this image needs of a restore target.
+            manifest["requires"] = requires
         self.artifacts.write_manifest(checkpoint_id, manifest)
         if self.workloads.get(workload["id"]) is not None:
             self.workloads.update(workload["id"], state="running" if leave_running else "checkpointed",
@@ -210,8 +217,11 @@ class Agent:
             manifest = self.artifacts.manifest(checkpoint_id)
         except ArtifactError as exc:
             raise OperationError(str(exc), {"error": "missing"}) from None
-        target = fingerprint(self.facts(fresh=True), manifest.get("workload", {}))
-        differences = fingerprint_differences(manifest.get("fingerprint", {}), target)
+        if isinstance(manifest.get("requires"), dict):
+            differences = requirement_differences(manifest["requires"], self.facts(fresh=True))
+        else:  # a checkpoint taken for a service that sent no requirements: the full fingerprint
+            target = fingerprint(self.facts(fresh=True), manifest.get("workload", {}))
+            differences = fingerprint_differences(manifest.get("fingerprint", {}), target)
         if differences:
             report = ", ".join(f"{k}: {v['checkpoint']!r} != {v['target']!r}" for k, v in differences.items())
             raise OperationError(
@@ -403,7 +413,8 @@ class Agent:
                     self.operations.update(op_id, state="failed", finished_at=utcnow(), error=str(exc),
                                            result=exc.result)
                     return
-                result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id, {}, leave)
+                result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id, {}, leave,
+                                                 requires=record["params"].get("requires"))
                 self.operations.update(op_id, state="succeeded", finished_at=utcnow(),
                                        result={**result, "recovered": True})
                 return

@@ -89,6 +89,26 @@ def fingerprint_differences(recorded: dict[str, Any], target: dict[str, Any]) ->
     }
 
 
+def requirement_differences(requires: dict[str, Any], facts: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """How this node's facts differ from what a checkpoint needs of its target.
+
+    `requires` comes from the service (its portability rule per checkpoint engine) when the
+    checkpoint was taken: {"must": {fact: value}, "if_reported": {fact: value}}, a fact being
+    "gpu_model" or a component name; "" means the target must not have it.
+    """
+    have = {**{str(k): str(v) for k, v in (facts.get("components") or {}).items()},
+            "gpu_model": str(facts.get("gpu_model", ""))}
+    found: dict[str, dict[str, str]] = {}
+    for key, wanted in (requires.get("must") or {}).items():
+        if have.get(str(key), "") != str(wanted):
+            found[str(key)] = {"checkpoint": str(wanted), "target": have.get(str(key), "")}
+    for key, wanted in (requires.get("if_reported") or {}).items():
+        there = have.get(str(key), "")
+        if there and there != str(wanted):
+            found[str(key)] = {"checkpoint": str(wanted), "target": there}
+    return found
+
+
 class GrowingFileHasher:
     """Hashes CRIU's page images while CRIU is still writing them.
 

@@ -25,14 +25,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 from gpusweep_agent.auth import derive_node_key
 
 from executors.agent_client import AgentClient
 from executors.base import ExecutorError
-from inventory.models import Cluster, Node, NodeComponent, Workload
-from inventory.signals import node_versions_changed
-from inventory.versions import parse_version
+from inventory.choices import ChangeSource, WorkloadKind
+from inventory.models import Cluster, NodeComponent, Workload
+from inventory.services import ObservedNode, ObservedWorkload, Snapshot, apply_snapshot
 
 CLUSTER = "demo"
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
@@ -151,24 +150,21 @@ class Command(BaseCommand):
 
     @staticmethod
     def _register(name: str, driver: str, pool: str, port: int) -> None:
-        with transaction.atomic():
-            cluster, _ = Cluster.objects.get_or_create(name=CLUSTER, defaults={
-                "kind": "static", "description": "demo fleet of local agents", "connection": {"executor": "local"}})
-            node, _ = Node.objects.update_or_create(cluster=cluster, name=name, defaults={
-                "gpu_model": GPU_MODEL, "gpu_count": 8, "pool": pool, "agent_endpoint": f"http://127.0.0.1:{port}"})
-            added = False
-            for component, version in (("driver", driver), ("cuda", "12.8" if driver.startswith("570") else "13.0")):
-                if not NodeComponent.objects.filter(node=node, component=component).exists():
-                    parsed = parse_version(component, version)
-                    NodeComponent.objects.create(node=node, component=component, version=version,
-                                                 version_key=parsed.key, branch=parsed.branch)
-                    added = True
-            if added:
-                # Same contract as the inventory sync: exposures follow version changes.
-                node_id = node.pk
-                transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id]))
-            Workload.objects.get_or_create(cluster=cluster, kind="process", scheduler_id=f"count-{name}", defaults={
-                "node": node, "name": f"counter on {name}", "gpus": 1, "checkpoint_engine": "signal"})
+        """The node in the inventory through the inventory's own service (change log, exposures)."""
+        cluster, _ = Cluster.objects.get_or_create(name=CLUSTER, defaults={
+            "kind": "static", "description": "demo fleet of local agents", "connection": {"executor": "local"}})
+        have = set(NodeComponent.objects.filter(node__cluster=cluster, node__name=name).values_list(
+            "component", flat=True))
+        versions = {"driver": driver, "cuda": "12.8" if driver.startswith("570") else "13.0"}
+        # A later run keeps what a demo campaign patched (and its agent reports since).
+        observed = ObservedNode(name, components={c: v for c, v in versions.items() if c not in have}, pool=pool,
+                                gpu_model=GPU_MODEL, gpu_count=8, agent_endpoint=f"http://127.0.0.1:{port}")
+        workload_id = f"count-{name}"
+        known = Workload.objects.filter(cluster=cluster, kind=WorkloadKind.PROCESS, scheduler_id=workload_id).exists()
+        workloads = [] if known else [ObservedWorkload(WorkloadKind.PROCESS, workload_id, node=name,
+                                                       name=f"counter on {name}", gpus=1, checkpoint_engine="signal")]
+        apply_snapshot(cluster, Snapshot(nodes=[observed], workloads=workloads, complete=False,
+                                         workload_kinds=frozenset()), ChangeSource.FILE)
 
     @staticmethod
     def _workload(root: Path, name: str, env: dict[str, str], detached: bool) -> subprocess.Popen[bytes]:

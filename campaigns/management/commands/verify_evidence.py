@@ -11,7 +11,7 @@ from campaigns.models import Campaign
 
 
 class Command(BaseCommand):
-    help = "Verify the hash-chained evidence log: detects edited, removed or reordered events."
+    help = "Verify the evidence: edited, removed, reordered or inserted events and rewritten chains."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--campaign", type=int, help="only this campaign id")
@@ -22,14 +22,14 @@ class Command(BaseCommand):
             campaigns = campaigns.filter(pk=campaign)
             if not campaigns.exists():
                 raise CommandError(f"campaign {campaign} does not exist")
-        problems = []
+        problems: list[str] = []
         checked = 0
         for item in campaigns:
             checked += 1
             found = verify_campaign(item)
-            problems.extend(found)
+            problems.extend(f"campaign {item.pk}: {problem}" for problem in found)
             if not found:
-                self.stdout.write(f"campaign {item.pk}: {item.evidence_seq} events, chain intact")
+                self.stdout.write(f"campaign {item.pk}: {item.events.count()} events, every chain intact and signed")
         for problem in problems:
             self.stderr.write(str(problem))
         if problems:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inventory', '0005_changelog_reference'),
+        ('inventory', '0006_engine_per_node_evidence'),
     ]
 
     operations = [

@@ -1,0 +1,71 @@
+"""A campaign's rules, in one place for the API, the UI, the services, the engine and the planner.
+
+- The error budget: how many failed nodes a campaign tolerates; one more halts it.
+- The workload policy: what happens to a workload on a node being drained.
+- The step deadline: when a step that has not finished is re-driven.
+- Admission: which pending node may start now (the engine runs it; the simulator of
+  costs/ replays it, so what it predicts is what a campaign does).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from campaigns.planner import PlanError, parse_limit
+from inventory.choices import WorkloadPolicy
+
+if TYPE_CHECKING:
+    from campaigns.models import Campaign
+
+
+def allowed_failures(error_budget: str, total: int) -> int:
+    """Failed nodes tolerated out of `total`: '2' or '10%' (rounded down); '0' halts at the first."""
+    text = (error_budget or "").strip()
+    if text in ("0", "0%"):
+        return 0
+    return parse_limit(text, total, "error_budget")
+
+
+def check_error_budget(error_budget: str) -> None:
+    """Raise PlanError (naming the field) for a budget that is not '0', a count or a percentage."""
+    allowed_failures(error_budget, 100)
+
+
+def workload_policy(campaign: Campaign, ref: str, name: str, own_policy: str) -> str:
+    """A per-workload override first, then the workload's own non-default policy, then the campaign's."""
+    overrides = campaign.workload_overrides or {}
+    if ref in overrides:
+        return str(overrides[ref])
+    if name and name in overrides:
+        return str(overrides[name])
+    # A workload's own non-default policy (set by its owner) beats the campaign default.
+    if own_policy and own_policy != WorkloadPolicy.CHECKPOINT:
+        return own_policy
+    return campaign.workload_policy
+
+
+def check_overrides(overrides: object) -> None:
+    if not isinstance(overrides, dict):
+        raise PlanError('workload_overrides must be an object: {"workload id or name": "policy"}')
+    bad = {k: v for k, v in overrides.items() if v not in WorkloadPolicy.values()}
+    if bad:
+        raise PlanError(f"workload_overrides: unknown policies {bad}; use {WorkloadPolicy.values()}")
+
+
+def step_deadline(step_timeout_s: int, now: datetime) -> datetime:
+    """A step still running after this is taken to be lost (its worker died) and re-driven."""
+    return now + timedelta(seconds=step_timeout_s)
+
+
+def admits(wave: int, lowest: int, in_cluster: int, cluster_limit: int, in_pool: int = 0,
+           pool_limit: int | None = None) -> bool:
+    """May a pending node of `wave` start, with `lowest` the lowest unfinished wave?
+
+    Waves go in order: wave v starts only when every wave up to v-2 is finished, so the nodes
+    receiving its workloads (wave v+2 or later, or patched ones of v-2 and before) are not being
+    drained meanwhile; and the nodes in flight stay within the limits the approver read.
+    """
+    if wave > lowest + 1 or in_cluster >= cluster_limit:
+        return False
+    return pool_limit is None or in_pool < pool_limit

@@ -1,0 +1,169 @@
+"""What users hand in, read the same way by the commands and the pages.
+
+Moments (`2025-03-01T08:00`, a date, or ISO with a zone), sacct or trace files (told apart by
+their header), the simulator's parameters from text, and the deadline of a severity or of an
+advisory in the database. Every error names the field or line it is about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from costs import sacct, trace
+from costs.model import HELP, ModelError, Params
+
+SEVERITIES = ("critical", "high", "medium", "low")
+
+
+class InputError(ValueError):
+    pass
+
+
+def zone_of(name: str) -> tzinfo:
+    try:
+        return UTC if name.upper() == "UTC" else ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InputError(f"time zone {name!r} is unknown (use e.g. UTC or Europe/Berlin)") from None
+
+
+def parse_moment(text: str, zone: tzinfo = UTC, what: str = "time") -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InputError(f"{what} {text!r} is not a date or time like 2025-03-01T08:00") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=zone)
+    return moment.astimezone(UTC)
+
+
+def is_sacct(text: str) -> bool:
+    first = text.lstrip("\ufeff").split("\n", 1)[0]
+    return "|" in first and "JobID" in first
+
+
+def read_accounting(text: str, zone: tzinfo = UTC) -> sacct.Accounting:
+    return sacct.parse(text.splitlines(), zone)
+
+
+def read_trace(text: str, params: Params, origin: datetime = trace.DEFAULT_ORIGIN, zone: tzinfo = UTC,
+               source: str = "trace") -> trace.Trace:
+    """sacct output (by its header) or a pod/task CSV such as Alibaba's openb trace."""
+    if is_sacct(text):
+        return trace.from_sacct(read_accounting(text, zone), params)
+    return trace.from_openb(text, params, origin=origin, source=source)
+
+
+def tunable() -> list[tuple[str, str, Any]]:
+    """(name, help, default as text) of every parameter a user may set."""
+    out = []
+    defaults = Params()
+    for f in dataclasses.fields(Params):
+        if f.name in ("release_s", "severity", "deadline_days"):
+            continue  # set from the advisory and the release field
+        out.append((f.name, HELP[f.name], _text(getattr(defaults, f.name))))
+    return out
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v:g}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
+    """Params from text fields (blank keeps the default); raises ModelError naming the field."""
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(Params)}
+    changes: dict[str, Any] = dict(fixed)
+    for name, raw in values.items():
+        if name not in kinds:
+            raise ModelError(f"{name}: no such parameter")
+        text = str(raw).strip()
+        kind = kinds[name]
+        try:
+            if kind == "float | None":
+                changes[name] = None if text in ("", "0", "none") else float(text)
+            elif text == "":
+                continue
+            elif kind == "float":
+                changes[name] = float(text)
+            elif kind.startswith("tuple"):
+                changes[name] = tuple(part.strip() for part in text.split(",") if part.strip())
+            elif kind.startswith("dict"):
+                pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+                if any(len(pair) != 2 for pair in pairs):
+                    raise ValueError("expected NAME=NUMBER,...")
+                changes[name] = {k.strip(): float(v) for k, v in pairs}
+            else:
+                changes[name] = text
+        except ValueError as exc:
+            raise ModelError(f"{name}={text!r}: {exc}") from None
+    return Params(**changes)
+
+
+def release_at(text: str, tr: trace.Trace, zone: tzinfo = UTC) -> float | None:
+    """'' (the middle), a number of days after the trace's start, or a moment."""
+    value = text.strip()
+    if not value:
+        return None
+    try:
+        return float(value.removesuffix("d")) * 86400
+    except ValueError:
+        pass
+    return tr.clock(parse_moment(value, zone, "release"))
+
+
+def deadline_days(severity: str) -> float:
+    """Days the deadline policy gives a severity (the database's policy, its defaults without one)."""
+    from django.db import DatabaseError
+
+    from advisories.models import DeadlinePolicy
+
+    if severity not in SEVERITIES:
+        raise InputError(f"severity {severity!r}: use one of {', '.join(SEVERITIES)}")
+    try:
+        policy = DeadlinePolicy.objects.filter(pk=1).first() or DeadlinePolicy()
+    except DatabaseError:
+        policy = DeadlinePolicy()  # no database (the benchmark): the policy's defaults
+    return float(policy.days_for(severity))
+
+
+def advisory(publisher_id: str) -> tuple[str, str, datetime | None]:
+    """(label, severity, published) of an advisory in the database."""
+    from advisories.models import Advisory
+
+    found = Advisory.objects.filter(publisher_id=publisher_id).first()
+    if found is None:
+        raise InputError(f"no advisory {publisher_id!r} in the database (ingest_advisories first)")
+    if found.severity not in SEVERITIES:
+        raise InputError(f"advisory {found} has no severity")
+    return str(found), found.severity, found.initial_release_date
+
+
+def prepare(trace_text: str, values: Mapping[str, str], *, severity: str = "", advisory_id: str = "",
+            release: str = "", origin: datetime = trace.DEFAULT_ORIGIN, zone: tzinfo = UTC,
+            source: str = "trace") -> tuple[trace.Trace, Params, str]:
+    """The trace, the parameters and a label of the advisory, from what a user handed in.
+
+    A real advisory gives the severity and, when it falls inside the trace and no release is
+    given, the release time."""
+    published = None
+    label = severity or "high"
+    if advisory_id:
+        label, severity, published = advisory(advisory_id)
+    severity = severity or "high"
+    base = params_from(values, severity=severity, deadline_days=deadline_days(severity))
+    tr = read_trace(trace_text, base, origin=origin, zone=zone, source=source)
+    at = release_at(release, tr, zone)
+    if at is None and published is not None and 0 <= tr.clock(published) <= tr.end:
+        at = tr.clock(published)
+    return tr, base.with_(release_s=at), label

@@ -1,0 +1,61 @@
+"""Where each task of a trace ran: the trace's own node, else the placement model.
+
+Tasks are taken in order of start; a task that finished frees its share first. `first_fit`
+takes the first node in fleet order with enough free GPU share, `best_fit` the one with the
+least free share that fits. A task that fits nowhere (the trace's fleet was larger than this
+one) is left out and counted. The placement is the baseline every strategy is measured against.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from costs.fleet import SimNode
+from costs.trace import Task
+
+
+@dataclass
+class Placement:
+    by_node: list[list[int]]  # task indexes per node index, in order of start
+    node_of: list[int | None]
+    unplaced: int = 0
+
+
+def place(tasks: list[Task], nodes: list[SimNode], rule: str = "first_fit") -> Placement:
+    free = [n.gpus * 1000 for n in nodes]
+    by_name = {n.name: n.index for n in nodes}
+    releases: list[tuple[float, int, int]] = []  # (end, node, milli)
+    node_of: list[int | None] = [None] * len(tasks)
+    by_node: list[list[int]] = [[] for _ in nodes]
+    unplaced = 0
+    for index in sorted(range(len(tasks)), key=lambda i: (tasks[i].start, i)):
+        task = tasks[index]
+        while releases and releases[0][0] <= task.start:
+            _end, node, milli = heapq.heappop(releases)
+            free[node] += milli
+        chosen = by_name.get(task.node) if task.node else None
+        if chosen is None:
+            chosen = _choose(free, task.milli, rule)
+        if chosen is None:
+            unplaced += 1
+            continue
+        free[chosen] -= task.milli
+        node_of[index] = chosen
+        by_node[chosen].append(index)
+        if task.end is not None:
+            heapq.heappush(releases, (task.end, chosen, task.milli))
+    return Placement(by_node=by_node, node_of=node_of, unplaced=unplaced)
+
+
+def _choose(free: list[int], milli: int, rule: str) -> int | None:
+    if rule == "best_fit":
+        best: int | None = None
+        for node, room in enumerate(free):
+            if room >= milli and (best is None or room < free[best]):
+                best = node
+        return best
+    for node, room in enumerate(free):
+        if room >= milli:
+            return node
+    return None

@@ -1,0 +1,287 @@
+"""The three ways to patch a fleet, replayed on the same placed trace.
+
+Every strategy starts when the advisory is released (R) and patches every node of the fleet.
+Idle GPU-hours are GPU capacity out of service while it computes nothing (a drained node's free
+GPUs, a node being patched, the fleet during a window, the hours held-back jobs could have run
+before the window, work paused while it is checkpointed and restored). Recomputed GPU-hours are
+the work lost by kills (`Scenario.kill_cost`); a cold start is a task killed and started over.
+Tasks that would start on a node after it was drained go elsewhere in the fleet at no cost.
+
+1. `window`: the next maintenance window opens `window_phase` x the cadence's period after R and
+   lasts `window_hours`; every node is patched in it. A reservation set `reservation_days` ahead
+   holds every task starting in those days whose limit crosses the window (it waits until the
+   window ends); tasks still running when it opens are killed.
+2. `drain_wait`: `scontrol reboot ASAP`, k nodes of each cluster at a time in name order: a node
+   takes no new work, waits for its tasks to end (killing what still runs after `wait_limit_h`),
+   is patched, returns, and the next node starts.
+3. `sweep`: the campaign planner plans the sweep (`costs.planning.plan_sweep`: waves of k, the
+   receivers of moved work, the driver-group rule for the last group); wave after wave, each node
+   checkpoints its checkpointable tasks to their receivers, waits for those the plan lets finish
+   first, cold-starts the rest, and is patched. Tasks that arrived after R are moved if
+   checkpointable, else follow `not_checkpointable`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from campaigns import policy
+from campaigns.planner import parse_limit
+from costs.fleet import SimNode
+from costs.model import CADENCE_DAYS, Params
+from costs.placement import Placement
+from costs.planning import COLD_START, FINISH_FIRST, MIGRATE, RETURN_HOME, Resident, SweepPlan, plan_sweep
+from costs.trace import Task, Trace
+
+DAY = 86400.0
+HOUR = 3600.0
+INF = float("inf")
+
+
+@dataclass
+class Scenario:
+    nodes: list[SimNode]
+    trace: Trace
+    placement: Placement
+    params: Params
+    release: float  # on the trace's clock
+
+    @property
+    def deadline(self) -> float:
+        return self.release + self.params.deadline_days * DAY
+
+    @property
+    def patch_s(self) -> float:
+        return self.params.patch_minutes * 60
+
+    def gpus(self, task: Task) -> float:
+        return task.milli / 1000
+
+    def kill_cost(self, task: Task, at: float) -> float:
+        """GPU-hours a kill at `at` throws away."""
+        if task.service:
+            return self.gpus(task) * self.params.service_warmup_min / 60
+        elapsed = max(0.0, at - task.start)
+        if self.params.save_every_h:
+            elapsed %= self.params.save_every_h * HOUR
+        return self.gpus(task) * elapsed / HOUR
+
+    def checkpoint_s(self, task: Task, node: SimNode) -> float:
+        gib = self.gpus(task) * self.params.gpu_memory(node.gpu_model) + task.memory_gib
+        return gib * (self.params.checkpoint_s_per_gib + self.params.restore_s_per_gib)
+
+    def placed(self) -> list[Task]:
+        return [t for t, n in zip(self.trace.tasks, self.placement.node_of, strict=True) if n is not None]
+
+    def residents(self, node: int, moment: float) -> list[int]:
+        return [i for i in self.placement.by_node[node] if self.trace.tasks[i].alive(moment)]
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    cadence: str
+    patched_at: list[float]
+    idle_gpu_hours: float = 0.0
+    recomputed_gpu_hours: float = 0.0
+    cold_starts: int = 0
+    notes: list[str] = field(default_factory=list)
+    plan_summary: dict[str, object] | None = None
+
+
+class Ledger:
+    """Kills and idle time, added up."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.idle = 0.0
+        self.recomputed = 0.0
+        self.cold = 0
+
+    def kill(self, task: Task, at: float) -> None:
+        self.recomputed += self.scenario.kill_cost(task, at)
+        self.cold += 1
+
+    def outcome(self, strategy: str, cadence: str, patched: list[float], notes: list[str]) -> Outcome:
+        return Outcome(strategy=strategy, cadence=cadence, patched_at=patched, idle_gpu_hours=self.idle,
+                       recomputed_gpu_hours=self.recomputed, cold_starts=self.cold, notes=notes)
+
+
+def window(scenario: Scenario, cadence: str) -> Outcome:
+    p = scenario.params
+    opens = scenario.release + p.window_phase * CADENCE_DAYS[cadence] * DAY
+    length = p.window_hours * HOUR
+    reserved_from = opens - p.reservation_days * DAY
+    ledger = Ledger(scenario)
+    ledger.idle = sum(n.gpus for n in scenario.nodes) * length / HOUR
+    held = 0
+    for task in scenario.placed():
+        if reserved_from <= task.start < opens and (task.limit is None or task.start + task.limit > opens):
+            held += 1
+            ledger.idle += scenario.gpus(task) * (opens - task.start) / HOUR
+        elif task.alive(opens):
+            ledger.kill(task, opens)
+    notes = [f"window opens {scenario.trace.at(opens):%Y-%m-%d %H:%M} UTC, {p.window_hours:g} h; "
+             f"reservation from {p.reservation_days:g} days before held {held} task(s)"]
+    if opens > scenario.trace.end:
+        notes.append("the window opens after the trace ends: only the tasks the trace knows are held or killed")
+    return ledger.outcome("window", cadence, [opens + length] * len(scenario.nodes), notes)
+
+
+def _per_cluster(scenario: Scenario, parallelism: str) -> dict[str, int]:
+    sizes: dict[str, int] = defaultdict(int)
+    for node in scenario.nodes:
+        sizes[node.cluster] += 1
+    return {c: parse_limit(parallelism, size, "parallelism") for c, size in sizes.items()}
+
+
+def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: float, node: SimNode) -> float:
+    """Wait for `tasks` to end (killing them at the wait limit); the moment the node is empty.
+
+    Adds the node's free GPUs over the wait to the idle hours."""
+    until = max((t.ends() for t in tasks), default=since)
+    limit = scenario.params.wait_limit_h
+    if limit is not None and until > since + limit * HOUR:
+        until = since + limit * HOUR
+        for task in tasks:
+            if task.alive(until):
+                ledger.kill(task, until)
+    if until < INF:
+        busy = sum(scenario.gpus(t) * (min(t.ends(), until) - since) for t in tasks)
+        ledger.idle += (node.gpus * (until - since) - busy) / HOUR
+    return until
+
+
+def drain_wait(scenario: Scenario, parallelism: str) -> Outcome:
+    ledger = Ledger(scenario)
+    patched = [INF] * len(scenario.nodes)
+    limits = _per_cluster(scenario, parallelism)
+    slots: dict[str, list[float]] = {c: [scenario.release] * k for c, k in limits.items()}
+    stuck = 0
+    for node in sorted(scenario.nodes, key=lambda n: (n.cluster, n.pool, n.name)):
+        starts = heapq.heappop(slots[node.cluster])
+        if starts == INF:
+            heapq.heappush(slots[node.cluster], INF)
+            stuck += 1
+            continue
+        tasks = [scenario.trace.tasks[i] for i in scenario.residents(node.index, starts)]
+        empty = _wait_for(scenario, ledger, tasks, starts, node)
+        if empty == INF:
+            stuck += 1
+            heapq.heappush(slots[node.cluster], INF)
+            continue
+        patched[node.index] = empty + scenario.patch_s
+        ledger.idle += node.gpus * scenario.patch_s / HOUR
+        heapq.heappush(slots[node.cluster], patched[node.index])
+    notes = [f"{k} node(s) at a time in {c}" for c, k in limits.items()]
+    if stuck:
+        notes.append(f"{stuck} node(s) never patched: a task without end holds its drain (no wait limit)")
+    return ledger.outcome("drain_wait", parallelism, patched, notes)
+
+
+def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
+    p = scenario.params
+    residents: dict[int, list[Resident]] = {}
+    slowest = 0.0
+    for node in scenario.nodes:
+        here = scenario.residents(node.index, scenario.release)
+        residents[node.index] = [
+            Resident(task=i, name=scenario.trace.tasks[i].name, milli=scenario.trace.tasks[i].milli,
+                     checkpointable=p.checkpointable(scenario.trace.tasks[i].name)) for i in here]
+        slowest = max(slowest, sum(scenario.checkpoint_s(scenario.trace.tasks[i], node) for i in here))
+    versions_known = any("driver" in n.versions for n in scenario.nodes)
+    nodes = scenario.nodes if versions_known else [
+        SimNode(index=n.index, name=n.name, gpus=n.gpus, cluster=n.cluster, pool=n.pool, gpu_model=n.gpu_model,
+                versions={"driver": "unpatched", **n.versions}) for n in scenario.nodes]
+    return plan_sweep(
+        nodes, residents, start=scenario.trace.at(scenario.release), parallelism=parallelism,
+        node_seconds=max(1, math.ceil(scenario.patch_s + slowest)), target={"driver": "fixed"},
+        last_group_cold_restart=p.last_group == "cold_restart",
+        not_checkpointable_waits=p.not_checkpointable == "wait",
+        deadline=scenario.trace.at(scenario.deadline), checkpoint_engine=p.checkpoint_engine,
+    )
+
+
+def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float,
+                planned: list[tuple[int, str]]) -> float:
+    """One node's turn from `begins`: move, wait, cold-start, patch. Returns when it is back (INF: never)."""
+    p = scenario.params
+    todo = [(i, a) for i, a in planned if scenario.trace.tasks[i].alive(begins)]
+    # Arrived after the plan was made: moved when checkpointable, else by policy.
+    for i in scenario.residents(node.index, begins):
+        task = scenario.trace.tasks[i]
+        if task.start > scenario.release:
+            todo.append((i, MIGRATE if p.checkpointable(task.name) else
+                         FINISH_FIRST if p.not_checkpointable == "wait" else COLD_START))
+    moving = 0.0
+    waiting: list[Task] = []
+    for i, action in todo:
+        task = scenario.trace.tasks[i]
+        if action in (MIGRATE, RETURN_HOME):
+            seconds = scenario.checkpoint_s(task, node)
+            moving += seconds
+            # Paused while it moves; one restored at home after the patch waits for the patch too.
+            paused = seconds + (scenario.patch_s if action == RETURN_HOME else 0)
+            ledger.idle += scenario.gpus(task) * paused / HOUR
+        elif action == COLD_START:
+            ledger.kill(task, begins)
+        else:  # finish first, or no capacity to move it: it runs to its end
+            waiting.append(task)
+    empty = _wait_for(scenario, ledger, waiting, begins, node)
+    if empty == INF:
+        return INF
+    done = max(begins + moving, empty) + scenario.patch_s
+    ledger.idle += node.gpus * (done - max(empty, begins)) / HOUR
+    return done
+
+
+def sweep(scenario: Scenario, parallelism: str) -> Outcome:
+    """Execute the plan as the campaign engine admits nodes (`campaigns.engine.dispatch`): in wave
+    order, at most the plan's limit per cluster at once, a node of wave v only once every wave up to
+    v - 2 is finished (so the nodes receiving its work have not started)."""
+    plan = plan_of(scenario, parallelism)
+    ledger = Ledger(scenario)
+    patched = [INF] * len(scenario.nodes)
+    planned: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for (node_index, task_index), fate in plan.fates.items():
+        planned[node_index].append((task_index, fate.action))
+    pending = [(wave, node) for wave, nodes in enumerate(plan.waves, start=1) for node in nodes]
+    unfinished: dict[int, int] = defaultdict(int)
+    for wave, _node in pending:
+        unfinished[wave] += 1
+    in_flight: dict[str, int] = defaultdict(int)
+    running: list[tuple[float, int, int]] = []  # (back at, wave, node)
+    moment = scenario.release
+    while pending or running:
+        lowest = min((w for w, n in unfinished.items() if n), default=0)
+        kept = []
+        for wave, node_index in pending:
+            cluster = scenario.nodes[node_index].cluster
+            if not policy.admits(wave, lowest, in_flight[cluster], plan.limits.get(cluster, 1)):
+                kept.append((wave, node_index))
+                continue
+            done = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index])
+            in_flight[cluster] += 1
+            heapq.heappush(running, (done, wave, node_index))
+        pending = kept
+        if not running:
+            break
+        done, wave, node_index = heapq.heappop(running)
+        if done == INF:
+            break  # every node still out holds a task without end: nothing more finishes
+        moment = done
+        patched[node_index] = done
+        unfinished[wave] -= 1
+        in_flight[scenario.nodes[node_index].cluster] -= 1
+    notes = [f"planned by campaigns.planner: {plan.summary.get('waves')} wave(s), "
+             f"{plan.summary.get('migrations')} migration(s), {plan.summary.get('cold_starts')} cold start(s), "
+             f"{plan.summary.get('finish_first')} finish first, {plan.summary.get('no_capacity')} without capacity"]
+    if any(t == INF for t in patched):
+        notes.append(f"{sum(1 for t in patched if t == INF)} node(s) never patched: a task without end "
+                     "holds its node (no wait limit)")
+    outcome = ledger.outcome("sweep", parallelism, patched, notes)
+    outcome.plan_summary = {**plan.summary, "expected_end": plan.expected_end}
+    return outcome

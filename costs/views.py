@@ -1,0 +1,155 @@
+"""The cost pages: the drain cost of past windows from an uploaded sacct file, and the simulator.
+
+Both only read what is handed in (and the inventory, for a cluster's fleet): any role may use
+them. A bad file is named with its line and nothing is shown but the error.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.core.files.uploadedfile import UploadedFile
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from costs import fleet
+from costs.drain import DrainError, WindowCost, drain_cost
+from costs.forms import OPENB, DrainCostForm, SimulateForm, openb_dir
+from costs.inputs import InputError, parse_moment, prepare, read_accounting, zone_of
+from costs.model import ModelError
+from costs.sacct import COMMAND, SacctError
+from costs.simulate import Result, simulate
+from costs.trace import TraceError
+from gpusweep.roles import user_roles
+
+
+class Refused(ValueError):
+    pass
+
+
+def _need_role(request: HttpRequest) -> None:
+    if not user_roles(request.user):
+        raise PermissionDenied("a role (viewer or more) is needed to see costs")
+
+
+def _text(upload: UploadedFile | None, what: str) -> str:
+    if upload is None:
+        raise Refused(f"choose a {what} to upload")
+    limit = settings.GPUSWEEP_IMPORT_MAX_BYTES
+    if (upload.size or 0) > limit:
+        raise Refused(f"{upload.name} is over the upload limit of {limit // 1024 // 1024} MiB (GPUSWEEP_IMPORT_MAX_MB)")
+    try:
+        return upload.read().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"{upload.name}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _drain_chart(cost: WindowCost, number: int) -> dict[str, Any]:
+    return {
+        "title": f"Before the window of {cost.window:%Y-%m-%d %H:%M} UTC", "xlabel": "day before the window",
+        "ylabel": "GPU-hours", "kind": "bars", "x": [d.offset for d in cost.days],
+        "xticks": {str(d.offset): f"{d.offset} ({d.start:%m-%d})" for d in cost.days},
+        "series": [{"label": "GPU-hours allocated", "values": [round(d.gpu_hours, 2) for d in cost.days]},
+                   {"label": "baseline day", "values": [round(cost.baseline_gpu_hours_per_day, 2)] * len(cost.days)}],
+        "id": f"drain-chart-{number}",
+    }
+
+
+def drain_cost_page(request: HttpRequest) -> HttpResponse:
+    _need_role(request)
+    form = DrainCostForm(request.POST or None, request.FILES or None)
+    context: dict[str, Any] = {"form": form, "command": COMMAND}
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            zone = zone_of(data["tz"])
+            windows = [parse_moment(line, zone, "window") for line in data["windows"].splitlines() if line.strip()]
+            baseline = None
+            if data["baseline_start"] or data["baseline_end"]:
+                baseline = (parse_moment(data["baseline_start"], zone, "baseline start"),
+                            parse_moment(data["baseline_end"], zone, "baseline end"))
+            upload = request.FILES.get("sacct")
+            text = _text(upload, "sacct file")
+            try:
+                acct = read_accounting(text, zone)
+            except SacctError as exc:
+                raise Refused(f"{upload.name if upload else 'sacct'}: {exc}") from None
+            costs = drain_cost(acct, windows, baseline, data["days"])
+        except (Refused, InputError, DrainError) as exc:
+            context["error"] = str(exc)
+        else:
+            context["costs"] = costs
+            context["charts"] = [_drain_chart(c, i) for i, c in enumerate(costs, start=1)]
+            context["jobs"] = len(acct.jobs)
+    return render(request, "costs/drain_cost.html", context)
+
+
+def _sim_charts(result: Result) -> list[dict[str, Any]]:
+    labels = [f"{r.label}, {r.cadence}" for r in result.rows]
+    tables = [[[p[0] for p in curve], [p[1] for p in curve]] for curve in result.curves]
+    return [
+        {"id": "sim-patched", "title": "Share of the fleet patched", "xlabel": "days since release",
+         "ylabel": "share patched", "kind": "line", "steps": True, "tables": tables, "labels": labels},
+        {"id": "sim-exposure", "title": "Exposure, idle and recomputed", "xlabel": "run", "kind": "bars",
+         "ylabel": "node-days / GPU-hours", "x": list(range(len(labels))),
+         "xticks": {str(i): f"{r.strategy} {r.cadence}" for i, r in enumerate(result.rows)},
+         "series": [{"label": "exposure node-days", "values": [round(r.exposure_node_days, 1) for r in result.rows]},
+                    {"label": "idle GPU-hours", "values": [round(r.idle_gpu_hours, 1) for r in result.rows]},
+                    {"label": "recomputed GPU-hours",
+                     "values": [round(r.recomputed_gpu_hours, 1) for r in result.rows]}]},
+    ]
+
+
+def _fleet(choice: str, upload: UploadedFile | None, mapping: str) -> list[fleet.SimNode]:
+    if choice.startswith("cluster:"):
+        return fleet.from_cluster(choice.removeprefix("cluster:"))
+    if choice == OPENB:
+        return fleet.from_file(openb_dir() / "openb_node_list_gpu_node.csv")
+    text = _text(upload, "node file")
+    suffix = Path(upload.name or "nodes.csv").suffix if upload is not None else ".csv"
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{Path(upload.name or 'nodes').stem if upload else 'nodes'}{suffix}"
+        path.write_text(text, encoding="utf-8")
+        return fleet.from_file(path, mapping or None)
+
+
+def simulate_page(request: HttpRequest) -> HttpResponse:
+    from advisories.models import Advisory
+    from inventory.models import Cluster
+
+    _need_role(request)
+    advisories = [(a.publisher_id, f"{a} ({a.severity})") for a in
+                  Advisory.objects.exclude(severity__in=["", "none"]).order_by("-initial_release_date")[:200]]
+    form = SimulateForm(request.POST or None, request.FILES or None,
+                        clusters=list(Cluster.objects.order_by("name").values_list("name", flat=True)),
+                        advisories=advisories)
+    context: dict[str, Any] = {"form": form}
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            zone = zone_of("UTC")
+            nodes = _fleet(data["fleet"], request.FILES.get("fleet_file"), data["mapping"])
+            if data["trace"] == OPENB:
+                source = "openb_pod_list_default.csv"
+                text = (openb_dir() / source).read_text(encoding="utf-8")
+            else:
+                upload = request.FILES.get("trace_file")
+                text = _text(upload, "trace file")
+                source = upload.name or "trace" if upload else "trace"
+            try:
+                tr, params, label = prepare(
+                    text, form.params(), severity=data["severity"], advisory_id=data["advisory"],
+                    release=data["release"], origin=parse_moment(data["trace_start"], zone, "trace start"),
+                    zone=zone, source=source)
+            except SacctError as exc:
+                raise Refused(f"{source}: {exc}") from None
+            result = simulate(nodes, tr, params)
+        except (Refused, InputError, ModelError, TraceError, fleet.FleetError) as exc:
+            context["error"] = str(exc)
+        else:
+            context.update(result=result, facts=result.facts(), advisory_label=label, charts=_sim_charts(result))
+    return render(request, "costs/simulate.html", context)

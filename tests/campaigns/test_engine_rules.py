@@ -1,0 +1,168 @@
+"""The engine's rules (issue 11) with the memory executor (a test double: no agents, no heartbeats)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from advisories.choices import ExposureState
+from advisories.models import Advisory, AffectedRange, Exposure
+from campaigns import engine, services
+from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
+from inventory.models import ChangeLog, Cluster, Node
+from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, drive, make_fleet, user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def people():
+    return user("rita", "operator"), user("alan", "approver")
+
+
+def _exposed(nodes: list[Node]) -> Advisory:
+    """An advisory whose R570 range holds every node below FIXED, and their open exposures."""
+    from advisories.exposure import recompute
+    from inventory.versions import parse_version
+
+    advisory = Advisory.objects.create(publisher_id="9999", title="GPU Display Driver", source_kind="file",
+                                       source="9999.json", severity="high")
+    AffectedRange.objects.create(advisory=advisory, product_id="linuxr570", component="driver", branch="R570",
+                                 os_family="linux", product_line="tesla", raw=f"all versions prior to {FIXED}",
+                                 upper_version=FIXED, upper_key=parse_version("driver", FIXED).key,
+                                 fixed_version=FIXED, severity="high")
+    recompute(node_ids=[n.pk for n in nodes])
+    return advisory
+
+
+def test_a_campaign_with_no_heartbeats_remediates_its_exposures_and_logs_every_change(
+        people, django_capture_on_commit_callbacks):
+    _fleet, _cluster = make_fleet(nodes=2, spares=2)
+    swept = list(Node.objects.filter(name__startswith="gpu"))
+    advisory = _exposed(swept)
+    assert Exposure.objects.filter(node__in=swept, state=ExposureState.OPEN).count() == 2
+    requester, approver = people
+    campaign = Campaign.objects.create(name="from the advisory", requested_by=requester,
+                                       node_selector={"sweep": "yes"}, parallelism_per_cluster="2")
+    campaign.advisories.add(advisory)
+    services.make_plan(campaign.pk, requester)
+    services.approve(campaign.pk, approver)
+    services.start(campaign.pk, requester)
+    with django_capture_on_commit_callbacks(execute=True):
+        campaign = drive(campaign.pk)
+    assert campaign.status == CampaignStatus.COMPLETED
+    for node in swept:
+        sweep = NodeSweep.objects.get(campaign=campaign, node=node)
+        exposure = Exposure.objects.get(node=node, advisory=advisory)
+        assert exposure.state == ExposureState.REMEDIATED
+        assert exposure.fixed_by_version == FIXED
+        assert exposure.remediated_by == f"campaign {campaign.pk}, sweep {sweep.pk}"
+        logs = ChangeLog.objects.filter(object_type="node", object_id=node.pk, source="campaign").order_by("id")
+        assert [log.changes for log in logs if "component:driver" in log.changes] == [
+            {"component:driver": [OLD, FIXED]}]
+        states = [tuple(log.changes["service_state"]) for log in logs if "service_state" in log.changes]
+        assert states == [("in_service", "draining"), ("draining", "patching"), ("patching", "in_service")]
+        assert {log.reference for log in logs} == {f"campaign {campaign.pk}, sweep {sweep.pk}"}
+    # The memory executor sent no heartbeat: the inventory learnt the versions from the campaign.
+    assert set(Node.objects.filter(pk__in=[n.pk for n in swept]).values_list(
+        "components__version", flat=True)) == {FIXED, "12.8"}
+
+
+def _signal_pool(count: int, engine_name: str = "signal") -> tuple[object, Cluster]:
+    fleet, cluster = make_fleet(nodes=0, spares=0)
+    for index in range(count):
+        add_node(fleet, cluster, f"gpu{index:02d}", labels={"sweep": "yes"}, engine=engine_name)
+    return fleet, cluster
+
+
+def test_a_pool_of_signal_workloads_sweeps_itself_with_no_spare_and_every_counter_continues(people):
+    fleet, _cluster = _signal_pool(6)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, parallelism_per_cluster="1")
+    plan = campaign.approved_plan.content
+    assert plan["summary"]["cold_starts"] == plan["summary"]["no_capacity"] == 0
+    services.start(campaign.pk, requester)
+    assert drive(campaign.pk, rounds=400).status == CampaignStatus.COMPLETED
+    waves = dict(NodeSweep.objects.filter(campaign=campaign).values_list("node__name", "wave"))
+    first = NodeSweep.objects.get(campaign=campaign, wave=1)
+    [first_move] = WorkloadMove.objects.filter(sweep=first)
+    assert waves[first_move.target_node.name] >= 3, "the first node's work goes to a node not yet drained"
+    later = WorkloadMove.objects.filter(sweep__campaign=campaign, sweep__wave__gte=3, state=MoveState.RESTORED)
+    assert any(waves[m.target_node.name] < m.sweep.wave for m in later), "later work lands on patched nodes"
+    for move in WorkloadMove.objects.filter(sweep__campaign=campaign):
+        assert move.state == MoveState.RESTORED
+        assert move.steps_after >= move.steps_before > 0, "each counter goes on from where it stopped"
+    snapshot = fleet.snapshot()
+    running = [w for n in snapshot["nodes"].values() for w in n["workloads"].values() if w["state"] == "running"]
+    assert sorted(w["name"] for w in running) == sorted(f"job-gpu{i:02d}-w0" for i in range(6))
+    assert all(n["versions"]["driver"] == FIXED for n in snapshot["nodes"].values())
+
+
+def test_with_the_cuda_engine_the_same_pool_names_the_last_groups_choice(people):
+    _signal_pool(6, engine_name="cuda")
+    requester, approver = people
+    waits = approved_campaign(requester, approver, parallelism_per_cluster="1", workload_policy="wait").approved_plan
+    assert len(waits.content["finish_first"]) >= 1
+    assert all("waits for" in " ".join(waits.content["nodes"][str(f["node"])]["risks"])
+               for f in waits.content["finish_first"])
+    colds = approved_campaign(requester, approver, name="cold", parallelism_per_cluster="1",
+                              cold_restart_allowed=True).approved_plan.content
+    assert colds["cold_starts"], "the last group has no old-driver node left to go to"
+    cold_nodes = {c["node"] for c in colds["cold_starts"]}
+    # The last group: no node on the old driver is left outside its wave and the next.
+    assert {n for w in colds["waves"][-2:] for n in w["nodes"]} <= cold_nodes
+    assert colds["nodes"][str(colds["waves"][0]["nodes"][0])]["moves"][0]["action"] == "migrate"
+    assert all(c["restarted_by"] == "" and "nobody restarts it" in c["why"] for c in colds["cold_starts"])
+
+
+def test_a_permanent_error_with_a_failing_unwind_fails_the_node_once(people):
+    fleet, _ = make_fleet(nodes=2, spares=2)
+    fleet.inject("checkpoint", "local/gpu00", "permanent", times=10)
+    fleet.inject("undo", "local/gpu00", "permanent", times=10)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, error_budget="1", parallelism_per_cluster="1")
+    services.start(campaign.pk, requester)
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+    sweep = NodeSweep.objects.get(node__name="gpu00")
+    assert sweep.state == SweepState.FAILED and sweep.attempt == 1
+    assert "injected permanent fault in checkpoint" in sweep.error
+    failed = EvidenceEvent.objects.get(sweep=sweep, kind=EvidenceKind.FAILED)
+    assert "injected permanent fault in undo" in failed.data["unwind_error"]
+    assert failed.data["left"] == "drained"
+    assert Node.objects.get(name="gpu00").service_state == "draining", "left as the evidence says"
+    kinds = list(EvidenceEvent.objects.filter(sweep=sweep).order_by("node_seq").values_list("kind", flat=True))
+    assert kinds.count(EvidenceKind.STEP_FAILED) == 1 and kinds[-1] == EvidenceKind.FAILED
+    # Nothing more happens to it, however often it is driven.
+    count = EvidenceEvent.objects.filter(sweep=sweep).count()
+    NodeSweep.objects.filter(pk=sweep.pk).update(step_deadline=timezone.now() - timedelta(seconds=1))
+    engine.redrive()
+    engine.advance(sweep.pk)
+    assert EvidenceEvent.objects.filter(sweep=sweep).count() == count
+    # The error budget counted it: one more failure halts the campaign.
+    assert NodeSweep.objects.get(node__name="gpu01").state == SweepState.DONE
+    other = approved_campaign(requester, approver, name="again", error_budget="0", node_selector={"names": ["gpu01"]},
+                              target_versions={"driver": "570.211.01"})
+    fleet.inject("patch", "local/gpu01", "permanent")
+    services.start(other.pk, requester)
+    assert drive(other.pk).status == CampaignStatus.HALTED
+
+
+def test_a_node_the_executor_cannot_reach_is_blocked_at_planning(people):
+    cluster = Cluster.objects.create(name="agents", kind="static", connection={"executor": "local"})
+    reachable = Node.objects.create(cluster=cluster, name="a", gpu_model="H100", gpu_count=8,
+                                    agent_endpoint="http://127.0.0.1:1")
+    Node.objects.create(cluster=cluster, name="b", gpu_model="H100", gpu_count=8)
+    for node in Node.objects.filter(cluster=cluster):
+        node.components.create(component="driver", version=OLD, branch="R570",
+                               version_key="000000570.000000086.000000015")
+    requester, _approver = people
+    campaign = Campaign.objects.create(name="reach", requested_by=requester, clusters=["agents"],
+                                       target_versions={"driver": FIXED})
+    content = services.make_plan(campaign.pk, requester).content
+    assert [b["name"] for b in content["blocked"]] == ["b"]
+    assert "no agent endpoint" in content["blocked"][0]["reason"]
+    assert list(content["nodes"]) == [str(reachable.pk)]
+    assert content["summary"]["blocked"] == 1

@@ -1,0 +1,112 @@
+"""The simulator on a fleet small enough to work out by hand, and its use of the campaign planner."""
+
+from __future__ import annotations
+
+import pytest
+
+from costs import planning
+from costs.fleet import SimNode
+from costs.model import CADENCE_DAYS, ModelError, Params
+from costs.simulate import simulate
+from costs.trace import from_openb
+
+H, D = 3600, 86400
+R = 10 * D  # the release
+OPENS = R + 0.5 * CADENCE_DAYS["monthly"] * D  # the next monthly window (window_phase 0.5)
+HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+
+
+def pod(name: str, start: float, end: float) -> str:
+    return f"{name},1000,0,1,1000,,BE,Succeeded,0,{int(end)},{int(start)}"
+
+
+# t-long runs on n0 from 10 h before the release for 30 days; u-held would start 12 h before the
+# window (on n1: n0 is busy), for 24 h, so its limit (2 x 24 h) crosses the window; e-end only
+# fixes the trace's end at day 60 (after everything else).
+TRACE = "\n".join([HEADER, pod("t-long", R - 10 * H, 40 * D), pod("u-held", OPENS - 12 * H, OPENS + 12 * H),
+                   pod("e-end", 59 * D, 60 * D)])
+NODES = [SimNode(index=i, name=f"n{i}", gpus=1, gpu_model="T4", versions={"driver": "550.163.01"}) for i in range(4)]
+BASE = dict(release_s=R, deadline_days=15, patch_minutes=60, window_hours=2, reservation_days=1, cadences=("monthly",),
+            parallelism=("1",), wait_limit_h=48, checkpointable_share=1.0, gpu_memory_gib=0)
+
+
+def run(**changes):
+    params = Params(**{**BASE, **changes})
+    result = simulate(NODES, from_openb(TRACE, params), params)
+    return {row.strategy: row for row in result.rows}, result
+
+
+def test_on_a_tiny_fleet_the_sweep_beats_drain_and_wait_which_beats_the_window():
+    rows, result = run(last_group="cold_restart")
+    window, drain, sweep = rows["window"], rows["drain_wait"], rows["sweep"]
+    # By hand. Window: all four nodes patched when it ends; t-long killed when it opens after running
+    # (OPENS - R + 10 h); u-held held 12 h before it; the fleet's 4 GPUs down for its 2 h.
+    assert window.days_to_patched == pytest.approx((OPENS - R + 2 * H) / D)
+    assert window.exposure_node_days == pytest.approx(4 * (OPENS - R + 2 * H) / D)
+    assert window.recomputed_gpu_hours == pytest.approx((OPENS - R + 10 * H) / H)
+    assert window.idle_gpu_hours == pytest.approx(12 + 4 * 2)
+    assert (window.cold_starts, window.deadline_met) == (1, False)
+    # Drain and wait, one node at a time: n0 waits 48 h for t-long, kills it (58 h of work), 1 h patch;
+    # then n1, n2, n3 take 1 h each.
+    assert drain.days_to_patched == pytest.approx(52 / 24)
+    assert drain.exposure_node_days == pytest.approx((49 + 50 + 51 + 52) / 24)
+    assert drain.recomputed_gpu_hours == pytest.approx(58)
+    assert drain.idle_gpu_hours == pytest.approx(4)  # n0 was busy while it waited
+    assert (drain.cold_starts, drain.deadline_met) == (1, True)
+    # Sweep: the planner moves t-long from n0 (wave 1) to n3 (wave 4, the latest); when n3's turn comes no
+    # old-driver node is left, so it cold-starts there (13 h of work lost). Four 1 h turns.
+    assert sweep.days_to_patched == pytest.approx(4 / 24)
+    assert sweep.exposure_node_days == pytest.approx((1 + 2 + 3 + 4) / 24)
+    assert sweep.recomputed_gpu_hours == pytest.approx(13)
+    assert (sweep.cold_starts, sweep.deadline_met) == (1, True)
+    print("\n" + "\n".join(f"{r.strategy}: {r.as_dict()}" for r in result.rows))
+    assert sweep.days_to_patched < drain.days_to_patched < window.days_to_patched
+
+
+def test_when_the_last_group_waits_its_work_holds_the_last_node():
+    rows, _result = run(last_group="wait")
+    sweep = rows["sweep"]
+    # t-long reaches n3 (turn at 3 h), runs until the 48 h wait limit, is killed (61 h of work), 1 h patch.
+    assert sweep.days_to_patched == pytest.approx(52 / 24)
+    assert sweep.exposure_node_days == pytest.approx((1 + 2 + 3 + 52) / 24)
+    assert sweep.recomputed_gpu_hours == pytest.approx(61)
+    assert sweep.exposure_node_days < rows["drain_wait"].exposure_node_days
+
+
+def test_the_sweep_is_planned_by_the_campaign_planner(monkeypatch: pytest.MonkeyPatch):
+    calls = []
+    real = planning.plan
+
+    def spy(scope, receivers, policy):  # type: ignore[no-untyped-def]
+        calls.append((scope, receivers, policy))
+        return real(scope, receivers, policy)
+
+    monkeypatch.setattr(planning, "plan", spy)
+    plans = []
+    original = planning.plan_sweep
+
+    def keep(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plans.append(original(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr("costs.strategies.plan_sweep", keep)
+    run(last_group="cold_restart")
+    [(scope, receivers, policy)] = calls
+    assert [n.name for n in scope] == ["n0", "n1", "n2", "n3"] and receivers == []
+    assert policy.per_cluster == "1" and policy.cold_restart_allowed
+    [workload] = scope[0].workloads
+    assert (workload.name, workload.gpus, workload.checkpointable) == ("t-long", 1000, True)
+    [plan] = plans
+    assert plan.waves == [[0], [1], [2], [3]]
+    fates = {(node, action.action, action.to) for (node, _task), action in plan.fates.items()}
+    assert fates == {(0, planning.MIGRATE, 3), (3, planning.COLD_START, None)}
+
+
+def test_parameters_out_of_range_are_named():
+    with pytest.raises(ModelError, match=r"limit_factor=0\.5"):
+        Params(limit_factor=0.5)
+    with pytest.raises(ModelError, match="cadences"):
+        Params(cadences=("weekly",))
+    params = Params(**BASE)
+    with pytest.raises(ModelError, match=r"release_s=.*outside the trace"):
+        simulate(NODES, from_openb(TRACE, params), params.with_(release_s=99 * D))
