@@ -96,15 +96,15 @@ def test_the_responses_schemathesis_found_outside_the_schema_now_match_it():
     import schemathesis
     from django.core.wsgi import get_wsgi_application
 
-    from campaigns import services
+    from campaigns import queue
     from inventory.models import Cluster
     from tests.api.seed import seed
 
-    services.ENQUEUE.insert(0, lambda *args: None)  # seed() starts a campaign: no broker here
+    queue.ENQUEUE.insert(0, lambda *args: None)  # seed() starts a campaign: no broker here
     try:
         seeded = seed()
     finally:
-        services.ENQUEUE.pop(0)
+        queue.ENQUEUE.pop(0)
     auth = {"Authorization": f"Token {seeded.token}"}
     schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(), headers=auth)
     ids = {**seeded.campaigns, "cluster": Cluster.objects.get(name="local").pk}
