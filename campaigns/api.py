@@ -126,6 +126,10 @@ class EventFilter(FilterSet):
         fields = ["campaign", "sweep", "kind"]
 
 
+class LastGroupSerializer(serializers.Serializer):
+    nodes = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=2**63 - 1), required=False)
+
+
 def _user(request: Request) -> User:
     return cast(User, request.user)
 
@@ -171,13 +175,14 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
-    @extend_schema(request=inline_serializer("LastGroupRequest", {
-        "nodes": serializers.ListField(child=serializers.IntegerField(), required=False)}))
+    @extend_schema(request=LastGroupSerializer)
     @action(detail=True, methods=["post"])
     def add_last_group(self, request: Request, pk: str | None = None) -> Response:
         """Take the plan's offer: {"nodes": [ids]} (default: the newest plan's exposed receivers)."""
         campaign = self.get_object()
-        nodes = _body(request).get("nodes")
+        body = LastGroupSerializer(data=_body(request))
+        body.is_valid(raise_exception=True)
+        nodes = body.validated_data.get("nodes")
         if nodes is None:
             newest = campaign.plans.order_by("-version").first()
             nodes = [r["node"] for r in (newest.content.get("exposed_receivers", []) if newest else [])]

@@ -26,6 +26,7 @@ from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.services import InventoryError, check_labels
 from inventory.versions import VersionError, normalize_component, parse_version
 
 # --- serializers ---------------------------------------------------------------------------
@@ -90,6 +91,13 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only_fields = ["cluster", "name", "gpu_model", "gpu_count", "product_line", "os_family", "cpu_milli",
                             "memory_mib", "scheduler_state", "agent_endpoint", "last_seen", "gone_at", "created_at",
                             "updated_at"]
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        try:
+            check_labels(value)
+        except InventoryError as exc:
+            raise ValidationError(str(exc)) from None
+        return value
 
 
 class WorkloadSerializer(serializers.ModelSerializer):

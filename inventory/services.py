@@ -232,10 +232,21 @@ def _check_node_fields(observed: ObservedNode, where: str) -> None:
         value = getattr(observed, name)
         if value is not None and not low <= value <= high:
             raise InventoryError(f"{where}: {name} {value} is outside {low}..{high}")
-    if observed.labels is not None and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in observed.labels.items()
-    ):
+    if observed.labels is not None:
+        check_labels(observed.labels, where)
+
+
+MAX_LABEL_LENGTH = 317  # Kubernetes' longest label key: a 253-character prefix, "/", 63 characters
+
+
+def check_labels(labels: Any, where: str = "labels") -> None:
+    """A node's labels are an object of name: text, neither longer than MAX_LABEL_LENGTH."""
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
         raise InventoryError(f"{where}: labels must map names to text")
+    long = next((k for k, v in labels.items() if max(len(k), len(v)) > MAX_LABEL_LENGTH), None)
+    if long is not None:
+        raise InventoryError(f"{where}: label {long[:40]!r}: names and values are at most {MAX_LABEL_LENGTH} "
+                             "characters")
 
 
 def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:

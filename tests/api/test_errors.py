@@ -167,3 +167,14 @@ def test_a_cluster_still_referenced_by_a_campaign_is_not_deleted(admin):
     body = assert_error(admin.delete(f"/api/v1/inventory/clusters/{cluster.pk}/"), 409)
     assert "still referenced by node sweeps" in body["detail"]
     assert Cluster.objects.filter(pk=cluster.pk).exists()
+
+
+def test_node_labels_must_be_names_and_texts(admin):
+    node = Cluster.objects.get(name="local").nodes.order_by("pk").first()
+    url = f"/api/v1/inventory/nodes/{node.pk}/"
+    for labels in (True, ["a"], {"a": 1}, {"a": {"b": "c"}}, {"k" * 400: "v"}):
+        body = assert_error(admin.patch(url, {"labels": labels}, content_type="application/json"), 400)
+        assert "labels" in body["errors"]
+    node.refresh_from_db()
+    assert node.labels == {"sweep": "yes"}
+    assert admin.patch(url, {"labels": {"rack": "r1"}}, content_type="application/json").status_code == 200

@@ -14,6 +14,7 @@ report names the `st replay` command).
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets
@@ -84,6 +85,7 @@ def test_every_operation_answers_within_the_schema_and_never_a_server_error(thro
         DATABASE_URL=throwaway_database, CELERY_BROKER_URL="memory://", GPUSWEEP_VAR_DIR=str(tmp_path / "var"),
         DEBUG="false", ALLOWED_HOSTS="127.0.0.1", SECRET_KEY=secrets.token_urlsafe(40),
         GPUSWEEP_AGENT_FLEET_SECRET=secrets.token_urlsafe(40), GPUSWEEP_EXECUTOR="memory",
+        GPUSWEEP_EVIDENCE_KEY=base64.b64encode(secrets.token_bytes(32)).decode(),  # an Ed25519 seed
     )
     started = time.monotonic()
     migrated = manage("migrate", "--noinput", env=env, timeout=300)
