@@ -37,7 +37,7 @@ from django.utils import timezone
 
 from campaigns import evidence, policy
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
-from campaigns.models import Campaign, EvidenceSeal, NodeSweep, WorkloadMove
+from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
 from campaigns.queue import enqueue, enqueue_now
 from executors import portability
@@ -45,6 +45,7 @@ from executors.base import (
     CheckpointResult,
     Executor,
     ExecutorError,
+    InterruptedOperation,
     NodeRef,
     PermanentExecutorError,
     TemporaryExecutorError,
@@ -81,6 +82,23 @@ def op_id(sweep: NodeSweep, name: str) -> str:
     # The agent accepts [A-Za-z0-9._:-], at most 128 characters.
     safe = "".join(ch if ch.isalnum() or ch in "._:-" else "_" for ch in name)
     return f"gs-{sweep.campaign_id}-{sweep.pk}-{safe}"[:128]
+
+
+def move_op(sweep: NodeSweep, move: WorkloadMove, step: str) -> str:
+    """The operation id of a move's checkpoint ("ck") or restore ("restore"), renamed after each
+    interruption the back end reported (a new id for a run that left nothing behind)."""
+    tries = int((move.detail.get("tries") or {}).get(step, 0))
+    base = f"ck-{move.workload_ref}" if step == "ck" else f"restore-{move.pk}"
+    return op_id(sweep, f"{base}.{tries}" if tries else base)
+
+
+def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> TemporaryExecutorError:
+    """Record that the move's `step` runs again under a new operation id; the step is retried."""
+    tries = dict(move.detail.get("tries") or {})
+    tries[step] = int(tries.get(step, 0)) + 1
+    move.detail = {**move.detail, "tries": tries}
+    WorkloadMove.objects.filter(pk=move.pk).update(detail=move.detail)
+    return TemporaryExecutorError(f"{exc}; it runs again under a new operation id")
 
 
 def reference(sweep: NodeSweep) -> str:
@@ -218,16 +236,24 @@ def _guarded(sweep: NodeSweep, worker: str, **extra: Any) -> Any:
 
 
 def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], query: Any = None,
-           **fields: Any) -> bool:
-    """One conditional UPDATE of the sweep (with its chain's new head) and the event; in a transaction."""
-    event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
-                                        _actor(worker), data)
+           then: tuple[str, dict[str, Any]] | None = None, sign: bool = False, **fields: Any) -> bool:
+    """One conditional UPDATE of the sweep (with its chain's new head) and its event (and a second,
+    `then`), in the caller's transaction; with `sign` the new head is signed in the same UPDATE."""
+    events = [evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
+                                          _actor(worker), data)]
+    if then is not None:
+        events.append(evidence.prepare_node_event(sweep.campaign_id, sweep.pk, events[0].node_seq or 0,
+                                                  events[0].hash, then[0], _actor(worker), then[1]))
+    head = events[-1]
+    if sign:
+        fields.update(signed_seq=head.node_seq, head_signature=evidence.head_signature(
+            sweep.campaign_id, sweep.pk, head.node_seq or 0, head.hash))
     rows = (query if query is not None else _guarded(sweep, worker)).update(
-        evidence_seq=event.node_seq, evidence_head=event.hash, **fields)
+        evidence_seq=head.node_seq, evidence_head=head.hash, **fields)
     if not rows:
         return False
-    event.save(force_insert=True)
-    sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
+    EvidenceEvent.objects.bulk_create(events)
+    sweep.evidence_seq, sweep.evidence_head = head.node_seq or 0, head.hash
     return True
 
 
@@ -265,7 +291,9 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
         }
         data = {"step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt,
                 **result.data}
-        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, **fields):
+        done = None if chain else (EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
+                                                       or sweep.versions_after})
+        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, then=done, sign=not chain, **fields):
             if following == SweepState.PATCHING:
                 # Lost to an abort (or the lease expired): hand the step over to the unwind.
                 NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
@@ -277,12 +305,10 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
             inventory.set_service_state([sweep.node_id], SERVICE_STATE_AFTER[current], ChangeSource.CAMPAIGN,
                                         reference(sweep))
         if following == SweepState.DONE:
-            _write(sweep, worker, EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
-                                                      or sweep.versions_after},
-                   query=NodeSweep.objects.filter(pk=sweep.pk, state=SweepState.DONE))
-            evidence.sign_node_head(sweep)
             enqueue("dispatch", sweep.campaign_id)
         sweep.state, sweep.attempt, sweep.step_started_at = following, 1, now
+        for name, value in result.fields.items():
+            setattr(sweep, name, value)
         return following
 
 
@@ -290,9 +316,8 @@ def _end(sweep: NodeSweep, worker: str, final: str, data: dict[str, Any], in_ser
     """The sweep's last transition (failed or rolled back), its signed head, and the error budget."""
     with transaction.atomic():
         if not _write(sweep, worker, final, {"from": sweep.state, **data}, state=final, lease_owner="",
-                      step_deadline=None, error=str(data.get("error", ""))[:4000]):
+                      step_deadline=None, error=str(data.get("error", ""))[:4000], sign=True):
             return False
-        evidence.sign_node_head(sweep)
         if in_service:
             inventory.set_service_state([sweep.node_id], ServiceState.IN_SERVICE, ChangeSource.CAMPAIGN,
                                         reference(sweep))
@@ -345,9 +370,8 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
             return state
         if not go_on:
             return state
-        sweep = _load(sweep_id)  # fresh campaign status (an abort) and inventory for the next step
-        if sweep is None or sweep.lease_owner != worker:
-            return state
+        # The sweep in hand is current (this worker wrote it); only an abort can have come meanwhile.
+        sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
 
 
 class _Unpinned:
@@ -456,8 +480,8 @@ def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move:
         # A restore was under way: finish it where it went (same operation id) rather than
         # starting a second copy here; only a restore that failed comes home.
         try:
-            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
-        except PermanentExecutorError:
+            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except (PermanentExecutorError, InterruptedOperation):
             pass
         else:
             entry = {"workload": name, "from": sweep.node.name, "to": move.target_node.name,
@@ -579,8 +603,11 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
                     "and cold restart is not allowed")
         if checkpoint:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
-                                   requires=move.detail.get("requires"))
+            try:
+                result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
+                                       requires=move.detail.get("requires"))
+            except InterruptedOperation as exc:
+                raise _renamed(move, "ck", exc) from exc
             done.append(_checkpointed(sweep, move, engine, result))
         else:
             if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
@@ -623,8 +650,10 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
     name = move.workload_name or move.workload_ref
     if checkpoint:
         try:
-            result = ex.checkpoint(ref, move.workload_ref, engine, op_id(sweep, f"ck-{move.workload_ref}"),
+            result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
                                    requires=move.detail.get("requires"))
+        except InterruptedOperation as exc:
+            raise _renamed(move, "ck", exc) from exc
         except PermanentExecutorError:
             result = None
         if result is not None:
@@ -695,7 +724,10 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             move.target_node, move.target_node_id = target, target.pk
         assert move.target_node is not None
         target = move.target_node
-        result = ex.restore(node_ref(target), move.checkpoint_id, op_id(sweep, f"restore-{move.pk}"))
+        try:
+            result = ex.restore(node_ref(target), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except InterruptedOperation as exc:
+            raise _renamed(move, "restore", exc) from exc
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")

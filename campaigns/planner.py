@@ -74,6 +74,11 @@ class PlanWorkload:
             engine_version=self.engine_version, model_name=self.model_name, model_version=self.model_version,
             requires=dict(self.requires))
 
+    def cache_key(self) -> tuple[Any, ...]:
+        """What its requirements depend on besides the node's facts (fleets repeat a few of these)."""
+        return (self.checkpoint_engine, self.gpus > 0, self.inference_engine, self.engine_version,
+                self.model_name, self.model_version, self.requires)
+
 
 @dataclass(frozen=True)
 class PlanNode:
@@ -251,17 +256,16 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 class _Lane:
-    """Candidate receivers in preference order, with a pointer past those that are full for good.
+    """Candidate receivers in preference order (full ones dropped as they are found).
 
     In the lane of later waves the search starts where the last one ended (`rotor`), so work
     carried ahead spreads over those nodes instead of piling onto the very last wave.
     """
 
-    __slots__ = ("ids", "rotor", "start", "waves")
+    __slots__ = ("ids", "rotor", "waves")
 
     def __init__(self) -> None:
         self.ids: list[int] = []
-        self.start = 0
         self.rotor = 0
         self.waves: list[int] = []  # minus the wave of each id (the lane is sorted latest first)
 
@@ -288,7 +292,17 @@ class Capacity:
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
         self.patched: list[int] = []  # scope nodes patched so far, in wave order
         self.current = 0
+        self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
+        self._fact_keys = {n.id: tuple(sorted(self.facts_now[n.id].items())) for n in scope}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
+
+    def requirements(self, workload: PlanWorkload, node: PlanNode) -> portability.Requirements:
+        """The workload's requirements on `node`, computed once per distinct (workload kind, node facts)."""
+        key = (workload.cache_key(), self._fact_keys.get(node.id) or tuple(sorted(self.facts_now[node.id].items())))
+        found = self._needs.get(key)
+        if found is None:
+            found = self._needs[key] = workload.requirements(self.facts_now[node.id])
+        return found
 
     def facts(self, node_id: int) -> dict[str, str]:
         patched = node_id in self.facts_after and self.wave_of[node_id] <= self.current - 2
@@ -330,22 +344,48 @@ class Capacity:
         if lanes is None:
             return None
         for lane_no, lane in enumerate(lanes[:LATER]):
-            ids = lane.ids
-            while lane.start < len(ids) and self.free[ids[lane.start]] <= 0:
-                lane.start += 1  # outside and patched nodes only ever fill up
-            for index in range(lane.start, len(ids)):
-                if self._fits(ids[index], needed, gpus, source):
-                    return self.by_id[ids[index]], lane_no
+            found = self._scan(lane, needed, gpus, source, usable=len(lane.ids), rotate=False)
+            if found is not None:
+                return found, lane_no
         later = lanes[LATER]
         if len(later.waves) != len(later.ids):
             later.waves = [-self.wave_of[i] for i in later.ids]
         # Far enough ahead: waves after the next (a prefix, the lane being sorted latest first).
         usable = bisect.bisect_left(later.waves, -(self.current + 1))
-        for offset in range(usable):
-            index = (later.rotor + offset) % usable
-            if self._fits(later.ids[index], needed, gpus, source):
-                later.rotor = index + 1
-                return self.by_id[later.ids[index]], LATER
+        found = self._scan(later, needed, gpus, source, usable=usable, rotate=True)
+        return (found, LATER) if found is not None else None
+
+    def _scan(self, lane: _Lane, needed: portability.Requirements, gpus: int, source: PlanNode, usable: int,
+              rotate: bool) -> PlanNode | None:
+        """The first candidate with room (from the rotor when `rotate`); full ones are dropped for good.
+
+        A receiver only fills up while it can receive (until its own wave drains it, and then it is
+        out of this lane's reach), so a full one never needs looking at again: dropping them keeps
+        the planner linear when capacity runs out.
+        """
+        ids, free = lane.ids, self.free
+        dead = 0
+        if rotate:
+            start = lane.rotor % usable if usable else 0
+        else:  # in preference order: the full ones at the front are passed once and for all
+            while lane.rotor < usable and free[ids[lane.rotor]] <= 0:
+                lane.rotor += 1
+            start = lane.rotor
+        for offset in range(usable - (0 if rotate else start)):
+            index = (start + offset) % usable
+            candidate = ids[index]
+            if free[candidate] <= 0:
+                dead += 1
+                continue
+            if self._fits(candidate, needed, gpus, source):
+                if rotate:
+                    lane.rotor = index + 1
+                return self.by_id[candidate]
+        if dead > 16 and dead * 4 > usable:
+            keep = [i for i in ids[:usable] if free[i] > 0]
+            lane.ids = keep + ([] if rotate else ids[usable:])  # later waves past reach go too
+            lane.waves = [-self.wave_of[i] for i in lane.ids] if rotate else lane.waves
+            lane.rotor = 0
         return None
 
 
@@ -377,7 +417,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                              "engine": workload.checkpoint_engine}
     label = workload.name or workload.ref
     if workload.checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
-        needed = workload.requirements(capacity.facts_now[node.id])
+        needed = capacity.requirements(workload, node)
         entry["requires"] = needed.as_dict()
         home_ok = portability.compatible(needed, capacity.facts_after[node.id])
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from gpusweep_agent.auth import AuthError, derive_node_key, sign
 
-from executors.base import PermanentExecutorError, TemporaryExecutorError
+from executors.base import InterruptedOperation, PermanentExecutorError, TemporaryExecutorError
 
 FLEET_SECRET_ENV = "GPUSWEEP_AGENT_FLEET_SECRET"
 
@@ -94,6 +94,9 @@ class AgentClient:
                 # The agent restarts during a reboot (or briefly fails): keep polling until the deadline.
                 continue
         if op["state"] == "failed":
-            raise PermanentExecutorError(f"agent {self.identity} {path} {operation_id} failed: {op.get('error')}")
+            message = f"agent {self.identity} {path} {operation_id} failed: {op.get('error')}"
+            if isinstance(op.get("result"), dict) and op["result"].get("interrupted"):
+                raise InterruptedOperation(message)
+            raise PermanentExecutorError(message)
         result = op.get("result") or {}
         return result if isinstance(result, dict) else {"value": result}

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 ALIASES = {
     "memory": "executors.memory.MemoryExecutor",
     "local": "executors.local.LocalExecutor",
+    "kubernetes": "executors.kubernetes.KubernetesExecutor",
 }
 DEFAULT_EXECUTOR = "local"
 
@@ -48,6 +49,11 @@ class ExecutorError(Exception):
 
 class TemporaryExecutorError(ExecutorError):
     """The step may succeed if tried again (unreachable agent, timeout, busy)."""
+
+
+class InterruptedOperation(TemporaryExecutorError):
+    """The back end lost the operation midway (its agent restarted) and nothing lasting came of it:
+    it may be run again, under a new operation id (the old one stays failed)."""
 
 
 class PermanentExecutorError(ExecutorError):

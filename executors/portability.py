@@ -49,13 +49,14 @@ class Requirements:
     if_reported: dict[str, str] = field(default_factory=dict)
     checkpointable: bool = True
 
+    # The facts checked strictly, in a stable order (what an index of receivers keys on).
+    facts: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", tuple(sorted(self.must)))
+
     def as_dict(self) -> dict[str, object]:
         return {"engine": self.engine, "must": dict(self.must), "if_reported": dict(self.if_reported)}
-
-    @property
-    def facts(self) -> tuple[str, ...]:
-        """The facts checked strictly, in a stable order (what an index of receivers keys on)."""
-        return tuple(sorted(self.must))
 
 
 ENGINES: dict[str, EngineRule] = {}

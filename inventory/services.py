@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.models import Q, Subquery
 from django.utils import timezone
 
 from inventory.bulk import db_datetime, db_json, insert_rows
@@ -658,7 +659,7 @@ def set_service_state(node_ids: Sequence[int], state: str, source: str, referenc
     """Set service_state of nodes not already in it; one ChangeLog row each, in one transaction."""
     if state not in ServiceState.values():
         raise InventoryError(f"unknown service state {state!r}")
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         rows = list(Node.objects.filter(pk__in=list(node_ids)).exclude(service_state=state)
                     .values_list("id", "name", "cluster__name", "service_state"))
         if not rows:
@@ -684,7 +685,7 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
     for component, raw in versions.items():
         name, version = parse_component(component, str(raw), f"node {node_id}")
         parsed[name] = version
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         node = Node.objects.select_related("cluster").only("id", "name", "cluster__name").get(pk=node_id)
         have = {c.component: c for c in NodeComponent.objects.filter(node_id=node_id, component__in=list(parsed))}
         now = timezone.now()
@@ -710,15 +711,17 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
                   user_id: int | None = None) -> bool:
     """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
-    with transaction.atomic():
-        row = (Workload.objects.select_for_update().select_related("cluster")
-               .filter(pk=workload_id).first())
+    with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
+        # The workload, and any row its target's own source already made for it, in one read.
+        same_cluster = Workload.objects.filter(pk=workload_id).values("cluster_id")
+        rows = list(Workload.objects.select_for_update(of=("self",)).select_related("cluster").filter(
+            Q(pk=workload_id) | Q(scheduler_id=scheduler_id, cluster_id=Subquery(same_cluster))))
+        row = next((r for r in rows if r.pk == workload_id), None)
         if row is None or (row.node_id == node_id and row.scheduler_id == scheduler_id):
             return False
         now = timezone.now()
         changes: dict[str, Any] = {"node_id": [row.node_id, node_id], "scheduler_id": [row.scheduler_id, scheduler_id]}
-        twin = Workload.objects.filter(cluster_id=row.cluster_id, kind=row.kind, scheduler_id=scheduler_id).exclude(
-            pk=row.pk).first()
+        twin = next((r for r in rows if r.pk != workload_id and r.kind == row.kind), None)
         if twin is not None:
             # The target's own source (an agent heartbeat) reported the restored workload first:
             # that row is the workload from now on, and this one ends here.

@@ -10,6 +10,8 @@ PACKAGES=(
   slurmdbd slurm-wlm-mysql-plugin mariadb-client
   # the real browser the UI tests drive through Playwright
   chromium
+  # certificates for the TLS test Kubernetes API server (tests/kube/pki.py)
+  openssl
 )
 
 missing=()

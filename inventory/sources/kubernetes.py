@@ -19,7 +19,9 @@ nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
 nvidia.com/cuda.runtime-version.full or nvidia.com/cuda.runtime.major|minor. Kernel and OS
 come from status.nodeInfo. Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
-describe what the pod runs.
+describe what the pod runs; StatefulSet and Job pods count as not checkpointable
+(``pod_checkpoint_engine``): their controller recreates them under their own identity.
+``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
 from __future__ import annotations
@@ -95,8 +97,12 @@ class ApiKubernetesSource:
                           field_selector="status.phase=Running")
 
 
-def client_for(cluster: Cluster) -> ApiKubernetesSource:
-    """An API client from the cluster's settings; secrets are read from the environment now."""
+def api_client_for(cluster: Cluster) -> tuple[Any, float]:
+    """The official client's ApiClient for the cluster's settings, and the per-request timeout.
+
+    One construction for every reader and writer of a cluster (this sync, the Kubernetes
+    executor); secrets are read from the environment now, never stored.
+    """
     from kubernetes import client, config
 
     connection = cluster.connection or {}
@@ -110,12 +116,12 @@ def client_for(cluster: Cluster) -> ApiKubernetesSource:
             token = os.environ.get(token_var, "")
             if not token:
                 raise KubernetesError(f"cluster {cluster.name}: environment variable {token_var} (token) is not set")
-            configuration.api_key = {"authorization": token}
-            configuration.api_key_prefix = {"authorization": "Bearer"}
+            configuration.api_key = {"BearerToken": token}
+            configuration.api_key_prefix = {"BearerToken": "Bearer"}
         configuration.verify_ssl = bool(connection.get("verify_ssl", True))
         if connection.get("ca_cert"):
             configuration.ssl_ca_cert = str(connection["ca_cert"])
-        return ApiKubernetesSource(client.ApiClient(configuration), timeout)
+        return client.ApiClient(configuration), timeout
     path = None
     if secrets.get("kubeconfig"):
         path = os.environ.get(secrets["kubeconfig"], "")
@@ -127,6 +133,12 @@ def client_for(cluster: Cluster) -> ApiKubernetesSource:
         api_client = config.new_client_from_config(config_file=path, context=connection.get("context"))
     except (config.ConfigException, OSError) as exc:
         raise KubernetesError(f"cluster {cluster.name}: cannot load kubeconfig: {exc}") from None
+    return api_client, timeout
+
+
+def client_for(cluster: Cluster) -> ApiKubernetesSource:
+    """The inventory's reader for the cluster (``api_client_for``'s connection)."""
+    api_client, timeout = api_client_for(cluster)
     return ApiKubernetesSource(api_client, timeout)
 
 
@@ -222,7 +234,7 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
     )
 
 
-def _pod_gpus(pod: dict[str, Any]) -> int:
+def pod_gpus(pod: dict[str, Any]) -> int:
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
@@ -236,8 +248,25 @@ def _pod_gpus(pod: dict[str, Any]) -> int:
     return total
 
 
+def pod_controller(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The owner reference of the pod's controller (ReplicaSet, StatefulSet, Job, DaemonSet ...), if any."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return next((o for o in owners if o.get("controller")), None)
+
+
+def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
+    """How a pod's state can be saved: its ``gpusweep.io/checkpoint`` annotation, except that a pod
+    whose controller recreates it under its own identity (StatefulSet: its name and volumes; Job:
+    its completion) is never copied, so it is not checkpointed: its controller starts it again."""
+    controller = pod_controller(pod)
+    if controller is not None and controller.get("kind") in ("StatefulSet", "Job"):
+        return str(CheckpointEngine.NONE)
+    engine = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpusweep.io/checkpoint", "")
+    return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)
+
+
 def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
-    gpus = _pod_gpus(pod)
+    gpus = pod_gpus(pod)
     if not gpus:
         return None
     meta = pod.get("metadata") or {}
@@ -246,7 +275,6 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
     notes = meta.get("annotations") or {}
     started = status.get("startTime")
     deadline = spec.get("activeDeadlineSeconds")
-    engine = notes.get("gpusweep.io/checkpoint", CheckpointEngine.NONE)
     return ObservedWorkload(
         kind=WorkloadKind.K8S_POD,
         scheduler_id=f"{meta.get('namespace', 'default')}/{meta.get('name', '')}",
@@ -257,7 +285,7 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
         gpus=gpus,
         started_at=dt.datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None,
         time_limit=dt.timedelta(seconds=int(deadline)) if deadline else None,
-        checkpoint_engine=engine if engine in CheckpointEngine.values() else CheckpointEngine.NONE,
+        checkpoint_engine=pod_checkpoint_engine(pod),
         engine=str(notes.get("gpusweep.io/engine", ""))[:100],
         engine_version=str(notes.get("gpusweep.io/engine-version", ""))[:100],
         model_name=str(notes.get("gpusweep.io/model", ""))[:200],

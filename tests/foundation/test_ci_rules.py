@@ -38,3 +38,22 @@ def test_it_lets_a_skip_pass_outside_ci(suite: pytest.Pytester, monkeypatch: pyt
     result = suite.runpytest_subprocess("-p", "no:django")
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=1, skipped=1)
+
+
+def test_only_the_real_cluster_suite_may_skip_under_ci(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    from conftest import REAL_CLUSTER_SKIP
+
+    pytester.makeconftest((REPO / "conftest.py").read_text())
+    pytester.makepyfile(f"""
+import pytest
+
+def test_real_cluster():
+    pytest.skip({REAL_CLUSTER_SKIP + " (none here)"!r})
+
+def test_fine():
+    assert True
+""")
+    monkeypatch.setenv("CI", "true")
+    result = pytester.runpytest_subprocess("-p", "no:django")
+    assert result.ret == pytest.ExitCode.OK
+    result.assert_outcomes(passed=1, skipped=1)

@@ -1,5 +1,5 @@
-"""Kubernetes sync through the official client, over HTTP, against tests/inventory/kube_api.py
-(no Kubernetes API server can run on these machines). The end-to-end test against a real
+"""Kubernetes sync through the official client, over TLS, against the test API server of
+tests/kube/apiserver.py (no Kubernetes API server can run on these machines). The end-to-end test against a real
 cluster exists only when KUBECONFIG is set at collection time, so CI without a cluster
 neither runs nor skips it."""
 
@@ -16,7 +16,8 @@ from inventory.choices import CheckpointEngine, ClusterKind, ServiceState, Workl
 from inventory.models import Cluster, Node, Workload
 from inventory.sources.kubernetes import PAGE, client_for, snapshot_from_kubernetes
 from inventory.sync import sync_cluster
-from tests.inventory.kube_api import KubeApi, gpu_node, gpu_pod
+from tests.kube.apiserver import KubeApiServer
+from tests.kube.objects import gpu_node, gpu_pod
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def kube(monkeypatch):
     monkeypatch.setenv("GPUSWEEP_TEST_KUBE_TOKEN", "test-token")
-    with KubeApi(token="test-token") as api:
+    with KubeApiServer(token="test-token") as api:
         api.nodes = [gpu_node("n1"), gpu_node("n2", driver="580.95.05", cuda="13.0"),
                      gpu_node("n3", unschedulable=True)]
         api.pods = [
@@ -37,9 +38,9 @@ def kube(monkeypatch):
         yield api
 
 
-def k8s_cluster(api: KubeApi, name: str = "prod") -> Cluster:
+def k8s_cluster(api: KubeApiServer, name: str = "prod") -> Cluster:
     return Cluster.objects.create(
-        name=name, kind=ClusterKind.KUBERNETES, connection={"host": api.url},
+        name=name, kind=ClusterKind.KUBERNETES, connection={"host": api.url, "ca_cert": str(api.ca_path)},
         secret_env={"token": "GPUSWEEP_TEST_KUBE_TOKEN"},
     )
 

@@ -1,5 +1,5 @@
 """Celery tasks and the beat schedule. Tasks run eagerly here (same code path the worker runs);
-the Kubernetes API is tests/inventory/kube_api.py over HTTP (no API server can run here)."""
+the Kubernetes API is tests/kube/apiserver.py over TLS (no API server can run here)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from gpusweep.celery import app
 from inventory.choices import ClusterKind
 from inventory.models import Cluster, Node
 from inventory.tasks import sync_all_clusters, sync_cluster_task
-from tests.inventory.kube_api import KubeApi, gpu_node
+from tests.kube.apiserver import KubeApiServer
+from tests.kube.objects import gpu_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,14 +24,15 @@ def kube(monkeypatch, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     app.conf.task_always_eager = True
     monkeypatch.setenv("GPUSWEEP_TEST_KUBE_TOKEN", "t0ken")
-    with KubeApi(token="t0ken") as api:
+    with KubeApiServer(token="t0ken") as api:
         api.nodes = [gpu_node("n1"), gpu_node("n2")]
         yield api
     app.conf.task_always_eager = False
 
 
-def cluster(api: KubeApi, name: str = "prod", **extra) -> Cluster:
-    return Cluster.objects.create(name=name, kind=ClusterKind.KUBERNETES, connection={"host": api.url},
+def cluster(api: KubeApiServer, name: str = "prod", **extra) -> Cluster:
+    return Cluster.objects.create(name=name, kind=ClusterKind.KUBERNETES,
+                                  connection={"host": api.url, "ca_cert": str(api.ca_path)},
                                   secret_env={"token": "GPUSWEEP_TEST_KUBE_TOKEN"}, **extra)
 
 

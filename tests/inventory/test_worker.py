@@ -1,6 +1,6 @@
 """The scheduled sync through real processes: celery beat fires `inventory.tasks.sync_all_clusters`
 from django-celery-beat's table, a celery worker runs it and the per-cluster task, on PostgreSQL
-and Redis. The Kubernetes API is tests/inventory/kube_api.py over HTTP (no API server can run
+and Redis. The Kubernetes API is tests/kube/apiserver.py over TLS (no API server can run
 here)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from conftest import need
 from inventory.choices import ClusterKind
 from inventory.models import Cluster, Node
 from tests.helpers import REPO, clean_env, stop_process_group, wait_for
-from tests.inventory.kube_api import KubeApi, gpu_node
+from tests.kube.apiserver import KubeApiServer
+from tests.kube.objects import gpu_node
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -40,9 +41,10 @@ def test_beat_and_a_worker_keep_a_cluster_in_sync(tmp_path):
         GPUSWEEP_ADVISORY_SOURCES="", GPUSWEEP_TEST_KUBE_TOKEN="w0rker", GPUSWEEP_VAR_DIR=str(tmp_path),
     )
     log = tmp_path / "celery.log"
-    with KubeApi(token="w0rker") as api:
+    with KubeApiServer(token="w0rker") as api:
         api.nodes = [gpu_node("n1"), gpu_node("n2")]
-        cluster = Cluster.objects.create(name="prod", kind=ClusterKind.KUBERNETES, connection={"host": api.url},
+        cluster = Cluster.objects.create(name="prod", kind=ClusterKind.KUBERNETES,
+                                         connection={"host": api.url, "ca_cert": str(api.ca_path)},
                                          secret_env={"token": "GPUSWEEP_TEST_KUBE_TOKEN"})
         worker = _start(["worker", "--concurrency", "1", "--loglevel", "INFO", "--without-heartbeat",
                          "--without-mingle", "--without-gossip"], env, log)

@@ -27,6 +27,7 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine
 from .engines.base import SECRET_WORDS
+from .engines.criu import processes_mentioning
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
@@ -389,9 +390,47 @@ class Agent:
                 else:
                     self.operations.update(record["id"], state="failed", finished_at=utcnow(),
                                            error="the agent restarted but the node did not reboot")
+            elif kind == "restore":
+                threading.Thread(target=self._recover_restore, args=(record,), daemon=True).start()
             else:
                 self.operations.update(record["id"], state="failed", finished_at=utcnow(),
                                        error="interrupted by an agent restart; nothing is rerun (use a new id)")
+
+    def _recover_restore(self, record: dict[str, Any]) -> None:
+        """A restore the previous agent process left unfinished: did the workload come back?
+
+        CRIU outlives the agent that started it, so a restore still running on these images is
+        waited for. A live restored process means the restore succeeded; otherwise the claim is
+        released and the operation fails as interrupted, so the caller may restore again (a new id).
+        """
+        op_id = record["id"]
+        checkpoint_id = str((record.get("params") or {}).get("checkpoint_id", ""))
+        try:
+            image_dir = self.artifacts.image_dir(checkpoint_id)
+            manifest = self.artifacts.manifest(checkpoint_id)
+        except ArtifactError as exc:
+            self.operations.update(op_id, state="failed", finished_at=utcnow(), error=str(exc))
+            return
+        deadline = time.monotonic() + 600
+        while processes_mentioning(str(image_dir)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pidfile = self.config.state_dir / "restore" / checkpoint_id / "restored.pid"
+        pid = int(pidfile.read_text().strip() or 0) if pidfile.is_file() else 0
+        ours = self.artifacts.claimed_by(checkpoint_id) == self.config.identity
+        if ours and pid and pid_alive(pid) and get_engine(manifest["engine"], self.config).live:
+            workload = dict(manifest["workload"])
+            workload.update(pid=pid, state="running", restored_from=checkpoint_id, restored_at=utcnow())
+            self.workloads.put(workload)
+            self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
+            self.operations.update(op_id, state="succeeded", finished_at=utcnow(), result={
+                "workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id, "recovered": True,
+                "cold_start": False})
+            return
+        if ours:
+            self.artifacts.release(checkpoint_id)
+        self.operations.update(op_id, state="failed", finished_at=utcnow(), result={"interrupted": True},
+                               error="interrupted by an agent restart before the restore finished; the checkpoint "
+                                     "is free to be restored again (use a new operation id)")
 
     def _recover_checkpoint(self, record: dict[str, Any]) -> None:
         progress = record.get("progress") or {}
@@ -400,7 +439,7 @@ class Agent:
         if not checkpoint_id or not workload:
             self.operations.update(op_id, state="failed", finished_at=utcnow(),
                                    error="interrupted by an agent restart before the checkpoint began",
-                                   result={"workload_state": "running"})
+                                   result={"workload_state": "running", "interrupted": True})
             return
         try:
             engine = get_engine(progress["engine"], self.config)
@@ -427,8 +466,10 @@ class Agent:
         alive = pid_alive(int(workload.get("pid") or 0))
         if self.workloads.get(workload["id"]) is not None:
             self.workloads.update(workload["id"], state="running" if alive else "exited")
+        # Nothing lasting came of it: the images are gone and the workload still runs, so the
+        # caller may checkpoint it again (under a new operation id).
         self.operations.update(op_id, state="failed", finished_at=utcnow(), error=error,
-                               result={"workload_state": "running" if alive else "exited"})
+                               result={"workload_state": "running" if alive else "exited", "interrupted": alive})
 
     # ----- housekeeping -----
 

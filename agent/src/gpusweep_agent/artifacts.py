@@ -200,10 +200,18 @@ class ArtifactStore:
     def release(self, checkpoint_id: str) -> None:
         raise NotImplementedError
 
+    def claimed_by(self, checkpoint_id: str) -> str | None:
+        """Who holds the restore claim on a checkpoint (None when nobody does)."""
+        raise NotImplementedError
+
     def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def pending_for(self, workload_id: str) -> str | None:
+        raise NotImplementedError
+
+    def restoration(self, checkpoint_id: str) -> dict[str, Any]:
+        """Who claimed the checkpoint and who restored it (None each while nobody has)."""
         raise NotImplementedError
 
 
@@ -294,8 +302,24 @@ class LocalArtifactStore(ArtifactStore):
     def release(self, checkpoint_id: str) -> None:
         (self.image_dir(checkpoint_id) / CLAIM).unlink(missing_ok=True)
 
+    def claimed_by(self, checkpoint_id: str) -> str | None:
+        path = self.image_dir(checkpoint_id) / CLAIM
+        if not path.exists():
+            return None
+        return str((read_json(path, {}) or {}).get("by", "?"))
+
     def mark_restored(self, checkpoint_id: str, info: dict[str, Any]) -> None:
         write_json_atomic(self.image_dir(checkpoint_id) / RESTORED, info)
+
+    def restoration(self, checkpoint_id: str) -> dict[str, Any]:
+        folder = self.image_dir(checkpoint_id)
+        out: dict[str, Any] = {}
+        for key, name in (("claimed", CLAIM), ("restored", RESTORED)):
+            try:
+                out[key] = read_json(folder / name, None)
+            except ValueError:  # the claim is being written: it exists, its content follows
+                out[key] = {}
+        return out
 
     def pending_for(self, workload_id: str) -> str | None:
         """The newest complete, unclaimed checkpoint of `workload_id`, if any."""

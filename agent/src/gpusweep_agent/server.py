@@ -101,7 +101,9 @@ class Handler(BaseHTTPRequestHandler):
                     self._send(HTTPStatus.OK, agent.operations.public(record))
             elif match := CHECKPOINT_RE.match(path):
                 try:
-                    self._send(HTTPStatus.OK, agent.artifacts.manifest(match.group(1)))
+                    checkpoint_id = match.group(1)
+                    self._send(HTTPStatus.OK, {**agent.artifacts.manifest(checkpoint_id),
+                                               **agent.artifacts.restoration(checkpoint_id)})
                 except ArtifactError as exc:
                     self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
             else:

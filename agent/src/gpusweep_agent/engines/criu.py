@@ -15,7 +15,6 @@ from ..util import pid_alive, proc_stat
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
 DUMP_OK = "Dumping finished successfully"
-RESTORE_OK = "Restore finished successfully"
 
 
 _versions: dict[tuple[str, int, int], tuple[int, ...] | None] = {}

@@ -1,0 +1,938 @@
+"""The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs.
+
+It talks to the API server through the official client, built by the inventory sync's
+``api_client_for`` (same ``connection`` and ``secret_env``), and to the node agent (a privileged
+DaemonSet with ``hostPID``, ``deploy/kubernetes/``) through ``LocalExecutor`` for what only the
+node can do: checkpoint a process, install packages, reboot.
+
+Everything gpusweep does is written where the cluster shows it, controller-runtime style, so a
+retry reads what the first attempt did and undo removes only gpusweep's own marks:
+
+- drain: cordon, the taint ``gpusweep.io/maintenance=<campaign>:NoSchedule``, the node label
+  ``gpusweep.io/campaign`` and annotations naming the operation (``gpusweep.io/drained-by``); a
+  node already cordoned by someone else is noted (``gpusweep.io/cordoned-before``) and stays
+  cordoned when gpusweep is done with it. The agent stops admitting work (maintenance).
+- checkpoint, per pod (DaemonSet and static pods never move): first a server-side dry-run
+  eviction, so a PodDisruptionBudget that forbids the move holds the node before anything is
+  touched; then the node agent (``criu``, ``cuda``, ``signal``; images in the agents' shared
+  artifact store, e.g. a PersistentVolume) or, with the pod annotation
+  ``gpusweep.io/checkpoint-via: kubelet``, the kubelet's ContainerCheckpoint API through the API
+  server's node proxy. The pod is then labelled ``gpusweep.io/checkpoint-id`` and annotated with
+  the record (``gpusweep.io/checkpointed``: operation, engine, and the engine's portability
+  requirements, which a restore checks against the target's facts). The agent gets the same rule
+  applied to its own facts, since it checks a restore against what it reads itself.
+- restore: a replacement pod, a copy of the original's spec with a required node affinity to
+  the target the engine chose and ``gpusweep.io/restore-from`` naming the checkpoint; its
+  container's ``gpusweep-run`` finds the pending checkpoint through its agent and resumes it
+  (CRI-O instead restores a kubelet checkpoint published as an image). Once it is Running and its
+  agent reports the checkpoint restored there, the original is evicted through the Eviction API;
+  a 429 (PodDisruptionBudget) is retried within ``eviction_deadline_s``, then the node fails. The
+  replacement's name derives from the checkpoint, so a retry after a crash finds it instead of
+  creating a second one. Per controller:
+
+  - none (a bare pod): gpusweep's copy is the replacement.
+  - ReplicaSet (a Deployment's): the copy is made without the labels the ReplicaSet selects on
+    (kept in ``gpusweep.io/adopt-labels``), so the ReplicaSet never sees one pod too many while it
+    starts; once it runs, the original gets the lowest ``controller.kubernetes.io/pod-deletion-cost``
+    and the copy gets those labels and the ReplicaSet's owner reference (adopted), then the
+    original is evicted.
+  - StatefulSet and Job: never copied (a StatefulSet pod's name and volumes are its identity, a
+    Job counts its own pods), so they are not checkpointed (``pod_checkpoint_engine``): a cold
+    restart evicts them and their controller starts them again; or the campaign waits for them.
+  - DaemonSet: stays on its node.
+
+  A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
+  once the node leaves maintenance its container restarts and restores its pending checkpoint.
+- patch by ``connection["driver_management"]``: ``agent`` (default: the agent installs the
+  packages) or ``gpu-operator`` (containerized drivers): every other GPU node not yet at the
+  version gets the operator's skip label ``nvidia.com/gpu-driver-upgrade.skip=true`` (marked
+  ``gpusweep.io/upgrade-skip-set-by``, so only those are ever lifted), the version is set on the
+  node's ``NVIDIADriver`` (``spec.version``) or the ``ClusterPolicy`` (``spec.driver.version``),
+  this node's skip label is lifted and its ``nvidia.com/gpu-driver-upgrade-state`` label followed
+  to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). Nodes the campaign never
+  patches keep gpusweep's skip label: the operator never upgrades a node whose work was not moved.
+- reboot through the agent (nothing with gpu-operator: the operator reloads the driver); verify:
+  the node is Ready and GPU feature discovery's labels and the agent's facts show the versions;
+  return to service and undo: gpusweep's taint, cordon, labels and annotations removed, the agent
+  out of maintenance.
+
+Settings: ``connection`` keys ``driver_management``, ``agents`` (false: no agent on the nodes),
+``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
+``nvidia_driver`` names), ``checkpoint_via`` (agent), ``checkpoint_image_repository``; the agent
+endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
+``<scheme>://<InternalIP>:<agent_port>``. ``executor_options``: ``eviction_deadline_s`` (300),
+``eviction_wait_s`` (10), ``restore_wait_s`` (60), ``upgrade_wait_s`` (60), ``upgrade_timeout_s``
+(3600), ``poll_s`` (0.5), and LocalExecutor's agent options. The waits within one call stay
+below a campaign's ``step_timeout_s``; the deadlines span the engine's retries.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+from executors import portability
+from executors.base import (
+    CheckpointResult,
+    Executor,
+    NodeRef,
+    PatchResult,
+    PermanentExecutorError,
+    RestoreResult,
+    TemporaryExecutorError,
+    VerifyResult,
+    WorkloadInfo,
+)
+from executors.local import LocalExecutor
+from inventory.sources.kubernetes import (
+    KubernetesError,
+    api_client_for,
+    node_from_kubernetes,
+    pod_checkpoint_engine,
+    pod_controller,
+    pod_gpus,
+)
+
+DRIVER_MANAGEMENT = ("agent", "gpu-operator")
+TAINT = "gpusweep.io/maintenance"
+CAMPAIGN = "gpusweep.io/campaign"
+DRAINED_BY = "gpusweep.io/drained-by"
+CORDONED_BEFORE = "gpusweep.io/cordoned-before"
+AGENT_ENDPOINT = "gpusweep.io/agent-endpoint"
+WORKLOAD_ID = "gpusweep.io/workload-id"
+CHECKPOINT_VIA = "gpusweep.io/checkpoint-via"
+CHECKPOINT_ID = "gpusweep.io/checkpoint-id"  # label on the original
+CHECKPOINTED = "gpusweep.io/checkpointed"  # the checkpoint's record on the original
+RESTORED_FROM = "gpusweep.io/restored-from"  # label on the replacement
+RESTORE_FROM = "gpusweep.io/restore-from"  # what the agent or runtime restores
+RESTORED_RECORD = "gpusweep.io/restored-checkpoint"  # the record, on the replacement
+REPLACES = "gpusweep.io/replaces"
+OPERATION = "gpusweep.io/operation"
+ADOPT_LABELS = "gpusweep.io/adopt-labels"
+EVICTION_BLOCKED = "gpusweep.io/eviction-blocked-since"
+SKIP_SET_BY = "gpusweep.io/upgrade-skip-set-by"
+PATCH_RECORD = "gpusweep.io/driver-upgrade"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+MIRROR = "kubernetes.io/config.mirror"
+UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
+UPGRADE_SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+UPGRADE_BUSY = ("cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required",
+                "pod-restart-required", "validation-required", "uncordon-required", "node-maintenance-required",
+                "post-maintenance-required")
+AGENT_OPTIONS = ("secret", "request_timeout", "operation_timeout", "patch_method")
+_LABEL_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def campaign_of(operation_id: str) -> str:
+    """The campaign an operation belongs to, as a label value (the engine's ids are gs-<campaign>-...)."""
+    match = re.match(r"^gs-(\d+)-", operation_id)
+    return f"campaign-{match.group(1)}" if match else label_value(operation_id)
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value (63 characters, alphanumeric at both ends)."""
+    value = _LABEL_UNSAFE.sub("_", text).strip("_.-")
+    if len(value) > 63:
+        value = f"{value[:54].rstrip('_.-')}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return value or "x"
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _pod_name(base: str, key: str) -> str:
+    """A pod name derived from `base` and `key`, the same for every retry (DNS label, 63 characters)."""
+    return label_value(f"{base}-gs{hashlib.sha256(key.encode()).hexdigest()[:8]}").lower().replace("_", "-")
+
+
+def _declared(pod: dict[str, Any]) -> dict[str, str]:
+    """What the pod declares its checkpoint needs (annotation ``gpusweep.io/requires``, a JSON object)."""
+    text = _annotations(pod).get("gpusweep.io/requires") or "{}"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise PermanentExecutorError(f"pod {_pod_ref(pod)}: annotation gpusweep.io/requires is not a JSON object: "
+                                     f"{text[:200]!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _split(workload_id: str) -> tuple[str, str]:
+    namespace, _, name = workload_id.rpartition("/")
+    if not namespace or not name:
+        raise PermanentExecutorError(f"{workload_id!r} is not a pod (namespace/name)")
+    return namespace, name
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta: dict[str, Any] = obj.setdefault("metadata", {})
+    return meta
+
+
+def _annotations(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(_meta(obj).get("annotations") or {})
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(_meta(obj).get("labels") or {})
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def _pod_ref(pod: dict[str, Any]) -> str:
+    return f"{_meta(pod).get('namespace', 'default')}/{_meta(pod)['name']}"
+
+
+class Answer(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, what: str, status: int, body: Any) -> None:
+        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
+        super().__init__(f"{what}: HTTP {status} {message}")
+        self.status, self.body = status, body
+
+    def executor_error(self) -> Exception:
+        if self.status in (429, 500, 502, 503, 504):
+            return TemporaryExecutorError(str(self))
+        return PermanentExecutorError(str(self))
+
+
+class Kube:
+    """The calls the executor makes, as JSON dictionaries, through the official client."""
+
+    def __init__(self, api_client: Any, timeout: float) -> None:
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.timeout = timeout
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False,
+             content_type: str | None = None, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        extra = {"_content_type": content_type} if content_type else {}
+        try:
+            response = fn(*args, _preload_content=False, _request_timeout=self.timeout, **extra, **kwargs)
+            return json.loads(response.data or b"null")
+        except ApiException as exc:
+            if missing_ok and exc.status == 404:
+                return None
+            try:
+                body: Any = json.loads(exc.body or b"null")
+            except (TypeError, ValueError):
+                body = exc.body
+            raise Answer(what, int(exc.status or 0), body) from None
+        except (HTTPError, OSError) as exc:
+            raise TemporaryExecutorError(f"{what}: {exc}") from None
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET node {name}", self.core.read_node, name, missing_ok=True)
+        return result
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.call(f"PATCH node {name}", self.core.patch_node, name, patch,
+                                           content_type="application/merge-patch+json")
+        return result
+
+    def nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
+        answer = self.call("GET nodes", self.core.list_node, label_selector=label_selector or None)
+        return list(answer.get("items") or [])
+
+    def pods(self, *, node: str = "", label_selector: str = "") -> list[dict[str, Any]]:
+        answer = self.call("GET pods", self.core.list_pod_for_all_namespaces,
+                           field_selector=f"spec.nodeName={node}" if node else None,
+                           label_selector=label_selector or None)
+        return list(answer.get("items") or [])
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET pod {namespace}/{name}", self.core.read_namespaced_pod,
+                                                  name, namespace, missing_ok=True)
+        return result
+
+    def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(
+            f"PATCH pod {namespace}/{name}", self.core.patch_namespaced_pod, name, namespace, patch,
+            missing_ok=True, content_type="application/merge-patch+json")
+        return result
+
+    def create_pod(self, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.call(f"POST pod {namespace}/{_meta(pod)['name']}",
+                                           self.core.create_namespaced_pod, namespace, pod)
+        return result
+
+    def evict(self, namespace: str, name: str, dry_run: bool = False) -> None:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"dryRun": ["All"]} if dry_run else {}}
+        self.call(f"POST eviction of pod {namespace}/{name}" + (" (dry run)" if dry_run else ""),
+                  self.core.create_namespaced_pod_eviction, name, namespace, body, missing_ok=True)
+
+    def kubelet(self, node: str, path: str) -> Any:
+        return self.call(f"POST node {node} proxy /{path}", self.core.connect_post_node_proxy_with_path, node, path)
+
+    def replica_set(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET replicaset {namespace}/{name}",
+                                                  self.apps.read_namespaced_replica_set, name, namespace,
+                                                  missing_ok=True)
+        return result
+
+    def custom_objects(self, group: str, version: str, plural: str) -> list[dict[str, Any]]:
+        answer = self.call(f"GET {plural}.{group}", self.custom.list_cluster_custom_object, group, version, plural,
+                           missing_ok=True)
+        return list((answer or {}).get("items") or [])
+
+    def patch_custom(self, group: str, version: str, plural: str, name: str, patch: dict[str, Any]) -> None:
+        self.call(f"PATCH {plural}.{group} {name}", self.custom.patch_cluster_custom_object, group, version, plural,
+                  name, patch, content_type="application/merge-patch+json")
+
+    def watch_node(self, name: str, resource_version: str, seconds: float) -> Iterator[dict[str, Any]]:
+        """The node's new states from `resource_version` on, for up to `seconds` (a watch)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response: Any = self.core.list_node(
+                field_selector=f"metadata.name={name}", watch=True, resource_version=resource_version,
+                timeout_seconds=max(1, int(seconds)), _preload_content=False, _request_timeout=self.timeout + seconds)
+            buffer = b""
+            for chunk in response.stream(4096, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = json.loads(line) if line.strip() else {}
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        yield event["object"]
+            response.release_conn()
+        except (ApiException, HTTPError, OSError, ValueError):
+            return  # the caller reads the node again
+
+
+class KubernetesExecutor(Executor):
+    name = "kubernetes"
+    restarts_cold_starts = ("its Kubernetes controller (ReplicaSet, StatefulSet, Job); gpusweep starts a fresh "
+                            "copy of a pod that has none")
+
+    def __init__(self, cluster: Any = None, **options: Any) -> None:
+        super().__init__(cluster, **options)
+        self.connection: dict[str, Any] = dict((cluster.connection or {}) if cluster is not None else {})
+        self.mode = str(self.connection.get("driver_management", "agent"))
+        if self.mode not in DRIVER_MANAGEMENT:
+            raise ImproperlyConfigured(f"driver_management {self.mode!r}: one of {', '.join(DRIVER_MANAGEMENT)}")
+        self.agents = LocalExecutor(cluster, **{k: v for k, v in options.items() if k in AGENT_OPTIONS})
+        self._kube: Kube | None = None
+
+    def option(self, name: str, default: float) -> float:
+        return float(self.options.get(name, default))
+
+    @property
+    def kube(self) -> Kube:
+        if self._kube is None:
+            if self.cluster is None:
+                raise PermanentExecutorError("the kubernetes executor needs a cluster (its connection settings)")
+            try:
+                self._kube = Kube(*api_client_for(self.cluster))
+            except KubernetesError as exc:
+                raise PermanentExecutorError(str(exc)) from None
+        return self._kube
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Answer as exc:
+            raise exc.executor_error() from None
+
+    # -- nodes and their agents ------------------------------------------------------
+    def _node(self, name: str) -> dict[str, Any]:
+        obj = self._call(self.kube.node, name)
+        if obj is None:
+            raise PermanentExecutorError(f"no node {name!r} in Kubernetes cluster {self.cluster}")
+        node: dict[str, Any] = obj
+        return node
+
+    def _agent(self, node: NodeRef, obj: dict[str, Any] | None = None) -> NodeRef | None:
+        """`node` with its agent's endpoint, or None when the nodes run no agent."""
+        if node.endpoint:
+            return node
+        if self.connection.get("agents") is False:
+            return None
+        obj = obj or self._node(node.name)
+        endpoint = _annotations(obj).get(AGENT_ENDPOINT, "")
+        if not endpoint:
+            address = next((a["address"] for a in (obj.get("status") or {}).get("addresses") or []
+                            if a.get("type") == "InternalIP"), "")
+            if not address:
+                return None
+            endpoint = f"{self.connection.get('agent_scheme', 'http')}://{address}:" \
+                       f"{int(self.connection.get('agent_port', 17100))}"
+        return replace(node, endpoint=endpoint)
+
+    def _need_agent(self, node: NodeRef, obj: dict[str, Any] | None = None) -> NodeRef:
+        ref = self._agent(node, obj)
+        if ref is None:
+            raise PermanentExecutorError(f"node {node.identity} runs no gpusweep agent (connection agents: false)")
+        return ref
+
+    def _update_node(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+        """Read-modify-write with the node's resourceVersion as precondition (taints are one atomic list)."""
+        for _ in range(8):
+            obj = self._node(name)
+            patch = change(obj)
+            if not patch:
+                return obj
+            _meta(patch)["resourceVersion"] = _meta(obj)["resourceVersion"]
+            try:
+                return self.kube.patch_node(name, patch)
+            except Answer as exc:
+                if exc.status != 409:
+                    raise exc.executor_error() from None
+        raise TemporaryExecutorError(f"node {name} kept changing under gpusweep's update; retry")
+
+    def reachable(self, node: NodeRef) -> str:
+        try:
+            obj = self.kube.node(node.name)
+        except (Answer, TemporaryExecutorError, PermanentExecutorError) as exc:
+            return f"the Kubernetes API cannot be read: {exc}"
+        if obj is None:
+            return f"no node {node.name!r} in the Kubernetes cluster"
+        if self.connection.get("agents") is not False and self._agent(node, obj) is None:
+            return (f"no agent endpoint for node {node.name}: no heartbeat, no {AGENT_ENDPOINT} annotation and no "
+                    "InternalIP (or set connection agents: false)")
+        return ""
+
+    def maintenance_hold(self, node: NodeRef) -> str:
+        obj = self._node(node.name)
+        notes, labels, spec = _annotations(obj), _labels(obj), obj.get("spec") or {}
+        if spec.get("unschedulable") and DRAINED_BY not in notes:
+            return "cordoned by someone other than gpusweep"
+        for taint in spec.get("taints") or []:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and taint.get("key") != TAINT \
+                    and not str(taint.get("key", "")).startswith("node.kubernetes.io/unschedulable"):
+                return f"tainted {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+        if self.mode == "gpu-operator":
+            state = labels.get(UPGRADE_STATE, "")
+            if state in UPGRADE_BUSY and PATCH_RECORD not in notes:
+                return f"the GPU Operator is upgrading its driver ({UPGRADE_STATE}={state})"
+            if labels.get(UPGRADE_SKIP) == "true" and SKIP_SET_BY not in notes:
+                return f"excluded from driver upgrades by someone other than gpusweep ({UPGRADE_SKIP}=true)"
+        return ""
+
+    # -- reads -----------------------------------------------------------------------
+    def _observed(self, node: NodeRef, obj: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """(the versions as gpusweep reads them, what GPU feature discovery and the kubelet report, what the
+        agent reports). The agent installed host drivers itself; the operator's containerized driver shows in
+        GFD's labels first."""
+        labels = dict(node_from_kubernetes(obj).components)
+        ref = self._agent(node, obj)
+        agent = self.agents.facts(ref) if ref is not None else {}
+        return ({**labels, **agent} if self.mode == "agent" else {**agent, **labels}), labels, agent
+
+    def facts(self, node: NodeRef) -> dict[str, str]:
+        return self._observed(node, self._node(node.name))[0]
+
+    def _portability_facts(self, node: NodeRef) -> dict[str, str]:
+        obj = self._node(node.name)
+        return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
+                                      self._observed(node, obj)[0])
+
+    def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
+        found = []
+        for pod in self._call(self.kube.pods, node=node.name):
+            meta, notes = _meta(pod), _annotations(pod)
+            controller = pod_controller(pod) or {}
+            if meta.get("deletionTimestamp") or controller.get("kind") == "DaemonSet" or MIRROR in notes \
+                    or CHECKPOINT_ID in _labels(pod) or (pod.get("status") or {}).get("phase") != "Running":
+                continue
+            gpus = pod_gpus(pod)
+            if not gpus:
+                continue
+            found.append(WorkloadInfo(
+                id=_pod_ref(pod), name=meta["name"], gpus=gpus, checkpoint_engine=pod_checkpoint_engine(pod),
+                fingerprint={"engine": notes.get("gpusweep.io/engine", ""),
+                             "engine_version": notes.get("gpusweep.io/engine-version", ""),
+                             "model_name": notes.get("gpusweep.io/model", ""),
+                             "model_version": notes.get("gpusweep.io/model-version", "")},
+                requires=_declared(pod),
+            ))
+        return found
+
+    # -- drain, return, undo ---------------------------------------------------------
+    def drain(self, node: NodeRef, operation_id: str) -> None:
+        campaign = campaign_of(operation_id)
+        wanted = {"key": TAINT, "value": campaign, "effect": "NoSchedule"}
+
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            notes, spec = _annotations(obj), obj.get("spec") or {}
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT]
+            if notes.get(DRAINED_BY) == operation_id and spec.get("unschedulable") and wanted in (spec.get("taints")
+                                                                                                   or []):
+                return None
+            marks = {DRAINED_BY: operation_id, CAMPAIGN: campaign}
+            if spec.get("unschedulable") and DRAINED_BY not in notes:
+                marks[CORDONED_BEFORE] = "true"
+            return {"metadata": {"labels": {CAMPAIGN: campaign}, "annotations": marks},
+                    "spec": {"unschedulable": True, "taints": [*taints, wanted]}}
+
+        obj = self._update_node(node.name, change)
+        ref = self._agent(node, obj)
+        if ref is not None:
+            self.agents.drain(ref, operation_id)
+
+    def _release(self, node: NodeRef, operation_id: str) -> None:
+        """Remove gpusweep's marks (taint, cordon unless it was there before, labels, annotations)."""
+        def change(obj: dict[str, Any]) -> dict[str, Any] | None:
+            notes, spec = _annotations(obj), obj.get("spec") or {}
+            taints = spec.get("taints") or []
+            kept = [t for t in taints if t.get("key") != TAINT]
+            if DRAINED_BY not in notes and kept == taints and CAMPAIGN not in _labels(obj) \
+                    and PATCH_RECORD not in notes:
+                return None
+            patch: dict[str, Any] = {
+                "metadata": {"labels": {CAMPAIGN: None}, "annotations": {
+                    DRAINED_BY: None, CAMPAIGN: None, CORDONED_BEFORE: None, PATCH_RECORD: None}},
+                "spec": {"taints": kept or None}}
+            if notes.get(CORDONED_BEFORE) != "true":
+                patch["spec"]["unschedulable"] = None
+            return patch
+
+        obj = self._update_node(node.name, change)
+        ref = self._agent(node, obj)
+        if ref is not None:
+            self.agents.return_to_service(ref, operation_id)
+
+    def return_to_service(self, node: NodeRef, operation_id: str) -> None:
+        self._release(node, operation_id)
+
+    def undo(self, node: NodeRef, operation_id: str) -> None:
+        self._release(node, operation_id)
+
+    # -- evictions -------------------------------------------------------------------
+    def _evict(self, pod: dict[str, Any], dry_run: bool = False) -> None:
+        """Evict through the Eviction API; a PodDisruptionBudget's 429 is retried for ``eviction_wait_s``
+        in this call and, across calls, until ``eviction_deadline_s`` after the first refusal."""
+        namespace, name = _split(_pod_ref(pod))
+        until = time.monotonic() + self.option("eviction_wait_s", 10)
+        while True:
+            try:
+                self.kube.evict(namespace, name, dry_run=dry_run)
+            except Answer as exc:
+                if exc.status != 429:
+                    raise exc.executor_error() from None
+                if time.monotonic() < until:
+                    time.sleep(self.option("poll_s", 0.5))
+                    continue
+                self._blocked(pod, str(exc))
+            else:
+                if EVICTION_BLOCKED in _annotations(pod):
+                    self._call(self.kube.patch_pod, namespace, name, {"metadata": {"annotations": {
+                        EVICTION_BLOCKED: None}}})
+                return
+
+    def _blocked(self, pod: dict[str, Any], message: str) -> None:
+        namespace, name = _split(_pod_ref(pod))
+        since_text = _annotations(pod).get(EVICTION_BLOCKED)
+        if since_text is None:
+            since_text = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            self._call(self.kube.patch_pod, namespace, name, {"metadata": {"annotations": {
+                EVICTION_BLOCKED: since_text}}})
+        waited = _now() - dt.datetime.fromisoformat(since_text).timestamp()
+        deadline = self.option("eviction_deadline_s", 300)
+        if waited >= deadline:
+            raise PermanentExecutorError(f"pod {namespace}/{name}: its PodDisruptionBudget refused eviction for "
+                                         f"{waited:.0f} s (deadline {deadline:.0f} s): {message}")
+        raise TemporaryExecutorError(f"pod {namespace}/{name}: eviction refused by its PodDisruptionBudget "
+                                     f"({message}); retrying until {deadline:.0f} s after the first refusal")
+
+    # -- checkpoint ------------------------------------------------------------------
+    def _workload_id(self, pod: dict[str, Any]) -> str:
+        """The agent's id of the pod's workload: annotation, the container's GPUSWEEP_WORKLOAD_ID, or its cgroup."""
+        notes = _annotations(pod)
+        if notes.get(WORKLOAD_ID):
+            return notes[WORKLOAD_ID]
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            for env in container.get("env") or []:
+                if env.get("name") == "GPUSWEEP_WORKLOAD_ID" and env.get("value"):
+                    return str(env["value"])
+        return f"pod-{_meta(pod)['uid']}"
+
+    def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
+                   requires: dict[str, Any] | None = None) -> CheckpointResult:
+        namespace, name = _split(workload_id)
+        pod = self._call(self.kube.pod, namespace, name)
+        if pod is None:
+            raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
+        record = json.loads(_annotations(pod).get(CHECKPOINTED) or "{}")
+        if record:
+            if record.get("op") != operation_id:
+                raise PermanentExecutorError(f"pod {workload_id} was already checkpointed by {record.get('op')}")
+            return self._result(record, workload_id)
+        kind = (pod_controller(pod) or {}).get("kind")
+        if kind in ("StatefulSet", "Job", "DaemonSet"):
+            raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
+                                         "its controller restarts it (policy cold_restart) or it is waited for")
+        self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
+        if requires is None:
+            requires = self._requirements(pod, engine, self._portability_facts(node)).as_dict()
+        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
+        if via == "kubelet":
+            taken = self._kubelet_checkpoint(node, pod)
+        else:
+            ref = self._need_agent(node)
+            # The agent checks a restore against its own facts, so it gets the rule applied to its own.
+            own = self.agents.client(ref).get("/v1/facts")
+            mine = self._requirements(pod, engine, portability.node_facts(
+                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}))
+            done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
+            taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
+        record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
+                  "requires": requires}
+        self._call(self.kube.patch_pod, namespace, name, {"metadata": {
+            "labels": {CHECKPOINT_ID: record["id"]},
+            "annotations": {CHECKPOINTED: json.dumps(record, sort_keys=True), CAMPAIGN: campaign_of(operation_id)}}})
+        return self._result(record, workload_id)
+
+    @staticmethod
+    def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str]) -> portability.Requirements:
+        """The portability rule for this pod's image, from its annotations, on a node with `facts`."""
+        notes = _annotations(pod)
+        return portability.requirements(
+            engine, facts, gpus=pod_gpus(pod), inference_engine=notes.get("gpusweep.io/engine", ""),
+            engine_version=notes.get("gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
+            model_version=notes.get("gpusweep.io/model-version", ""),
+            requires=_declared(pod))
+
+    @staticmethod
+    def _result(record: dict[str, Any], workload_id: str) -> CheckpointResult:
+        steps = record.get("steps")
+        return CheckpointResult(
+            checkpoint_id=str(record["id"]), sha256=str(record.get("sha256", "")),
+            total_bytes=int(record.get("bytes") or 0), steps=int(steps) if steps is not None else None,
+            manifest={"pod": workload_id, "node": record.get("node"), "engine": record.get("engine"),
+                      "via": record.get("via"), "archives": record.get("archives", []),
+                      "requires": record.get("requires", {})})
+
+    def _kubelet_checkpoint(self, node: NodeRef, pod: dict[str, Any]) -> dict[str, Any]:
+        """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container."""
+        namespace, name = _split(_pod_ref(pod))
+        containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []
+                      if pod_gpus({"spec": {"containers": [c]}})] or \
+                     [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        archives = []
+        for container in containers:
+            try:
+                answer = self.kube.kubelet(node.name, f"checkpoint/{namespace}/{name}/{container}")
+            except Answer as exc:
+                if exc.status == 404:
+                    raise PermanentExecutorError(
+                        f"the kubelet on {node.name} has no checkpoint API (feature gate ContainerCheckpoint, and a "
+                        f"runtime with CRIU): {exc}") from None
+                raise exc.executor_error() from None
+            archives += [str(path) for path in (answer or {}).get("items") or []]
+        if not archives:
+            raise PermanentExecutorError(f"the kubelet on {node.name} returned no checkpoint archive for {namespace}/"
+                                         f"{name}")
+        digest = hashlib.sha256("\n".join(archives).encode()).hexdigest()
+        return {"id": f"kubelet-{digest[:20]}", "sha256": digest, "archives": archives,
+                "containers": containers, "bytes": 0, "steps": None}
+
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
+        """Cold restart: the pod's controller starts it again; a pod without one is copied, unpinned."""
+        namespace, name = _split(workload_id)
+        pod = self._call(self.kube.pod, namespace, name)
+        if pod is None:
+            return
+        if pod_controller(pod) is None:
+            copy_name = _pod_name(name, operation_id)
+            fresh = self._copy(pod, copy_name, {REPLACES: workload_id, OPERATION: operation_id,
+                                                CAMPAIGN: campaign_of(operation_id)}, {})
+            try:
+                self.kube.create_pod(namespace, fresh)
+            except Answer as exc:
+                if exc.status != 409:
+                    raise exc.executor_error() from None
+        self._evict(pod)
+
+    # -- restore ---------------------------------------------------------------------
+    def _find(self, label: str, value: str) -> dict[str, Any] | None:
+        pods = self._call(self.kube.pods, label_selector=f"{label}={value}")
+        live = [p for p in pods if not _meta(p).get("deletionTimestamp")]
+        return live[0] if live else None
+
+    def restore(self, target: NodeRef, checkpoint_id: str, operation_id: str) -> RestoreResult:
+        replacement = self._find(RESTORED_FROM, checkpoint_id)
+        original = self._find(CHECKPOINT_ID, checkpoint_id)
+        record = json.loads(_annotations(replacement).get(RESTORED_RECORD, "{}") if replacement else
+                            _annotations(original).get(CHECKPOINTED, "{}") if original else "{}")
+        if not record:
+            raise PermanentExecutorError(f"no pod carries checkpoint {checkpoint_id} (neither its original nor a "
+                                         "replacement)")
+        wrong = portability.mismatches(portability.from_dict(record["requires"]), self._portability_facts(target))
+        if wrong:
+            report = ", ".join(f"{k}: {want!r} != {got!r}" for k, (want, got) in sorted(wrong.items()))
+            raise PermanentExecutorError(f"checkpoint {checkpoint_id} cannot be restored on {target.name}: {report}")
+        if replacement is None and original is not None and (original.get("spec") or {}).get("nodeName") == \
+                target.name:
+            # Home again (the engine unwinding): the original's container restarts and restores its checkpoint.
+            self._wait_restored(original, record, target)
+            self._call(self.kube.patch_pod, *_split(_pod_ref(original)), {"metadata": {
+                "labels": {CHECKPOINT_ID: None}, "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None}}})
+            return RestoreResult(workload_id=_pod_ref(original), node=target.identity)
+        if replacement is None:
+            if original is None:
+                raise PermanentExecutorError(f"the pod checkpointed as {checkpoint_id} is gone")
+            replacement = self._create_replacement(original, record, target, operation_id)
+        elif (replacement.get("spec") or {}).get("nodeName") not in (None, target.name):
+            raise PermanentExecutorError(f"checkpoint {checkpoint_id} was restored as {_pod_ref(replacement)} on "
+                                         f"{replacement['spec']['nodeName']}, not {target.name}")
+        self._wait_restored(replacement, record, target)
+        if original is not None:
+            self._hand_over(original, replacement)
+            self._evict(original)
+        return RestoreResult(workload_id=_pod_ref(replacement), node=target.identity)
+
+    def _copy(self, pod: dict[str, Any], name: str, annotations: dict[str, str],
+              labels: dict[str, str]) -> dict[str, Any]:
+        """A new pod with the original's spec (unbound) and metadata, minus gpusweep's marks on the original."""
+        meta = _meta(pod)
+        spec = copy.deepcopy(pod.get("spec") or {})
+        spec.pop("nodeName", None)
+        kept_labels = {k: v for k, v in _labels(pod).items() if k != CHECKPOINT_ID}
+        kept_notes = {k: v for k, v in _annotations(pod).items()
+                      if k not in (CHECKPOINTED, EVICTION_BLOCKED, DELETION_COST, MIRROR)}
+        return {"apiVersion": "v1", "kind": "Pod", "spec": spec, "metadata": {
+            "name": name, "namespace": meta.get("namespace", "default"), "labels": {**kept_labels, **labels},
+            "annotations": {**kept_notes, **annotations}}}
+
+    def _create_replacement(self, original: dict[str, Any], record: dict[str, Any], target: NodeRef,
+                            operation_id: str) -> dict[str, Any]:
+        checkpoint_id = str(record["id"])
+        namespace, name = _split(_pod_ref(original))
+        new_name = _pod_name(name, checkpoint_id)
+        pod = self._copy(original, new_name, {
+            RESTORE_FROM: checkpoint_id, RESTORED_RECORD: json.dumps(record, sort_keys=True),
+            REPLACES: _pod_ref(original), OPERATION: operation_id, CAMPAIGN: campaign_of(operation_id),
+        }, {RESTORED_FROM: checkpoint_id})
+        _pin(pod, target.name)
+        controller = pod_controller(original)
+        if controller is not None and controller.get("kind") == "ReplicaSet":
+            owner = self._call(self.kube.replica_set, namespace, str(controller.get("name")))
+            selected = set(((owner or {}).get("spec") or {}).get("selector", {}).get("matchLabels") or {}) or \
+                {"pod-template-hash"}
+            held = {k: v for k, v in _labels(pod).items() if k in selected}
+            _meta(pod)["labels"] = {k: v for k, v in _labels(pod).items() if k not in selected}
+            _meta(pod)["annotations"][ADOPT_LABELS] = json.dumps(held, sort_keys=True)
+        if record.get("via") == "kubelet":
+            self._checkpoint_images(pod, record, target)
+        try:
+            created: dict[str, Any] = self._call(self.kube.create_pod, namespace, pod)
+            return created
+        except PermanentExecutorError:
+            existing = self._call(self.kube.pod, namespace, new_name)
+            if existing is not None and _labels(existing).get(RESTORED_FROM) == checkpoint_id:
+                return existing  # a concurrent attempt created it
+            raise
+
+    def _checkpoint_images(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
+        """Kubelet checkpoints come back through the runtime: only CRI-O restores a checkpoint image."""
+        runtime = str(((self._node(target.name).get("status") or {}).get("nodeInfo") or {}).get(
+            "containerRuntimeVersion", ""))
+        if not runtime.startswith("cri-o://"):
+            raise PermanentExecutorError(
+                f"node {target.name} runs {runtime or 'an unknown runtime'}, which cannot restore a kubelet checkpoint "
+                "archive: Kubernetes restores checkpoints only through CRI-O, from an OCI image built from the archive "
+                "(checkpointctl build); checkpoint this pod with the agent (criu, cuda, signal) instead")
+        repository = str(self.connection.get("checkpoint_image_repository") or "")
+        if not repository:
+            raise PermanentExecutorError("set connection.checkpoint_image_repository: where each kubelet checkpoint "
+                                         "archive is published as an OCI image for CRI-O to restore")
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            if container["name"] in record.get("containers", []):
+                container["image"] = f"{repository}:{record['id']}-{container['name']}"
+
+    def _wait_restored(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
+        """Until the pod runs on `target` with the checkpoint restored in it (``restore_wait_s`` in this call)."""
+        namespace, name = _split(_pod_ref(pod))
+        checkpoint_id = str(record["id"])
+        until = time.monotonic() + self.option("restore_wait_s", 60)
+        while True:
+            current = self._call(self.kube.pod, namespace, name)
+            if current is None:
+                raise PermanentExecutorError(f"pod {namespace}/{name} restoring {checkpoint_id} was deleted")
+            phase = (current.get("status") or {}).get("phase", "Pending")
+            if phase in ("Succeeded", "Failed"):
+                raise PermanentExecutorError(f"pod {namespace}/{name} restoring {checkpoint_id} ended: {phase}")
+            restored = _ready(current) and (current.get("spec") or {}).get("nodeName") == target.name
+            if restored and record.get("via") != "kubelet":
+                state = self.agents.client(self._need_agent(target)).get(f"/v1/checkpoints/{checkpoint_id}")
+                taken_by = str((state.get("claimed") or {}).get("by") or "")
+                if taken_by and taken_by != target.identity:
+                    raise PermanentExecutorError(f"checkpoint {checkpoint_id} was restored by {taken_by}, not by "
+                                                 f"{target.identity} for pod {namespace}/{name}")
+                restored = (state.get("restored") or {}).get("by") == target.identity
+            if restored:
+                return
+            if time.monotonic() > until:
+                raise TemporaryExecutorError(f"pod {namespace}/{name} on {target.name} is {phase}; checkpoint "
+                                             f"{checkpoint_id} not restored in it yet")
+            time.sleep(self.option("poll_s", 0.5))
+
+    def _hand_over(self, original: dict[str, Any], replacement: dict[str, Any]) -> None:
+        """A ReplicaSet adopts the running replacement and finds the original the pod to remove."""
+        held = _annotations(replacement).get(ADOPT_LABELS)
+        controller = pod_controller(original)
+        if not held or controller is None:
+            return
+        self._call(self.kube.patch_pod, *_split(_pod_ref(original)), {"metadata": {"annotations": {
+            DELETION_COST: "-2147483648"}}})
+        self._call(self.kube.patch_pod, *_split(_pod_ref(replacement)), {"metadata": {
+            "labels": json.loads(held), "annotations": {ADOPT_LABELS: None}, "ownerReferences": [controller]}})
+
+    # -- patch, reboot, verify -------------------------------------------------------
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+        if self.mode == "gpu-operator" and component == "driver":
+            return self._operator_upgrade(node, version, operation_id)
+        return self.agents.patch(self._need_agent(node), component, version, operation_id)
+
+    def reboot(self, node: NodeRef, operation_id: str) -> None:
+        if self.mode == "gpu-operator":
+            return  # the operator unloads and reloads the driver's kernel modules: no reboot
+        self.agents.reboot(self._need_agent(node), operation_id)
+
+    def verify(self, node: NodeRef) -> VerifyResult:
+        obj = self._node(node.name)
+        versions, labels, agent = self._observed(node, obj)
+        ready = _ready(obj)
+        healthy = ready
+        output = [f"node {node.name} Ready={ready}", f"GPU feature discovery: {labels}"]
+        ref = self._agent(node, obj)
+        if ref is not None:
+            health = self.agents.client(ref).get("/v1/health")
+            healthy = healthy and health.get("status") == "ok"
+            output.append(f"agent: {health.get('status')} {agent}")
+        if self.mode == "gpu-operator":
+            state = _labels(obj).get(UPGRADE_STATE, "")
+            healthy = healthy and state in ("", "upgrade-done")
+            output.append(f"{UPGRADE_STATE}={state}")
+        return VerifyResult(healthy=healthy, versions=versions, output="; ".join(output))
+
+    # -- the GPU Operator's driver upgrade -------------------------------------------
+    def _operator_upgrade(self, node: NodeRef, version: str, operation_id: str) -> PatchResult:
+        obj = self._node(node.name)
+        record = json.loads(_annotations(obj).get(PATCH_RECORD) or "{}")
+        if record.get("op") != operation_id:
+            record = {"op": operation_id, "version": version, "started": _now(),
+                      "before": node_from_kubernetes(obj).components.get("driver", "")}
+            plural, resource, selector = self._governing(obj)
+            self._hold_others(node.name, selector, version, operation_id)
+            self._set_operator_version(plural, resource, version)
+            self._update_node(node.name, lambda current: self._lift(current, record))
+        until = time.monotonic() + self.option("upgrade_wait_s", 60)
+        while True:
+            labels = _labels(obj)
+            state, driver = labels.get(UPGRADE_STATE, ""), node_from_kubernetes(obj).components.get("driver", "")
+            if state == "upgrade-done" and driver == version:
+                return PatchResult(component="driver", before=str(record["before"]), after=driver,
+                                   output=f"GPU Operator: {UPGRADE_STATE}=upgrade-done, driver {driver}")
+            if state == "upgrade-failed":
+                raise PermanentExecutorError(f"the GPU Operator failed the driver upgrade of {node.name} to {version} "
+                                             f"({UPGRADE_STATE}=upgrade-failed)")
+            if _now() - float(record["started"]) > self.option("upgrade_timeout_s", 3600):
+                raise PermanentExecutorError(f"the GPU Operator's upgrade of {node.name} to {version} is still "
+                                             f"{state!r} after {self.option('upgrade_timeout_s', 3600):.0f} s")
+            left = until - time.monotonic()
+            if left <= 0:
+                raise TemporaryExecutorError(f"the GPU Operator is upgrading {node.name} to {version}: "
+                                             f"{UPGRADE_STATE}={state or '(none yet)'}")
+            for seen in self.kube.watch_node(node.name, _meta(obj)["resourceVersion"], min(left, 10)):
+                if _labels(seen).get(UPGRADE_STATE, "") != state:
+                    break
+            obj = self._node(node.name)
+
+    @staticmethod
+    def _lift(obj: dict[str, Any], record: dict[str, Any]) -> dict[str, Any] | None:
+        """This node's turn: record the operation and lift gpusweep's skip label."""
+        notes, labels = _annotations(obj), _labels(obj)
+        if json.loads(notes.get(PATCH_RECORD) or "{}").get("op") == record["op"]:
+            return None
+        if labels.get(UPGRADE_SKIP) == "true" and SKIP_SET_BY not in notes:
+            raise PermanentExecutorError(f"node {_meta(obj)['name']} carries {UPGRADE_SKIP}=true set by someone other "
+                                         "than gpusweep; it is not upgraded")
+        new_labels: dict[str, Any] = {UPGRADE_SKIP: None}
+        if labels.get(UPGRADE_STATE) == "upgrade-failed":
+            new_labels[UPGRADE_STATE] = "upgrade-required"  # the operator's documented retry
+        return {"metadata": {"labels": new_labels, "annotations": {
+            PATCH_RECORD: json.dumps(record, sort_keys=True), SKIP_SET_BY: None}}}
+
+    def _hold_others(self, this: str, selector: dict[str, str], version: str, operation_id: str) -> None:
+        """Every other GPU node the same resource governs (`selector`), not at `version` and not being upgraded
+        to it by gpusweep, gets the skip label before the version changes: the operator upgrades only the nodes
+        whose work has moved."""
+        chosen = ",".join(["nvidia.com/gpu.present=true", *(f"{k}={v}" for k, v in sorted(selector.items()))])
+        for other in self._call(self.kube.nodes, chosen):
+            name = _meta(other)["name"]
+            if name == this:
+                continue
+
+            def hold(obj: dict[str, Any]) -> dict[str, Any] | None:
+                labels, notes = _labels(obj), _annotations(obj)
+                upgrading = json.loads(notes.get(PATCH_RECORD) or "{}").get("version") == version
+                if labels.get(UPGRADE_SKIP) == "true" or upgrading or labels.get(UPGRADE_STATE) in UPGRADE_BUSY \
+                        or node_from_kubernetes(obj).components.get("driver") == version:
+                    return None
+                return {"metadata": {"labels": {UPGRADE_SKIP: "true"}, "annotations": {SKIP_SET_BY: operation_id}}}
+
+            self._update_node(name, hold)
+
+    def _governing(self, node: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
+        """The resource that sets the node's driver version: its NVIDIADriver (by nodeSelector, or the one
+        named in the connection), else the ClusterPolicy; with the node selector it governs."""
+        settings = self.connection.get("gpu_operator") or {}
+        labels = _labels(node)
+        for driver in self._call(self.kube.custom_objects, "nvidia.com", "v1alpha1", "nvidiadrivers"):
+            selector = {str(k): str(v) for k, v in ((driver.get("spec") or {}).get("nodeSelector") or {}).items()}
+            named = settings.get("nvidia_driver")
+            if (named and _meta(driver)["name"] == named) or (not named and all(
+                    labels.get(k) == v for k, v in selector.items())):
+                return "nvidiadrivers", driver, selector
+        for policy in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies"):
+            if not settings.get("cluster_policy") or _meta(policy)["name"] == settings["cluster_policy"]:
+                return "clusterpolicies", policy, {}
+        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node "
+                                     f"{_meta(node)['name']} and no ClusterPolicy exists")
+
+    def _set_operator_version(self, plural: str, resource: dict[str, Any], version: str) -> None:
+        """spec.version of an NVIDIADriver, spec.driver.version of a ClusterPolicy."""
+        spec = resource.get("spec") or {}
+        if plural == "nvidiadrivers" and spec.get("version") != version:
+            self._call(self.kube.patch_custom, "nvidia.com", "v1alpha1", plural, _meta(resource)["name"],
+                       {"spec": {"version": version}})
+        elif plural == "clusterpolicies" and (spec.get("driver") or {}).get("version") != version:
+            self._call(self.kube.patch_custom, "nvidia.com", "v1", plural, _meta(resource)["name"],
+                       {"spec": {"driver": {"version": version}}})
+
+
+def _pin(pod: dict[str, Any], node: str) -> None:
+    """Require `node`: our term is added to each of the pod's own required terms (terms are ORed)."""
+    spec = pod.setdefault("spec", {})
+    affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    ours = {"key": "metadata.name", "operator": "In", "values": [node]}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [f for f in term.get("matchFields") or [] if f.get("key") != "metadata.name"] + [ours]
+    required["nodeSelectorTerms"] = terms

@@ -1,0 +1,224 @@
+"""Campaigns through the engine on a Kubernetes cluster (tests/kube/fleet.py): the test API server
+over TLS (no Kubernetes API server can run on these machines), kubelet stand-ins running each
+pod's container as a real process (no container runtime here), real node agents, real CRIU and
+the signal engine, and the GPU Operator stand-in (no GPU here). The engine is driven
+synchronously, as Celery would run its tasks (tests/campaigns/fleet.py ``drive``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from campaigns import engine, queue, services
+from campaigns.choices import CampaignStatus, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
+from conftest import need
+from executors.kubernetes import TAINT
+from inventory.models import Node, Workload
+from tests.campaigns.fleet import FIXED, OLD, drive, user
+from tests.helpers import wait_for
+from tests.kube.fleet import KubeFleet, agent_helpers
+from tests.kube.gpu_operator import SKIP, STATE, GpuOperator
+from tests.kube.objects import cluster_policy, pdb
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def synchronous() -> Iterator[None]:
+    """drive() runs every step itself: nothing goes to a broker."""
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: None)
+    yield
+    queue.ENQUEUE.pop(0)
+
+
+@pytest.fixture(autouse=True)
+def secrets(monkeypatch: pytest.MonkeyPatch, settings) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("GPUSWEEP_TEST_KUBE_TOKEN", "test-token")
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = agent_helpers().FLEET_SECRET
+
+
+def campaign(names: list[str], **fields: object) -> Campaign:
+    rita, alan = user("rita", "operator"), user("alan", "approver")
+    made = Campaign.objects.create(**{"name": "k8s", "requested_by": rita, "node_selector": {"names": names},
+                                      "target_versions": {"driver": {"R570": FIXED}},
+                                      "parallelism_per_cluster": "2", "step_timeout_s": 60, **fields})
+    services.make_plan(made.pk, rita)
+    services.approve(made.pk, alan)
+    services.start(made.pk, rita)
+    return made
+
+
+def untouched(fleet: KubeFleet, name: str) -> bool:
+    node = fleet.api.get("nodes", name)
+    return not node["spec"].get("unschedulable") and not any(
+        t["key"] == TAINT for t in node["spec"].get("taints") or [])
+
+
+@pytest.fixture
+def moving_fleet(tmp_path: Path) -> Iterator[KubeFleet]:
+    helpers = agent_helpers()
+    need(helpers.criu_usable(), helpers.CRIU_HINT)
+    with KubeFleet(tmp_path, ["n0", "n1", "n2", "n3"]) as fleet:
+        yield fleet
+
+
+def test_a_campaign_moves_each_pod_to_a_compatible_node_where_its_counter_goes_on(
+        moving_fleet: KubeFleet, tmp_path: Path) -> None:
+    """Done-when 1: 2 of 4 nodes swept; a signal pod and a CRIU pod each continue on a spare."""
+    fleet, helpers = moving_fleet, moving_fleet.helpers
+    logs = {"n0": tmp_path / "counter-a.log", "n1": tmp_path / "counter-b.log"}
+    fleet.counter_pod("ml", "trainer-a", "n0", "signal", logs["n0"])
+    fleet.counter_pod("ml", "trainer-b", "n1", "criu", logs["n1"])
+    for log in logs.values():
+        helpers.wait_steps(log, 5)
+    fleet.make_cluster()
+    assert Workload.objects.filter(scheduler_id__in=["ml/trainer-a", "ml/trainer-b"]).count() == 2
+
+    done = drive(campaign(["n0", "n1"]).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    for node in ("n0", "n1"):
+        assert untouched(fleet, node), fleet.api.get("nodes", node)["spec"]
+        assert fleet.agents[node].client.request("GET", "/v1/facts")[1]["components"]["driver"] == FIXED
+        assert Node.objects.get(name=node).component_versions()["driver"] == FIXED
+    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done)}
+    assert sorted(moves) == ["ml/trainer-a", "ml/trainer-b"]
+    for ref, move in moves.items():
+        assert move.state == MoveState.RESTORED and move.target_node.name in ("n2", "n3")
+        namespace, name = move.new_workload_ref.split("/")
+        replacement = fleet.api.get("pods", name, namespace)
+        assert replacement["spec"]["nodeName"] == move.target_node.name
+        assert replacement["metadata"]["annotations"]["gpusweep.io/restore-from"] == move.checkpoint_id
+        # The original went only after its replacement ran, and through the Eviction API.
+        ran = fleet.api.happened("pod-running", move.new_workload_ref)[0][0]
+        evicted = fleet.api.happened("evicted", ref)[0][0]
+        assert ran < evicted and fleet.api.get("pods", ref.split("/")[1], "ml") is None
+    for log in logs.values():
+        at_end = len(helpers.steps(log))
+        after = helpers.wait_steps(log, at_end + 5)
+        assert after == list(range(1, len(after) + 1)), "the counter restarted, skipped or repeated a step"
+    checkpointed = {e.data["workload"]: e.data["checkpoint_id"]
+                    for e in EvidenceEvent.objects.filter(campaign=done, kind="checkpointed")}
+    restored = {e.data["workload"]: e.data["new_id"] for e in EvidenceEvent.objects.filter(campaign=done,
+                                                                                          kind="restored")}
+    assert checkpointed == {"trainer-a": moves["ml/trainer-a"].checkpoint_id,
+                            "trainer-b": moves["ml/trainer-b"].checkpoint_id}
+    assert restored == {"trainer-a": moves["ml/trainer-a"].new_workload_ref,
+                        "trainer-b": moves["ml/trainer-b"].new_workload_ref}
+
+
+def test_a_blocking_disruption_budget_fails_its_node_uncordoned_and_the_campaign_goes_on(tmp_path: Path) -> None:
+    """Done-when 2: the budget holds n0 until the eviction deadline; n0 fails, is uncordoned, its pod
+    never stopped; n1 is patched; the campaign completes within its error budget of 1."""
+    with KubeFleet(tmp_path, ["n0", "n1", "n2"], options={"eviction_deadline_s": 3, "eviction_wait_s": 1}) as fleet:
+        log = tmp_path / "counter.log"
+        fleet.counter_pod("ml", "server", "n0", "signal", log, labels={"app": "server"})
+        fleet.api.put("poddisruptionbudgets", pdb("ml", "server", {"app": "server"}, max_unavailable=0))
+        fleet.helpers.wait_steps(log, 3)
+        fleet.make_cluster()
+        done = drive(campaign(["n0", "n1"], error_budget="1").pk)
+        assert done.status == CampaignStatus.COMPLETED, done.status_reason
+        states = dict(NodeSweep.objects.filter(campaign=done).values_list("node__name", "state"))
+        assert states == {"n0": SweepState.FAILED, "n1": SweepState.DONE}
+        failed = NodeSweep.objects.get(campaign=done, node__name="n0")
+        assert "PodDisruptionBudget" in failed.error
+        refusals = fleet.api.happened("eviction-refused", "ml/server")
+        assert refusals[-1][0] - refusals[0][0] >= 2.5, "the node was held until the deadline"
+        assert untouched(fleet, "n0") and untouched(fleet, "n1")
+        assert fleet.agents["n0"].client.request("GET", "/v1/health")[1]["maintenance"] is False
+        server = fleet.api.get("pods", "server", "ml")
+        assert server["status"]["phase"] == "Running" and server["status"]["containerStatuses"][0][
+            "restartCount"] == 0
+        before = len(fleet.helpers.steps(log))
+        assert len(fleet.helpers.wait_steps(log, before + 3)) > before
+
+
+def test_an_abort_leaves_no_node_cordoned_or_tainted(tmp_path: Path) -> None:
+    with KubeFleet(tmp_path, ["n0", "n1", "n2"], agents=False, connection={"driver_management": "gpu-operator"}) \
+            as fleet:
+        fleet.api.mutate("nodes", "n1", "", lambda n: n["spec"].update(unschedulable=True))  # an admin's
+        fleet.make_cluster()
+        made = campaign(["n0", "n1"])
+        engine.dispatch(made.pk)
+        for sweep in NodeSweep.objects.filter(campaign=made, state=SweepState.DRAINING):
+            engine.advance(sweep.pk, max_steps=1)
+        assert fleet.api.get("nodes", "n0")["spec"]["unschedulable"] is True
+        services.abort(made.pk, None, "operator changed their mind")
+        done = drive(made.pk)
+        assert done.status == CampaignStatus.ABORTED
+        assert set(NodeSweep.objects.filter(campaign=made).values_list("state", flat=True)) <= {
+            SweepState.ROLLED_BACK, SweepState.SKIPPED}
+        assert untouched(fleet, "n0")
+        n1 = fleet.api.get("nodes", "n1")
+        assert n1["spec"]["unschedulable"] is True and not n1["spec"].get("taints"), "the admin's cordon stays"
+
+
+def test_an_abort_after_the_checkpoint_brings_the_work_home_in_its_own_pod(tmp_path: Path) -> None:
+    """Rolled back between checkpoint and migration: the node leaves maintenance and the original
+    pod's restarting container restores its own checkpoint; no replacement is made."""
+    with KubeFleet(tmp_path, ["n0", "n1"]) as fleet:
+        log = tmp_path / "counter.log"
+        fleet.counter_pod("ml", "trainer", "n0", "signal", log)
+        fleet.helpers.wait_steps(log, 3)
+        fleet.make_cluster()
+        made = campaign(["n0"])
+        engine.dispatch(made.pk)
+        sweep = NodeSweep.objects.get(campaign=made)
+        engine.advance(sweep.pk, max_steps=2)
+        assert NodeSweep.objects.get(pk=sweep.pk).state == SweepState.MIGRATING
+        stopped_at = len(fleet.helpers.steps(log))
+        services.abort(made.pk, None, "window closed")
+        done = drive(made.pk)
+        assert NodeSweep.objects.get(pk=sweep.pk).state == SweepState.ROLLED_BACK, done.status_reason
+        assert untouched(fleet, "n0")
+        move = WorkloadMove.objects.get(sweep=sweep)
+        assert move.state == MoveState.RETURNED and move.new_workload_ref == "ml/trainer"
+        pod = fleet.api.get("pods", "trainer", "ml")
+        assert "gpusweep.io/checkpoint-id" not in pod["metadata"]["labels"] and pod["status"]["containerStatuses"][
+            0]["restartCount"] >= 1
+        assert [p["metadata"]["name"] for p in fleet.api.objects("pods", "ml")] == ["trainer"]
+        after = fleet.helpers.wait_steps(log, stopped_at + 3)
+        assert after == list(range(1, len(after) + 1)), "the counter did not go on from its checkpoint"
+
+
+def test_the_gpu_operator_upgrades_only_the_nodes_gpusweep_releases_in_plan_order(tmp_path: Path) -> None:
+    """Done-when 3: skip labels hold every node until its turn; the operator's upgrade state is
+    followed to done, or to failed (n2 here), which fails that node's sweep."""
+    names = ["n0", "n1", "n2", "n3", "n4"]
+    with KubeFleet(tmp_path, names, agents=False, driver=OLD,
+                   connection={"driver_management": "gpu-operator"}, options={"upgrade_wait_s": 20}) as fleet:
+        fleet.api.put("clusterpolicies", cluster_policy(OLD, max_parallel=0))
+        operator = GpuOperator(fleet.api, fail_nodes={"n2"})
+        wait_for(lambda: all(fleet.api.get("nodes", n)["metadata"]["labels"].get(STATE) == "upgrade-done"
+                             for n in names), 10, 0.1)
+        fleet.make_cluster()
+        made = campaign(["n0", "n1", "n2", "n3"], error_budget="1")
+        waves: dict[int, set[str]] = {}
+        for wave, name in NodeSweep.objects.filter(campaign=made).values_list("wave", "node__name"):
+            waves.setdefault(wave, set()).add(name)
+        planned = [waves[w] for w in sorted(waves)]
+        done = drive(made.pk)
+        assert done.status == CampaignStatus.COMPLETED, done.status_reason
+        states = dict(NodeSweep.objects.filter(campaign=made).values_list("node__name", "state"))
+        assert states == {"n0": "done", "n1": "done", "n2": "failed", "n3": "done"}
+        assert "upgrade-failed" in NodeSweep.objects.get(campaign=made, node__name="n2").error
+        started = operator.started("")
+        by_wave, at = [], 0
+        for wave in planned:
+            by_wave.append(set(started[at:at + len(wave)]))
+            at += len(wave)
+        assert by_wave == planned and at == len(started), f"the operator upgraded {started}; the waves: {planned}"
+        assert operator.max_in_progress <= 2
+        policy = fleet.api.get("clusterpolicies", "cluster-policy")
+        assert policy["spec"]["driver"]["version"] == FIXED
+        for name in ("n0", "n1", "n3"):
+            node = fleet.api.get("nodes", name)
+            assert node["metadata"]["labels"][STATE] == "upgrade-done" and untouched(fleet, name)
+            assert Node.objects.get(name=name).component_versions()["driver"] == FIXED
+        # The node outside the campaign keeps gpusweep's skip label: its work was never moved.
+        n4 = fleet.api.get("nodes", "n4")
+        assert n4["metadata"]["labels"][SKIP] == "true" and n4["metadata"]["labels"][STATE] == "upgrade-required"
+        assert "n4" not in operator.started("")

@@ -1,0 +1,225 @@
+"""The Kubernetes executor against the test API server (tests/kube/apiserver.py, over TLS, through
+the official client; no Kubernetes API server can run on these machines) with kubelet stand-ins
+(no container runtime here). These tests need no node agent: the marks, PodDisruptionBudgets, the
+kubelet checkpoint path and owner handling. Pods moved by real agents are in
+tests/campaigns/test_kubernetes_campaign.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executors.base import NodeRef, PermanentExecutorError, TemporaryExecutorError, get_executor
+from executors.kubernetes import CHECKPOINT_ID, CHECKPOINTED, DRAINED_BY, TAINT, KubernetesExecutor
+from inventory.models import Cluster
+from tests.helpers import wait_for
+from tests.kube.apiserver import KubeApiServer
+from tests.kube.gpu_operator import GpuOperator
+from tests.kube.kubelet import Kubelet
+from tests.kube.objects import cluster_policy, gpu_node, gpu_pod, nvidia_driver, pdb
+
+OP = "gs-7-11-drain"
+
+
+@pytest.fixture
+def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApiServer]:
+    monkeypatch.setenv("GPUSWEEP_TEST_KUBE_TOKEN", "test-token")
+    with KubeApiServer() as api:
+        api.nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
+        yield api
+
+
+def executor(api: KubeApiServer, executor_options: dict[str, object] | None = None,
+             **connection: object) -> KubernetesExecutor:
+    options = {"eviction_wait_s": 0.2, "eviction_deadline_s": 1, "restore_wait_s": 10, "poll_s": 0.1,
+               **(executor_options or {})}
+    cluster = Cluster(name="prod", kind="kubernetes", secret_env={"token": "GPUSWEEP_TEST_KUBE_TOKEN"}, connection={
+        "executor": "kubernetes", "host": api.url, "ca_cert": str(api.ca_path), "agents": False, **connection,
+        "executor_options": options})
+    ex = get_executor(cluster, **cluster.connection["executor_options"])
+    assert isinstance(ex, KubernetesExecutor)
+    return ex
+
+
+def ref(name: str) -> NodeRef:
+    return NodeRef(cluster="prod", name=name)
+
+
+def test_it_drains_with_marks_that_name_the_campaign_and_removes_only_its_own(kube: KubeApiServer) -> None:
+    kube.mutate("nodes", "n1", "", lambda n: n["spec"].update(
+        taints=[{"key": "example.com/fpga", "value": "x", "effect": "NoSchedule"}]))
+    kube.mutate("nodes", "n2", "", lambda n: n["spec"].update(unschedulable=True))
+    ex = executor(kube)
+    assert ex.maintenance_hold(ref("n2")) == "cordoned by someone other than gpusweep"
+    for name in ("n1", "n2"):
+        ex.drain(ref(name), OP)
+    n1 = kube.get("nodes", "n1")
+    assert n1["spec"]["unschedulable"] is True
+    assert {"key": TAINT, "value": "campaign-7", "effect": "NoSchedule"} in n1["spec"]["taints"]
+    assert n1["metadata"]["annotations"][DRAINED_BY] == OP and n1["metadata"]["labels"]["gpusweep.io/campaign"] == \
+        "campaign-7"
+    version = n1["metadata"]["resourceVersion"]
+    ex.drain(ref("n1"), OP)  # a retry finds its own marks and writes nothing
+    assert kube.get("nodes", "n1")["metadata"]["resourceVersion"] == version
+    assert ex.maintenance_hold(ref("n1")) == "tainted example.com/fpga=x:NoSchedule"
+
+    for name in ("n1", "n2"):
+        ex.undo(ref(name), "gs-7-11-undo")
+    n1, n2 = kube.get("nodes", "n1"), kube.get("nodes", "n2")
+    assert "unschedulable" not in n1["spec"] and n1["spec"]["taints"] == [
+        {"key": "example.com/fpga", "value": "x", "effect": "NoSchedule"}]
+    assert not any(k.startswith("gpusweep.io/") for k in {**n1["metadata"]["annotations"], **n1["metadata"]["labels"]})
+    # Someone else's cordon outlives gpusweep's maintenance.
+    assert n2["spec"]["unschedulable"] is True and "taints" not in n2["spec"]
+
+
+def test_it_lists_gpu_pods_but_never_daemonset_static_or_cpu_pods(kube: KubeApiServer) -> None:
+    kube.pods = [
+        gpu_pod("ml", "trainer", "n1", 2, annotations={"gpusweep.io/checkpoint": "criu"}),
+        gpu_pod("ml", "web", "n1", 0),
+        gpu_pod("gpu-operator", "dcgm-exporter", "n1", 1, owner={"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                                  "name": "dcgm", "uid": "d1"}),
+        gpu_pod("kube-system", "static-n1", "n1", 1, annotations={"kubernetes.io/config.mirror": "abc"}),
+        gpu_pod("ml", "db-0", "n1", 1, annotations={"gpusweep.io/checkpoint": "criu"},
+                owner={"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s1"}),
+        gpu_pod("ml", "elsewhere", "n2", 1),
+    ]
+    found = {w.id: w for w in executor(kube).list_workloads(ref("n1"))}
+    assert sorted(found) == ["ml/db-0", "ml/trainer"]
+    assert (found["ml/trainer"].gpus, found["ml/trainer"].checkpoint_engine) == (2, "criu")
+    # A StatefulSet pod is never copied: its controller restarts it, so it is not checkpointed.
+    assert found["ml/db-0"].checkpoint_engine == "none"
+    with pytest.raises(PermanentExecutorError, match="StatefulSet"):
+        executor(kube).checkpoint(ref("n1"), "ml/db-0", "criu", "gs-7-11-ck-db")
+
+
+def test_a_disruption_budget_holds_the_checkpoint_until_its_deadline_and_nothing_is_taken(
+        kube: KubeApiServer, tmp_path: Path) -> None:
+    Kubelet(kube, "n1", tmp_path / "n1")
+    kube.put("pods", gpu_pod("ml", "trainer", "n1", 1, labels={"app": "trainer"},
+                             annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
+    kube.put("poddisruptionbudgets", pdb("ml", "trainer", {"app": "trainer"}, min_available=1))
+    wait_for(lambda: (kube.get("pods", "trainer", "ml").get("status") or {}).get("phase") == "Running", 10, 0.05)
+    ex = executor(kube)
+    with pytest.raises(TemporaryExecutorError, match="PodDisruptionBudget"):
+        ex.checkpoint(ref("n1"), "ml/trainer", "criu", "gs-7-11-ck")
+    assert wait_for(lambda: _permanent(ex), 5, 0.3) is True
+    pod = kube.get("pods", "trainer", "ml")
+    assert CHECKPOINTED not in pod["metadata"]["annotations"] and not kube.happened("proxied")
+    assert pod["status"]["phase"] == "Running" and kube.happened("eviction-refused")
+
+
+def _permanent(ex: KubernetesExecutor) -> bool:
+    try:
+        ex.checkpoint(ref("n1"), "ml/trainer", "criu", "gs-7-11-ck")
+    except TemporaryExecutorError:
+        return False
+    except PermanentExecutorError as exc:
+        return "refused eviction" in str(exc)
+    return False
+
+
+def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_restores_it(
+        kube: KubeApiServer, tmp_path: Path) -> None:
+    Kubelet(kube, "n1", tmp_path / "n1")
+    Kubelet(kube, "n2", tmp_path / "n2", runtime="containerd://2.1.4")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-5d8f", "uid": "rs-1"}
+    kube.put("replicasets", {"metadata": {"namespace": "ml", "name": "trainer-5d8f"}, "spec": {
+        "replicas": 1, "selector": {"matchLabels": {"app": "trainer", "pod-template-hash": "5d8f"}}}})
+    kube.put("pods", gpu_pod("ml", "trainer-5d8f-x1", "n1", 1, owner=owner,
+                             labels={"app": "trainer", "pod-template-hash": "5d8f", "team": "vision"},
+                             annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
+    wait_for(lambda: kube.get("pods", "trainer-5d8f-x1", "ml")["status"].get("phase") == "Running", 10, 0.05)
+    ex = executor(kube, checkpoint_image_repository="registry.example/checkpoints")
+    taken = ex.checkpoint(ref("n1"), "ml/trainer-5d8f-x1", "criu", "gs-7-11-ck")
+    assert kube.happened("proxied", "POST n1 /checkpoint/ml/trainer-5d8f-x1/main")
+    assert taken.checkpoint_id.startswith("kubelet-") and taken.manifest["archives"][0].endswith(".tar")
+    assert ex.checkpoint(ref("n1"), "ml/trainer-5d8f-x1", "criu", "gs-7-11-ck") == taken
+    assert kube.get("pods", "trainer-5d8f-x1", "ml")["metadata"]["labels"][CHECKPOINT_ID] == taken.checkpoint_id
+    assert ex.list_workloads(ref("n1")) == []  # its work is leaving
+
+    with pytest.raises(PermanentExecutorError, match=r"containerd://2\.1\.4, which cannot restore"):
+        ex.restore(ref("n2"), taken.checkpoint_id, "gs-7-11-restore")
+    moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
+    namespace, name = moved.workload_id.split("/")
+    new = kube.get("pods", name, namespace)
+    assert new["spec"]["nodeName"] == "n3" and new["spec"]["containers"][0]["image"] == \
+        f"registry.example/checkpoints:{taken.checkpoint_id}-main"
+    assert new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n3"]}]}]
+    # Adopted by the ReplicaSet once it ran: its labels and owner; the original evicted after it.
+    assert new["metadata"]["labels"]["pod-template-hash"] == "5d8f" and new["metadata"]["ownerReferences"][0][
+        "uid"] == "rs-1"
+    assert wait_for(lambda: kube.get("pods", "trainer-5d8f-x1", "ml") is None, 10, 0.1)
+    created = kube.happened("created", f"ml/{name}")[0][0]
+    running = kube.happened("pod-running", f"ml/{name}")[0][0]
+    evicted = kube.happened("evicted", "ml/trainer-5d8f-x1")[0][0]
+    assert created < running < evicted
+    # Before it ran, the copy carried none of the labels the ReplicaSet selects on.
+    first = next(e for e in kube.events if e[1] == "ADDED" and e[3]["metadata"]["name"] == name)
+    assert "pod-template-hash" not in first[3]["metadata"]["labels"] and first[3]["metadata"]["labels"][
+        "team"] == "vision"
+    assert json.loads(first[3]["metadata"]["annotations"]["gpusweep.io/adopt-labels"]) == {
+        "app": "trainer", "pod-template-hash": "5d8f"}
+    # The same operation again finds the replacement instead of making a second one.
+    assert ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore") == moved
+    assert len([p for p in kube.objects("pods", "ml")]) == 1
+
+
+def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer) -> None:
+    kube.nodes = [gpu_node("a1", pool="a", labels={"pool": "a"}), gpu_node("b1", pool="b", labels={"pool": "b"}),
+                  gpu_node("a2", pool="a", labels={"pool": "a"})]
+    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    kube.put("nvidiadrivers", nvidia_driver("pool-a", "570.86.15", {"pool": "a"}))
+    kube.put("nvidiadrivers", nvidia_driver("pool-b", "570.86.15", {"pool": "b"}))
+    operator = GpuOperator(kube)
+    ex = executor(kube, driver_management="gpu-operator", executor_options={"upgrade_wait_s": 15, "poll_s": 0.1})
+    done = ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver")
+    assert (done.before, done.after) == ("570.86.15", "570.195.03")
+    assert kube.get("nvidiadrivers", "pool-a")["spec"]["version"] == "570.195.03"
+    assert kube.get("nvidiadrivers", "pool-b")["spec"]["version"] == "570.86.15"
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.86.15"
+    a2 = kube.get("nodes", "a2")["metadata"]
+    assert a2["labels"]["nvidia.com/gpu-driver-upgrade.skip"] == "true"
+    assert a2["annotations"]["gpusweep.io/upgrade-skip-set-by"] == "gs-7-11-patch-driver"
+    # Pool b's driver does not change: its nodes are not held.
+    assert "nvidia.com/gpu-driver-upgrade.skip" not in kube.get("nodes", "b1")["metadata"]["labels"]
+    assert operator.started("") == ["a1"]
+    # A retry of the same operation reads what the first did and waits for nothing more.
+    assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
+    assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
+    # A skip label an administrator set is theirs: the node is held, not upgraded.
+    kube.mutate("nodes", "b1", "", lambda n: n["metadata"]["labels"].update({
+        "nvidia.com/gpu-driver-upgrade.skip": "true"}))
+    assert "excluded from driver upgrades" in ex.maintenance_hold(ref("b1"))
+    with pytest.raises(PermanentExecutorError, match="set by someone other than gpusweep"):
+        ex.patch(ref("b1"), "driver", "570.195.03", "gs-7-12-patch-driver")
+
+
+def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: KubeApiServer, tmp_path: Path) -> None:
+    for name in ("n1", "n2"):
+        Kubelet(kube, name, tmp_path / name)
+    kube.mutate("nodes", "n1", "", lambda n: n["spec"].update(unschedulable=True))
+    kube.put("pods", gpu_pod("ml", "bare", "n1", 1))
+    kube.put("pods", gpu_pod("ml", "web-7c9d-x", "n1", 1, owner={
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c9d", "uid": "rs"}))
+    ex = executor(kube)
+    ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")
+    ex.stop(ref("n1"), "ml/web-7c9d-x", "gs-7-11-stop-ml_web")
+    assert wait_for(lambda: {p["metadata"]["name"] for p in kube.objects("pods", "ml")} == {"bare-gs" + _h(
+        "gs-7-11-stop-ml_bare")}, 10, 0.1)
+    fresh = kube.objects("pods", "ml")[0]
+    assert fresh["spec"]["nodeName"] == "n2" and fresh["metadata"]["annotations"]["gpusweep.io/replaces"] == "ml/bare"
+    assert "affinity" not in fresh["spec"], "a cold start goes wherever the scheduler puts it"
+    assert kube.happened("evicted", "ml/web-7c9d-x") and kube.happened("evicted", "ml/bare")
+    ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")  # already done: nothing more
+    assert len(kube.objects("pods", "ml")) == 1
+
+
+def _h(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]

@@ -1,0 +1,146 @@
+"""A stand-in for the NVIDIA GPU Operator's driver upgrade controller (k8s-operator-libs' upgrade
+state machine), so the gpu-operator driver management can be tested without a GPU or a cluster.
+
+What it keeps from the real controller (NVIDIA's "GPU Driver Upgrades" page and
+NVIDIA/k8s-operator-libs ``pkg/upgrade``): the wanted version is ``spec.version`` of the
+``NVIDIADriver`` whose ``nodeSelector`` matches the node, else ``spec.driver.version`` of the
+``ClusterPolicy``; each GPU node (``nvidia.com/gpu.present=true``) carries its state in the label
+``nvidia.com/gpu-driver-upgrade-state``: upgrade-required, cordon-required,
+wait-for-jobs-required, pod-deletion-required, (drain-required when drain is enabled),
+pod-restart-required, validation-required, uncordon-required, upgrade-done, or upgrade-failed. A
+node labelled ``nvidia.com/gpu-driver-upgrade.skip=true`` parks in upgrade-required until the label
+is lifted. At most ``spec.driver.upgradePolicy.maxParallelUpgrades`` nodes are between cordon and
+uncordon at once. A node already unschedulable when its upgrade starts gets the annotation
+``nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable`` and is left cordoned at the end.
+Pod deletion deletes the node's GPU pods; the driver pod restart sets the node's driver labels (as
+GPU feature discovery would) to the new version. A node in ``fail_nodes`` ends upgrade-failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.kube.apiserver import KubeApiServer, gpu_request
+from tests.kube.machinery import matches_label_selector
+
+STATE = "nvidia.com/gpu-driver-upgrade-state"
+SKIP = "nvidia.com/gpu-driver-upgrade.skip"
+INITIAL = "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable"
+IN_PROGRESS = ("cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required",
+               "pod-restart-required", "validation-required", "uncordon-required")
+
+
+def driver_of(node: dict[str, Any]) -> str:
+    labels = node["metadata"].get("labels") or {}
+    if labels.get("nvidia.com/cuda.driver-version.full"):
+        return labels["nvidia.com/cuda.driver-version.full"]
+    parts = [labels.get(f"nvidia.com/cuda.driver.{p}", "") for p in ("major", "minor", "rev")]
+    return ".".join(p for p in parts if p)
+
+
+def set_driver(labels: dict[str, str], version: str) -> None:
+    major, minor, *rest = version.split(".")
+    labels.update({"nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
+                   "nvidia.com/cuda.driver.rev": rest[0] if rest else ""})
+    if "nvidia.com/cuda.driver-version.full" in labels:
+        labels["nvidia.com/cuda.driver-version.full"] = version
+
+
+class GpuOperator:
+    def __init__(self, api: KubeApiServer, fail_nodes: set[str] | None = None) -> None:
+        self.api = api
+        self.fail_nodes = set(fail_nodes or ())
+        # (node, state) in the order the controller moved them, and the most nodes upgrading at once.
+        self.transitions: list[tuple[str, str]] = []
+        self.max_in_progress = 0
+        self.deleted_pods: list[str] = []
+        api.controllers.append(self)
+
+    def policy(self) -> dict[str, Any]:
+        policies = self.api.objects("clusterpolicies")
+        return (policies[0].get("spec") or {}) if policies else {}
+
+    def wanted(self, node: dict[str, Any]) -> str:
+        labels = node["metadata"].get("labels") or {}
+        for driver in self.api.objects("nvidiadrivers"):
+            spec = driver.get("spec") or {}
+            if matches_label_selector({"matchLabels": spec.get("nodeSelector") or {}}, labels):
+                return str(spec.get("version") or "")
+        return str((self.policy().get("driver") or {}).get("version") or "")
+
+    def started(self, node: str) -> list[str]:
+        """The nodes in the order their upgrade began (they left upgrade-required)."""
+        return [n for n, s in self.transitions if s == "cordon-required" and (not node or n == node)]
+
+    def tick(self) -> None:
+        with self.api.lock:
+            upgrade = self.policy().get("driver", {}).get("upgradePolicy") or {}
+            limit = int(upgrade.get("maxParallelUpgrades", 1) or 0)
+            nodes = [n for n in self.api.objects("nodes")
+                     if (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"]
+            busy = sum(1 for n in nodes if n["metadata"]["labels"].get(STATE) in IN_PROGRESS)
+            for node in nodes:
+                busy += self._step(node, bool(upgrade.get("drain", {}).get("enable")), limit, busy)
+                self.max_in_progress = max(self.max_in_progress, sum(
+                    1 for n in self.api.objects("nodes")
+                    if (n["metadata"].get("labels") or {}).get(STATE) in IN_PROGRESS))
+
+    def _move(self, name: str, state: str, change: Any = None) -> None:
+        def write(obj: dict[str, Any]) -> None:
+            obj["metadata"]["labels"][STATE] = state
+            if change:
+                change(obj)
+        self.api.mutate("nodes", name, "", write)
+        self.transitions.append((name, state))
+        self.api.record("upgrade-state", f"{name} {state}")
+
+    def _step(self, node: dict[str, Any], drain: bool, limit: int, busy: int) -> int:
+        """Advance one node by one state; returns +1 when it started upgrading, -1 when it stopped."""
+        meta = node["metadata"]
+        name, labels = meta["name"], meta["labels"]
+        state = labels.get(STATE, "")
+        wanted = self.wanted(node)
+        if state in ("", "upgrade-done"):
+            if wanted and driver_of(node) != wanted:
+                self._move(name, "upgrade-required")
+            elif not state:
+                self._move(name, "upgrade-done")
+            return 0
+        if state == "upgrade-required":
+            if labels.get(SKIP) == "true" or (limit and busy >= limit) or not wanted:
+                return 0
+            if driver_of(node) == wanted:
+                self._move(name, "upgrade-done")
+                return 0
+
+            def initial(obj: dict[str, Any]) -> None:
+                if (obj.get("spec") or {}).get("unschedulable"):
+                    obj["metadata"].setdefault("annotations", {})[INITIAL] = "true"
+            self._move(name, "cordon-required", initial)
+            return 1
+        if state == "cordon-required":
+            self._move(name, "wait-for-jobs-required", lambda o: o.setdefault("spec", {}).update(unschedulable=True))
+        elif state == "wait-for-jobs-required":
+            self._move(name, "pod-deletion-required")
+        elif state == "pod-deletion-required":
+            for pod in self.api.objects("pods"):
+                if (pod.get("spec") or {}).get("nodeName") == name and gpu_request(pod):
+                    self.deleted_pods.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+                    self.api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+            self._move(name, "drain-required" if drain else "pod-restart-required")
+        elif state == "drain-required":
+            self._move(name, "pod-restart-required")
+        elif state == "pod-restart-required":
+            if name in self.fail_nodes:
+                self._move(name, "upgrade-failed")
+                return -1
+            self._move(name, "validation-required", lambda o: set_driver(o["metadata"]["labels"], wanted))
+        elif state == "validation-required":
+            self._move(name, "uncordon-required")
+        elif state == "uncordon-required":
+            def uncordon(obj: dict[str, Any]) -> None:
+                if (obj["metadata"].get("annotations") or {}).pop(INITIAL, None) is None:
+                    obj.setdefault("spec", {}).pop("unschedulable", None)
+            self._move(name, "upgrade-done", uncordon)
+            return -1
+        return 0
