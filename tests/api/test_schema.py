@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.staticfiles import finders
+from django.core import signals
 from django.core.management import call_command
+from django.db import close_old_connections
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
@@ -106,8 +109,19 @@ def test_the_responses_schemathesis_found_outside_the_schema_now_match_it():
     finally:
         queue.ENQUEUE.pop(0)
     auth = {"Authorization": f"Token {seeded.token}"}
-    schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(), headers=auth)
-    ids = {**seeded.campaigns, "cluster": Cluster.objects.get(name="local").pk}
+    # The WSGI handler closes the database connection after each request, which would end this
+    # test's transaction on PostgreSQL; Django's own test client holds the same signals off.
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        _check_found(schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(), headers=auth), auth,
+                     {**seeded.campaigns, "cluster": Cluster.objects.get(name="local").pk})
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+
+
+def _check_found(schema: Any, auth: dict[str, str], ids: dict[str, int]) -> None:
     assert ids["draft"] and ids["planned"]
     for method, path, parameters in FOUND:
         operation = schema[path][method]
