@@ -49,3 +49,29 @@ def make_user(db: None):  # type: ignore[no-untyped-def]
         return user
 
     return _make
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """After a test with a tmp_path, kill any process still naming a file in it (a workload a
+    real agent restored outlives the agent; the next tests must not share the machine with it)."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    folder = str(request.getfixturevalue("tmp_path"))
+    yield
+    import signal
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(folder.encode()) for arg in argv):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass

@@ -219,7 +219,7 @@ def _run_campaign(selector: dict[str, Any], parallelism: int, target: str) -> tu
     approver, _ = User.objects.get_or_create(username="bench-approver")
     campaign = services.create_campaign(requester, {
         "name": f"bench {selector}"[:200], "node_selector": selector, "target_versions": {"driver": target},
-        "parallelism_per_cluster": str(parallelism), "step_timeout_s": 3600, "error_budget": "0"})
+        "parallelism_per_cluster": str(parallelism), "step_timeout_s": 3600, "error_budget": "0", "canary": "0"})
     services.make_plan(campaign.pk, requester)
     services.approve(campaign.pk, approver)
     began = time.perf_counter()
@@ -258,7 +258,7 @@ def bench_statements(nodes: int = 20) -> float:
         approver, _ = User.objects.get_or_create(username="count-approver")
         campaign = services.create_campaign(requester, {
             "name": "count", "node_selector": {"sweep": "count"}, "target_versions": {"driver": "570.195.03"},
-            "parallelism_per_cluster": "5"})
+            "parallelism_per_cluster": "5", "canary": "0"})
         services.make_plan(campaign.pk, requester)
         services.approve(campaign.pk, approver)
         services.start(campaign.pk, requester)

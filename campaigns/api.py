@@ -42,14 +42,15 @@ class CampaignSerializer(serializers.ModelSerializer):
         model = Campaign
         fields = [
             "id", "name", "description", "advisories", "requested_by", "status", "status_reason", "clusters", "pools",
+            "canary", "soak_s", "wave_growth", "growth_step", "soak_started_at",
             "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
             "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
             "workload_placement", "workload_overrides", "approvals_required", "deadline", "step_timeout_s",
             "node_estimate_s",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
-        read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "evidence_seq",
-                            "evidence_head", "created_at"]
+        read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "soak_started_at",
+                            "evidence_seq", "evidence_head", "created_at"]
         # Bounded: a larger duration overflows SQLite's integer column, and the planner's times
         # must stay dates (a server error either way).
         extra_kwargs = {"wait_limit": {"max_value": timedelta(days=366), "min_value": timedelta(0)},

@@ -104,6 +104,19 @@ class Placement(ChoiceSet):
     ]
 
 
+class WaveGrowth(ChoiceSet):
+    """How waves after the canary grow, capped by the parallelism limits."""
+
+    FIXED = "fixed"
+    LINEAR = "linear"
+    EXPONENTIAL = "exponential"
+    CHOICES = [
+        (FIXED, "Fixed: every wave as large as the limits allow"),
+        (LINEAR, "Linear: each wave n nodes larger than the one before"),
+        (EXPONENTIAL, "Exponential: each wave n times the one before"),
+    ]
+
+
 class EvidenceKind(ChoiceSet):
     """Every kind of evidence event. CAMPAIGN kinds go into the campaign's chain, NODE kinds into
     the chain of one node sweep (campaigns.evidence)."""
@@ -122,6 +135,9 @@ class EvidenceKind(ChoiceSet):
     ABORTED = "aborted"
     COMPLETED = "completed"
     SEALED = "sealed"
+    SOAKING = "soaking"
+    SOAKED = "soaked"
+    CANARY_FAILED = "canary_failed"
     ADMITTED = "admitted"
     STEP_DONE = "step_done"
     STEP_FAILED = "step_failed"
@@ -152,6 +168,9 @@ class EvidenceKind(ChoiceSet):
         (ABORTED, "Aborted"),
         (COMPLETED, "Completed"),
         (SEALED, "Heads sealed and signed"),
+        (SOAKING, "Canary done, soaking"),
+        (SOAKED, "Soak over, waves continue"),
+        (CANARY_FAILED, "Canary failed"),
         (ADMITTED, "Admitted"),
         (STEP_DONE, "Step done"),
         (STEP_FAILED, "Step failed"),
@@ -169,5 +188,6 @@ class EvidenceKind(ChoiceSet):
         (SKIPPED, "Node skipped"),
     ]
     CAMPAIGN = frozenset({CREATED, EDITED, PLANNED, APPROVED, FULLY_APPROVED, STARTED, WAITING_FOR_WINDOW,
-                          WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED})
+                          WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED, SOAKING, SOAKED,
+                          CANARY_FAILED})
     NODE = frozenset(set(dict(CHOICES)) - CAMPAIGN)

@@ -135,7 +135,10 @@ def dispatch(campaign_id: int) -> list[int]:
             return []
         if not _window_open(campaign, now):
             return []
-        admitted = _admit(campaign, sweeps, lowest, now)
+        upto = _canary_gate(campaign, sweeps, now)
+        if upto == 0:
+            return []
+        admitted = _admit(campaign, sweeps, lowest, now, upto)
         for sweep_id in admitted:
             enqueue("advance", sweep_id)
         return admitted
@@ -181,7 +184,45 @@ def _window_open(campaign: Campaign, now: Any) -> bool:
     return True
 
 
-def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any) -> list[int]:
+def _canary_gate(campaign: Campaign, sweeps: Any, now: Any) -> int | None:
+    """The highest wave that may start now because of the canary: 1 while it runs, 0 while it soaks
+    (or failed, which halts the campaign), None once it soaked or when the plan has none."""
+    limits = campaign.limits or {}
+    if not limits.get("canary") or limits.get("soaked"):
+        return None
+    canary = sweeps.filter(wave=1)
+    if canary.filter(state__in=SweepState.ACTIVE).exists():
+        return 1
+    soak = timedelta(seconds=int(limits.get("soak_s") or 0))
+    if campaign.soak_started_at is None:
+        campaign.soak_started_at = now
+        failed = list(canary.filter(state__in=[SweepState.FAILED, SweepState.ROLLED_BACK]).values_list(
+            "node__name", flat=True))
+        Campaign.objects.filter(pk=campaign.pk).update(soak_started_at=now)
+        if failed:
+            # Nothing else has been drained: stop here for a human to look.
+            reason = f"the canary failed on {', '.join(sorted(failed))}; no other node was drained"
+            Campaign.objects.filter(pk=campaign.pk).update(status=CampaignStatus.HALTED, status_reason=reason)
+            campaign.status = CampaignStatus.HALTED
+            evidence.campaign_event(campaign, EvidenceKind.CANARY_FAILED, "system", {"failed": failed,
+                                                                                     "reason": reason})
+            return 0
+        evidence.campaign_event(campaign, EvidenceKind.SOAKING, "system", {
+            "canary": list(canary.values_list("node__name", flat=True)), "soak_s": soak.total_seconds(),
+            "until": (now + soak).isoformat()})
+    remaining = (campaign.soak_started_at + soak - now).total_seconds()
+    if remaining > 0:
+        enqueue("dispatch", campaign.pk, min(300.0, remaining + 0.5))
+        return 0
+    Campaign.objects.filter(pk=campaign.pk).update(limits={**limits, "soaked": True})
+    campaign.limits = {**limits, "soaked": True}
+    evidence.campaign_event(campaign, EvidenceKind.SOAKED, "system", {
+        "soaked_s": (now - campaign.soak_started_at).total_seconds(),
+        "canary": dict(canary.values_list("node__name", "state"))})
+    return None
+
+
+def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | None = None) -> list[int]:
     limits = campaign.limits or {}
     cluster_limit: dict[str, int] = limits.get("cluster") or {}
     pool_limit: dict[str, int] | None = limits.get("pool")
@@ -193,7 +234,8 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any) -> list[int]:
         in_cluster[cluster] += count
         in_pool[f"{cluster}/{pool}"] += count
     admitted: list[int] = []
-    pending = sweeps.filter(state=SweepState.PENDING, wave__lte=lowest + 1).order_by("wave", "position").values(
+    pending = sweeps.filter(state=SweepState.PENDING, wave__lte=min(lowest + 1, upto or lowest + 1)).order_by(
+        "wave", "position").values(
         "id", "wave", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
     for row in pending:
         cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, Placement, SweepState
+from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, Placement, SweepState, WaveGrowth
 from inventory.choices import WorkloadPolicy
 
 
@@ -40,7 +40,14 @@ class Campaign(models.Model):
     # Nodes added beyond the selection, swept after every other node (e.g. exposed receivers).
     last_group = models.JSONField(default=list, blank=True, help_text="node ids swept as the last group")
     target_versions = models.JSONField(default=dict, blank=True)
-    # Policy.
+    # Policy. The first wave is a canary ("auto": one node per driver group and cluster; "N" nodes;
+    # "0" none), then a soak before any other node is drained; later waves grow by `wave_growth`.
+    canary = models.CharField(max_length=10, default="auto")
+    soak_s = models.PositiveIntegerField(default=600, help_text="seconds after the canary before the next wave")
+    wave_growth = models.CharField(max_length=12, choices=WaveGrowth.choices(), default=WaveGrowth.FIXED)
+    growth_step = models.PositiveSmallIntegerField(default=2, help_text="+n per wave (linear) or x n (exponential)")
+    # When the canary came to rest and its soak began (the engine's clock for the soak).
+    soak_started_at = models.DateTimeField(null=True, blank=True)
     parallelism_per_cluster = models.CharField(max_length=10, default="1")
     parallelism_per_pool = models.CharField(max_length=10, blank=True)
     windows = models.JSONField(default=list, blank=True)

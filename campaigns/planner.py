@@ -119,6 +119,13 @@ class Policy:
     placement: str = MOVE
     # Who restarts a workload stopped for a cold start, per cluster ("" or absent: nobody).
     restarters: dict[str, str] = field(default_factory=dict)
+    # The first wave as a canary ("auto": one node per driver group and cluster; "N" nodes; "0":
+    # none), then `soak_s` before the next wave; later waves grow "fixed", "linear" (+step) or
+    # "exponential" (x step), always within the parallelism limits.
+    canary: str = "0"
+    soak_s: int = 0
+    growth: str = "fixed"
+    growth_step: int = 2
 
 
 def parse_limit(text: str, total: int, field_name: str) -> int:
@@ -222,27 +229,69 @@ class Calendar:
         return None
 
 
-def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None) -> (
-        dict[int, int]):
+def canary_nodes(nodes: list[PlanNode], canary: str) -> list[int]:
+    """The canary: the most urgent node of each driver group and cluster ("auto"), or the N most urgent."""
+    text = (canary or "0").strip().lower()
+    if text in ("", "0", "none", "off"):
+        return []
+    if text == "auto":
+        chosen: dict[tuple[str, str], int] = {}
+        for node in nodes:
+            chosen.setdefault((node.cluster, node.versions.get("driver", "")), node.id)
+        return list(chosen.values())
+    try:
+        count = int(text)
+    except ValueError:
+        raise PlanError(f"canary={canary!r}: use 'auto', a whole number of nodes, or 0 for none") from None
+    if count < 0:
+        raise PlanError(f"canary={canary!r}: use 'auto', a whole number of nodes, or 0 for none")
+    return [node.id for node in nodes[:count]]
+
+
+def _grown(growth: str, step: int, base: int, wave: int) -> int | None:
+    """Nodes per cluster in wave `wave` (the canary, or the first wave, being `base`), None for no cap."""
+    if growth == "linear":
+        return base + step * (wave - 1)
+    if growth == "exponential":
+        return base * max(step, 1) ** (wave - 1)
+    return None
+
+
+def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None,
+                 canary: list[int] | None = None, growth: str = "fixed", step: int = 2) -> dict[int, int]:
     """Greedy, urgency first: each node goes to the first wave with room in its cluster and pool.
 
-    Nodes of the last group (`last`) start after the last wave of the others.
+    The canary nodes, if any, are wave 1 alone. Wave sizes then grow per cluster as `growth` says,
+    within the limits. Nodes of the last group (`last`) start after the last wave of the others.
     """
     cluster_count: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     pool_count: dict[tuple[str, str], dict[int, int]] = defaultdict(lambda: defaultdict(int))
-    first_open: dict[tuple[str, str], int] = defaultdict(lambda: 1)
     waves: dict[int, int] = {}
-    floor = 1
+    chosen = set(canary or [])
+    base: dict[str, int] = defaultdict(int)
     for node in nodes:
-        if node.last and floor == 1:
+        if node.id in chosen:
+            waves[node.id] = 1
+            cluster_count[node.cluster][1] += 1
+            pool_count[(node.cluster, node.pool)][1] += 1
+            base[node.cluster] += 1
+    start = 2 if chosen else 1
+    first_open: dict[tuple[str, str], int] = defaultdict(lambda: start)
+    floor = start
+    for node in nodes:
+        if node.id in chosen:
+            continue
+        if node.last and floor == start:
             floor = max(waves.values(), default=0) + 1
         key = (node.cluster, node.pool)
         wave = max(first_open[key], floor)
-        limit_c = per_cluster[node.cluster]
         limit_p = per_pool[key] if per_pool is not None else None
-        while cluster_count[node.cluster][wave] >= limit_c or (
-            limit_p is not None and pool_count[key][wave] >= limit_p
-        ):
+        while True:
+            grown = _grown(growth, step, max(base[node.cluster], 1), wave)
+            limit_c = per_cluster[node.cluster] if grown is None else min(per_cluster[node.cluster], grown)
+            if cluster_count[node.cluster][wave] < limit_c and (
+                    limit_p is None or pool_count[key][wave] < limit_p):
+                break
             wave += 1
         first_open[key] = wave
         waves[node.id] = wave
@@ -462,7 +511,8 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     return entry, f"no capacity for {label}"
 
 
-def _wave_times(policy: Policy, last_wave: int) -> dict[int, tuple[datetime | None, datetime | None]]:
+def _wave_times(policy: Policy, last_wave: int, soak_after_first: bool) -> dict[
+        int, tuple[datetime | None, datetime | None]]:
     calendar = Calendar(policy.windows, policy.blackouts, policy.start)
     duration = timedelta(seconds=policy.node_seconds)
     times: dict[int, tuple[datetime | None, datetime | None]] = {}
@@ -471,6 +521,8 @@ def _wave_times(policy: Policy, last_wave: int) -> dict[int, tuple[datetime | No
         begins = calendar.earliest(moment, duration) if moment else None
         times[wave] = (begins, begins + duration if begins else None)
         moment = begins + duration if begins else None
+        if wave == 1 and soak_after_first and moment is not None:
+            moment += timedelta(seconds=policy.soak_s)  # the canary soaks before anything else drains
     return times
 
 
@@ -493,10 +545,11 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
     ordered = sorted(scope, key=lambda n: (n.last, n.deadline or policy.deadline or FAR, n.cluster, n.pool, n.name,
                                            n.id))
     per_cluster, per_pool = _limits(scope, receivers, policy)
-    waves = assign_waves(ordered, per_cluster, per_pool)
+    canary = canary_nodes([n for n in ordered if not n.last], policy.canary)
+    waves = assign_waves(ordered, per_cluster, per_pool, canary, policy.growth, policy.growth_step)
     capacity = Capacity(scope, receivers, waves)
     last_wave = max(waves.values(), default=0)
-    wave_times = _wave_times(policy, last_wave)
+    wave_times = _wave_times(policy, last_wave, bool(canary))
     ordered_by_wave = sorted(ordered, key=lambda n: waves[n.id])  # stable: urgency order within a wave
     nodes_of: dict[int, list[PlanNode]] = defaultdict(list)
     for node in ordered_by_wave:
@@ -512,7 +565,15 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
             position += 1
             explained[str(node.id)] = _plan_node(node, wave, position, begins, ends, capacity, policy, outcome,
                                                  carried)
-    return _result(policy, waves, ordered_by_wave, wave_times, explained, outcome, per_cluster, per_pool, scope)
+    result = _result(policy, waves, ordered_by_wave, wave_times, explained, outcome, per_cluster, per_pool, scope)
+    canary_end = wave_times.get(1, (None, None))[1] if canary else None
+    result["canary"] = {"nodes": canary, "soak_s": policy.soak_s if canary else 0,
+                        "soak_until": _iso(canary_end + timedelta(seconds=policy.soak_s)) if canary_end else None}
+    result["growth"] = {"kind": policy.growth, "step": policy.growth_step}
+    for wave in result["waves"]:
+        wave["size"] = len(wave["nodes"])
+        wave["canary"] = bool(canary) and wave["wave"] == 1
+    return result
 
 
 def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,

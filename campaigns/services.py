@@ -24,6 +24,7 @@ from campaigns.planner import (
     PlanNode,
     PlanWorkload,
     Policy,
+    canary_nodes,
     compare,
     parse_blackouts,
     parse_limit,
@@ -68,7 +69,8 @@ def node_ref(node: Node) -> NodeRef:
 
 # -- the campaign's definition -----------------------------------------------------------
 DEFINITION_FIELDS = (
-    "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions",
+    "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions", "canary", "soak_s",
+    "wave_growth", "growth_step",
     "parallelism_per_cluster", "parallelism_per_pool", "windows", "blackouts", "error_budget", "workload_policy",
     "wait_limit", "cold_restart_allowed", "workload_placement", "workload_overrides", "approvals_required",
     "deadline", "step_timeout_s", "node_estimate_s",
@@ -120,6 +122,15 @@ def _check_policy_fields(values: dict[str, Any], errors: dict[str, str]) -> None
             policy.check_overrides(values["workload_overrides"])
         except PlanError as exc:
             errors["workload_overrides"] = str(exc)
+    if "canary" in values:
+        try:
+            canary_nodes([], str(values["canary"]))
+        except PlanError as exc:
+            errors["canary"] = str(exc)
+    if "soak_s" in values and not (isinstance(values["soak_s"], int) and 0 <= values["soak_s"] <= 7 * 86400):
+        errors["soak_s"] = "seconds between 0 and 604800 (a week)"
+    if "growth_step" in values and not (isinstance(values["growth_step"], int) and 1 <= values["growth_step"] <= 100):
+        errors["growth_step"] = "a whole number between 1 and 100"
     if "approvals_required" in values and not (isinstance(values["approvals_required"], int)
                                                and 1 <= values["approvals_required"] <= 10):
         errors["approvals_required"] = "between 1 and 10: every campaign needs an approver who did not write it"
@@ -332,7 +343,8 @@ def policy_of(campaign: Campaign, restarters: dict[str, str] | None = None) -> P
             node_seconds=campaign.node_estimate_s, cold_restart_allowed=campaign.cold_restart_allowed,
             deadline=campaign.deadline,
             placement="home" if campaign.workload_placement == Placement.HOME else "move",
-            restarters=restarters or {},
+            restarters=restarters or {}, canary=campaign.canary, soak_s=campaign.soak_s,
+            growth=campaign.wave_growth, growth_step=campaign.growth_step,
         )
     except PlanError as exc:
         raise CampaignError(f"campaign {campaign.pk}: {exc}", status=400) from exc
@@ -507,8 +519,11 @@ def start(campaign_id: int, user: User | None) -> Campaign:
                                             state__in=SweepState.ACTIVE).select_related("node").first()
             where = f"node {busy.node.name} is in active campaign {busy.campaign_id}" if busy else "a node is busy"
             raise CampaignError(f"campaign {campaign.pk} cannot start: {where}") from None
+        canary = plan.content.get("canary") or {}
+        limits = {**(plan.content.get("limits") or {}), "canary": bool(canary.get("nodes")),
+                  "soak_s": int(canary.get("soak_s") or 0)}
         _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now(),
-                    limits=plan.content.get("limits") or {})
+                    limits=limits)
         # Versions before are recorded per node as the node reports them, when it is drained.
         evidence.campaign_event(campaign, EvidenceKind.STARTED, actor_of(user), {"plan": plan.pk,
                                                                                  "nodes": len(sweeps)})

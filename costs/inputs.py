@@ -96,6 +96,8 @@ def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
                 continue
             elif kind == "float":
                 changes[name] = float(text)
+            elif kind == "int":
+                changes[name] = int(text)
             elif kind.startswith("tuple"):
                 changes[name] = tuple(part.strip() for part in text.split(",") if part.strip())
             elif kind.startswith("dict"):

@@ -25,7 +25,17 @@ import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from campaigns.choices import WaveGrowth
+from campaigns.planner import PlanError, canary_nodes
 from executors import portability
+
+
+def _canary_ok(text: str) -> bool:
+    try:
+        canary_nodes([], text)
+    except PlanError:
+        return False
+    return True
 
 CADENCE_DAYS = {"monthly": 30.44, "quarterly": 91.31, "yearly": 365.25}
 PLACEMENTS = ("first_fit", "best_fit")
@@ -59,6 +69,10 @@ HELP = {
     "not_checkpointable": "work that cannot be checkpointed: wait or cold_restart",
     "checkpoint_engine": "how checkpointable work is checkpointed (executors.portability: cuda, criu, signal): "
                          "where its image is valid, so which nodes, patched ones too, may receive it",
+    "canary": "the first wave as a campaign's canary: auto (one node per driver group and cluster), N nodes, or 0",
+    "soak_minutes": "minutes the canary soaks before any other node drains",
+    "wave_growth": "how waves after the canary grow: fixed, linear or exponential",
+    "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
 
 
@@ -100,6 +114,12 @@ class Params:
     last_group: str = "wait"
     not_checkpointable: str = "cold_restart"
     checkpoint_engine: str = "cuda"
+    # The rollout, as a campaign's defaults: a canary wave (one node per driver group and cluster),
+    # its soak before any other node drains, and how the waves after it grow.
+    canary: str = "auto"
+    soak_minutes: float = 10.0
+    wave_growth: str = "fixed"
+    growth_step: int = 2
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -124,6 +144,10 @@ class Params:
             ("deadline_days", self.deadline_days > 0, "> 0"),
             ("checkpoint_engine", self.checkpoint_engine in CHECKPOINT_ENGINES,
              f"one of {', '.join(CHECKPOINT_ENGINES)}"),
+            ("canary", _canary_ok(self.canary), "'auto', a whole number of nodes, or 0 for none"),
+            ("soak_minutes", self.soak_minutes >= 0, ">= 0"),
+            ("wave_growth", self.wave_growth in WaveGrowth.values(), f"one of {', '.join(WaveGrowth.values())}"),
+            ("growth_step", self.growth_step >= 1, ">= 1"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -49,11 +49,15 @@ class SweepPlan:
     fates: dict[tuple[int, int], Fate] = field(default_factory=dict)
     summary: dict[str, object] = field(default_factory=dict)
     expected_end: str | None = None
+    # The first wave is a canary that soaks this long before any other node drains.
+    canary: bool = False
+    soak_s: float = 0.0
 
 
 def plan_sweep(nodes: Sequence[SimNode], residents: Mapping[int, Sequence[Resident]], *, start: datetime,
                parallelism: str, node_seconds: int, target: Mapping[str, str], last_group_cold_restart: bool,
-               not_checkpointable_waits: bool, deadline: datetime | None, checkpoint_engine: str) -> SweepPlan:
+               not_checkpointable_waits: bool, deadline: datetime | None, checkpoint_engine: str,
+               canary: str = "0", soak_s: int = 0, growth: str = "fixed", growth_step: int = 2) -> SweepPlan:
     """Plan a sweep of every node in `nodes`, with `residents` (node index -> its tasks) running."""
     scope = []
     for node in nodes:
@@ -69,10 +73,12 @@ def plan_sweep(nodes: Sequence[SimNode], residents: Mapping[int, Sequence[Reside
                               versions=dict(node.versions), workloads=workloads,
                               target=dict(target), deadline=deadline))
     content = plan(scope, [], Policy(start=start, per_cluster=parallelism, node_seconds=node_seconds,
-                                     cold_restart_allowed=last_group_cold_restart, deadline=deadline))
+                                     cold_restart_allowed=last_group_cold_restart, deadline=deadline,
+                                     canary=canary, soak_s=soak_s, growth=growth, growth_step=growth_step))
     result = SweepPlan(waves=[[node_id - 1 for node_id in wave["nodes"]] for wave in content["waves"]],
                        limits=dict(content["limits"]["cluster"]),
-                       summary=dict(content["summary"]), expected_end=content["summary"].get("expected_end"))
+                       summary=dict(content["summary"]), expected_end=content["summary"].get("expected_end"),
+                       canary=bool(content["canary"]["nodes"]), soak_s=float(content["canary"]["soak_s"]))
     for node_id, entry in content["nodes"].items():
         for move in entry["moves"]:
             action = move.get("action", BLOCKED)

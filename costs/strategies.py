@@ -202,6 +202,7 @@ def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
         last_group_cold_restart=p.last_group == "cold_restart",
         not_checkpointable_waits=p.not_checkpointable == "wait",
         deadline=scenario.trace.at(scenario.deadline), checkpoint_engine=p.checkpoint_engine,
+        canary=p.canary, soak_s=round(p.soak_minutes * 60), growth=p.wave_growth, growth_step=p.growth_step,
     )
 
 
@@ -255,12 +256,20 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
     in_flight: dict[str, int] = defaultdict(int)
     running: list[tuple[float, int, int]] = []  # (back at, wave, node)
     moment = scenario.release
+    soak_until: float | None = None  # set once the canary wave is done
     while pending or running:
         lowest = min((w for w, n in unfinished.items() if n), default=0)
+        if plan.canary and soak_until is None and not unfinished[1]:
+            soak_until = moment + plan.soak_s
+        holding = plan.canary and (unfinished[1] > 0 or (soak_until is not None and moment < soak_until))
+        if holding and not running and soak_until is not None:
+            moment = soak_until  # nothing runs during the soak: time goes straight to its end
+            holding = False
         kept = []
         for wave, node_index in pending:
             cluster = scenario.nodes[node_index].cluster
-            if not policy.admits(wave, lowest, in_flight[cluster], plan.limits.get(cluster, 1)):
+            if (holding and wave > 1) or not policy.admits(wave, lowest, in_flight[cluster],
+                                                            plan.limits.get(cluster, 1)):
                 kept.append((wave, node_index))
                 continue
             done = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index])

@@ -28,7 +28,9 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   agent reports the checkpoint restored there, the original is evicted through the Eviction API;
   a 429 (PodDisruptionBudget) is retried within ``eviction_deadline_s``, then the node fails. The
   replacement's name derives from the checkpoint, so a retry after a crash finds it instead of
-  creating a second one. Per controller:
+  creating a second one; a restore under any other operation id is refused (a checkpoint is
+  restored once), and a retried checkpoint finds its record on the restored pod once the original
+  is gone. Per controller:
 
   - none (a bare pod): gpusweep's copy is the replacement.
   - ReplicaSet (a Deployment's): the copy is made without the labels the ReplicaSet selects on
@@ -42,7 +44,9 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   - DaemonSet: stays on its node.
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
-  once the node leaves maintenance its container restarts and restores its pending checkpoint.
+  once the node leaves maintenance its container restarts and restores its pending checkpoint;
+  the pod is then marked as a replacement is (``gpusweep.io/restored-from``, the record, the
+  operation), so the same guarantees hold.
 - patch by ``connection["driver_management"]``: ``agent`` (default: the agent installs the
   packages) or ``gpu-operator`` (containerized drivers): every other GPU node not yet at the
   version gets the operator's skip label ``nvidia.com/gpu-driver-upgrade.skip=true`` (marked
@@ -547,7 +551,7 @@ class KubernetesExecutor(Executor):
         namespace, name = _split(_pod_ref(pod))
         since_text = _annotations(pod).get(EVICTION_BLOCKED)
         if since_text is None:
-            since_text = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+            since_text = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
             self._call(self.kube.patch_pod, namespace, name, {"metadata": {"annotations": {
                 EVICTION_BLOCKED: since_text}}})
         waited = _now() - dt.datetime.fromisoformat(since_text).timestamp()
@@ -574,13 +578,16 @@ class KubernetesExecutor(Executor):
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
         namespace, name = _split(workload_id)
         pod = self._call(self.kube.pod, namespace, name)
-        if pod is None:
-            raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
-        record = json.loads(_annotations(pod).get(CHECKPOINTED) or "{}")
+        record = json.loads(_annotations(pod).get(CHECKPOINTED) or "{}") if pod is not None else {}
         if record:
             if record.get("op") != operation_id:
                 raise PermanentExecutorError(f"pod {workload_id} was already checkpointed by {record.get('op')}")
             return self._result(record, workload_id)
+        restored = self._restored_record(workload_id, operation_id)
+        if restored:  # a retry after the restore: the record went on with the restored pod
+            return self._result(restored, workload_id)
+        if pod is None:
+            raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
         kind = (pod_controller(pod) or {}).get("kind")
         if kind in ("StatefulSet", "Job", "DaemonSet"):
             raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
@@ -605,6 +612,15 @@ class KubernetesExecutor(Executor):
             "labels": {CHECKPOINT_ID: record["id"]},
             "annotations": {CHECKPOINTED: json.dumps(record, sort_keys=True), CAMPAIGN: campaign_of(operation_id)}}})
         return self._result(record, workload_id)
+
+    def _restored_record(self, workload_id: str, operation_id: str) -> dict[str, Any]:
+        """The record of the checkpoint `operation_id` took of `workload_id`, from the pod restored from it
+        (the original is evicted once its replacement runs, and a pod restored at home drops its record)."""
+        for pod in self._call(self.kube.pods, label_selector=RESTORED_FROM):
+            record: dict[str, Any] = json.loads(_annotations(pod).get(RESTORED_RECORD) or "{}")
+            if record.get("op") == operation_id and record.get("pod") == workload_id:
+                return record
+        return {}
 
     @staticmethod
     def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str]) -> portability.Requirements:
@@ -681,6 +697,12 @@ class KubernetesExecutor(Executor):
         if not record:
             raise PermanentExecutorError(f"no pod carries checkpoint {checkpoint_id} (neither its original nor a "
                                          "replacement)")
+        done_by = _annotations(replacement).get(OPERATION, operation_id) if replacement else operation_id
+        if replacement and done_by != operation_id:
+            # A checkpoint is restored once: only a retry of that restore finds its pod.
+            raise PermanentExecutorError(
+                f"checkpoint {checkpoint_id} was restored already, as pod {_pod_ref(replacement)} on "
+                f"{(replacement.get('spec') or {}).get('nodeName')} by operation {done_by}")
         wrong = portability.mismatches(portability.from_dict(record["requires"]), self._portability_facts(target))
         if wrong:
             report = ", ".join(f"{k}: {want!r} != {got!r}" for k, (want, got) in sorted(wrong.items()))
@@ -689,8 +711,11 @@ class KubernetesExecutor(Executor):
                 target.name:
             # Home again (the engine unwinding): the original's container restarts and restores its checkpoint.
             self._wait_restored(original, record, target)
+            # Marked as a replacement is, so a retry finds this restore and any other is refused.
             self._call(self.kube.patch_pod, *_split(_pod_ref(original)), {"metadata": {
-                "labels": {CHECKPOINT_ID: None}, "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None}}})
+                "labels": {CHECKPOINT_ID: None, RESTORED_FROM: checkpoint_id},
+                "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None, OPERATION: operation_id,
+                                RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
             return RestoreResult(workload_id=_pod_ref(original), node=target.identity)
         if replacement is None:
             if original is None:

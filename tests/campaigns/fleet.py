@@ -53,7 +53,9 @@ def user(name: str, *roles: str) -> User:
 
 
 def approved_campaign(requester: User, approver: User, **fields: Any) -> Campaign:
+    # No canary unless a test asks: most tests are about something else than the soak.
     defaults: dict[str, Any] = {"name": "sweep", "requested_by": requester, "node_selector": {"sweep": "yes"},
+                                "canary": "0",
                                 "target_versions": {"driver": {"R570": FIXED}}, "parallelism_per_cluster": "2"}
     campaign = Campaign.objects.create(**{**defaults, **fields})
     services.make_plan(campaign.pk, requester)

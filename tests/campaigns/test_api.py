@@ -26,7 +26,7 @@ def clients():
 
 def create(client: Client, **fields) -> dict:
     body = {"name": "Driver R570", "node_selector": {"sweep": "yes"}, "target_versions": {"driver": {"R570": FIXED}},
-            "parallelism_per_cluster": "50%", **fields}
+            "parallelism_per_cluster": "50%", "canary": "0", **fields}
     response = client.post(BASE, body, content_type="application/json")
     assert response.status_code == 201, response.content
     return response.json()

@@ -84,6 +84,7 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
             page.select_option("select[name=advisories]", label=label)
             page.fill("input[name=pool_names]", "batch")
             page.fill("input[name=parallelism_per_cluster]", "2")
+            page.fill("input[name=soak_s]", "0")  # the demo needs no 10-minute soak after its canary
             page.click("main button[type=submit]")
             page.wait_for_selector("#status")
             campaign_url = page.url

@@ -152,7 +152,7 @@ def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worke
             helpers.wait_steps(log_file, 3)
 
         rita, alan = user("rita", "operator"), user("alan", "approver")
-        campaign = Campaign.objects.create(name="agents", requested_by=rita, node_selector={"sweep": "yes"},
+        campaign = Campaign.objects.create(name="agents", requested_by=rita, node_selector={"sweep": "yes"}, canary="0",
                                            target_versions={"driver": {"R570": FIXED}},
                                            parallelism_per_cluster="2", step_timeout_s=8, error_budget="0")
         services.make_plan(campaign.pk, rita)
@@ -236,7 +236,7 @@ def test_it_completes_a_six_node_campaign_while_the_worker_is_killed_in_every_st
     before = {w["name"]: w["steps"] for n in fleet.snapshot()["nodes"].values() for w in n["workloads"].values()}
 
     rita, alan = user("rita", "operator"), user("alan", "approver")
-    campaign = Campaign.objects.create(name="e2e", requested_by=rita, node_selector={"sweep": "yes"},
+    campaign = Campaign.objects.create(name="e2e", requested_by=rita, node_selector={"sweep": "yes"}, canary="0",
                                        target_versions={"driver": {"R570": FIXED}}, parallelism_per_cluster="1",
                                        step_timeout_s=4, error_budget="0")
     services.make_plan(campaign.pk, rita)

@@ -45,7 +45,7 @@ def test_a_campaign_with_no_heartbeats_remediates_its_exposures_and_logs_every_c
     advisory = _exposed(swept)
     assert Exposure.objects.filter(node__in=swept, state=ExposureState.OPEN).count() == 2
     requester, approver = people
-    campaign = Campaign.objects.create(name="from the advisory", requested_by=requester,
+    campaign = Campaign.objects.create(name="from the advisory", requested_by=requester, canary="0",
                                        node_selector={"sweep": "yes"}, parallelism_per_cluster="2")
     campaign.advisories.add(advisory)
     services.make_plan(campaign.pk, requester)
@@ -166,3 +166,43 @@ def test_a_node_the_executor_cannot_reach_is_blocked_at_planning(people):
     assert "no agent endpoint" in content["blocked"][0]["reason"]
     assert list(content["nodes"]) == [str(reachable.pk)]
     assert content["summary"]["blocked"] == 1
+
+
+def test_a_failing_canary_halts_the_campaign_with_no_other_node_drained(people):
+    fleet, _ = make_fleet(nodes=5, spares=2)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, canary="auto", soak_s=0, parallelism_per_cluster="3",
+                                 error_budget="2")
+    [canary] = campaign.approved_plan.content["canary"]["nodes"]
+    fleet.set_healthy(f"local/{Node.objects.get(pk=canary).name}", False)  # its verification will fail
+    services.start(campaign.pk, requester)
+    campaign = drive(campaign.pk)
+    assert campaign.status == CampaignStatus.HALTED and "the canary failed" in campaign.status_reason
+    states = dict(NodeSweep.objects.filter(campaign=campaign).values_list("node_id", "state"))
+    assert states.pop(canary) == SweepState.FAILED
+    assert set(states.values()) == {SweepState.PENDING}
+    snapshot = fleet.snapshot()["nodes"]
+    assert not any(n["maintenance"] for name, n in snapshot.items() if not name.endswith(
+        Node.objects.get(pk=canary).name)), "no other node was drained"
+    assert EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.CANARY_FAILED).exists()
+
+
+def test_the_canary_soaks_before_the_next_wave_and_the_soak_is_in_the_evidence(people):
+    make_fleet(nodes=3, spares=2)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, canary="1", soak_s=2, parallelism_per_cluster="2")
+    services.start(campaign.pk, requester)
+    drive(campaign.pk, rounds=5)
+    states = sorted(NodeSweep.objects.filter(campaign=campaign).values_list("wave", "state"))
+    assert states[0] == (1, SweepState.DONE) and {s for _w, s in states[1:]} == {SweepState.PENDING}
+    soaking = EvidenceEvent.objects.get(campaign=campaign, kind=EvidenceKind.SOAKING)
+    assert soaking.data["soak_s"] == 2
+    import time
+
+    time.sleep(2.2)
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+    soaked = EvidenceEvent.objects.get(campaign=campaign, kind=EvidenceKind.SOAKED)
+    assert soaked.data["soaked_s"] >= 2 and soaked.at > soaking.at
+    first_of_wave_2 = EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.ADMITTED,
+                                                   sweep__wave=2).order_by("at").first()
+    assert first_of_wave_2.at >= soaked.at

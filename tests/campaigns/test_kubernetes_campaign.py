@@ -44,7 +44,7 @@ def campaign(names: list[str], **fields: object) -> Campaign:
     rita, alan = user("rita", "operator"), user("alan", "approver")
     made = Campaign.objects.create(**{"name": "k8s", "requested_by": rita, "node_selector": {"names": names},
                                       "target_versions": {"driver": {"R570": FIXED}},
-                                      "parallelism_per_cluster": "2", "step_timeout_s": 60, **fields})
+                                      "parallelism_per_cluster": "2", "step_timeout_s": 60, "canary": "0", **fields})
     services.make_plan(made.pk, rita)
     services.approve(made.pk, alan)
     services.start(made.pk, rita)

@@ -180,3 +180,28 @@ def test_the_last_group_comes_after_every_other_node():
     result = plan([*nodes, last], [], Policy(start=MONDAY, per_cluster="2"))
     assert result["nodes"]["99"]["wave"] == max(w["wave"] for w in result["waves"]) > result["nodes"]["0"]["wave"]
     assert result["nodes"]["99"]["last_group"] is True
+
+
+def test_an_exponential_rollout_starts_with_a_canary_that_soaks_and_grows_1_2_4_8():
+    nodes = [node(i, workloads=0) for i in range(15)]
+    result = plan(nodes, [], Policy(start=MONDAY, per_cluster="100%", canary="auto", soak_s=600,
+                                    growth="exponential", growth_step=2, node_seconds=1800))
+    assert [w["size"] for w in result["waves"]] == [1, 2, 4, 8]
+    assert result["waves"][0]["canary"] and not result["waves"][1]["canary"]
+    first_end = datetime.fromisoformat(result["waves"][0]["end"])
+    assert datetime.fromisoformat(result["waves"][1]["start"]) == first_end + timedelta(seconds=600)
+    assert result["canary"]["soak_until"] == result["waves"][1]["start"]
+    # Capped by the limits: at most 3 a wave.
+    capped = plan(nodes, [], Policy(start=MONDAY, per_cluster="3", canary="auto", growth="exponential"))
+    assert [w["size"] for w in capped["waves"]] == [1, 2, 3, 3, 3, 3]
+    linear = plan(nodes, [], Policy(start=MONDAY, per_cluster="100%", canary="1", growth="linear", growth_step=3))
+    assert [w["size"] for w in linear["waves"]] == [1, 4, 7, 3]
+
+
+def test_the_automatic_canary_takes_one_node_per_driver_group_and_cluster():
+    other = {"driver": "580.82.07", "cuda": "13.0"}
+    nodes = [node(i) for i in range(3)] + [node(10 + i, versions=other) for i in range(3)] + [
+        node(20, cluster="d")]
+    result = plan(nodes, [], Policy(start=MONDAY, per_cluster="100%", canary="auto", cold_restart_allowed=True))
+    assert sorted(result["canary"]["nodes"]) == [0, 10, 20]
+    assert sorted(result["waves"][0]["nodes"]) == [0, 10, 20]

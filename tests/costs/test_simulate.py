@@ -27,7 +27,7 @@ TRACE = "\n".join([HEADER, pod("t-long", R - 10 * H, 40 * D), pod("u-held", OPEN
                    pod("e-end", 59 * D, 60 * D)])
 NODES = [SimNode(index=i, name=f"n{i}", gpus=1, gpu_model="T4", versions={"driver": "550.163.01"}) for i in range(4)]
 BASE = dict(release_s=R, deadline_days=15, patch_minutes=60, window_hours=2, reservation_days=1, cadences=("monthly",),
-            parallelism=("1",), wait_limit_h=48, checkpointable_share=1.0, gpu_memory_gib=0)
+            parallelism=("1",), wait_limit_h=48, checkpointable_share=1.0, gpu_memory_gib=0, canary="0")
 
 
 def run(**changes):
@@ -110,3 +110,10 @@ def test_parameters_out_of_range_are_named():
     params = Params(**BASE)
     with pytest.raises(ModelError, match=r"release_s=.*outside the trace"):
         simulate(NODES, from_openb(TRACE, params), params.with_(release_s=99 * D))
+
+
+def test_a_canary_soaks_before_the_other_nodes_and_the_sweep_takes_that_much_longer():
+    plain, _ = run()
+    soaked, _ = run(canary="auto", soak_minutes=120)
+    # The canary (one node here: one driver group) soaks two hours before the next node drains.
+    assert soaked["sweep"].days_to_patched == pytest.approx(plain["sweep"].days_to_patched + 120 / 1440)

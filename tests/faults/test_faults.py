@@ -227,7 +227,7 @@ def test_a_campaign_survives(case: str, tmp_path: Path, monkeypatch: pytest.Monk
             rita, alan = user("rita", "operator"), user("alan", "approver")
             campaign = services.create_campaign(rita, {
                 "name": case[:100], "node_selector": {"sweep": "yes"}, "target_versions": {"driver": FIXED},
-                "parallelism_per_cluster": "1", "step_timeout_s": 10, "error_budget": "1"})
+                "parallelism_per_cluster": "1", "step_timeout_s": 10, "error_budget": "1", "canary": "0"})
             services.make_plan(campaign.pk, rita)
             services.approve(campaign.pk, alan)
             beat, worker = _celery("beat", env, log), _celery("worker", env, log)

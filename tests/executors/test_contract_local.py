@@ -1,0 +1,51 @@
+"""The executor contract on the local back end: two real node agents (agent/), a real counter
+process checkpointed by the signal engine, the agents' simulated patch and reboot."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from executors.base import NodeRef
+from executors.local import LocalExecutor
+from tests.executors.contract import ExecutorContract, Harness
+from tests.helpers import REPO
+
+sys.path.insert(0, str(REPO / "agent" / "tests"))
+import agent_helpers as agents
+
+
+class TestLocalExecutor(ExecutorContract):
+    @pytest.fixture
+    def harness(self, tmp_path: Path) -> Iterator[Harness]:
+        store = tmp_path / "artifacts"
+        simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
+        started = {name: agents.AgentProcess(tmp_path, name, store, **simulate).start() for name in ("a", "b")}
+        log = tmp_path / "counter.log"
+        proc = agents.start_workload(started["a"], "wl-1", log, megabytes=1, engine="signal")
+        try:
+            agents.wait_steps(log, 3)
+            refs = {name: NodeRef(agents.CLUSTER, name, endpoint=f"http://127.0.0.1:{agent.port}")
+                    for name, agent in started.items()}
+            by_ref = {refs[name].identity: agent for name, agent in started.items()}
+
+            def running(node: NodeRef) -> set[str]:
+                listed = by_ref[node.identity].client.get("/v1/workloads")["workloads"]
+                return {w["id"] for w in listed if w["state"] in ("running", "restored")}
+
+            def takes_work(node: NodeRef) -> bool:
+                return not by_ref[node.identity].client.get("/v1/health")["maintenance"]
+
+            yield Harness(
+                executor=LocalExecutor(secret=agents.FLEET_SECRET, operation_timeout=60), a=refs["a"], b=refs["b"],
+                workload="wl-1", engine="signal", component="driver", version="570.195.03",
+                unknown=NodeRef(agents.CLUSTER, "nowhere"), takes_work=takes_work, running=running,
+                progress=lambda _workload: len(agents.steps(log)) if log.exists() else None,
+            )
+        finally:
+            for agent in started.values():
+                agent.stop()
+            proc.kill()  # the restored copy (named after tmp_path) goes with the suite's process sweep
