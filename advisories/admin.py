@@ -14,6 +14,7 @@ from advisories.models import (
     KevEntry,
     SourceState,
 )
+from gpusweep.admin import ReadOnlyAdmin
 
 
 class AffectedRangeInline(admin.TabularInline):
@@ -49,7 +50,10 @@ class AffectedRangeAdmin(admin.ModelAdmin):
 
 
 @admin.register(Exposure)
-class ExposureAdmin(admin.ModelAdmin):
+class ExposureAdmin(ReadOnlyAdmin):
+    """Read only: states change through advisories.exposure (remediation with evidence) and the
+    risk acceptance API (an approver, a reason, an expiry)."""
+
     list_display = ("node", "advisory", "component", "detected_version", "severity", "state", "deadline",
                     "fixed_by_version", "remediated_at")
     list_filter = ("state", "severity", "component")

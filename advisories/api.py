@@ -8,6 +8,7 @@ import django_filters
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -16,10 +17,13 @@ from rest_framework.response import Response
 from advisories.choices import ExposureState, Severity
 from advisories.exposure import assign_deadlines
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure
+from gpusweep.filters import DateTimeFilter, FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
 # --- serializers ---------------------------------------------------------------------------
+
+MAX_DEADLINE_DAYS = 3650
 
 
 class CVESerializer(serializers.ModelSerializer):
@@ -70,7 +74,8 @@ class ExposureSerializer(serializers.ModelSerializer):
     fixed_version = serializers.CharField(source="affected_range.fixed_version", read_only=True)
     cves = serializers.SerializerMethodField()
     overdue = serializers.SerializerMethodField()
-    risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None)
+    risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None,
+                                          allow_null=True)
 
     class Meta:
         model = Exposure
@@ -101,28 +106,32 @@ class DeadlinePolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = DeadlinePolicy
         fields = ["critical_days", "high_days", "medium_days", "low_days", "basis", "use_kev", "updated_at"]
+        # Bounded so a deadline stays a date (timedelta overflows past ~2.7 million days).
+        extra_kwargs = {name: {"min_value": 0, "max_value": MAX_DEADLINE_DAYS}
+                        for name in ("critical_days", "high_days", "medium_days", "low_days")}
 
 
 class ClusterDeadlineOverrideSerializer(serializers.ModelSerializer):
     class Meta:
         model = ClusterDeadlineOverride
         fields = ["id", "cluster", "severity", "days"]
+        extra_kwargs = {"days": {"min_value": 0, "max_value": MAX_DEADLINE_DAYS}}
 
 
 # --- filters ----------------------------------------------------------------------------------
 
 
-class AdvisoryFilter(django_filters.FilterSet):
+class AdvisoryFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     cve = django_filters.CharFilter(field_name="cves__cve_id", lookup_expr="iexact")
-    published_after = django_filters.DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
+    published_after = DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
 
     class Meta:
         model = Advisory
         fields = ["publisher", "publisher_id", "severity", "integrity", "ranges_unknown", "source_kind"]
 
 
-class CVEFilter(django_filters.FilterSet):
+class CVEFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     advisory = django_filters.CharFilter(field_name="advisories__publisher_id")
 
@@ -131,7 +140,7 @@ class CVEFilter(django_filters.FilterSet):
         fields = ["cve_id", "severity", "cwe_id"]
 
 
-class AffectedRangeFilter(django_filters.FilterSet):
+class AffectedRangeFilter(FilterSet):
     advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
 
     class Meta:
@@ -139,7 +148,7 @@ class AffectedRangeFilter(django_filters.FilterSet):
         fields = ["component", "os_family", "branch", "product_line"]
 
 
-class ExposureFilter(django_filters.FilterSet):
+class ExposureFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     state = django_filters.MultipleChoiceFilter(choices=ExposureState.choices())
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
@@ -197,6 +206,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["deadline", "first_seen", "severity"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}}
 
+    @extend_schema(request=RiskAcceptanceSerializer)
     @action(detail=True, methods=["post"])
     def accept_risk(self, request: Request, pk: str | None = None) -> Response:
         """An approver accepts the risk until an expiry, with a reason; the exposure stays listed."""
@@ -214,6 +224,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
                             status=status.HTTP_409_CONFLICT)
         return Response(self.get_serializer(exposure).data)
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def revoke_risk(self, request: Request, pk: str | None = None) -> Response:
         Exposure.objects.filter(pk=self.get_object().pk, state=ExposureState.RISK_ACCEPTED).update(

@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "gpusweep",
     "inventory",
@@ -44,6 +45,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Early, so an oversized body is refused before anything reads it; answers /api/ errors as JSON.
+    "gpusweep.errors.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -161,19 +164,41 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpusweep.roles.RolePermission"],
+    # Bounded input everywhere (gpusweep/parsers.py, filters.py, pagination.py) and one error
+    # format for every error (gpusweep/errors.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "gpusweep.parsers.JSONParser",
+        "gpusweep.parsers.EmptyFormParser",
+        "gpusweep.parsers.EmptyMultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "gpusweep.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "gpusweep.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "gpusweep.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "gpusweep.schema.AutoSchema",
 }
+# The largest request body the API reads (Django's setting; the API answers 413 above it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUSWEEP_API_MAX_BODY_KB", 2560, minimum=64) * 1024
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpusweep API",
-    "DESCRIPTION": "GPU fleet patching on the security team's calendar.",
+    "DESCRIPTION": "GPU fleet patching on the security team's calendar. Errors: "
+                   '{"detail": "...", "errors": {"field": ["..."]}} (errors only for refused fields).',
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its docs page need a login with a role, like every other read.
+    "SERVE_PERMISSIONS": ["gpusweep.roles.RolePermission"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are JSON (form bodies only when empty: gpusweep/parsers.py).
+    "PARSER_WHITELIST": ["gpusweep.parsers.JSONParser"],
+    # Swagger UI from the project's own static files (drf-spectacular-sidecar): no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Fields named "policy" in several serializers: one enum, named after its one choice set.
+    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices"},
 }
 
 LOGGING = {

@@ -23,13 +23,17 @@ inventory/mappings/alibaba-openb-2023.json:
 Versions: a driver version that is not an NVIDIA driver version (e.g. `570.86.x`) is an error
 in a file (files are typed by people; a typo there must not become a flagged unknown). Other
 components in unknown formats are stored raw and flagged.
+
+Limits: every value must fit its column (lengths and integer ranges from the Node model, checked
+by inventory.services for every source), a CSV field is at most 128 KiB (csv's own limit), JSON
+at most 32 levels deep, and no value holds a NUL character. A value beyond them is an error
+naming its line, like any other bad row, never a traceback.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
+from gpusweep.parsers import JSONInputError, load_json
 from inventory.choices import ChangeSource, ClusterKind
 from inventory.models import Cluster
 from inventory.services import InventoryError, ObservedNode, Snapshot, SyncResult, apply_snapshot, parse_component
@@ -68,14 +73,19 @@ class Mapping:
         if not candidate.exists() and (MAPPINGS_DIR / f"{path}.json").exists():
             candidate = MAPPINGS_DIR / f"{path}.json"  # shipped mappings by name: --mapping alibaba-openb-2023
         try:
-            data = json.loads(candidate.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = load_json(candidate.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, JSONInputError) as exc:
             raise InventoryError(f"mapping {path}: {exc}") from None
         if not isinstance(data, dict):
             raise InventoryError(f"mapping {path}: expected a JSON object")
         unknown = set(data) - {"columns", "ignore", "defaults", "models", "labels", "description"}
         if unknown:
             raise InventoryError(f"mapping {path}: unknown keys {sorted(unknown)}")
+        shapes = {"columns": dict, "ignore": list, "defaults": dict, "models": dict, "labels": dict}
+        wrong = sorted(key for key, kind in shapes.items() if not isinstance(data.get(key, kind()), kind))
+        if wrong or not all(isinstance(v, dict) for v in data.get("models", {}).values()):
+            raise InventoryError(f"mapping {path}: {', '.join(wrong) or 'models'} has the wrong shape "
+                                 "(columns, defaults, labels and each model are objects; ignore is a list)")
         return cls(
             columns=dict(data.get("columns", {})),
             ignore=frozenset(data.get("ignore", [])),
@@ -127,7 +137,10 @@ def to_observed(record: dict[str, Any], where: str, mapping: Mapping) -> Observe
     for column in TEXT_FIELDS:
         if merged.get(column) not in (None, ""):
             setattr(node, column, str(merged[column]).strip())
-    labels = {**mapping.labels, **(merged.get("labels") or {})}
+    own_labels = merged.get("labels") or {}
+    if not isinstance(own_labels, dict):
+        raise InventoryError(f"{node.origin}: labels must be an object of name: value")
+    labels = {**mapping.labels, **own_labels}
     if labels:
         node.labels = {str(k): str(v) for k, v in labels.items()}
     components = merged.get("components") or {}
@@ -145,12 +158,23 @@ def to_observed(record: dict[str, Any], where: str, mapping: Mapping) -> Observe
     return node
 
 
+def _csv_rows(reader: Any, source: str) -> Iterator[list[str]]:
+    """The reader's rows; a field over csv's limit (128 KiB) is an error naming its line."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InventoryError(f"{source} line {reader.line_num}: {exc}") from None
+
+
 def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise InventoryError(f"{source}: the file is empty") from None
+    rows = _csv_rows(reader, source)
+    header = next(rows, None)
+    if header is None:
+        raise InventoryError(f"{source}: the file is empty")
     columns = [mapping.columns.get(c.strip(), c.strip()) for c in header]
     if "name" not in columns:
         wanted = [k for k, v in mapping.columns.items() if v == "name"]
@@ -168,7 +192,7 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
                 f"{source}: unknown column {header[index]!r} (node fields: {sorted(NODE_COLUMNS)}; "
                 f"components: {sorted(KNOWN_COMPONENTS)} or component:<name>)"
             )
-    for row in reader:
+    for row in rows:
         where = f"{source} line {reader.line_num}"
         if not any(cell.strip() for cell in row):
             continue
@@ -187,8 +211,8 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
 
 def _json_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = load_json(text)
+    except JSONInputError as exc:
         raise InventoryError(f"{source}: not valid JSON ({exc})") from None
     nodes = data.get("nodes") if isinstance(data, dict) else data
     if not isinstance(nodes, list):
@@ -224,6 +248,9 @@ def read_nodes(path: Path, mapping: Mapping | None = None, progress: Progress | 
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise InventoryError(f"{source} line {line}: a NUL character (a binary file?)")
     is_json = path.suffix.lower() == ".json" or text.lstrip()[:1] in ("{", "[")
     records = _json_records(text, source, mapping) if is_json else _csv_records(text, source, mapping)
     nodes: list[ObservedNode] = []

@@ -61,6 +61,10 @@ class Node(models.Model):
     # SHA-256 of the node's agent token; the token itself lives only on the node.
     agent_token_sha256 = models.CharField(max_length=64, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # The counter (nonce) of the newest heartbeat accepted from the node's agent: a heartbeat must
+    # carry a larger one, so a replayed or older heartbeat changes nothing (inventory/agent.py). A
+    # database default, since bulk inserts (inventory/bulk.py) name their columns.
+    heartbeat_counter = models.PositiveBigIntegerField(default=0, db_default=0)
     gone_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

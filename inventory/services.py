@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Q, Subquery
 from django.utils import timezone
 
@@ -210,6 +211,45 @@ def parse_component(component: str, raw: str, origin: str = "") -> tuple[str, Pa
         raise InventoryError(f"{where}{exc}") from None
 
 
+# What a node's columns hold, from the model: a value beyond it is the source's error (named with
+# its line or node), not a database error. Integer ranges are the portable ones (PostgreSQL's), so
+# a file that imports on one engine imports on every engine.
+def _node_field(name: str) -> Any:
+    return Node._meta.get_field(name)
+
+
+NODE_TEXT_LIMITS = {name: int(_node_field(name).max_length) for name in (
+    "name", "pool", "gpu_model", "product_line", "os_family", "scheduler_state", "agent_endpoint")}
+NODE_INT_RANGES = {name: BaseDatabaseOperations.integer_field_ranges[_node_field(name).get_internal_type()]
+                   for name in ("gpu_count", "cpu_milli", "memory_mib")}
+
+
+def _check_node_fields(observed: ObservedNode, where: str) -> None:
+    for name, limit in NODE_TEXT_LIMITS.items():
+        value = getattr(observed, name)
+        if value is not None and len(value) > limit:
+            raise InventoryError(f"{where}: {name} is {len(value)} characters, longer than the {limit} allowed")
+    for name, (low, high) in NODE_INT_RANGES.items():
+        value = getattr(observed, name)
+        if value is not None and not low <= value <= high:
+            raise InventoryError(f"{where}: {name} {value} is outside {low}..{high}")
+    if observed.labels is not None:
+        check_labels(observed.labels, where)
+
+
+MAX_LABEL_LENGTH = 317  # Kubernetes' longest label key: a 253-character prefix, "/", 63 characters
+
+
+def check_labels(labels: Any, where: str = "labels") -> None:
+    """A node's labels are an object of name: text, neither longer than MAX_LABEL_LENGTH."""
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise InventoryError(f"{where}: labels must map names to text")
+    long = next((k for k, v in labels.items() if max(len(k), len(v)) > MAX_LABEL_LENGTH), None)
+    if long is not None:
+        raise InventoryError(f"{where}: label {long[:40]!r}: names and values are at most {MAX_LABEL_LENGTH} "
+                             "characters")
+
+
 def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
     """Check the whole snapshot before writing anything; return parsed components per node."""
     parsed: dict[str, dict[str, ParsedVersion]] = {}
@@ -217,8 +257,7 @@ def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
         where = observed.origin or f"node {observed.name!r}"
         if not observed.name or not observed.name.strip():
             raise InventoryError(f"{where}: node name is empty")
-        if len(observed.name) > 200:
-            raise InventoryError(f"{where}: node name is longer than 200 characters")
+        _check_node_fields(observed, where)
         if observed.name in parsed:
             raise InventoryError(f"{where}: duplicate node {observed.name!r}")
         if observed.service_state is not None and observed.service_state not in ServiceState.values():

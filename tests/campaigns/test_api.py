@@ -90,7 +90,7 @@ def test_bad_policy_is_refused_naming_the_field(clients):
     response = operator.post(BASE, {"name": "x", "parallelism_per_cluster": "many", "windows": [{"start": "25:00"}],
                                     "workload_overrides": {"job": "teleport"}}, content_type="application/json")
     assert response.status_code == 400
-    assert set(response.json()) == {"parallelism_per_cluster", "windows", "workload_overrides"}
+    assert set(response.json()["errors"]) == {"parallelism_per_cluster", "windows", "workload_overrides"}
     assert not Campaign.objects.exists()
 
 

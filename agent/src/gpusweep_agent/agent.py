@@ -31,6 +31,7 @@ from .engines.criu import processes_mentioning
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
+from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
 from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, discover_gpu_processes, public
 
@@ -51,6 +52,8 @@ class Agent:
         self.argv = argv or []
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationStore(config.state_dir)
+        # Nonces of accepted requests, so a captured request cannot be sent again (replay.py).
+        self.nonces = NonceLog(config.state_dir / "nonces.log")
         self.artifacts = LocalArtifactStore(config.artifact_dir)
         self.workloads = WorkloadRegistry(config.state_dir)
         self._facts: tuple[float, Facts] | None = None
