@@ -504,7 +504,7 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     for cve in cves:
         for pid in cve.affected_product_ids:
             affected_by.setdefault(pid, []).append(cve.cve_id)
-    ranges, review = _ranges(leaves, affected_by)
+    ranges, review = _ranges(leaves, affected_by, {pid for cve in cves for pid in cve.fixed_product_ids})
     ranges += _unsupported_branches(ranges, review)
     known = {leaf.product_id for leaf in leaves}
     for cve in cves:
@@ -579,11 +579,16 @@ def _walk_tree(branches: list[Any], document: str) -> list[_Leaf]:
     return leaves
 
 
-def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
+            fixed_ids: set[str]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+    """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
+    unless it is only ever a fixed row (it hits nobody itself)."""
     ranges: list[ParsedRange] = []
     review: list[ReviewNote] = []
     groups: dict[tuple[int, str], list[tuple[_Leaf, Decoded | None]]] = {}
-    vgpu_versions: dict[str, str] = {}  # vGPU software release -> driver version, from this document
+    # (product, vGPU software release) -> driver version, from this document's own rows: a
+    # Virtual GPU Manager and a guest driver of one release have different versions.
+    vgpu_versions: dict[tuple[str, str], str] = {}
     labels = {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b}
     for leaf in leaves:
         decoded = decode_version_text(leaf.text, leaf.product_id in affected_by) if leaf.text else None
@@ -593,7 +598,7 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]]) -> tuple[lis
                                         else "")
             for label in decoded.labels:
                 if version:
-                    vgpu_versions.setdefault(label, version)
+                    vgpu_versions.setdefault((leaf.name, label), version)
     for rows in groups.values():
         for index, (leaf, decoded) in enumerate(rows):
             component = components.classify(leaf.name, leaf.architecture)
@@ -602,7 +607,8 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]]) -> tuple[lis
                                          f"no inventory component is {leaf.name!r} ({leaf.architecture})"))
                 continue
             if decoded is not None and decoded.kind == "fixed" and not decoded.fixed:
-                mapped = next((vgpu_versions[label] for label in decoded.labels if label in vgpu_versions), "")
+                mapped = next((vgpu_versions[(leaf.name, label)] for label in decoded.labels
+                               if (leaf.name, label) in vgpu_versions), "")
                 rows[index] = (leaf, Decoded("fixed", decoded.form, fixed=mapped, labels=decoded.labels)
                                if mapped else None)
                 decoded = rows[index][1]
@@ -610,7 +616,7 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]]) -> tuple[lis
                 review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
                                          f"version text not understood ({leaf.architecture} / {leaf.name})",
                                          component.name))
-                if leaf.product_id in affected_by or not _fixed_only(leaf, rows):
+                if leaf.product_id in affected_by or (leaf.product_id not in fixed_ids and not _fixed_only(leaf, rows)):
                     ranges += _rows(leaf, component, None, "", "", affected_by, RangeBasis.UNDECODED, labels)
         for index, (leaf, decoded) in enumerate(rows):
             component = components.classify(leaf.name, leaf.architecture)

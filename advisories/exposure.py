@@ -181,6 +181,7 @@ class RecomputeResult:
     opened: int = 0
     reopened: int = 0
     remediated: int = 0
+    withdrawn: int = 0
     restated: int = 0
     expired_acceptances: int = 0
     deadlines_set: int = 0
@@ -258,6 +259,7 @@ def recompute(
             cursor.execute(f"ANALYZE {E}")
         if _had_rows(run):
             result.reopened = _reopen(run)
+            result.withdrawn = _withdraw(run)
             result.remediated = _remediate(run, remediated_by)
             _follow_versions(run)
             result.restated = _follow_scope(run, matches)
@@ -330,6 +332,22 @@ def _reopen(run: _Run) -> int:
         WHERE state = %s {scope} AND EXISTS ({MATCH_OF_EXPOSURE})
         """,
         [*run.m_params, run.stamp, ExposureState.REMEDIATED, *params],
+    )
+    return _rowcount(run.cursor)
+
+
+def _withdraw(run: _Run) -> int:
+    """Presumed, now out of the match at the same version: the node's facts tell it is another
+    product (its platform became known, say). Nothing was patched: the row goes, not remediated."""
+    scope, params = run.scope()
+    run.cursor.execute(
+        f"""
+        {run.with_m}
+        DELETE FROM {E} WHERE state = %s {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
+          AND EXISTS (SELECT 1 FROM {NC} nc5 WHERE nc5.node_id = {E}.node_id AND nc5.component = {E}.component
+                      AND nc5.version = {E}.detected_version AND nc5.version_key IS NOT NULL)
+        """,
+        [*run.m_params, ExposureState.PRESUMED, *params],
     )
     return _rowcount(run.cursor)
 
