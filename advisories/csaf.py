@@ -29,6 +29,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 from advisories import components
@@ -617,7 +618,12 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
                                          f"version text not understood ({leaf.architecture} / {leaf.name})",
                                          component.name))
                 if leaf.product_id in affected_by or (leaf.product_id not in fixed_ids and not _fixed_only(leaf, rows)):
-                    ranges += _rows(leaf, component, None, "", "", affected_by, RangeBasis.UNDECODED, labels)
+                    # Its fixed row may still read: then nodes from that version on are not presumed.
+                    fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
+                                              if d is not None and d.kind == "fixed" and d.fixed), (None, None))
+                    ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
+                                    fixed_leaf.product_id if fixed_leaf else "", affected_by, RangeBasis.UNDECODED,
+                                    labels)
         for index, (leaf, decoded) in enumerate(rows):
             component = components.classify(leaf.name, leaf.architecture)
             if component is None or decoded is None or decoded.kind != "affected":
@@ -672,7 +678,7 @@ def _rows(leaf: _Leaf, component: components.Component, decoded: Decoded | None,
     for part_no, part in enumerate(parts):
         lower, lower_inclusive = part.lower, part.lower_inclusive
         upper, upper_inclusive = part.upper, part.upper_inclusive
-        if decoded is not None and upper is None and lower is None:
+        if upper is None and lower is None and fixed_version:
             upper, upper_inclusive = fixed_version, False
         if is_driver and branch:
             # The branch bounds the row: Windows R535 drivers are 538.x, and an inventory reports
@@ -715,9 +721,9 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
     gaps: dict[tuple[int, int], list[str]] = {}
     for (os_family, line), by_branch in sorted(named.items()):
         listed = sorted(by_branch)
-        for low, high in zip(listed, listed[1:], strict=False):
+        for low, high in pairwise(listed):
             for i in by_branch[low]:
-                if ranges[i].basis == RangeBasis.UNDECODED:
+                if ranges[i].basis == RangeBasis.UNDECODED and not ranges[i].fixed_version:
                     ranges[i] = replace(ranges[i], upper=str(min(high, low + BRANCH_REACH)))
             seen = [b for i in by_branch[low] for v in (ranges[i].upper, ranges[i].fixed_version) if v
                     for b in [branch_of_version(v)] if b is not None and b < high]

@@ -438,7 +438,8 @@ def ingest_index_entry(entry: IndexEntry) -> tuple[str, int, int, str]:
             content = {k: v for k, v in values.items() if k not in ("source", "source_kind") and v not in ("", None)}
             same = (all(getattr(existing, k) == v for k, v in content.items())
                     and set(cve_ids) <= set(existing.cves.values_list("cve_id", flat=True))
-                    and {n.key[:300] for n in entry.products} <= set(existing.review_items.values_list("key", flat=True)))
+                    and {n.key[:300] for n in entry.products}
+                    <= set(existing.review_items.values_list("key", flat=True)))
             if same:
                 return "unchanged", existing.id, _open_review(existing), ""
             advisory = existing

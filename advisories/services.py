@@ -14,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import User as AuthUser
 from django.db import transaction
 from django.utils import timezone
 
@@ -27,6 +28,10 @@ from inventory.versions import VersionError, parse_version
 User = AbstractBaseUser | AnonymousUser
 
 
+def _who(user: User) -> AuthUser | None:
+    return user if isinstance(user, AuthUser) else None
+
+
 class DecisionError(ValueError):
     """A decision that does not apply (wrong state, bad mapping); nothing was changed."""
 
@@ -37,7 +42,7 @@ class DecisionError(ValueError):
 
 def _event(exposure: Exposure, kind: str, user: User, message: str, **details: Any) -> None:
     AdvisoryEvent.objects.create(
-        advisory_id=exposure.advisory_id, kind=kind, user=user if user.is_authenticated else None,
+        advisory_id=exposure.advisory_id, kind=kind, user=_who(user),
         message=message, details={"exposure": exposure.pk, "node": exposure.node.name,
                                   "cluster": exposure.node.cluster.name, **details})
 
@@ -57,7 +62,7 @@ def accept_risk(exposure_id: int, user: User, reason: str, expires_at: dt.dateti
         raise DecisionError("expiry must be in the future")
     before = _decide(exposure_id, frozenset({ExposureState.OPEN, ExposureState.PRESUMED, ExposureState.RISK_ACCEPTED}),
                      "only open or presumed exposures can be accepted", state=ExposureState.RISK_ACCEPTED,
-                     risk_approver=user, risk_reason=reason, risk_expires_at=expires_at, justification="")
+                     risk_approver=_who(user), risk_reason=reason, risk_expires_at=expires_at, justification="")
     _event(before, EventKind.RISK_ACCEPTED, user, f"risk accepted until {expires_at:%Y-%m-%d}: {reason}",
            previous=before.state, expires_at=expires_at.isoformat())
     return Exposure.objects.get(pk=exposure_id)
@@ -83,7 +88,7 @@ def mark_not_affected(exposure_id: int, user: User, justification: str, reason: 
         raise DecisionError(f"justification must be one of {', '.join(VexJustification.values())}")
     before = _decide(exposure_id, frozenset({ExposureState.OPEN, ExposureState.PRESUMED, ExposureState.RISK_ACCEPTED}),
                      "only open or presumed exposures can be set not affected", state=ExposureState.NOT_AFFECTED,
-                     risk_approver=user, risk_reason=reason, risk_expires_at=None, justification=justification)
+                     risk_approver=_who(user), risk_reason=reason, risk_expires_at=None, justification=justification)
     _event(before, EventKind.NOT_AFFECTED, user, f"not affected ({justification}): {reason}", previous=before.state,
            justification=justification)
     return Exposure.objects.get(pk=exposure_id)
@@ -132,7 +137,8 @@ def map_review_item(item_id: int, user: User, mapping: dict[str, Any], reason: s
     clean = validate_mapping(mapping)
     item = ReviewItem.objects.select_related("advisory").get(pk=item_id)
     if not ReviewItem.objects.filter(pk=item_id, state=ReviewState.OPEN).update(
-            state=ReviewState.MAPPED, mapping=clean, resolution=reason, resolved_by=user, resolved_at=timezone.now()):
+            state=ReviewState.MAPPED, mapping=clean, resolution=reason, resolved_by=_who(user),
+            resolved_at=timezone.now()):
         raise DecisionError(f"review item {item_id} is {item.state}", conflict=True)
     advisory = item.advisory
     previous = list(advisory.ranges.filter(product_id=item.key))
@@ -140,7 +146,8 @@ def map_review_item(item_id: int, user: User, mapping: dict[str, Any], reason: s
     rng, lower_key, upper_key = mapped_range(item.key, clean, None)
     presumed = [r.id for r in previous if r.basis in RangeBasis.PRESUMED]
     withdraw_presumed(advisory, presumed, f"review item {item.key} mapped", user)
-    advisory.ranges.filter(product_id=item.key).exclude(pk=template.pk if template else None).delete()
+    others = advisory.ranges.filter(product_id=item.key)
+    (others.exclude(pk=template.pk) if template else others).delete()
     values = {
         "product_name": (template.product_name if template else item.raw)[:200],
         "architecture": template.architecture if template else "", "component": rng.component,
@@ -156,10 +163,11 @@ def map_review_item(item_id: int, user: User, mapping: dict[str, Any], reason: s
     else:
         created = AffectedRange.objects.create(advisory=advisory, product_id=item.key, **values)
         created.cves.set(advisory.cves.all())
-    AdvisoryEvent.objects.create(advisory=advisory, kind=EventKind.REVIEW_MAPPED, user=user if user.is_authenticated
-                                 else None, message=f"{item.key} mapped to {rng.component} {rng.lower or ''}.."
-                                 f"{rng.upper or ''} (fixed {rng.fixed_version or '?'}): {reason}",
-                                 details={"item": item.pk, "key": item.key, "mapping": clean})
+    AdvisoryEvent.objects.create(
+        advisory=advisory, kind=EventKind.REVIEW_MAPPED, user=_who(user),
+        message=f"{item.key} mapped to {rng.component} {rng.lower or ''}..{rng.upper or ''} "
+        f"(fixed {rng.fixed_version or '?'}): {reason}",
+        details={"item": item.pk, "key": item.key, "mapping": clean})
     recompute(advisory_ids=[advisory.pk])
     return ReviewItem.objects.get(pk=item_id)
 
@@ -172,9 +180,9 @@ def dismiss_review_item(item_id: int, user: User, reason: str) -> ReviewItem:
     """
     item = ReviewItem.objects.select_related("advisory").get(pk=item_id)
     if not ReviewItem.objects.filter(pk=item_id, state=ReviewState.OPEN).update(
-            state=ReviewState.DISMISSED, resolution=reason, resolved_by=user, resolved_at=timezone.now()):
+            state=ReviewState.DISMISSED, resolution=reason, resolved_by=_who(user), resolved_at=timezone.now()):
         raise DecisionError(f"review item {item_id} is {item.state}", conflict=True)
     AdvisoryEvent.objects.create(advisory=item.advisory, kind=EventKind.REVIEW_DISMISSED,
-                                 user=user if user.is_authenticated else None,
+                                 user=_who(user),
                                  message=f"{item.key} dismissed: {reason}", details={"item": item.pk, "key": item.key})
     return ReviewItem.objects.get(pk=item_id)

@@ -231,7 +231,7 @@ def cve_index_rows(content: bytes, name: str) -> Iterator[IndexEntry | DocumentE
         key = f"index:{components.slug(product)}:{components.slug(affected)}"[:300]
         entry["products"].setdefault(key, ReviewNote(
             key, ReviewKind.INDEX_ONLY, f"{product}: {affected} (fixed in {fixed})"[:500],
-            f"known only from NVIDIA's CVE index: no CSAF document to decode; "
+            "known only from NVIDIA's CVE index: no CSAF document to decode; "
             + (f"maps to component {component.name}" if component else "no inventory component maps to it"),
             component.name if component else ""))
     for bulletin, entry in bulletins.items():

@@ -33,6 +33,7 @@ STATUS = {
     ExposureState.NOT_AFFECTED: "known_not_affected",
 }
 PRECEDENCE = ["known_affected", "under_investigation", "fixed", "known_not_affected"]
+NVIDIA_BULLETIN = "https://nvidia.custhelp.com/app/answers/detail/a_id/"
 
 
 def _when(value: dt.datetime) -> str:
@@ -84,8 +85,7 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
                 f"The exposure of this fleet's nodes to {bulletins}, as gpusweep computed it from the inventory "
                 "and the bulletins' affected ranges. under_investigation marks nodes the bulletin does not "
                 "decide (a row that could not be decoded, a driver branch it skips).")}],
-            "references": [{"category": "external", "summary": f"{a.publisher} {a.publisher_id}: {a.title}"[:1000],
-                            "url": a.source} for a in advisories if a.source.startswith(("http://", "https://"))],
+            **({"references": references} if (references := [_reference(a) for a in advisories]) else {}),
             "tracking": {
                 "id": f"gpusweep-vex-{digest}",
                 "status": "interim",
@@ -111,6 +111,14 @@ class _Nobody:
 
 
 NOTHING_EXPOSED: dict[str, tuple[str, Any]] = {"none": ("known_not_affected", _Nobody())}
+
+
+def _reference(advisory: Advisory) -> dict[str, str]:
+    """Where the bulletin is: its URL when it came from one, else NVIDIA's page for its id."""
+    url = advisory.source if advisory.source.startswith(("http://", "https://")) else (
+        f"{NVIDIA_BULLETIN}{advisory.publisher_id}")
+    return {"category": "external", "summary": f"{advisory.publisher} {advisory.publisher_id}: {advisory.title}"[:1000],
+            "url": url}
 
 
 def _vulnerability(cve: Any, cve_id: str, by_product: dict[str, tuple[str, Any]]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -95,8 +96,9 @@ def review_resolve(request: HttpRequest, pk: int) -> HttpResponse:
         if len(reason) < 10:
             raise services.DecisionError("give a reason of at least 10 characters")
         if request.POST.get("resolution") == "map":
-            mapping = {k: request.POST.get(k, "").strip() for k in
-                       ("component", "os_family", "branch", "product_line", "lower", "upper", "fixed_version")}
+            mapping: dict[str, Any] = {k: request.POST.get(k, "").strip() for k in
+                                       ("component", "os_family", "branch", "product_line", "lower", "upper",
+                                        "fixed_version")}
             mapping["upper_inclusive"] = request.POST.get("upper_inclusive") == "on"
             services.map_review_item(pk, request.user, {k: v for k, v in mapping.items() if v not in ("",)}, reason)
         else:
@@ -120,7 +122,8 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
     if filters["cluster"]:
         exposures = exposures.filter(node__cluster__name=filters["cluster"])
     if filters["overdue"]:
-        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED], deadline__lt=timezone.now())
+        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED],
+                                     deadline__lt=timezone.now())
     return exposures, filters
 
 

@@ -18,7 +18,8 @@ Labels read (GPU feature discovery): nvidia.com/gpu.product, nvidia.com/gpu.coun
 nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
 nvidia.com/cuda.runtime-version.full or nvidia.com/cuda.runtime.major|minor; node facts from
 nvidia.com/gpu.family (GPU architecture), nvidia.com/gpu.machine (platform) and
-gpusweep.io/container-toolkit-mode (legacy|cdi|csv). Kernel and OS come from status.nodeInfo. Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
+gpusweep.io/container-toolkit-mode (legacy|cdi|csv). Kernel and OS come from status.nodeInfo.
+Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
 describe what the pod runs.
 """
