@@ -3,6 +3,7 @@ CVEs, ranges, exposures (approvers' decisions), review items (admins' resolution
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import django_filters
@@ -250,14 +251,8 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["deadline", "first_seen", "severity"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
 
-    def _decide(self, decide: Any) -> Response:
-        self.get_object()  # 404 for an unknown exposure
-        try:
-            exposure = decide()
-        except services.DecisionError as exc:
-            return Response({"detail": str(exc)},
-                            status=status.HTTP_409_CONFLICT if exc.conflict else status.HTTP_400_BAD_REQUEST)
-        return Response(self.get_serializer(self.get_queryset().get(pk=exposure.pk)).data)
+    def _decide(self, decide: Callable[[], Any]) -> Response:
+        return decision_response(self, decide)
 
     @action(detail=True, methods=["post"])
     def accept_risk(self, request: Request, pk: str | None = None) -> Response:
@@ -305,32 +300,34 @@ class ReviewItemViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = ReviewItemFilter
     action_roles = {"map": {Role.ADMIN}, "dismiss": {Role.ADMIN}}
 
-    def _resolve(self, request: Request, pk: str | None, mapped: bool) -> Response:
-        self.get_object()
-        body = ResolutionSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        try:
-            if mapped:
-                if not body.validated_data.get("mapping"):
-                    return Response({"mapping": ["required: the range this row means"]},
-                                    status=status.HTTP_400_BAD_REQUEST)
-                item = services.map_review_item(int(pk or 0), request.user, body.validated_data["mapping"],
-                                                body.validated_data["reason"])
-            else:
-                item = services.dismiss_review_item(int(pk or 0), request.user, body.validated_data["reason"])
-        except services.DecisionError as exc:
-            return Response({"detail": str(exc)},
-                            status=status.HTTP_409_CONFLICT if exc.conflict else status.HTTP_400_BAD_REQUEST)
-        return Response(self.get_serializer(self.get_queryset().get(pk=item.pk)).data)
-
     @action(detail=True, methods=["post"])
     def map(self, request: Request, pk: str | None = None) -> Response:
         """Body: {"mapping": {"component", "upper" or "fixed_version", ...}, "reason"}."""
-        return self._resolve(request, pk, mapped=True)
+        body = ResolutionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not body.validated_data.get("mapping"):
+            return Response({"mapping": ["required: the range this row means"]}, status=status.HTTP_400_BAD_REQUEST)
+        return decision_response(self, lambda: services.map_review_item(
+            int(pk or 0), request.user, body.validated_data["mapping"], body.validated_data["reason"]))
 
     @action(detail=True, methods=["post"])
     def dismiss(self, request: Request, pk: str | None = None) -> Response:
-        return self._resolve(request, pk, mapped=False)
+        body = ResolutionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return decision_response(self, lambda: services.dismiss_review_item(
+            int(pk or 0), request.user, body.validated_data["reason"]))
+
+
+def decision_response(view: viewsets.GenericViewSet, decide: Callable[[], Any]) -> Response:
+    """Run a decision service for the view's object: its new state, 409 when it was in another
+    state already, 400 when the input is wrong (nothing changed either way)."""
+    view.get_object()  # 404 for an unknown id
+    try:
+        decided = decide()
+    except services.DecisionError as exc:
+        return Response({"detail": str(exc)},
+                        status=status.HTTP_409_CONFLICT if exc.conflict else status.HTTP_400_BAD_REQUEST)
+    return Response(view.get_serializer(view.get_queryset().get(pk=decided.pk)).data)
 
 
 class DeadlinePolicyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
@@ -253,14 +253,14 @@ def recompute(
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
         matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
         run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids)
+        had_rows = _had_rows(run)
         result.opened = _insert_new(run, matches, now)
         if result.opened > 10_000 and connection.vendor == "postgresql":
             # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
             cursor.execute(f"ANALYZE {E}")
-        if _had_rows(run):
+        if had_rows:
             result.reopened = _reopen(run)
-            result.withdrawn = _withdraw(run)
-            result.remediated = _remediate(run, remediated_by)
+            result.remediated, result.withdrawn = _remediate(run, remediated_by)
             _follow_versions(run)
             result.restated = _follow_scope(run, matches)
             if node_ids is None and advisory_ids is None:
@@ -300,10 +300,9 @@ def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
         return 0
     d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
     n_scope, n_params = _in("n.id", run.node_ids)
-    run.cursor.execute(
-        f"""
+    insert = f"""
         {run.with_m}, {d_values}
-        -- Existing (node, range) rows are skipped by an anti-join; the unique constraint guards races.
+        -- Existing (node, range) rows are skipped by an anti-join.
         INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
                          state, first_seen, deadline, deadline_source, fixed_by_version, remediated_by,
                          risk_reason, justification, updated_at)
@@ -313,11 +312,18 @@ def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
         JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
         WHERE x.gone_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = x.node_id AND e.affected_range_id = x.range_id)
-        ON CONFLICT DO NOTHING
-        """,
-        [*run.m_params, *d_params, run.stamp, run.stamp, *n_params],
-    )
-    return _rowcount(run.cursor)
+        """
+    params = [*run.m_params, *d_params, run.stamp, run.stamp, *n_params]
+    # ON CONFLICT costs a speculative index probe per row (a third of a fleet-wide insert), and
+    # only another recompute committing the same rows meanwhile needs it: that race makes the
+    # plain insert fail inside its savepoint, and the guarded one runs instead.
+    try:
+        with transaction.atomic():
+            run.cursor.execute(insert, params)
+            return _rowcount(run.cursor)
+    except IntegrityError:
+        run.cursor.execute(insert + " ON CONFLICT DO NOTHING", params)
+        return _rowcount(run.cursor)
 
 
 def _reopen(run: _Run) -> int:
@@ -336,43 +342,40 @@ def _reopen(run: _Run) -> int:
     return _rowcount(run.cursor)
 
 
-def _withdraw(run: _Run) -> int:
-    """Presumed, now out of the match at the same version: the node's facts tell it is another
-    product (its platform became known, say). Nothing was patched: the row goes, not remediated."""
-    scope, params = run.scope()
-    run.cursor.execute(
-        f"""
-        {run.with_m}
-        DELETE FROM {E} WHERE state = %s {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
-          AND EXISTS (SELECT 1 FROM {NC} nc5 WHERE nc5.node_id = {E}.node_id AND nc5.component = {E}.component
-                      AND nc5.version = {E}.detected_version AND nc5.version_key IS NOT NULL)
-        """,
-        [*run.m_params, ExposureState.PRESUMED, *params],
-    )
-    return _rowcount(run.cursor)
+# Within one statement, rows to drop rather than remediate carry this state for a moment.
+_WITHDRAWN = "withdrawn"
 
 
-def _remediate(run: _Run, remediated_by: str) -> int:
-    """Out of range: remediated, with the version that fixed it as evidence.
+def _remediate(run: _Run, remediated_by: str) -> tuple[int, int]:
+    """Out of range: remediated, with the version that fixed it as evidence. Returns (remediated, withdrawn).
 
     A node that is gone keeps its exposure: leaving the inventory is not a patch, and neither is
-    a version that does not parse.
+    a version that does not parse. A presumed exposure out of the match at the same version is
+    withdrawn instead: the node's facts now tell it is another product (its platform became
+    known, say), and nothing was patched. One pass finds both (the match is the costly part).
     """
     scope, params = run.scope()
     states, s_params = _states(sorted(ExposureState.TRACKED))
     run.cursor.execute(
         f"""
         {run.with_m}
-        UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s, remediated_by = %s,
+        UPDATE {E} SET state = CASE WHEN state = %s AND {CURRENT_VERSION} = detected_version THEN %s ELSE %s END,
+               remediated_at = %s, updated_at = %s, remediated_by = %s,
                fixed_by_version = COALESCE({CURRENT_VERSION}, '(component removed)')
         WHERE state IN ({states}) {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
           AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
           AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
                           AND nc3.component = {E}.component AND nc3.version_key IS NULL)
         """,
-        [*run.m_params, ExposureState.REMEDIATED, run.stamp, run.stamp, remediated_by[:200], *s_params, *params],
+        [*run.m_params, ExposureState.PRESUMED, _WITHDRAWN, ExposureState.REMEDIATED, run.stamp, run.stamp,
+         remediated_by[:200], *s_params, *params],
     )
-    return _rowcount(run.cursor)
+    changed = _rowcount(run.cursor)
+    if not changed:
+        return 0, 0
+    run.cursor.execute(f"DELETE FROM {E} WHERE state = %s {scope}", [_WITHDRAWN, *params])
+    withdrawn = _rowcount(run.cursor)
+    return changed - withdrawn, withdrawn
 
 
 def _follow_versions(run: _Run) -> None:

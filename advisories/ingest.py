@@ -272,13 +272,15 @@ def _replace_review(advisory: Advisory, notes: list[ReviewNote]) -> None:
     wanted: dict[str, ReviewNote] = {}
     for note in notes:
         wanted.setdefault(note.key[:300], note)
+    new: list[ReviewItem] = []
     for key, note in wanted.items():
         values = {"kind": note.kind, "raw": note.raw[:500], "reason": note.reason, "component": note.component[:63]}
         item = current.get(key)
         if item is None:
-            ReviewItem.objects.create(advisory=advisory, key=key, **values)
+            new.append(ReviewItem(advisory=advisory, key=key, **values))
         elif any(getattr(item, k) != v for k, v in values.items()):
             ReviewItem.objects.filter(pk=item.pk).update(**values)
+    ReviewItem.objects.bulk_create(new)
     advisory.review_items.exclude(key__in=list(wanted)).delete()
 
 
@@ -363,6 +365,7 @@ def _replace_ranges(advisory: Advisory, parsed: ParsedAdvisory, ranges: list[Ran
     withdrawn: list[int] = []
     through = AffectedRange.cves.through
     links: list[Any] = []
+    created: list[tuple[AffectedRange, ParsedRange]] = []
     for rng, lower_key, upper_key in ranges:
         severity = Severity.worst([cves[c].severity for c in rng.cve_ids if c in cves]) or parsed.severity
         values: dict[str, Any] = {
@@ -375,16 +378,20 @@ def _replace_ranges(advisory: Advisory, parsed: ParsedAdvisory, ranges: list[Ran
         }
         row = current.get((rng.product_id[:300], rng.os_family, rng.product_line))
         if row is None:
-            row = AffectedRange.objects.create(
-                advisory=advisory, product_id=rng.product_id[:300], os_family=rng.os_family,
-                product_line=rng.product_line, **values,
-            )
-        elif any(getattr(row, k) != v for k, v in values.items()):
+            created.append((AffectedRange(advisory=advisory, product_id=rng.product_id[:300], os_family=rng.os_family,
+                                          product_line=rng.product_line, **values), rng))
+            continue
+        if any(getattr(row, k) != v for k, v in values.items()):
             if row.basis in RangeBasis.PRESUMED and rng.basis not in RangeBasis.PRESUMED:
                 withdrawn.append(row.id)
             for k, v in values.items():
                 setattr(row, k, v)
             row.save()
+        keep.add(row.id)
+        links.extend(through(affectedrange_id=row.id, cve_id=cves[c].id) for c in rng.cve_ids if c in cves)
+    # New rows in one statement: a bulletin has dozens (bulk_create sets their ids).
+    for row, rng in zip(AffectedRange.objects.bulk_create([row for row, _rng in created]),
+                        (rng for _row, rng in created), strict=True):
         keep.add(row.id)
         links.extend(through(affectedrange_id=row.id, cve_id=cves[c].id) for c in rng.cve_ids if c in cves)
     advisory.ranges.exclude(id__in=keep).delete()
@@ -452,10 +459,8 @@ def ingest_index_entry(entry: IndexEntry) -> tuple[str, int, int, str]:
             outcome = "new"
         advisory.save()
         known = {c.cve_id: c for c in CVE.objects.filter(cve_id__in=cve_ids)}
-        for cve_id in cve_ids:
-            if cve_id not in known:
-                known[cve_id] = CVE.objects.create(cve_id=cve_id, severity=entry.severity)
-        advisory.cves.add(*known.values())
+        CVE.objects.bulk_create([CVE(cve_id=c, severity=entry.severity) for c in cve_ids if c not in known])
+        advisory.cves.add(*CVE.objects.filter(cve_id__in=cve_ids))
         if entry.products:
             current = set(advisory.review_items.values_list("key", flat=True))
             ReviewItem.objects.bulk_create([

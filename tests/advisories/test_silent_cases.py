@@ -148,38 +148,31 @@ def test_every_row_of_nvidias_corpus_is_decoded_or_listed_for_review(shared_csaf
     for path in sorted(shared_csaf.glob("5*.json")):
         parsed = csaf.parse(path.read_bytes(), path.name)
         data = json.loads(path.read_bytes())
-        leaves: list[str] = []
-
-        def walk(branches: list[dict]) -> None:
-            for b in branches:
-                if b["category"] == "product_version":
-                    leaves.append(b["product"]["product_id"])
-                walk(b.get("branches", []))
-
-        walk(data["product_tree"]["branches"])
+        leaves = _product_ids(data, "product_version")
         used = {r.product_id.split("#")[0] for r in parsed.ranges} | {r.fixed_product_id for r in parsed.ranges}
         listed = {n.key for n in parsed.review}
         # A second fixed row of one affected row (575.274.02 and 575.274.03) decodes but pairs with none.
-        prefixes = _prefixes(data)
+        prefixes = sorted(_product_ids(data, "product_name"), key=len, reverse=True)
         texts = {pid: next((pid[len(p) + 1:] for p in prefixes if pid.startswith(p + "_")), pid) for pid in leaves}
-        extra_fixed = {pid for pid, text in texts.items() if (d := csaf.decode_version_text(text)) and d.kind == "fixed"}
+        extra_fixed = {pid for pid, text in texts.items()
+                       if (d := csaf.decode_version_text(text)) and d.kind == "fixed"}
         assert [pid for pid in leaves if pid not in used | listed | extra_fixed] == [], path.name
         assert all(n.reason for n in parsed.review)
     ingest_documents(FolderSource(str(shared_csaf)).items())
     assert not ReviewItem.objects.filter(reason="").exists()
 
 
-def _prefixes(data: dict) -> list[str]:
+def _product_ids(data: dict, category: str) -> list[str]:
     found: list[str] = []
 
     def walk(branches: list[dict]) -> None:
         for b in branches:
-            if b["category"] == "product_name":
+            if b["category"] == category:
                 found.append(b["product"]["product_id"])
             walk(b.get("branches", []))
 
     walk(data["product_tree"]["branches"])
-    return sorted(found, key=len, reverse=True)
+    return found
 
 
 def test_the_demo_fleets_exposures_are_unchanged(shared_csaf):

@@ -140,5 +140,5 @@ def test_a_bulletin_with_no_exposed_node_is_still_valid_vex():
 
 
 def test_the_test_bulletins_are_valid_csaf_like_nvidias():
-    for path in sorted((FIXTURES.parent / "test-csaf").glob("9*.json")) + [FIXTURES / "5703.json"]:
+    for path in [*sorted((FIXTURES.parent / "test-csaf").glob("9*.json")), FIXTURES / "5703.json"]:
         assert schema_errors(json.loads(path.read_bytes())) == [], path.name
