@@ -215,9 +215,10 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
             open_review_items=models.Subquery(open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]),
         )
         needs_review = self.request.query_params.get("needs_review")
-        if needs_review in ("true", "false"):
-            queryset = queryset.filter(**{"review_items__state": ReviewState.OPEN}).distinct() if needs_review == \
-                "true" else queryset.exclude(review_items__state=ReviewState.OPEN)
+        if needs_review == "true":
+            queryset = queryset.filter(open_review_items__gt=0)
+        elif needs_review == "false":
+            queryset = queryset.exclude(open_review_items__gt=0)
         return queryset
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:

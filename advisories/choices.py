@@ -61,7 +61,7 @@ class ReviewKind(ChoiceSet):
     UNSUPPORTED_BRANCH = "unsupported_branch"
     INDEX_ONLY = "index_only"
     CHOICES = [
-        (UNPARSED_ROW, "A product row whose versions could not be decoded"),
+        (UNPARSED_ROW, "A product row that does not decode, or reads wrong"),
         (UNMAPPED_PRODUCT, "A product no inventory component maps to"),
         (UNKNOWN_PRODUCT, "A CVE names a product id the product tree lacks"),
         (UNSUPPORTED_BRANCH, "Driver branches the bulletin skips"),

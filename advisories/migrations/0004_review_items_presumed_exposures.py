@@ -79,7 +79,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('key', models.CharField(help_text='The product_id, or a synthetic key for a skipped branch', max_length=300)),
-                ('kind', models.CharField(choices=[('unparsed_row', 'A product row whose versions could not be decoded'), ('unmapped_product', 'A product no inventory component maps to'), ('unknown_product', 'A CVE names a product id the product tree lacks'), ('unsupported_branch', 'Driver branches the bulletin skips'), ('index_only', "Known only from NVIDIA's CVE index: no CSAF document to decode")], max_length=20)),
+                ('kind', models.CharField(choices=[('unparsed_row', 'A product row that does not decode, or reads wrong'), ('unmapped_product', 'A product no inventory component maps to'), ('unknown_product', 'A CVE names a product id the product tree lacks'), ('unsupported_branch', 'Driver branches the bulletin skips'), ('index_only', "Known only from NVIDIA's CVE index: no CSAF document to decode")], max_length=20)),
                 ('raw', models.CharField(blank=True, help_text='As the bulletin wrote it', max_length=500)),
                 ('reason', models.TextField()),
                 ('component', models.CharField(blank=True, help_text='The component it would map to, if known', max_length=63)),
