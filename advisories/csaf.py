@@ -580,17 +580,30 @@ def _walk_tree(branches: list[Any], document: str) -> list[_Leaf]:
     return leaves
 
 
+Rows = list[tuple[_Leaf, "Decoded | None"]]
+
+
+@dataclass
+class _Reading:
+    """What one document's leaves are turning into, shared by the passes below."""
+
+    affected_by: dict[str, list[str]]
+    fixed_ids: set[str]
+    labels: set[int]  # driver branches the document labels anywhere
+    # (product, vGPU software release) -> driver version, from this document's own rows: a
+    # Virtual GPU Manager and a guest driver of one release have different versions.
+    vgpu_versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    ranges: list[ParsedRange] = field(default_factory=list)
+    review: list[ReviewNote] = field(default_factory=list)
+
+
 def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
             fixed_ids: set[str]) -> tuple[list[ParsedRange], list[ReviewNote]]:
     """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
     unless it is only ever a fixed row (it hits nobody itself)."""
-    ranges: list[ParsedRange] = []
-    review: list[ReviewNote] = []
-    groups: dict[tuple[int, str], list[tuple[_Leaf, Decoded | None]]] = {}
-    # (product, vGPU software release) -> driver version, from this document's own rows: a
-    # Virtual GPU Manager and a guest driver of one release have different versions.
-    vgpu_versions: dict[tuple[str, str], str] = {}
-    labels = {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b}
+    reading = _Reading(affected_by, fixed_ids,
+                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b})
+    groups: dict[tuple[int, str], Rows] = {}
     for leaf in leaves:
         decoded = decode_version_text(leaf.text, leaf.product_id in affected_by) if leaf.text else None
         groups.setdefault(leaf.group, []).append((leaf, decoded))
@@ -599,66 +612,78 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
                                         else "")
             for label in decoded.labels:
                 if version:
-                    vgpu_versions.setdefault((leaf.name, label), version)
+                    reading.vgpu_versions.setdefault((leaf.name, label), version)
     for rows in groups.values():
+        _undecoded(rows, reading)
         for index, (leaf, decoded) in enumerate(rows):
             component = components.classify(leaf.name, leaf.architecture)
-            if component is None:
-                review.append(ReviewNote(leaf.product_id, ReviewKind.UNMAPPED_PRODUCT, leaf.text or leaf.product_id,
-                                         f"no inventory component is {leaf.name!r} ({leaf.architecture})"))
-                continue
-            if decoded is not None and decoded.kind == "fixed" and not decoded.fixed:
-                mapped = next((vgpu_versions[(leaf.name, label)] for label in decoded.labels
-                               if (leaf.name, label) in vgpu_versions), "")
-                rows[index] = (leaf, Decoded("fixed", decoded.form, fixed=mapped, labels=decoded.labels)
-                               if mapped else None)
-                decoded = rows[index][1]
-            if decoded is None:
-                review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
+            if component is not None and decoded is not None and decoded.kind == "affected":
+                _affected(rows, index, component, decoded, reading)
+    return reading.ranges, reading.review
+
+
+def _undecoded(rows: Rows, reading: _Reading) -> None:
+    """Rows of no component, and rows that do not decode: review items (and presumed ranges)."""
+    for index, (leaf, decoded) in enumerate(rows):
+        component = components.classify(leaf.name, leaf.architecture)
+        if component is None:
+            reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNMAPPED_PRODUCT, leaf.text or leaf.product_id,
+                                             f"no inventory component is {leaf.name!r} ({leaf.architecture})"))
+            continue
+        if decoded is not None and decoded.kind == "fixed" and not decoded.fixed:
+            mapped = next((reading.vgpu_versions[(leaf.name, label)] for label in decoded.labels
+                           if (leaf.name, label) in reading.vgpu_versions), "")
+            rows[index] = (leaf, Decoded("fixed", decoded.form, fixed=mapped, labels=decoded.labels)
+                           if mapped else None)
+            decoded = rows[index][1]
+        if decoded is not None:
+            continue
+        reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
                                          f"version text not understood ({leaf.architecture} / {leaf.name})",
                                          component.name))
-                if leaf.product_id in affected_by or (leaf.product_id not in fixed_ids and not _fixed_only(leaf, rows)):
-                    # Its fixed row may still read: then nodes from that version on are not presumed.
-                    fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
-                                              if d is not None and d.kind == "fixed" and d.fixed), (None, None))
-                    ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
-                                    fixed_leaf.product_id if fixed_leaf else "", affected_by, RangeBasis.UNDECODED,
-                                    labels)
-        for index, (leaf, decoded) in enumerate(rows):
-            component = components.classify(leaf.name, leaf.architecture)
-            if component is None or decoded is None or decoded.kind != "affected":
-                continue
-            # The fixed row follows its affected row; failing that, the one before it.
-            after = [(lf, d) for lf, d in rows[index + 1:] if d is not None and d.kind == "fixed"]
-            before = [(lf, d) for lf, d in rows[:index] if d is not None and d.kind == "fixed"]
-            fixed_leaf, fixed = (after[0] if after else before[-1]) if (after or before) else (None, None)
-            last = decoded.parts[0]
-            fixed_version = fixed.fixed if fixed else (last.upper if last.upper and not last.upper_inclusive else "")
-            if all(p.upper is None and p.lower is None for p in decoded.parts) and not fixed_version:
-                review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or "",
+        pid = leaf.product_id
+        if pid in reading.affected_by or (pid not in reading.fixed_ids and not _fixed_only(leaf, rows)):
+            # Its fixed row may still read: then nodes from that version on are not presumed.
+            fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
+                                      if d is not None and d.kind == "fixed" and d.fixed), (None, None))
+            reading.ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
+                                    fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
+                                    RangeBasis.UNDECODED, reading.labels)
+
+
+def _affected(rows: Rows, index: int, component: components.Component, decoded: Decoded, reading: _Reading) -> None:
+    """A decoded affected row, paired with its fixed row: the fixed row follows it, or precedes it."""
+    leaf = rows[index][0]
+    after = [(lf, d) for lf, d in rows[index + 1:] if d is not None and d.kind == "fixed"]
+    before = [(lf, d) for lf, d in rows[:index] if d is not None and d.kind == "fixed"]
+    fixed_leaf, fixed = (after[0] if after else before[-1]) if (after or before) else (None, None)
+    last = decoded.parts[0]
+    fixed_version = fixed.fixed if fixed else (last.upper if last.upper and not last.upper_inclusive else "")
+    if all(p.upper is None and p.lower is None for p in decoded.parts) and not fixed_version:
+        reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or "",
                                          "affects all versions and names no fixed version we can read",
                                          component.name))
-                ranges += _rows(leaf, component, None, "", "", affected_by, RangeBasis.UNDECODED, labels)
-                continue
-            ranges += _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
-                            affected_by, RangeBasis.DECODED, labels)
-            if component.name == components.DRIVER and fixed_version and "cloud_gaming" not in {
-                    r.product_line for r in ranges[-1:]}:
-                # Cloud Gaming moves to a new branch with every release; elsewhere a fixed version
-                # far from its row's branch is a typo in the bulletin worth a human's look.
-                branch = ranges[-1].branch
-                fixed_major = branch_of_version(fixed_version)
-                if branch and fixed_major is not None and not (
-                        int(branch[1:]) <= fixed_major < int(branch[1:]) + BRANCH_REACH):
-                    review.append(ReviewNote(
-                        fixed_leaf.product_id if fixed_leaf else leaf.product_id, ReviewKind.UNPARSED_ROW,
-                        (fixed_leaf.text or "") if fixed_leaf else "",
-                        f"fixed version {fixed_version} is outside branch {branch} of its affected row "
-                        f"({leaf.architecture}): the remediation named is likely a typo", component.name))
-    return ranges, review
+        reading.ranges += _rows(leaf, component, None, "", "", reading.affected_by, RangeBasis.UNDECODED,
+                                reading.labels)
+        return
+    rows_ranges = _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
+                        reading.affected_by, RangeBasis.DECODED, reading.labels)
+    reading.ranges += rows_ranges
+    branch = rows_ranges[-1].branch if rows_ranges else ""
+    fixed_major = branch_of_version(fixed_version)
+    # Cloud Gaming moves to a new branch with every release; elsewhere a fixed version far from
+    # its row's branch is a typo in the bulletin worth a human's look.
+    if (component.name == components.DRIVER and branch and fixed_major is not None
+            and rows_ranges[-1].product_line != "cloud_gaming"
+            and not int(branch[1:]) <= fixed_major < int(branch[1:]) + BRANCH_REACH):
+        reading.review.append(ReviewNote(
+            fixed_leaf.product_id if fixed_leaf else leaf.product_id, ReviewKind.UNPARSED_ROW,
+            (fixed_leaf.text or "") if fixed_leaf else "",
+            f"fixed version {fixed_version} is outside branch {branch} of its affected row "
+            f"({leaf.architecture}): the remediation named is likely a typo", component.name))
 
 
-def _fixed_only(leaf: _Leaf, rows: list[tuple[_Leaf, Decoded | None]]) -> bool:
+def _fixed_only(leaf: _Leaf, rows: Rows) -> bool:
     """An undecodable row that is the fixed side of a decoded affected row (it hits nobody itself)."""
     index = next(i for i, (lf, _d) in enumerate(rows) if lf is leaf)
     neighbours = [d for _lf, d in rows[:index]] + [d for _lf, d in rows[index + 1:]]

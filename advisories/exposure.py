@@ -417,10 +417,12 @@ def _follow_scope(run: _Run, matches: list[Any]) -> int:
 
 
 def expire_acceptances(now: dt.datetime | None = None) -> int:
+    """Accepted risks past their expiry are exposed again: presumed where the bulletin does not tell."""
     now = now or timezone.now()
-    return Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED, risk_expires_at__lt=now).update(
-        state=ExposureState.OPEN, updated_at=now
-    )
+    expired = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED, risk_expires_at__lt=now)
+    presumed = expired.filter(affected_range__basis__in=RangeBasis.PRESUMED).update(
+        state=ExposureState.PRESUMED, updated_at=now)
+    return presumed + expired.update(state=ExposureState.OPEN, updated_at=now)
 
 
 def _end_of_day(day: dt.date) -> dt.datetime:

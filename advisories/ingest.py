@@ -458,11 +458,11 @@ def ingest_index_entry(entry: IndexEntry) -> tuple[str, int, int, str]:
             advisory = Advisory(publisher="NVIDIA", publisher_id=entry.publisher_id, **values)
             outcome = "new"
         advisory.save()
-        known = {c.cve_id: c for c in CVE.objects.filter(cve_id__in=cve_ids)}
+        known = set(CVE.objects.filter(cve_id__in=cve_ids).values_list("cve_id", flat=True))
         CVE.objects.bulk_create([CVE(cve_id=c, severity=entry.severity) for c in cve_ids if c not in known])
-        advisory.cves.add(*CVE.objects.filter(cve_id__in=cve_ids))
+        advisory.cves.add(*CVE.objects.filter(cve_id__in=cve_ids).values_list("id", flat=True))
         if entry.products:
-            current = set(advisory.review_items.values_list("key", flat=True))
+            current = set(advisory.review_items.values_list("key", flat=True)) if existing is not None else set()
             ReviewItem.objects.bulk_create([
                 ReviewItem(advisory=advisory, key=n.key[:300], kind=n.kind, raw=n.raw[:500], reason=n.reason,
                            component=n.component[:63]) for n in entry.products if n.key[:300] not in current])
@@ -470,4 +470,5 @@ def ingest_index_entry(entry: IndexEntry) -> tuple[str, int, int, str]:
             advisory=advisory, kind=EventKind.CREATED if outcome == "new" else EventKind.UPDATED,
             document=entry.name[:1000], message=f"{advisory} from the index: affected ranges unknown",
         )
-    return outcome, advisory.id, _open_review(advisory), ""
+        review = len({n.key[:300] for n in entry.products}) if existing is None else _open_review(advisory)
+    return outcome, advisory.id, review, ""

@@ -70,8 +70,10 @@ def accept_risk(exposure_id: int, user: User, reason: str, expires_at: dt.dateti
 
 @transaction.atomic
 def revoke_risk(exposure_id: int, user: User) -> Exposure:
+    """The exposure is exposed again: presumed where the bulletin does not tell, else open."""
+    basis = Exposure.objects.filter(pk=exposure_id).values_list("affected_range__basis", flat=True).first()
     before = _decide(exposure_id, frozenset({ExposureState.RISK_ACCEPTED}), "only an accepted risk can be revoked",
-                     state=ExposureState.OPEN)
+                     state=ExposureState.PRESUMED if basis in RangeBasis.PRESUMED else ExposureState.OPEN)
     _event(before, EventKind.RISK_REVOKED, user, "risk acceptance revoked", previous=before.state)
     return Exposure.objects.get(pk=exposure_id)
 
