@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 
@@ -139,3 +140,18 @@ def test_the_pages_show_review_items_and_let_an_approver_decide(presumed):
                                                                "reason": "we run no such branch"})
     item.refresh_from_db()
     assert item.state == "dismissed" and item.resolution == "we run no such branch"
+
+
+def test_a_revoked_or_expired_acceptance_of_a_presumed_exposure_is_presumed_again(presumed):
+    from advisories import services
+    from advisories.exposure import expire_acceptances
+
+    anna = User.objects.create_user("anna")
+    future = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
+    services.accept_risk(presumed.id, anna, "R550 retires next month", future)
+    assert services.revoke_risk(presumed.id, anna).state == "presumed"
+    services.accept_risk(presumed.id, anna, "R550 retires next month", future)
+    Exposure.objects.filter(pk=presumed.id).update(risk_expires_at=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+    assert expire_acceptances() == 1
+    presumed.refresh_from_db()
+    assert presumed.state == "presumed"
