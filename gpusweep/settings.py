@@ -240,6 +240,9 @@ GPUSWEEP_ADVISORY_SOURCES: dict[str, str] = dict(
 )
 GPUSWEEP_ADVISORY_HTTP_TIMEOUT = float(env_int("GPUSWEEP_ADVISORY_HTTP_TIMEOUT_S", 20, minimum=1))
 GPUSWEEP_ADVISORY_MAX_BYTES = env_int("GPUSWEEP_ADVISORY_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+# Who publishes the fleet's CSAF VEX documents: document.publisher.namespace (a URI naming the site).
+GPUSWEEP_VEX_PUBLISHER = env_str("GPUSWEEP_VEX_PUBLISHER", "gpusweep")
+GPUSWEEP_VEX_NAMESPACE = env_url("GPUSWEEP_VEX_NAMESPACE", "https://gpusweep.invalid", schemes={"https", "http"})
 # Seeded into django-celery-beat's tables by its DatabaseScheduler; editable in the admin.
 CELERY_BEAT_SCHEDULE = {
     "advisories-ingest": {

@@ -36,6 +36,7 @@ from inventory.services import (
     SyncResult,
     apply_snapshot,
 )
+from inventory.versions import KNOWN_FACTS
 
 SCHEMA = "gpusweep.heartbeat/1"
 # Workload kinds an agent reports: its own `process` registry and bare GPU processes are stored
@@ -102,9 +103,16 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
     ):
         errors["facts.components"] = "expected an object of component: version strings"
         components = {}
+    # Node facts: a "facts" object, or the known facts at the top level of the agent's facts.
+    node_facts = facts.get("facts", {})
+    if not isinstance(node_facts, dict) or not all(isinstance(v, str) for v in node_facts.values()):
+        errors["facts.facts"] = "expected an object of fact: value strings"
+        node_facts = {}
+    node_facts = {**{k: facts[k] for k in KNOWN_FACTS if isinstance(facts.get(k), str)}, **node_facts}
     node = ObservedNode(
         name=node_name,
         components={k: v for k, v in components.items() if v.strip()},
+        facts={k: v for k, v in node_facts.items() if v.strip()} or None,
         gpu_model=_text(facts, "gpu_model", errors, "facts.", 100),
         gpu_count=gpu_count,
         product_line=_text(facts, "product_line", errors, "facts.", 40) or "tesla",

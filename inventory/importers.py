@@ -7,12 +7,13 @@ gone (unless `partial`).
 
 CSV: one row per node. Columns are node fields (`name` required; `pool`, `gpu_model`,
 `gpu_count`, `cpu_milli`, `memory_mib`, `service_state`, `scheduler_state`, `product_line`,
-`os_family`, `agent_endpoint`) and component versions, named after the component (`driver`,
-`cuda`, `kernel`, ...; any other as `component:<name>`). An unknown column is an error (a typo
-must not silently drop data).
+`os_family`, `agent_endpoint`), component versions, named after the component (`driver`,
+`cuda`, `kernel`, ...; any other as `component:<name>`), and node facts (`gpu_architecture`,
+`platform`, `container_toolkit_mode`; any other as `fact:<name>`). An unknown column is an error
+(a typo must not silently drop data).
 
-JSON: `{"nodes": [{"name": ..., "gpu_model": ..., "components": {"driver": ...}}, ...]}` (or
-the bare list).
+JSON: `{"nodes": [{"name": ..., "gpu_model": ..., "components": {"driver": ...}, "facts": {...}}, ...]}`
+(or the bare list).
 
 Mapping (JSON, `--mapping`): renames columns, fills defaults and per-GPU-model values, e.g.
 inventory/mappings/alibaba-openb-2023.json:
@@ -47,7 +48,7 @@ from gpusweep.parsers import JSONInputError, load_json
 from inventory.choices import ChangeSource, ClusterKind
 from inventory.models import Cluster
 from inventory.services import InventoryError, ObservedNode, Snapshot, SyncResult, apply_snapshot, parse_component
-from inventory.versions import DRIVER, KNOWN_COMPONENTS
+from inventory.versions import DRIVER, KNOWN_COMPONENTS, KNOWN_FACTS
 
 INT_FIELDS = ("gpu_count", "cpu_milli", "memory_mib")
 TEXT_FIELDS = ("pool", "gpu_model", "service_state", "scheduler_state", "product_line", "os_family", "agent_endpoint")
@@ -143,6 +144,11 @@ def to_observed(record: dict[str, Any], where: str, mapping: Mapping) -> Observe
     labels = {**mapping.labels, **own_labels}
     if labels:
         node.labels = {str(k): str(v) for k, v in labels.items()}
+    facts = merged.get("facts") or {}
+    if not isinstance(facts, dict):
+        raise InventoryError(f"{node.origin}: facts must be an object of name: value")
+    if facts := {str(k): str(v).strip() for k, v in facts.items() if v not in (None, "")}:
+        node.facts = facts
     components = merged.get("components") or {}
     if not isinstance(components, dict):
         raise InventoryError(f"{node.origin}: components must be an object of name: version")
@@ -185,12 +191,13 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
         if column in seen:
             raise InventoryError(f"{source}: column {header[index]!r} appears twice")
         seen.add(column)
-        if column in mapping.ignore or column in NODE_COLUMNS or column in KNOWN_COMPONENTS:
+        if column in mapping.ignore or column in NODE_COLUMNS or column in KNOWN_COMPONENTS or column in KNOWN_FACTS:
             continue
-        if not column.startswith("component:"):
+        if not column.startswith(("component:", "fact:")):
             raise InventoryError(
                 f"{source}: unknown column {header[index]!r} (node fields: {sorted(NODE_COLUMNS)}; "
-                f"components: {sorted(KNOWN_COMPONENTS)} or component:<name>)"
+                f"components: {sorted(KNOWN_COMPONENTS)} or component:<name>; facts: {sorted(KNOWN_FACTS)} "
+                "or fact:<name>)"
             )
     for row in rows:
         where = f"{source} line {reader.line_num}"
@@ -198,12 +205,14 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
             continue
         if len(row) != len(columns):
             raise InventoryError(f"{where}: {len(row)} values for {len(columns)} columns")
-        record: dict[str, Any] = {"components": {}}
+        record: dict[str, Any] = {"components": {}, "facts": {}}
         for column, cell in zip(columns, row, strict=True):
             if column in mapping.ignore:
                 continue
             if column in KNOWN_COMPONENTS or column.startswith("component:"):
                 record["components"][column.removeprefix("component:")] = cell.strip()
+            elif column in KNOWN_FACTS or column.startswith("fact:"):
+                record["facts"][column.removeprefix("fact:")] = cell.strip()
             else:
                 record[column] = cell.strip()
         yield where, record
@@ -224,7 +233,7 @@ def _json_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[st
         record: dict[str, Any] = {
             mapping.columns.get(str(k), str(k)): v for k, v in item.items() if k not in mapping.ignore
         }
-        unknown = set(record) - NODE_COLUMNS - {"components", "labels"}
+        unknown = set(record) - NODE_COLUMNS - {"components", "labels", "facts"}
         if unknown:
             raise InventoryError(f"{where}: unknown keys {sorted(unknown)}")
         yield where, record

@@ -51,6 +51,9 @@ class Node(models.Model):
     # Product line as NVIDIA's bulletins name it: data-center GPUs are "tesla".
     product_line = models.CharField(max_length=40, default="tesla", db_index=True)
     os_family = models.CharField(max_length=20, default="linux", db_index=True)
+    # Facts advisories match on besides versions (inventory.versions.KNOWN_FACTS): the GPU
+    # architecture, the platform (DGX A100, HGX H100 ...), the container toolkit's mode.
+    facts = models.JSONField(default=dict, blank=True)
     cpu_milli = models.PositiveIntegerField(null=True, blank=True)
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
     scheduler_state = models.CharField(max_length=100, blank=True)

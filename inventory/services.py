@@ -35,7 +35,7 @@ from inventory.bulk import db_datetime, db_json, insert_rows
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
-from inventory.versions import ParsedVersion, VersionError, normalize_component, parse_version
+from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
 
 BATCH = 2000
 # A component set by the key's source is not overwritten by these: the agent reads the node
@@ -58,7 +58,10 @@ NODE_FIELDS = (
     "scheduler_state",
     "service_state",
     "agent_endpoint",
+    "facts",
 )
+# Node fields advisories match on: a change re-matches the node's exposures like a version change.
+MATCHED_FIELDS = frozenset({"gpu_model", "product_line", "os_family", "facts"})
 WORKLOAD_FIELDS = (
     "node_id",
     "name",
@@ -95,6 +98,9 @@ class ObservedNode:
     scheduler_state: str | None = None
     service_state: str | None = None
     agent_endpoint: str | None = None
+    # Facts (inventory.versions.KNOWN_FACTS) this source observed; merged into the node's, so a
+    # source reporting one fact keeps the others.
+    facts: dict[str, str] | None = None
     # Where this node came from, for error messages ("row 12", "sinfo node gpu03").
     origin: str = ""
 
@@ -264,6 +270,11 @@ def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
             raise InventoryError(f"{where}: unknown service state {observed.service_state!r}")
         if observed.gpu_count is not None and observed.gpu_count < 0:
             raise InventoryError(f"{where}: negative GPU count")
+        if observed.facts is not None:
+            try:
+                observed.facts = dict(normalize_fact(k, v) for k, v in observed.facts.items())
+            except VersionError as exc:
+                raise InventoryError(f"{where}: {exc}") from None
         components: dict[str, ParsedVersion] = {}
         for component, raw in observed.components.items():
             name, version = parse_component(component, raw, where)
@@ -387,6 +398,8 @@ def _apply_nodes(
         if row is None:
             to_create.append(observed)
             continue
+        if "facts" in values:
+            values["facts"] = {**(row["facts"] or {}), **values["facts"]}
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -395,6 +408,8 @@ def _apply_nodes(
         if row["gone_at"] is not None:
             diff["gone_at"] = [row["gone_at"].isoformat(), None]
         if diff:
+            if MATCHED_FIELDS & diff.keys():
+                result.versions_changed.add(row["id"])
             node = Node(id=row["id"], cluster=cluster, name=observed.name, updated_at=now)
             for f, (_before, after) in diff.items():
                 setattr(node, f, after)
@@ -625,7 +640,7 @@ def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime)
         for f in NODE_FIELDS:
             value = getattr(observed, f)
             value = defaults[f] if value is None else value
-            values.append(db_json(value) if f == "labels" else value)
+            values.append(db_json(value) if f in ("labels", "facts") else value)
         return (cluster.pk, observed.name, *values, "", stamp, None, stamp, stamp)
 
     insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))
