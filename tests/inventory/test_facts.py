@@ -12,7 +12,7 @@ from inventory.models import Cluster, Node
 from inventory.services import InventoryError, ObservedNode, Snapshot, apply_snapshot
 from inventory.signals import node_versions_changed
 from inventory.sources.kubernetes import node_from_kubernetes
-from tests.inventory.kube_api import gpu_node
+from tests.kube.objects import gpu_node
 
 pytestmark = pytest.mark.django_db
 
