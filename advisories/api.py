@@ -9,7 +9,9 @@ from typing import Any
 import django_filters
 from django.db import models, transaction
 from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -60,7 +62,7 @@ class AffectedRangeSerializer(serializers.ModelSerializer):
 
 class ReviewItemSerializer(serializers.ModelSerializer):
     advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True)
-    resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, default=None)
+    resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = ReviewItem
@@ -108,6 +110,8 @@ class ExposureSerializer(serializers.ModelSerializer):
     overdue = serializers.SerializerMethodField()
     risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None,
                                           allow_null=True)
+    # Empty until an approver sets the exposure not affected: the schema must allow "" too.
+    justification = serializers.ChoiceField(choices=VexJustification.choices(), allow_blank=True, read_only=True)
 
     class Meta:
         model = Exposure
@@ -221,7 +225,8 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
         queryset = Advisory.objects.prefetch_related("cves").annotate(
             open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN)),
             presumed_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.PRESUMED)),
-            open_review_items=models.Subquery(open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]),
+            open_review_items=Coalesce(models.Subquery(
+                open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]), 0),
         )
         needs_review = self.request.query_params.get("needs_review")
         if needs_review == "true":
@@ -233,6 +238,7 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return AdvisoryDetailSerializer if self.action == "retrieve" else AdvisorySerializer
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=True, methods=["get"])
     def vex(self, request: Request, pk: str | None = None) -> Response:
         """The fleet's status for this bulletin as a CSAF 2.0 VEX document."""
@@ -286,6 +292,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
         return self._decide(lambda: services.mark_not_affected(
             int(pk or 0), request.user, body.validated_data["justification"], body.validated_data["reason"]))
 
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=False, methods=["get"])
     def vex(self, request: Request) -> Response:
         """CSAF 2.0 VEX for the filtered exposures' bulletins (e.g. ?advisory=5703&cluster=prod)."""

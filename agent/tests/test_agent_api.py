@@ -39,7 +39,7 @@ def test_it_answers_401_to_unauthenticated_stale_or_foreign_requests(agent: Agen
     status, _ = _raw(agent, "POST", "/v1/maintenance", headers, b'{"operation_id":"m2","enabled":true}')
     assert status == 401
     assert client.get("/v1/health") == {"status": "ok", "node": "test/gpu-api", "agent_version": "0.1.0",
-                                        "maintenance": False}
+                                        "maintenance": False, "maintenance_holders": {}}
     assert not (agent.state / "maintenance.json").exists(), "a refused call must change nothing"
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -119,9 +120,12 @@ def _agents_module():
     return agent_helpers
 
 
-def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worker_dies(tmp_path: Path):
+def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worker_dies(tmp_path: Path,
+                                                                                      settings: Any) -> None:
     _need_services()
     helpers = _agents_module()
+    # Planning (in this process) reads each agent's state: sign with the agents' fleet secret.
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = helpers.FLEET_SECRET
     store = tmp_path / "artifacts"
     simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
     names = [f"gpu{i:02d}" for i in range(6)] + ["spare00", "spare01"]

@@ -90,6 +90,31 @@ def _celery(kind: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+class Supervised:
+    """A Celery process kept running the way systemd (Restart=always) or Kubernetes keep a worker:
+    started again when it exits. A worker that loses its broker in the middle of a task may exit
+    ("Unrecoverable error" from kombu's Redis transport); production restarts it, and so does this."""
+
+    def __init__(self, kind: str, env: dict[str, str], log: Path) -> None:
+        self.kind, self.env, self.log = kind, env, log
+        self.proc = _celery(kind, env, log)
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            if self.proc.poll() is not None:
+                self.restarts += 1
+                self.proc = _celery(self.kind, self.env, self.log)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        _kill_group(self.proc)
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -195,6 +220,8 @@ def test_a_campaign_survives(case: str, tmp_path: Path, monkeypatch: pytest.Monk
     full_disk = case == "checkpoint disk full"
     if full_disk:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(artifacts)], check=True)
+    # Planning (in this process) reads each agent's state: sign with the agents' fleet secret.
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = helpers.FLEET_SECRET
     queue = f"faults-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv("GPUSWEEP_CELERY_QUEUE", queue)
     settings.CELERY_TASK_DEFAULT_QUEUE = queue
@@ -230,7 +257,7 @@ def test_a_campaign_survives(case: str, tmp_path: Path, monkeypatch: pytest.Monk
                 "parallelism_per_cluster": "1", "step_timeout_s": 10, "error_budget": "1", "canary": "0"})
             services.make_plan(campaign.pk, rita)
             services.approve(campaign.pk, alan)
-            beat, worker = _celery("beat", env, log), _celery("worker", env, log)
+            beat, worker = Supervised("beat", env, log), Supervised("worker", env, log)
             services.start(campaign.pk, rita)
             injected = _inject(case, campaign, fleet, restart_broker)
             finished = wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in (
@@ -243,13 +270,16 @@ def test_a_campaign_survives(case: str, tmp_path: Path, monkeypatch: pytest.Monk
                 wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL,
                          timeout=240, interval=0.5)
                 campaign.refresh_from_db()
+            if worker.restarts or beat.restarts:
+                injected.append(f"the worker exited {worker.restarts} time(s) and beat {beat.restarts} time(s); "
+                                "their supervisor started them again")
             found = _check(campaign, fleet, before, case)
             print(f"\nfault: {case}\n  injected: {'; '.join(injected)}\n  found: {found}")
     finally:
         campaign_queue.ENQUEUE.remove(enqueue)
-        for proc in (worker, beat):
-            if proc is not None:
-                _kill_group(proc)
+        for supervised in (worker, beat):
+            if supervised is not None:
+                supervised.stop()
         if fleet is not None:
             fleet.stop()
         if full_disk:
@@ -263,7 +293,7 @@ def _inject(case: str, campaign: Campaign, fleet: Fleet, restart_broker: Callabl
         return bool(wait_for(lambda: first.filter(state__in=states).exists(), timeout=120, interval=0.02))
 
     if case == "database connections dropped":
-        stop, dropped = threading.Event(), []
+        stop, dropped = threading.Event(), list[int]()
         thread = threading.Thread(target=_drop_database_connections, args=(stop, dropped), daemon=True)
         thread.start()
         wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status != CampaignStatus.RUNNING
