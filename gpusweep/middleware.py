@@ -6,8 +6,8 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-# Probes and login are the only open pages; the API authenticates itself (DRF).
-OPEN_PREFIXES = ("/healthz", "/readyz", "/accounts/login/", "/static/", "/admin/login/")
+# Probes and login are the only open pages; the API (DRF) and /metrics (its token) authenticate themselves.
+OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/")
 
 
 class LoginRequiredMiddleware:

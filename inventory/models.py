@@ -61,6 +61,9 @@ class Node(models.Model):
     # SHA-256 of the node's agent token; the token itself lives only on the node.
     agent_token_sha256 = models.CharField(max_length=64, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # The node's own agent's last heartbeat: last_seen is refreshed by scheduler syncs too, so it
+    # cannot tell a silent agent from a node its scheduler still lists.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     gone_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
