@@ -272,3 +272,34 @@ def test_queue_depth_counts_the_messages_waiting_in_the_broker(private_queue):
         celery_app.send_task("campaigns.redrive", queue=private_queue)
     samples, _ = scrape()
     assert value(samples, "gpusweep_celery_queue_depth", queue=private_queue) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scrapes_folding_at_once_count_every_event_once():
+    """Four threads (four connections, as four web processes) fold the same new events together."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+
+    from conftest import need
+
+    need(connection.vendor == "postgresql", "set DATABASE_URL=postgres://... to race folds on PostgreSQL row locks")
+    make_fleet(nodes=3)
+    rita, alan = user("rita", "operator"), user("alan", "approver")
+    campaign = approved_campaign(rita, alan)
+    from campaigns import services
+
+    services.start(campaign.pk, rita)
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+
+    def one_fold() -> int:
+        try:
+            return sum(rollup.fold(batch=100) for _ in range(20))
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(4) as pool:
+        read = sum(pool.map(lambda _: one_fold(), range(4)))
+    assert read == EvidenceEvent.objects.count()
+    assert sum(r.count for r in EvidenceTotal.objects.filter(family="gpusweep_step_duration_seconds")) == \
+        EvidenceEvent.objects.filter(kind="step_done").count()
