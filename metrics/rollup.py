@@ -163,9 +163,11 @@ def _add(observations: list[Observation]) -> None:
     """Add observations to their series (the caller holds the cursor's lock: no other writer)."""
     if not observations:
         return
-    grouped: dict[tuple[str, str], list[tuple[Family, float]]] = {}
+    by_labels: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[Family, float]]] = {}
     for family, labels, value in observations:
-        grouped.setdefault((family.name, series_key(family, labels)), []).append((family, value))
+        by_labels.setdefault((family.name, tuple(sorted(labels.items()))), []).append((family, value))
+    # One series key per series, not per observation (the JSON dump is most of a big fold's time).
+    grouped = {(name, series_key(values[0][0], dict(labels))): values for (name, labels), values in by_labels.items()}
     rows = {(t.family, t.labels): t for t in EvidenceTotal.objects.filter(
         family__in={name for name, _ in grouped}, labels__in={key for _, key in grouped})}
     new, changed = [], []

@@ -10,7 +10,6 @@ through its state folder) and a fixed step time, as in tests/campaigns/test_e2e.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from campaigns import services
@@ -32,14 +30,15 @@ from campaigns.models import Campaign
 from conftest import need
 from executors.memory import Fleet
 from inventory.models import Cluster
-from tests.campaigns.fleet import FIXED, add_node, user
-from tests.helpers import REPO, clean_env, free_port, stop_process_group, wait_for
+from tests.campaigns.fleet import add_node, approved_campaign, user
+from tests.campaigns.test_e2e import STEP_S, _env
+from tests.campaigns.test_e2e import _need_services as need_e2e_services
+from tests.helpers import REPO, free_port, stop_process_group, wait_for
 
 RULES = REPO / "deploy" / "prometheus"
 DASHBOARD = REPO / "deploy" / "grafana" / "gpusweep-dashboard.json"
 DASHBOARD_README = REPO / "deploy" / "grafana" / "README.md"
 TOKEN = "prometheus-scrape-token-0123456789abcdef"
-STEP_S = 0.3
 NODES = 4
 
 
@@ -162,21 +161,9 @@ class Prometheus:
 
 
 def _need_services() -> None:
-    need(os.environ.get("DATABASE_URL", "").startswith("postgres")
-         and os.environ.get("CELERY_BROKER_URL", "").startswith("redis"),
-         "set DATABASE_URL=postgres://root@127.0.0.1:5432/<db> and CELERY_BROKER_URL=redis://127.0.0.1:6379/<n> "
-         "(as .ci/run does) to scrape a campaign on gunicorn and Celery workers")
+    need_e2e_services()
     need(shutil.which("prometheus") is not None,
          "needs Prometheus: apt-get install prometheus (scripts/install-system-deps.sh)")
-
-
-def _env(state: Path, queue: str) -> dict[str, str]:
-    db = connection.settings_dict
-    url = f"postgres://{db['USER'] or 'root'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    return clean_env(DATABASE_URL=url, CELERY_BROKER_URL=os.environ["CELERY_BROKER_URL"],
-                     GPUSWEEP_CELERY_QUEUE=queue, GPUSWEEP_MEMORY_EXECUTOR_STATE=str(state),
-                     GPUSWEEP_MEMORY_EXECUTOR_STEP_S=str(STEP_S), GPUSWEEP_ADVISORY_SOURCES="",
-                     GPUSWEEP_METRICS_TOKEN=TOKEN)
 
 
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -201,7 +188,9 @@ def test_prometheus_sees_the_node_sweeps_of_a_campaign_move_through_their_states
     queue = f"metrics-{uuid.uuid4().hex[:12]}"
     settings.CELERY_TASK_DEFAULT_QUEUE = queue  # what this process enqueues
     state = tmp_path / "fleet"
-    env = _env(state, queue)
+    # The campaign end to end test's processes (PostgreSQL, Redis, the memory fleet's folder, its step
+    # time), on a queue of this test's own, with the metrics token.
+    env = {**_env(state), "GPUSWEEP_CELERY_QUEUE": queue, "GPUSWEEP_METRICS_TOKEN": TOKEN}
     fleet = Fleet(str(state))
     cluster = Cluster.objects.create(name="local", kind="static", connection={
         "executor": "memory", "executor_options": {"state_file": str(state)}})
@@ -210,11 +199,8 @@ def test_prometheus_sees_the_node_sweeps_of_a_campaign_move_through_their_states
     for index in range(2):
         add_node(fleet, cluster, f"spare{index:02d}", labels={"sweep": "no"}, workloads=0)
     rita, alan = user("rita", "operator"), user("alan", "approver")
-    campaign = Campaign.objects.create(name="scraped", requested_by=rita, node_selector={"sweep": "yes"}, canary="0",
-                                       target_versions={"driver": {"R570": FIXED}}, parallelism_per_cluster="1",
-                                       step_timeout_s=30, error_budget="0")
-    services.make_plan(campaign.pk, rita)
-    services.approve(campaign.pk, alan)
+    campaign = approved_campaign(rita, alan, name="scraped", parallelism_per_cluster="1", step_timeout_s=30,
+                                 error_budget="0")
 
     web_port = free_port()
     log = tmp_path / "service.log"
