@@ -12,14 +12,16 @@ from advisories.models import (
     DeadlinePolicy,
     Exposure,
     KevEntry,
+    ReviewItem,
     SourceState,
 )
+from gpusweep.admin import ReadOnlyAdmin
 
 
 class AffectedRangeInline(admin.TabularInline):
     model = AffectedRange
     extra = 0
-    fields = ("component", "os_family", "branch", "product_line", "raw", "fixed_version", "severity")
+    fields = ("component", "os_family", "branch", "product_line", "raw", "basis", "fixed_version", "severity")
     readonly_fields = fields
     can_delete = False
 
@@ -30,8 +32,24 @@ class AdvisoryAdmin(admin.ModelAdmin):
                     "initial_release_date")
     list_filter = ("severity", "integrity", "ranges_unknown", "source_kind")
     search_fields = ("publisher_id", "title", "cves__cve_id")
-    readonly_fields = ("content_sha256", "published_sha256", "integrity", "unparsed", "history", "revision_history")
+    readonly_fields = ("content_sha256", "published_sha256", "integrity", "history", "revision_history")
     inlines = [AffectedRangeInline]
+
+
+@admin.register(ReviewItem)
+class ReviewItemAdmin(admin.ModelAdmin):
+    """Read-only here: items are resolved through advisories.services (the API and the advisory
+    page), which write the evidence event and recompute exposures."""
+
+    list_display = ("advisory", "kind", "key", "component", "state", "resolved_by", "resolved_at")
+    list_filter = ("state", "kind", "component")
+    search_fields = ("key", "raw", "advisory__publisher_id")
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(CVE)
@@ -43,13 +61,16 @@ class CVEAdmin(admin.ModelAdmin):
 
 @admin.register(AffectedRange)
 class AffectedRangeAdmin(admin.ModelAdmin):
-    list_display = ("advisory", "component", "os_family", "branch", "product_line", "raw", "fixed_version")
-    list_filter = ("component", "os_family", "product_line", "branch")
+    list_display = ("advisory", "component", "os_family", "branch", "product_line", "raw", "basis", "fixed_version")
+    list_filter = ("component", "basis", "os_family", "product_line", "branch")
     search_fields = ("product_id", "advisory__publisher_id")
 
 
 @admin.register(Exposure)
-class ExposureAdmin(admin.ModelAdmin):
+class ExposureAdmin(ReadOnlyAdmin):
+    """Read only: states change through advisories.exposure (remediation with evidence) and the
+    risk acceptance API (an approver, a reason, an expiry)."""
+
     list_display = ("node", "advisory", "component", "detected_version", "severity", "state", "deadline",
                     "fixed_by_version", "remediated_at")
     list_filter = ("state", "severity", "component")
@@ -95,6 +116,6 @@ class SourceStateAdmin(admin.ModelAdmin):
 
 @admin.register(AdvisoryEvent)
 class AdvisoryEventAdmin(admin.ModelAdmin):
-    list_display = ("time", "kind", "advisory", "document", "message")
+    list_display = ("time", "kind", "advisory", "user", "document", "message")
     list_filter = ("kind",)
-    readonly_fields = ("time", "kind", "advisory", "document", "message")
+    readonly_fields = ("time", "kind", "advisory", "user", "document", "message", "details")

@@ -1,25 +1,41 @@
-"""REST API under /api/v1/advisories/: advisories, CVEs, ranges, exposures, deadline policy."""
+"""REST API under /api/v1/advisories/: advisories (with their review items and a CSAF VEX view),
+CVEs, ranges, exposures (approvers' decisions), review items (admins' resolutions), deadline policy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import django_filters
-from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db import models, transaction
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from advisories.choices import ExposureState, Severity
+from advisories import services
+from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.exposure import assign_deadlines
-from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure
+from advisories.models import (
+    CVE,
+    Advisory,
+    AffectedRange,
+    ClusterDeadlineOverride,
+    DeadlinePolicy,
+    Exposure,
+    ReviewItem,
+)
+from advisories.vex import vex_document
+from gpusweep.filters import DateTimeFilter, FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
 # --- serializers ---------------------------------------------------------------------------
+
+MAX_DEADLINE_DAYS = 3650
 
 
 class CVESerializer(serializers.ModelSerializer):
@@ -39,7 +55,18 @@ class AffectedRangeSerializer(serializers.ModelSerializer):
         model = AffectedRange
         fields = ["id", "advisory", "product_id", "product_name", "architecture", "component", "os_family", "branch",
                   "product_line", "raw", "lower_version", "lower_inclusive", "upper_version", "upper_inclusive",
-                  "fixed_version", "severity", "cves"]
+                  "fixed_version", "basis", "scope", "condition", "remediation", "severity", "cves"]
+
+
+class ReviewItemSerializer(serializers.ModelSerializer):
+    advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True)
+    resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, default=None)
+
+    class Meta:
+        model = ReviewItem
+        fields = ["id", "advisory", "advisory_id", "key", "kind", "raw", "reason", "component", "state", "mapping",
+                  "resolution", "resolved_by", "resolved_at"]
+        read_only_fields = fields
 
 
 class AdvisorySerializer(serializers.ModelSerializer):
@@ -47,20 +74,28 @@ class AdvisorySerializer(serializers.ModelSerializer):
         slug_field="cve_id", many=True, read_only=True
     )
     open_exposures = serializers.IntegerField(read_only=True, required=False)
+    presumed_exposures = serializers.IntegerField(read_only=True, required=False)
+    open_review_items = serializers.IntegerField(read_only=True, required=False)
+    needs_review = serializers.SerializerMethodField()
 
     class Meta:
         model = Advisory
         fields = ["id", "publisher", "publisher_id", "title", "tracking_version", "status", "revision_history",
                   "initial_release_date", "current_release_date", "severity", "summary", "source_kind", "source",
-                  "content_sha256", "published_sha256", "integrity", "unparsed", "ranges_unknown", "history",
-                  "cves", "open_exposures", "created_at", "updated_at"]
+                  "content_sha256", "published_sha256", "integrity", "ranges_unknown", "history",
+                  "cves", "open_exposures", "presumed_exposures", "open_review_items", "needs_review",
+                  "created_at", "updated_at"]
+
+    def get_needs_review(self, obj: Advisory) -> bool:
+        return bool(getattr(obj, "open_review_items", 0))
 
 
 class AdvisoryDetailSerializer(AdvisorySerializer):
     ranges = AffectedRangeSerializer(many=True, read_only=True)
+    review_items = ReviewItemSerializer(many=True, read_only=True)
 
     class Meta(AdvisorySerializer.Meta):
-        fields = [*AdvisorySerializer.Meta.fields, "ranges"]
+        fields = [*AdvisorySerializer.Meta.fields, "ranges", "review_items"]
 
 
 class ExposureSerializer(serializers.ModelSerializer):
@@ -68,23 +103,26 @@ class ExposureSerializer(serializers.ModelSerializer):
     cluster = serializers.CharField(source="node.cluster.name", read_only=True)
     advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True)
     fixed_version = serializers.CharField(source="affected_range.fixed_version", read_only=True)
+    remediation = serializers.CharField(source="affected_range.remediation", read_only=True)
     cves = serializers.SerializerMethodField()
     overdue = serializers.SerializerMethodField()
-    risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None)
+    risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None,
+                                          allow_null=True)
 
     class Meta:
         model = Exposure
         fields = ["id", "node", "node_name", "cluster", "advisory", "advisory_id", "affected_range", "component",
                   "detected_version", "fixed_version", "severity", "cves", "state", "first_seen", "deadline",
                   "deadline_source", "overdue", "fixed_by_version", "remediated_at", "remediated_by", "risk_approver",
-                  "risk_reason", "risk_expires_at"]
+                  "risk_reason", "risk_expires_at", "justification", "remediation"]
         read_only_fields = fields
 
     def get_cves(self, obj: Exposure) -> list[str]:
         return sorted(c.cve_id for c in obj.affected_range.cves.all())
 
     def get_overdue(self, obj: Exposure) -> bool:
-        return obj.state == ExposureState.OPEN and obj.deadline is not None and obj.deadline < timezone.now()
+        return (obj.state in (ExposureState.OPEN, ExposureState.PRESUMED) and obj.deadline is not None
+                and obj.deadline < timezone.now())
 
 
 class RiskAcceptanceSerializer(serializers.Serializer):
@@ -97,32 +135,46 @@ class RiskAcceptanceSerializer(serializers.Serializer):
         return value
 
 
+class NotAffectedSerializer(serializers.Serializer):
+    justification = serializers.ChoiceField(choices=VexJustification.choices())
+    reason = serializers.CharField(min_length=10)
+
+
+class ResolutionSerializer(serializers.Serializer):
+    reason = serializers.CharField(min_length=10)
+    mapping = serializers.DictField(required=False)
+
+
 class DeadlinePolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = DeadlinePolicy
         fields = ["critical_days", "high_days", "medium_days", "low_days", "basis", "use_kev", "updated_at"]
+        # Bounded so a deadline stays a date (timedelta overflows past ~2.7 million days).
+        extra_kwargs = {name: {"min_value": 0, "max_value": MAX_DEADLINE_DAYS}
+                        for name in ("critical_days", "high_days", "medium_days", "low_days")}
 
 
 class ClusterDeadlineOverrideSerializer(serializers.ModelSerializer):
     class Meta:
         model = ClusterDeadlineOverride
         fields = ["id", "cluster", "severity", "days"]
+        extra_kwargs = {"days": {"min_value": 0, "max_value": MAX_DEADLINE_DAYS}}
 
 
 # --- filters ----------------------------------------------------------------------------------
 
 
-class AdvisoryFilter(django_filters.FilterSet):
+class AdvisoryFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     cve = django_filters.CharFilter(field_name="cves__cve_id", lookup_expr="iexact")
-    published_after = django_filters.DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
+    published_after = DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
 
     class Meta:
         model = Advisory
         fields = ["publisher", "publisher_id", "severity", "integrity", "ranges_unknown", "source_kind"]
 
 
-class CVEFilter(django_filters.FilterSet):
+class CVEFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     advisory = django_filters.CharFilter(field_name="advisories__publisher_id")
 
@@ -131,7 +183,7 @@ class CVEFilter(django_filters.FilterSet):
         fields = ["cve_id", "severity", "cwe_id"]
 
 
-class AffectedRangeFilter(django_filters.FilterSet):
+class AffectedRangeFilter(FilterSet):
     advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
 
     class Meta:
@@ -139,7 +191,7 @@ class AffectedRangeFilter(django_filters.FilterSet):
         fields = ["component", "os_family", "branch", "product_line"]
 
 
-class ExposureFilter(django_filters.FilterSet):
+class ExposureFilter(FilterSet):
     severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
     state = django_filters.MultipleChoiceFilter(choices=ExposureState.choices())
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
@@ -165,14 +217,26 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["initial_release_date", "current_release_date", "severity", "publisher_id"]
 
     def get_queryset(self) -> QuerySet[Advisory]:
-        from django.db.models import Count
-
-        return Advisory.objects.prefetch_related("cves").annotate(
-            open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN))
+        open_items = ReviewItem.objects.filter(advisory=models.OuterRef("pk"), state=ReviewState.OPEN)
+        queryset = Advisory.objects.prefetch_related("cves").annotate(
+            open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN)),
+            presumed_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.PRESUMED)),
+            open_review_items=models.Subquery(open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]),
         )
+        needs_review = self.request.query_params.get("needs_review")
+        if needs_review == "true":
+            queryset = queryset.filter(open_review_items__gt=0)
+        elif needs_review == "false":
+            queryset = queryset.exclude(open_review_items__gt=0)
+        return queryset
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return AdvisoryDetailSerializer if self.action == "retrieve" else AdvisorySerializer
+
+    @action(detail=True, methods=["get"])
+    def vex(self, request: Request, pk: str | None = None) -> Response:
+        """The fleet's status for this bulletin as a CSAF 2.0 VEX document."""
+        return Response(vex_document([self.get_object()]))
 
 
 class CVEViewSet(viewsets.ReadOnlyModelViewSet):
@@ -195,30 +259,87 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = ExposureSerializer
     filterset_class = ExposureFilter
     ordering_fields = ["deadline", "first_seen", "severity"]
-    action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}}
+    action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
 
+    def _decide(self, decide: Callable[[], Any]) -> Response:
+        return decision_response(self, decide)
+
+    @extend_schema(request=RiskAcceptanceSerializer)
     @action(detail=True, methods=["post"])
     def accept_risk(self, request: Request, pk: str | None = None) -> Response:
         """An approver accepts the risk until an expiry, with a reason; the exposure stays listed."""
         body = RiskAcceptanceSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        with transaction.atomic():
-            updated = Exposure.objects.filter(pk=self.get_object().pk, state__in=ExposureState.ACTIVE).update(
-                state=ExposureState.RISK_ACCEPTED, risk_approver=request.user,
-                risk_reason=body.validated_data["reason"], risk_expires_at=body.validated_data["expires_at"],
-                updated_at=timezone.now(),
-            )
-        exposure = self.get_object()
-        if not updated:
-            return Response({"detail": f"exposure {pk} is {exposure.state}; only open exposures can be accepted"},
-                            status=status.HTTP_409_CONFLICT)
-        return Response(self.get_serializer(exposure).data)
+        return self._decide(lambda: services.accept_risk(
+            int(pk or 0), request.user, body.validated_data["reason"], body.validated_data["expires_at"]))
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def revoke_risk(self, request: Request, pk: str | None = None) -> Response:
-        Exposure.objects.filter(pk=self.get_object().pk, state=ExposureState.RISK_ACCEPTED).update(
-            state=ExposureState.OPEN, updated_at=timezone.now())
-        return Response(self.get_serializer(self.get_object()).data)
+        return self._decide(lambda: services.revoke_risk(int(pk or 0), request.user))
+
+    @action(detail=True, methods=["post"])
+    def not_affected(self, request: Request, pk: str | None = None) -> Response:
+        """An approver sets a (presumed) exposure not affected, with a CSAF/VEX justification and a reason."""
+        body = NotAffectedSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return self._decide(lambda: services.mark_not_affected(
+            int(pk or 0), request.user, body.validated_data["justification"], body.validated_data["reason"]))
+
+    @action(detail=False, methods=["get"])
+    def vex(self, request: Request) -> Response:
+        """CSAF 2.0 VEX for the filtered exposures' bulletins (e.g. ?advisory=5703&cluster=prod)."""
+        exposures = self.filter_queryset(self.get_queryset())
+        advisories = Advisory.objects.filter(id__in=exposures.values("advisory_id")).prefetch_related("cves")
+        if request.query_params.get("advisory"):
+            advisories = Advisory.objects.filter(publisher_id=request.query_params["advisory"])
+        return Response(vex_document(advisories.order_by("publisher_id"), exposures))
+
+
+class ReviewItemFilter(django_filters.FilterSet):
+    advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
+
+    class Meta:
+        model = ReviewItem
+        fields = ["kind", "state", "component"]
+
+
+class ReviewItemViewSet(viewsets.ReadOnlyModelViewSet):
+    """What the parser could not decode or map; admins map (to a range) or dismiss each item."""
+
+    queryset = ReviewItem.objects.select_related("advisory", "resolved_by")
+    serializer_class = ReviewItemSerializer
+    filterset_class = ReviewItemFilter
+    action_roles = {"map": {Role.ADMIN}, "dismiss": {Role.ADMIN}}
+
+    @action(detail=True, methods=["post"])
+    def map(self, request: Request, pk: str | None = None) -> Response:
+        """Body: {"mapping": {"component", "upper" or "fixed_version", ...}, "reason"}."""
+        body = ResolutionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        if not body.validated_data.get("mapping"):
+            return Response({"mapping": ["required: the range this row means"]}, status=status.HTTP_400_BAD_REQUEST)
+        return decision_response(self, lambda: services.map_review_item(
+            int(pk or 0), request.user, body.validated_data["mapping"], body.validated_data["reason"]))
+
+    @action(detail=True, methods=["post"])
+    def dismiss(self, request: Request, pk: str | None = None) -> Response:
+        body = ResolutionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return decision_response(self, lambda: services.dismiss_review_item(
+            int(pk or 0), request.user, body.validated_data["reason"]))
+
+
+def decision_response(view: viewsets.GenericViewSet, decide: Callable[[], Any]) -> Response:
+    """Run a decision service for the view's object: its new state, 409 when it was in another
+    state already, 400 when the input is wrong (nothing changed either way)."""
+    view.get_object()  # 404 for an unknown id
+    try:
+        decided = decide()
+    except services.DecisionError as exc:
+        return Response({"detail": str(exc)},
+                        status=status.HTTP_409_CONFLICT if exc.conflict else status.HTTP_400_BAD_REQUEST)
+    return Response(view.get_serializer(view.get_queryset().get(pk=decided.pk)).data)
 
 
 class DeadlinePolicyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
@@ -274,5 +395,6 @@ router.register("advisories", AdvisoryViewSet, basename="advisory")
 router.register("cves", CVEViewSet, basename="cve")
 router.register("ranges", AffectedRangeViewSet, basename="range")
 router.register("exposures", ExposureViewSet, basename="exposure")
+router.register("review-items", ReviewItemViewSet, basename="review-item")
 router.register("deadline-policy", DeadlinePolicyViewSet, basename="deadline-policy")
 router.register("deadline-overrides", ClusterDeadlineOverrideViewSet, basename="deadline-override")

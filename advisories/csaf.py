@@ -9,12 +9,17 @@ NVIDIA encodes affected ranges in the product tree rather than in CSAF's version
         product_version "Tesla" linuxr580_tesla_all_driver_versions_prior_to_580_95_05   (affected)
         product_version "Tesla" linuxr580_tesla_580_95_05                                 (fixed)
 
-The architecture gives the OS and driver branch, the leaf's name the product line, and the
-version text (the CPE's version field, or the product_id minus the product_name's id) the
-range. Each vulnerability's `product_status.known_affected` names the leaves it applies to, so
-which CVEs hit which branch is read per range. Version texts that do not decode (vGPU rows with
-two labels run together, "available the week of ...") are returned as unparsed items, never
-dropped.
+The architecture gives the OS and driver branch, the leaf's name the product (a component of
+`advisories.components`), and the version text (the CPE's version field, or the product_id minus
+the product_name's id) the range; `GRAMMAR` lists every form decoded. Each vulnerability's
+`product_status` names the leaves it applies to, so which CVEs hit which row is read per range,
+and a plain version listed as `known_affected` is that affected release itself.
+
+Nothing is dropped silently. Every row that does not decode, every product no component maps
+to, and every driver branch the bulletin skips while naming older and newer ones comes back as
+a `ReviewNote` (the advisory needs review), and where a node could still be hit (a known
+component whose row did not decode; a skipped branch) as a range with `basis` other than
+"decoded": nodes inside it are *presumed* exposed, never taken for safe.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
-from advisories.choices import ComponentKind, Severity
+from advisories import components
+from advisories.choices import RangeBasis, ReviewKind, Severity
 
 
 class DocumentError(ValueError):
@@ -70,16 +77,25 @@ class ParsedRange:
     fixed_version: str
     fixed_product_id: str
     cve_ids: tuple[str, ...]
+    basis: str = RangeBasis.DECODED
+    scope: dict[str, str] = field(default_factory=dict)  # {"gpu_model": "h100"} / {"platform": "dgx_a100"}
+    condition: dict[str, list[str]] = field(default_factory=dict)  # {"container_toolkit_mode": ["cdi"]}
+    remediation: str = ""
 
 
 @dataclass(frozen=True)
-class UnparsedItem:
-    product_id: str
+class ReviewNote:
+    """Something in a bulletin that could not be decoded or mapped: the advisory needs review."""
+
+    key: str  # product_id, or a synthetic key ("unsupported_branch:R535-R570")
+    kind: str  # ReviewKind
     raw: str
     reason: str
+    component: str = ""  # the component it would map to, when known
 
     def as_dict(self) -> dict[str, str]:
-        return {"product_id": self.product_id, "raw": self.raw, "reason": self.reason}
+        return {"key": self.key, "kind": self.kind, "raw": self.raw, "reason": self.reason,
+                "component": self.component}
 
 
 @dataclass
@@ -97,7 +113,7 @@ class ParsedAdvisory:
     content_sha256: str
     cves: list[ParsedCVE] = field(default_factory=list)
     ranges: list[ParsedRange] = field(default_factory=list)
-    unparsed: list[UnparsedItem] = field(default_factory=list)
+    review: list[ReviewNote] = field(default_factory=list)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -128,26 +144,73 @@ def _date(text: str, doc: str, where: str) -> datetime:
         raise DocumentError(doc, f"{where} is not an ISO 8601 date: {text!r}") from None
 
 
-def version_tuple(text: str) -> tuple[int, ...]:
-    """'1.10.0' -> (1, 10, 0); non-numeric parts count as 0 (tracking versions only)."""
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.\-+]", text))
+# CSAF 2.0 version_t: integer versioning or semantic versioning (section 3.1.11).
+_INTEGER_VERSION = re.compile(r"(0|[1-9][0-9]*)")
+_SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+[0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*)?"
+)
+
+
+def is_version(text: str) -> bool:
+    return bool(_INTEGER_VERSION.fullmatch(text) or _SEMVER.fullmatch(text))
+
+
+def version_tuple(text: str) -> tuple[Any, ...]:
+    """Order of CSAF tracking versions: '1.10.0' > '1.9.0'; a pre-release sorts before its release.
+
+    Only for texts `is_version` accepts (ingest validates them first); anything else sorts first.
+    """
+    if m := _SEMVER.fullmatch(text):
+        core = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        pre = m.group(4)
+        # (1,) after every pre-release: 1.0.0-rc.1 < 1.0.0.
+        tail: tuple[Any, ...] = (1,) if pre is None else (0, *((0, int(p)) if p.isdigit() else (1, p)
+                                                              for p in pre.split(".")))
+        return (*core, *tail)
+    if _INTEGER_VERSION.fullmatch(text):
+        return (int(text),)
+    return (-1,)
 
 
 # --- version text decoding ------------------------------------------------------------------
 
-_V = r"v?(\d+(?:_\d+)*)"
-# "all_driver_versions_prior_to_580_95_05", "all_drivers_versions_prior_to_...", "all_versions_prior_to_...",
-# optionally "..._for_support_of_geforce_kepler_desktop".
-_PRIOR_TO = re.compile(rf"all_(?:drivers?_)?versions?_prior_to_{_V}(?P<note>_for_support_of_[a-z0-9_]+)?")
-_UP_TO = re.compile(rf"all_(?:drivers?_)?versions?_up_to_and_including_{_V}")
-_BETWEEN = re.compile(rf"{_V}_to_{_V}")
-# vGPU / Cloud Gaming rows: the driver version with its release label run together, once.
-_LABELLED_AFFECTED = re.compile(
-    rf"{_V}(?P<label>all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_])+)"
-)
-_FIXED = re.compile(rf"{_V}(?P<label>vgpu_?\d+(?:_\d+)*|[a-z]+_\d{{4}}(?:_cloud_gaming)?_release)?")
-_FIXED_AND = re.compile(rf"{_V}_and_{_V}(?:_latest)?")
-_ALL = re.compile(r"all_(?:drivers?_)?versions?")
+_V = r"[vr]?(\d+(?:_\d+)*)"
+_ALL = r"all_(?:drivers?_)?versions?"
+_LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_])+"
+_RELEASE = r"(?:the_)?[a-z]+_\d{4}(?:_cloud_gaming)?_release"
+
+# (name, pattern, kind): every version text form NVIDIA writes in its product trees (and its CVE
+# index), tried in order. Example texts are in tests/advisories/test_csaf.py (one row per form).
+GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
+    ("prior to X", re.compile(rf"{_ALL}_(?:prior_to|before(?:_release)?)_{_V}(?P<note>_for_support_of_[a-z0-9_]+)?"),
+     "affected"),
+    ("up to and including X", re.compile(rf"{_ALL}_up_to_and_including_{_V}"), "affected"),
+    ("prior to and including X", re.compile(rf"{_ALL}_prior_to_and_including_{_V}"), "affected"),
+    ("X and earlier", re.compile(rf"{_V}_and_(?:earlier|prior|older)"), "affected"),
+    ("X to Y", re.compile(rf"{_V}_(?:to|through)_{_V}"), "affected"),
+    ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_versions_prior_to_{_V}"), "affected"),
+    ("all X.Y versions", re.compile(rf"all_{_V}_versions"), "affected"),
+    ("prior to X / prior to the <month> release", re.compile(
+        rf"{_ALL}_prior_to_{_V}(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
+    ("X (up to and including <vGPU or release label>)", re.compile(rf"{_V}(?P<labels>(?:_?{_LABEL})+)"), "affected"),
+    ("all versions", re.compile(_ALL), "affected"),
+    ("X or newer", re.compile(rf"{_V}_(?:or|and)_(?:newer|later|above)"), "fixed"),
+    ("X and Y (latest)", re.compile(rf"{_V}_and_{_V}(?:_latest)?"), "fixed"),
+    ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:_\d+)*)"), "fixed"),
+    ("X (<vGPU or release label>)", re.compile(
+        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:_\d+)*|_?{_RELEASE})?"), "fixed"),
+]
+
+# Conditions written after a version text: the range applies only where the node fact matches.
+_ARCH_CONDITION = re.compile(r"_?only_(?:for_)?gpus_based_on_the_(?P<archs>[a-z_]+?)_architectures?$")
+_CDI_BELOW = re.compile(rf"_?cdi_mode_only_for_versions_prior_to_{_V}$")
+_MODE_CONDITION = re.compile(
+    r"_?(?:only_when_(?P<m1>cdi|csv|legacy)(?:_mode)?_is_enabled|(?P<m2>cdi|csv|legacy)_mode_only|only_in_(?P<m3>cdi|csv|legacy)_mode"
+    r"|only_when_device_list_strategy_is_(?P<strategy>[a-z_]+))$")
+TOOLKIT_MODE = "container_toolkit_mode"
+GPU_ARCHITECTURE = "gpu_architecture"
 
 
 def _dots(match_text: str) -> str:
@@ -155,33 +218,98 @@ def _dots(match_text: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Decoded:
-    kind: str  # "affected" or "fixed"
+class Bounds:
+    """One affected interval, possibly only where a node fact has one of some values."""
+
     lower: str | None = None
     lower_inclusive: bool = False
     upper: str | None = None
     upper_inclusive: bool = False
-    fixed: str = ""
+    condition: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ((fact, (values...)), ...)
 
 
-def decode_version_text(text: str) -> _Decoded | None:
-    """Decode one NVIDIA version text; None when it does not fit a known form."""
-    if m := _PRIOR_TO.fullmatch(text):
-        return _Decoded("affected", upper=_dots(m.group(1)), upper_inclusive=False)
-    if m := _UP_TO.fullmatch(text):
-        return _Decoded("affected", upper=_dots(m.group(1)), upper_inclusive=True)
-    if m := _BETWEEN.fullmatch(text):
-        return _Decoded("affected", lower=_dots(m.group(1)), lower_inclusive=True,
-                        upper=_dots(m.group(2)), upper_inclusive=True)
-    if m := _LABELLED_AFFECTED.fullmatch(text):
-        return _Decoded("affected", upper=_dots(m.group(1)), upper_inclusive=True)
-    if _ALL.fullmatch(text):
-        return _Decoded("affected")
-    if m := _FIXED.fullmatch(text):
-        return _Decoded("fixed", fixed=_dots(m.group(1)))
-    if m := _FIXED_AND.fullmatch(text):
-        # "2_3_4_and_2_3_5_latest": the first release that carries the fix.
-        return _Decoded("fixed", fixed=_dots(m.group(1)))
+@dataclass(frozen=True)
+class Decoded:
+    kind: str  # "affected" or "fixed"
+    form: str  # the GRAMMAR entry that matched
+    parts: tuple[Bounds, ...] = ()  # affected intervals (empty for fixed)
+    fixed: str = ""  # fixed version; "" with a vGPU label alone (mapped within the document)
+    labels: tuple[str, ...] = ()  # vGPU software releases named with the version ("16.10")
+
+
+def _vgpu_labels(text: str) -> tuple[str, ...]:
+    return tuple(_dots(m) for m in re.findall(r"vgpu_?(?:software_)?(\d+(?:_\d+)+)", text))
+
+
+def _split_condition(text: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]], ...], str | None]:
+    """Strip a trailing condition: (text, condition, cdi_below) where cdi_below splits the range."""
+    if m := _ARCH_CONDITION.search(text):
+        archs = tuple(a for a in m.group("archs").split("_") if a in components.ARCHITECTURE_NAMES)
+        if archs:
+            return text[:m.start()], ((GPU_ARCHITECTURE, archs),), None
+    if m := _CDI_BELOW.search(text):
+        return text[:m.start()], (), _dots(m.group(1))
+    if m := _MODE_CONDITION.search(text):
+        mode = m.group("m1") or m.group("m2") or m.group("m3")
+        if mode is None:  # a device-list strategy: cdi-annotations / cdi-cri are CDI
+            mode = "cdi" if "cdi" in (m.group("strategy") or "") else ""
+        if mode:
+            return text[:m.start()], ((TOOLKIT_MODE, (mode,)),), None
+    return text, (), None
+
+
+def decode_version_text(text: str, listed_affected: bool = False) -> Decoded | None:
+    """Decode one NVIDIA version text; None when it does not fit a known form.
+
+    `listed_affected`: the product_id is in some CVE's known_affected, so a text that reads as a
+    plain (fixed-looking) version is the affected release itself.
+    """
+    body, condition, cdi_below = _split_condition(text)
+    for form, pattern, kind in GRAMMAR:
+        m = pattern.fullmatch(body)
+        if not m:
+            continue
+        if kind == "fixed":
+            if listed_affected and form.startswith("X (") and not m.group("label"):
+                exact = _dots(m.group(1))
+                return Decoded("affected", "bare affected release X",
+                               (Bounds(exact, True, exact, True, condition),))
+            fixed = _dots(m.group(1)) if form != "vGPU software X" else ""
+            return Decoded("fixed", form, fixed=fixed, labels=_vgpu_labels(body))
+        bounds = _affected_bounds(form, m)
+        if bounds is None:
+            return None
+        if cdi_below:
+            # "up to and including X (CDI mode only for versions prior to Y)": [Y, X] in every
+            # mode, and below Y only in CDI mode.
+            return Decoded("affected", form + " (CDI mode only below Y)", (
+                Bounds(cdi_below, True, bounds.upper, bounds.upper_inclusive, condition),
+                Bounds(bounds.lower, bounds.lower_inclusive, cdi_below, False, ((TOOLKIT_MODE, ("cdi",)),)),
+            ), labels=_vgpu_labels(body))
+        return Decoded("affected", form, (Bounds(bounds.lower, bounds.lower_inclusive, bounds.upper,
+                                                 bounds.upper_inclusive, condition),), labels=_vgpu_labels(body))
+    return None
+
+
+def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
+    if form == "prior to X":
+        return Bounds(upper=_dots(m.group(1)))
+    if form in ("up to and including X", "prior to and including X", "X and earlier",
+                "X (up to and including <vGPU or release label>)"):
+        return Bounds(upper=_dots(m.group(1)), upper_inclusive=True)
+    if form == "X to Y":
+        return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), True)
+    if form == "all X.Y versions prior to Z":
+        return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), False)
+    if form == "all X.Y versions":
+        line = [int(p) for p in m.group(1).split("_")]
+        following = ".".join(str(p) for p in [*line[:-1], line[-1] + 1])
+        return Bounds(_dots(m.group(1)), True, following, False)
+    if form == "prior to X / prior to the <month> release":
+        # "prior to and including the February 2023 release", whose driver is X: X is affected.
+        return Bounds(upper=_dots(m.group(1)), upper_inclusive=bool(m.group("incl")))
+    if form == "all versions":
+        return Bounds()
     return None
 
 
@@ -189,21 +317,9 @@ def decode_version_text(text: str) -> _Decoded | None:
 
 
 def classify_component(product_name: str, architecture: str) -> str:
-    name = product_name.lower()
-    if "container toolkit" in name:
-        return ComponentKind.CONTAINER_TOOLKIT
-    if "gpu operator" in name:
-        return ComponentKind.GPU_OPERATOR
-    if "dcgm" in name or "data center gpu manager" in name:
-        return ComponentKind.DCGM
-    if "triton" in name:
-        return ComponentKind.TRITON
-    if "dgx" in name or "dgx" in architecture.lower() or "firmware" in name:
-        return ComponentKind.FIRMWARE
-    if any(word in name for word in ("tesla", "geforce", "quadro", "rtx", "nvs", "studio", "guest driver",
-                                      "virtual gpu manager", "cloud gaming")):
-        return ComponentKind.DRIVER
-    return ComponentKind.OTHER
+    """The inventory component a product row is about; '' when no registered component names it."""
+    component = components.classify(product_name, architecture)
+    return component.name if component else ""
 
 
 def classify_product_lines(product_name: str, architecture: str) -> list[str]:
@@ -253,6 +369,47 @@ def driver_branch(architecture: str) -> str:
     return f"R{m.group(1)}" if m else ""
 
 
+# A branch's driver versions start at its number: Linux R570 ships 570.x, Windows R570 571.x to
+# 573.x, Windows R418 up to 426.x. A branch the bulletin skips starts BRANCH_SPAN above a named one.
+BRANCH_SPAN = 5
+# A version at least this far above its row's branch label is not of that branch.
+BRANCH_REACH = 10
+
+
+def branch_of_version(version: str) -> int | None:
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() and len(head) == 3 else None
+
+
+def _row_branch(label: str, versions: list[str], labels: set[int]) -> str:
+    """The branch a driver row is in: its label unless its versions say otherwise.
+
+    NVIDIA's tables sometimes carry the branch of the row above ("Windows(R570 vGPU 13)" over
+    474.64): a version below the label, or BRANCH_REACH above it, is the better witness. It is
+    in the highest branch the document labels elsewhere below it (474.64 and 475.06 are R470),
+    else the version rounded down to a multiple of 5. Rows without a label (Cloud Gaming) keep none.
+    """
+    majors = [b for b in (branch_of_version(v) for v in versions) if b is not None]
+    if not label or not majors:
+        return label
+    major = majors[0]
+    if int(label[1:]) <= major < int(label[1:]) + BRANCH_REACH:
+        return label
+    near = [b for b in labels if b <= major < b + BRANCH_REACH]
+    return f"R{max(near)}" if near else f"R{major - major % 5}"
+
+
+def _scope(component: components.Component, leaf_name: str, architecture: str) -> dict[str, str]:
+    text = f"{leaf_name} {architecture}"
+    if component.scope == components.SCOPE_GPU_MODEL:
+        models = components.gpu_models(text)
+        return {components.SCOPE_GPU_MODEL: models[0]} if models else {}
+    if component.scope == components.SCOPE_PLATFORM:
+        platform = components.platform_of(text)
+        return {components.SCOPE_PLATFORM: platform} if platform else {}
+    return {}
+
+
 # --- the document ---------------------------------------------------------------------------------
 
 
@@ -268,6 +425,32 @@ def _leaf_version_text(product: dict[str, Any], prefixes: list[str]) -> str | No
         if product_id.startswith(prefix + "_"):
             return product_id[len(prefix) + 1:]
     return None
+
+
+def _tracking(doc: dict[str, Any], document: str) -> tuple[dict[str, Any], str, list[dict[str, str]]]:
+    """document.tracking with its version and revision history validated (CSAF 2.0 version_t)."""
+    tracking = _req(doc, "tracking", dict, document, "document")
+    tracking_version = _req(tracking, "version", str, document, "document.tracking")
+    if not is_version(tracking_version):
+        raise DocumentError(document, f"document.tracking.version {tracking_version!r} is not a CSAF version "
+                            "(an integer or a semantic version such as 1.0.0)")
+    history_raw = _req(tracking, "revision_history", list, document, "document.tracking")
+    if not history_raw:
+        raise DocumentError(document, "document.tracking.revision_history is empty")
+    history: list[dict[str, str]] = []
+    for i, entry in enumerate(history_raw):
+        where = f"document.tracking.revision_history[{i}]"
+        number = _req(entry, "number", str, document, where)
+        if not is_version(number):
+            raise DocumentError(document, f"{where}.number {number!r} is not a CSAF version")
+        _date(_req(entry, "date", str, document, where), document, f"{where}.date")
+        history.append({"number": number, "date": entry["date"], "summary": _req(entry, "summary", str, document,
+                                                                                  where)})
+    latest = max((h["number"] for h in history), key=version_tuple)
+    if version_tuple(latest) > version_tuple(tracking_version):
+        raise DocumentError(document, f"revision history names {latest}, newer than document.tracking.version "
+                            f"{tracking_version}")
+    return tracking, tracking_version, history
 
 
 def parse(content: bytes, document: str) -> ParsedAdvisory:
@@ -287,24 +470,14 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     title = _req(doc, "title", str, document, "document")
     publisher = _req(doc, "publisher", dict, document, "document")
     publisher_name = _req(publisher, "name", str, document, "document.publisher")
-    tracking = _req(doc, "tracking", dict, document, "document")
+    tracking, tracking_version, history = _tracking(doc, document)
     publisher_id = _req(tracking, "id", str, document, "document.tracking").strip()
     if not publisher_id:
         raise DocumentError(document, "document.tracking.id is empty")
-    tracking_version = _req(tracking, "version", str, document, "document.tracking")
     initial = _date(_req(tracking, "initial_release_date", str, document, "document.tracking"), document,
                     "document.tracking.initial_release_date")
     current = _date(_req(tracking, "current_release_date", str, document, "document.tracking"), document,
                     "document.tracking.current_release_date")
-    history_raw = _req(tracking, "revision_history", list, document, "document.tracking")
-    history: list[dict[str, str]] = []
-    for i, entry in enumerate(history_raw):
-        where = f"document.tracking.revision_history[{i}]"
-        history.append({
-            "number": _req(entry, "number", str, document, where),
-            "date": _req(entry, "date", str, document, where),
-            "summary": _req(entry, "summary", str, document, where),
-        })
     aggregate = _opt(doc, "aggregate_severity", dict, document, "document")
     severity = Severity.normalize(aggregate.get("text") if aggregate else None)
     summary = ""
@@ -332,15 +505,24 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     for cve in cves:
         for pid in cve.affected_product_ids:
             affected_by.setdefault(pid, []).append(cve.cve_id)
-    ranges, unparsed = _ranges(leaves, affected_by)
+    ranges, review = _ranges(leaves, affected_by, {pid for cve in cves for pid in cve.fixed_product_ids})
+    ranges += _unsupported_branches(ranges, review)
     known = {leaf.product_id for leaf in leaves}
     for cve in cves:
         for pid in cve.affected_product_ids:
             if pid not in known:
-                unparsed.append(UnparsedItem(pid, pid, f"{cve.cve_id} names a product that is not a product_version"))
+                review.append(ReviewNote(pid, ReviewKind.UNKNOWN_PRODUCT, pid,
+                                         f"{cve.cve_id} names a product that is not a product_version"))
     parsed.ranges = ranges
-    parsed.unparsed = unparsed
+    parsed.review = _unique(review)
     return parsed
+
+
+def _unique(notes: list[ReviewNote]) -> list[ReviewNote]:
+    seen: dict[str, ReviewNote] = {}
+    for note in notes:
+        seen.setdefault(note.key, note)
+    return list(seen.values())
 
 
 @dataclass(frozen=True)
@@ -398,46 +580,203 @@ def _walk_tree(branches: list[Any], document: str) -> list[_Leaf]:
     return leaves
 
 
-def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]]) -> tuple[list[ParsedRange], list[UnparsedItem]]:
-    ranges: list[ParsedRange] = []
-    unparsed: list[UnparsedItem] = []
-    groups: dict[tuple[int, str], list[tuple[_Leaf, _Decoded | None]]] = {}
+Rows = list[tuple[_Leaf, "Decoded | None"]]
+
+
+@dataclass
+class _Reading:
+    """What one document's leaves are turning into, shared by the passes below."""
+
+    affected_by: dict[str, list[str]]
+    fixed_ids: set[str]
+    labels: set[int]  # driver branches the document labels anywhere
+    # (product, vGPU software release) -> driver version, from this document's own rows: a
+    # Virtual GPU Manager and a guest driver of one release have different versions.
+    vgpu_versions: dict[tuple[str, str], str] = field(default_factory=dict)
+    ranges: list[ParsedRange] = field(default_factory=list)
+    review: list[ReviewNote] = field(default_factory=list)
+
+
+def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
+            fixed_ids: set[str]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+    """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
+    unless it is only ever a fixed row (it hits nobody itself)."""
+    reading = _Reading(affected_by, fixed_ids,
+                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b})
+    groups: dict[tuple[int, str], Rows] = {}
     for leaf in leaves:
-        decoded = decode_version_text(leaf.text) if leaf.text else None
-        if decoded is None:
-            unparsed.append(UnparsedItem(leaf.product_id, leaf.text or leaf.product_id,
-                                         f"version text not understood ({leaf.architecture} / {leaf.name})"))
+        decoded = decode_version_text(leaf.text, leaf.product_id in affected_by) if leaf.text else None
         groups.setdefault(leaf.group, []).append((leaf, decoded))
+        if decoded is not None:
+            version = decoded.fixed or (decoded.parts[0].upper if decoded.parts and decoded.parts[0].upper_inclusive
+                                        else "")
+            for label in decoded.labels:
+                if version:
+                    reading.vgpu_versions.setdefault((leaf.name, label), version)
     for rows in groups.values():
+        _undecoded(rows, reading)
         for index, (leaf, decoded) in enumerate(rows):
-            if decoded is None or decoded.kind != "affected":
+            component = components.classify(leaf.name, leaf.architecture)
+            if component is not None and decoded is not None and decoded.kind == "affected":
+                _affected(rows, index, component, decoded, reading)
+    return reading.ranges, reading.review
+
+
+def _undecoded(rows: Rows, reading: _Reading) -> None:
+    """Rows of no component, and rows that do not decode: review items (and presumed ranges)."""
+    for index, (leaf, decoded) in enumerate(rows):
+        component = components.classify(leaf.name, leaf.architecture)
+        if component is None:
+            reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNMAPPED_PRODUCT, leaf.text or leaf.product_id,
+                                             f"no inventory component is {leaf.name!r} ({leaf.architecture})"))
+            continue
+        if decoded is not None and decoded.kind == "fixed" and not decoded.fixed:
+            mapped = next((reading.vgpu_versions[(leaf.name, label)] for label in decoded.labels
+                           if (leaf.name, label) in reading.vgpu_versions), "")
+            rows[index] = (leaf, Decoded("fixed", decoded.form, fixed=mapped, labels=decoded.labels)
+                           if mapped else None)
+            decoded = rows[index][1]
+        if decoded is not None:
+            continue
+        reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
+                                         f"version text not understood ({leaf.architecture} / {leaf.name})",
+                                         component.name))
+        pid = leaf.product_id
+        if pid in reading.affected_by or (pid not in reading.fixed_ids and not _fixed_only(leaf, rows)):
+            # Its fixed row may still read: then nodes from that version on are not presumed.
+            fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
+                                      if d is not None and d.kind == "fixed" and d.fixed), (None, None))
+            reading.ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
+                                    fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
+                                    RangeBasis.UNDECODED, reading.labels)
+
+
+def _affected(rows: Rows, index: int, component: components.Component, decoded: Decoded, reading: _Reading) -> None:
+    """A decoded affected row, paired with its fixed row: the fixed row follows it, or precedes it."""
+    leaf = rows[index][0]
+    after = [(lf, d) for lf, d in rows[index + 1:] if d is not None and d.kind == "fixed"]
+    before = [(lf, d) for lf, d in rows[:index] if d is not None and d.kind == "fixed"]
+    fixed_leaf, fixed = (after[0] if after else before[-1]) if (after or before) else (None, None)
+    last = decoded.parts[0]
+    fixed_version = fixed.fixed if fixed else (last.upper if last.upper and not last.upper_inclusive else "")
+    if all(p.upper is None and p.lower is None for p in decoded.parts) and not fixed_version:
+        reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or "",
+                                         "affects all versions and names no fixed version we can read",
+                                         component.name))
+        reading.ranges += _rows(leaf, component, None, "", "", reading.affected_by, RangeBasis.UNDECODED,
+                                reading.labels)
+        return
+    rows_ranges = _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
+                        reading.affected_by, RangeBasis.DECODED, reading.labels)
+    reading.ranges += rows_ranges
+    branch = rows_ranges[-1].branch if rows_ranges else ""
+    fixed_major = branch_of_version(fixed_version)
+    # Cloud Gaming moves to a new branch with every release; elsewhere a fixed version far from
+    # its row's branch is a typo in the bulletin worth a human's look.
+    if (component.name == components.DRIVER and branch and fixed_major is not None
+            and rows_ranges[-1].product_line != "cloud_gaming"
+            and not int(branch[1:]) <= fixed_major < int(branch[1:]) + BRANCH_REACH):
+        reading.review.append(ReviewNote(
+            fixed_leaf.product_id if fixed_leaf else leaf.product_id, ReviewKind.UNPARSED_ROW,
+            (fixed_leaf.text or "") if fixed_leaf else "",
+            f"fixed version {fixed_version} is outside branch {branch} of its affected row "
+            f"({leaf.architecture}): the remediation named is likely a typo", component.name))
+
+
+def _fixed_only(leaf: _Leaf, rows: Rows) -> bool:
+    """An undecodable row that is the fixed side of a decoded affected row (it hits nobody itself)."""
+    index = next(i for i, (lf, _d) in enumerate(rows) if lf is leaf)
+    neighbours = [d for _lf, d in rows[:index]] + [d for _lf, d in rows[index + 1:]]
+    return any(d is not None and d.kind == "affected" for d in neighbours)
+
+
+def _rows(leaf: _Leaf, component: components.Component, decoded: Decoded | None, fixed_version: str,
+          fixed_product_id: str, affected_by: dict[str, list[str]], basis: str, labels: set[int]) -> list[ParsedRange]:
+    """The ranges of one affected row: per product line and OS for drivers, per interval."""
+    is_driver = component.name == components.DRIVER
+    lines = classify_product_lines(leaf.name, leaf.architecture) if is_driver else [""]
+    parts = decoded.parts if decoded is not None else (Bounds(),)
+    versions = [v for p in parts for v in (p.lower, p.upper) if v] + ([fixed_version] if fixed_version else [])
+    branch = _row_branch(driver_branch(leaf.architecture), versions, labels) if is_driver else ""
+    scope = _scope(component, leaf.name, leaf.architecture)
+    out: list[ParsedRange] = []
+    for part_no, part in enumerate(parts):
+        lower, lower_inclusive = part.lower, part.lower_inclusive
+        upper, upper_inclusive = part.upper, part.upper_inclusive
+        if upper is None and lower is None and fixed_version:
+            upper, upper_inclusive = fixed_version, False
+        if is_driver and branch:
+            # The branch bounds the row: Windows R535 drivers are 538.x, and an inventory reports
+            # the version, so the bounds, not the label, decide (a row is one branch's).
+            if lower is None:
+                lower, lower_inclusive = branch[1:], True
+            if upper is None:  # an undecoded row: its branch, up to the next one (see below)
+                upper, upper_inclusive = str(int(branch[1:]) + BRANCH_REACH), False
+        product_id = leaf.product_id if part_no == 0 else f"{leaf.product_id}#{part_no}"
+        for line in lines:
+            for os_family in (classify_os(leaf.architecture, line) if is_driver else [""]):
+                out.append(ParsedRange(
+                    product_id=product_id, product_name=leaf.name, component=component.name,
+                    os_family=os_family, branch=branch, product_line=line, architecture=leaf.architecture,
+                    raw=leaf.text or "", lower=lower, lower_inclusive=lower_inclusive, upper=upper,
+                    upper_inclusive=upper_inclusive, fixed_version=fixed_version, fixed_product_id=fixed_product_id,
+                    cve_ids=tuple(sorted(set(affected_by.get(leaf.product_id, [])))), basis=basis, scope=scope,
+                    condition={fact: list(values) for fact, values in part.condition},
+                    remediation=(f"update to {fixed_version}" if fixed_version else
+                                 "the bulletin's row could not be read: check it and update to its fixed version"),
+                ))
+    return out
+
+
+def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -> list[ParsedRange]:
+    """Presumed ranges for driver branches a bulletin skips between older and newer ones it names.
+
+    NVIDIA lists the branches it still supports; a node on one it skips (say R550 when R535 and
+    R570 are listed) gets no fixed version, which is not the same as not affected. Per OS and
+    product line, a gap between two named branches is a range, from past the lower branch's
+    versions (its number + BRANCH_SPAN at least) to the upper branch, whose remediation is to move
+    to a supported branch's fixed version. Undecoded rows of a named branch end where the next
+    named branch starts. Changes `ranges` in place; returns the gap ranges.
+    """
+    named: dict[tuple[str, str], dict[int, list[int]]] = {}
+    for i, r in enumerate(ranges):
+        if r.component == components.DRIVER and r.branch:
+            named.setdefault((r.os_family, r.product_line), {}).setdefault(int(r.branch[1:]), []).append(i)
+    out: list[ParsedRange] = []
+    gaps: dict[tuple[int, int], list[str]] = {}
+    for (os_family, line), by_branch in sorted(named.items()):
+        listed = sorted(by_branch)
+        for low, high in pairwise(listed):
+            for i in by_branch[low]:
+                if ranges[i].basis == RangeBasis.UNDECODED and not ranges[i].fixed_version:
+                    ranges[i] = replace(ranges[i], upper=str(min(high, low + BRANCH_REACH)))
+            seen = [b for i in by_branch[low] for v in (ranges[i].upper, ranges[i].fixed_version) if v
+                    for b in [branch_of_version(v)] if b is not None and b < high]
+            start = max([low + BRANCH_SPAN, *(b + 1 for b in seen)])
+            if start >= high:
                 continue
-            # The fixed row follows its affected row; failing that, the one before it.
-            after = [(lf, d) for lf, d in rows[index + 1:] if d is not None and d.kind == "fixed"]
-            before = [(lf, d) for lf, d in rows[:index] if d is not None and d.kind == "fixed"]
-            fixed_leaf, fixed = (after[0] if after else before[-1]) if (after or before) else (None, None)
-            fixed_version = fixed.fixed if fixed else (decoded.upper if not decoded.upper_inclusive else "") or ""
-            upper, upper_inclusive = decoded.upper, decoded.upper_inclusive
-            if upper is None and decoded.lower is None:
-                if not fixed_version:
-                    unparsed.append(UnparsedItem(leaf.product_id, leaf.text or "",
-                                                 "affects all versions and names no fixed version"))
-                    continue
-                upper, upper_inclusive = fixed_version, False
-            component = classify_component(leaf.name, leaf.architecture)
-            lines = classify_product_lines(leaf.name, leaf.architecture) if component == ComponentKind.DRIVER else [""]
-            branch = driver_branch(leaf.architecture) if component == ComponentKind.DRIVER else ""
-            for line in lines:
-                for os_family in classify_os(leaf.architecture, line):
-                    ranges.append(ParsedRange(
-                        product_id=leaf.product_id, product_name=leaf.name, component=component,
-                        os_family=os_family, branch=branch, product_line=line, architecture=leaf.architecture,
-                        raw=leaf.text or "", lower=decoded.lower, lower_inclusive=decoded.lower_inclusive,
-                        upper=upper, upper_inclusive=upper_inclusive, fixed_version=fixed_version,
-                        fixed_product_id=fixed_leaf.product_id if fixed_leaf else "",
-                        cve_ids=tuple(sorted(set(affected_by.get(leaf.product_id, [])))),
-                    ))
-    return ranges, unparsed
+            lower_rows, upper_rows = [ranges[i] for i in by_branch[low]], [ranges[i] for i in by_branch[high]]
+            fixes = [f"R{b} {rows[0].fixed_version}" for b, rows in ((high, upper_rows), (low, lower_rows))
+                     if rows[0].fixed_version]
+            out.append(ParsedRange(
+                product_id=f"unsupported_branch:{os_family or 'any'}:{line or 'any'}:R{low}-R{high}",
+                product_name=f"{upper_rows[0].product_name} (branches between R{low} and R{high})",
+                component=components.DRIVER, os_family=os_family, branch="", product_line=line,
+                architecture=upper_rows[0].architecture, raw=f"no row for branches between R{low} and R{high}",
+                lower=str(start), lower_inclusive=True, upper=str(high), upper_inclusive=False,
+                fixed_version=upper_rows[0].fixed_version, fixed_product_id="",
+                cve_ids=tuple(sorted({c for r in lower_rows + upper_rows for c in r.cve_ids})),
+                basis=RangeBasis.UNSUPPORTED_BRANCH,
+                remediation=("move to a supported branch: " + " or ".join(fixes)) if fixes else
+                "move to a branch the bulletin names",
+            ))
+            gaps.setdefault((low, high), []).append(f"{os_family or 'any OS'}/{line or 'any line'}")
+    for (low, high), where in sorted(gaps.items()):
+        review.append(ReviewNote(
+            f"unsupported_branch:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
+            f"no fixed version for driver branches between R{low} and R{high} ({', '.join(where)}): NVIDIA no "
+            "longer supports them; nodes on them are presumed exposed", components.DRIVER))
+    return out
 
 
 def _parse_vulnerabilities(data: dict[str, Any], document: str) -> list[ParsedCVE]:

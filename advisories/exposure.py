@@ -1,25 +1,35 @@
 """Which nodes sit inside which affected ranges: computed set-based in the database.
 
-A node is exposed to a range when one of its components has the range's component, its branch
-(drivers), the node's OS family and product line (empty on the range = any), and a version key
-inside the bounds. Keys are zero-padded strings (inventory.versions), so the bounds are plain
-string comparisons and the whole fleet is matched by a few INSERT ... SELECT / UPDATE statements,
-never node by node. The same statements run for all nodes, a set of nodes (their versions
+A node is exposed to a range when one of its components has the range's component, the node's
+OS family and product line (empty on the range = any), a version key inside the bounds (a driver
+row's branch is its lower bound), the product the range is scoped to (a VBIOS row's GPU model, a
+firmware row's platform) and the condition it carries (a GPU architecture, the container
+toolkit's mode; a fact the inventory lacks counts as met). Keys are zero-padded strings
+(inventory.versions), so bounds are plain string comparisons.
+
+The fleet is matched by its distinct (component, branch, version key, OS, product line, GPU model,
+facts) tuples: SQL finds the ranges each tuple's version falls in, Python checks scopes and
+conditions on those few hundred rows and decides the state (`presumed` where the range is one the
+bulletin did not let us decode, or its scope is unknown on the node; else `open`), and a few
+INSERT ... SELECT / UPDATE statements join the result back to every component by equality, never
+node by node. The same statements run for all nodes, a set of nodes (their versions or facts
 changed) or a set of advisories (just ingested).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from advisories.choices import DeadlineBasis, ExposureState
+from advisories import components
+from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
 from advisories.models import Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
 from inventory.models import Cluster, Node, NodeComponent
 
@@ -28,36 +38,38 @@ R = AffectedRange._meta.db_table
 N = Node._meta.db_table
 NC = NodeComponent._meta.db_table
 
-# v is a distinct (component, branch, version_key, os_family, product_line) seen in the fleet, r a
-# range; true when that version is inside the range. Empty range fields mean "any".
+# v is a distinct (component, branch, version_key, os_family, product_line, ...) seen in the fleet,
+# r a range; true when that version is inside the range. Empty range fields mean "any".
 IN_RANGE = """
     r.component = v.component
-    AND (r.branch = '' OR r.branch = v.branch)
     AND (r.os_family = '' OR r.os_family = v.os_family)
     AND (r.product_line = '' OR r.product_line = v.product_line)
     AND (r.lower_key IS NULL OR v.version_key > r.lower_key OR (r.lower_inclusive AND v.version_key = r.lower_key))
     AND (r.upper_key IS NULL OR v.version_key < r.upper_key OR (r.upper_inclusive AND v.version_key = r.upper_key))
 """
-
-
-MATCH_COLUMNS = "component, branch, version_key, os_family, product_line, range_id, advisory_id, severity"
+# A node's facts as text, compared by equality (PostgreSQL's jsonb text form is canonical; SQLite
+# stores the text the ORM wrote).
+FACTS = "CAST(n.facts AS TEXT)"
+TUPLE = ("component", "branch", "version_key", "os_family", "product_line", "gpu_model", "facts")
+MATCH_COLUMNS = ", ".join([*TUPLE, "range_id", "advisory_id", "severity", "state"])
 
 
 def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: str, r_params: list[int]) -> list[Any]:
-    """Distinct fleet versions (in scope) that fall in a range: a few hundred rows at most.
+    """Distinct fleet tuples (in scope) inside a range, with the exposure's state: a few hundred rows.
 
-    Matching runs here, on the distinct (component, branch, version, OS, product line) tuples of
-    the fleet against the ranges; the statements below join the result back to every component by
-    equality. Handing it over as a VALUES list gives the planner its true size, so the plans are
-    hash joins, linear in the fleet, rather than every node tested against every range.
+    Matching runs here, on the distinct tuples of the fleet against the ranges; the statements
+    below join the result back to every component by equality. Handing it over as a VALUES list
+    gives the planner its true size, so the plans are hash joins, linear in the fleet, rather
+    than every node tested against every range.
     """
     cursor.execute(
         f"""
-        SELECT DISTINCT v.component, v.branch, v.version_key, v.os_family, v.product_line,
-               r.id, r.advisory_id, r.severity
+        SELECT DISTINCT v.component, v.branch, v.version_key, v.os_family, v.product_line, v.gpu_model, v.facts,
+               r.id, r.advisory_id, r.severity, r.basis, r.scope, r.condition
         FROM (
             SELECT DISTINCT nc.component AS component, nc.branch AS branch, nc.version_key AS version_key,
-                   n.os_family AS os_family, n.product_line AS product_line
+                   n.os_family AS os_family, n.product_line AS product_line, n.gpu_model AS gpu_model,
+                   {FACTS} AS facts
             FROM {NC} nc JOIN {N} n ON n.id = nc.node_id
             WHERE nc.version_key IS NOT NULL {n_scope}
         ) v
@@ -66,43 +78,94 @@ def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: st
         """,
         [*n_params, *r_params],
     )
-    return list(cursor.fetchall())
+    rows = []
+    for *tuple_, range_id, advisory_id, severity, basis, scope, condition in cursor.fetchall():
+        state = match_state(tuple_[5], tuple_[6], basis, _json(scope), _json(condition))
+        if state:
+            rows.append((*tuple_, range_id, advisory_id, severity, state))
+    return rows
+
+
+def _json(value: Any) -> dict[str, Any]:
+    # Raw cursors return JSON columns as text on SQLite and decoded on PostgreSQL.
+    if isinstance(value, str):
+        value = json.loads(value or "{}")
+    return value if isinstance(value, dict) else {}
+
+
+def node_fact(gpu_model: str, facts: dict[str, Any], name: str) -> str:
+    """A node's fact as advisories compare it; '' when unknown. The architecture falls back to
+    the one the GPU model implies; platforms compare in their short form (dgx_a100)."""
+    value = str(facts.get(name) or "")
+    if name == "gpu_architecture" and not value:
+        return components.architecture_of(gpu_model)
+    if name == components.SCOPE_PLATFORM and value:
+        return components.platform_of(value.replace("_", " ")) or components.slug(value)
+    return components.slug(value) if value else ""
+
+
+def match_state(gpu_model: str, facts_text: str | dict[str, Any], basis: str, scope: dict[str, str],
+                condition: dict[str, list[str]]) -> str:
+    """The state of a node inside a range's bounds: `open`, `presumed`, or '' (not exposed)."""
+    facts = _json(facts_text)
+    presumed = basis in RangeBasis.PRESUMED
+    for name, wanted in scope.items():
+        if name == components.SCOPE_GPU_MODEL:
+            known = components.gpu_models(gpu_model)
+            if not known:
+                presumed = True
+            elif wanted not in known:
+                return ""
+        else:
+            value = node_fact(gpu_model, facts, name)
+            if not value:
+                presumed = True  # which product's firmware this node runs is unknown
+            elif value != wanted:
+                return ""
+    for name, values in condition.items():
+        value = node_fact(gpu_model, facts, name)
+        if value and value not in values:
+            return ""
+    return ExposureState.PRESUMED if presumed else ExposureState.OPEN
 
 
 def _with_matches(rows: list[Any]) -> tuple[str, list[Any]]:
     """A `WITH m(...) AS (VALUES ...)` prefix holding `rows` (one impossible row when empty)."""
     if not rows:
-        rows = [("", "", "", "", "", 0, 0, "")]
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+        rows = [("", "", "", "", "", "", "", 0, 0, "", "")]
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
     return f"WITH m({MATCH_COLUMNS}) AS (VALUES {values})", [value for row in rows for value in row]
 
 
 # Every node component inside a range: nc / n joined to m by equality.
 NODE_MATCHES = f"""
     SELECT nc.node_id AS node_id, m.range_id AS range_id, m.advisory_id AS advisory_id,
-           nc.component AS component, nc.version AS version, m.severity AS severity, n.gone_at AS gone_at,
-           n.cluster_id AS cluster_id
+           nc.component AS component, nc.version AS version, m.severity AS severity, m.state AS state,
+           n.gone_at AS gone_at, n.cluster_id AS cluster_id
     FROM m
     JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
     JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
+                  AND n.gpu_model = m.gpu_model AND {FACTS} = m.facts
 """
 
 
 def _fleet_wide_settings(cursor: Any, reset: bool = False) -> None:
     """PostgreSQL settings for statements over the whole fleet, for this transaction only.
 
-    Fleet-wide, every join is large: hash joins are right, and PostgreSQL cannot estimate a VALUES
-    list's join selectivity well enough to know. Big hashes should stay in memory, and JIT
+    Fleet-wide, every join is large: hash joins are right (not nested loops, not merge joins that
+    sort hundreds of thousands of rows), and PostgreSQL cannot estimate a VALUES list's join
+    selectivity well enough to know. Big hashes should stay in memory, and JIT
     compiling these statements costs more than it saves. Node-scoped runs keep the defaults
     (nested loops over index lookups are right for a handful of nodes).
     """
     if connection.vendor != "postgresql":
         return
     if reset:
-        for name in ("enable_nestloop", "work_mem", "jit"):
+        for name in ("enable_nestloop", "enable_mergejoin", "work_mem", "jit"):
             cursor.execute(f"RESET {name}")
         return
     cursor.execute("SET LOCAL enable_nestloop = off")
+    cursor.execute("SET LOCAL enable_mergejoin = off")
     cursor.execute("SET LOCAL work_mem = '128MB'")
     cursor.execute("SET LOCAL jit = off")
 
@@ -120,6 +183,8 @@ class RecomputeResult:
     opened: int = 0
     reopened: int = 0
     remediated: int = 0
+    withdrawn: int = 0
+    restated: int = 0
     expired_acceptances: int = 0
     deadlines_set: int = 0
 
@@ -130,6 +195,38 @@ def _in(column: str, ids: Sequence[int] | None) -> tuple[str, list[int]]:
     if not ids:
         return " AND 1 = 0", []
     return f" AND {column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
+
+
+def _states(states: Sequence[str]) -> tuple[str, list[str]]:
+    return ", ".join(["%s"] * len(states)), list(states)
+
+
+@dataclass
+class _Run:
+    """One recompute's scope and its matches, shared by the steps below."""
+
+    cursor: Any
+    stamp: Any
+    with_m: str
+    m_params: list[Any]
+    node_ids: list[int] | None
+    advisory_ids: list[int] | None
+
+    def scope(self) -> tuple[str, list[int]]:
+        n_scope, n_params = _in(f"{E}.node_id", self.node_ids)
+        a_scope, a_params = _in(f"{E}.advisory_id", self.advisory_ids)
+        return n_scope + a_scope, [*n_params, *a_params]
+
+
+# The m row of an exposure's node component and range (its state), for the UPDATEs.
+MATCH_OF_EXPOSURE = f"""
+    SELECT m.state FROM m
+    JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
+    JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
+                  AND n.gpu_model = m.gpu_model AND {FACTS} = m.facts
+    WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component AND m.range_id = {E}.affected_range_id"""
+CURRENT_VERSION = (f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id "
+                   f"AND nc2.component = {E}.component)")
 
 
 def recompute(
@@ -156,98 +253,18 @@ def recompute(
             _fleet_wide_settings(cursor)
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
-        version_matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
-        with_m, m_params = _with_matches(version_matches)
-        # Deadlines of new exposures are set as they are inserted: one per (range, cluster).
-        if node_ids is None:
-            cluster_ids = list(Cluster.objects.values_list("id", flat=True))
-        else:
-            cluster_ids = list(
-                Node.objects.filter(id__in=node_ids).order_by().values_list("cluster_id", flat=True).distinct()
-            )
-        range_ids = {row[5] for row in version_matches}
-        d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
-        # Nothing recorded yet in scope (a first run): steps 2-4 below have nothing to revisit.
-        e_node_scope, e_node_params = _in(f"{E}.node_id", node_ids)
-        e_adv_scope, e_adv_params = _in(f"{E}.advisory_id", advisory_ids)
-        had_rows = True
-        if node_ids is None:
-            cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {e_adv_scope} LIMIT 1", e_adv_params)
-            had_rows = cursor.fetchone() is not None
-        # 1. New exposures (none possible without a matching version or a cluster).
-        if range_ids and cluster_ids:
-            cursor.execute(
-                f"""
-                {with_m}, {d_values}
-                -- Existing (node, range) rows are skipped by an anti-join; the unique constraint guards races.
-                INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                                 state, first_seen, deadline, deadline_source, fixed_by_version, remediated_by,
-                                 risk_reason, updated_at)
-                SELECT x.node_id, x.advisory_id, x.range_id, x.component, x.version, x.severity,
-                       %s, %s, d.deadline, d.deadline_source, '', '', '', %s
-                FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope}) x
-                JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
-                WHERE x.gone_at IS NULL
-                  AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = x.node_id AND e.affected_range_id = x.range_id)
-                ON CONFLICT DO NOTHING
-                """,
-                [*m_params, *d_params, ExposureState.OPEN, stamp, stamp, *n_params],
-            )
-            result.opened = _rowcount(cursor)
+        matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
+        run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids)
+        had_rows = _had_rows(run)
+        result.opened = _insert_new(run, matches, now)
         if result.opened > 10_000 and connection.vendor == "postgresql":
             # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
             cursor.execute(f"ANALYZE {E}")
-
         if had_rows:
-            current_version = (
-                f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id AND nc2.component = {E}.component)"
-            )
-            in_match = f"""EXISTS (
-                SELECT 1 FROM m
-                JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
-                JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
-                WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component
-                  AND m.range_id = {E}.affected_range_id)"""
-            # 2. Back in range after a remediation (a downgrade, a reimaged node): open again.
-            cursor.execute(
-                f"""
-                {with_m}
-                UPDATE {E} SET state = %s, remediated_at = NULL, fixed_by_version = '', remediated_by = '',
-                       deadline = NULL, detected_version = COALESCE({current_version}, detected_version),
-                       updated_at = %s
-                WHERE state = %s {e_node_scope} {e_adv_scope} AND {in_match}
-                """,
-                [*m_params, ExposureState.OPEN, stamp, ExposureState.REMEDIATED, *e_node_params, *e_adv_params],
-            )
-            result.reopened = _rowcount(cursor)
-            # 3. Out of range: remediated, with the version that fixed it as evidence. A node that is
-            # gone keeps its exposure: leaving the inventory is not a patch, and neither is a version
-            # that does not parse.
-            cursor.execute(
-                f"""
-                {with_m}
-                UPDATE {E} SET state = %s, remediated_at = %s, updated_at = %s, remediated_by = %s,
-                       fixed_by_version = COALESCE({current_version}, '(component removed)')
-                WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope} AND NOT {in_match}
-                  AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
-                  AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
-                                  AND nc3.component = {E}.component AND nc3.version_key IS NULL)
-                """,
-                [*m_params, ExposureState.REMEDIATED, stamp, stamp, remediated_by[:200], ExposureState.OPEN,
-                 ExposureState.RISK_ACCEPTED,
-                 *e_node_params, *e_adv_params],
-            )
-            result.remediated = _rowcount(cursor)
-            # 4. Still exposed but moved within the range: record the version now seen.
-            cursor.execute(
-                f"""
-                UPDATE {E} SET detected_version = {current_version}, updated_at = %s
-                WHERE state IN (%s, %s) {e_node_scope} {e_adv_scope}
-                  AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
-                              AND nc4.version <> {E}.detected_version)
-                """,
-                [stamp, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *e_node_params, *e_adv_params],
-            )
+            result.reopened = _reopen(run)
+            result.remediated, result.withdrawn = _remediate(run, remediated_by)
+            _follow_versions(run)
+            result.restated = _follow_scope(run, matches)
             if node_ids is None and advisory_ids is None:
                 # References are not database constraints (see Exposure): a full run drops orphans.
                 cursor.execute(f"""
@@ -263,11 +280,158 @@ def recompute(
     return result
 
 
-def expire_acceptances(now: dt.datetime | None = None) -> int:
-    now = now or timezone.now()
-    return Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED, risk_expires_at__lt=now).update(
-        state=ExposureState.OPEN, updated_at=now
+def _had_rows(run: _Run) -> bool:
+    """False when nothing is recorded yet in scope (a first run): the UPDATE steps have nothing to revisit."""
+    if run.node_ids is not None:
+        return True
+    a_scope, a_params = _in(f"{E}.advisory_id", run.advisory_ids)
+    run.cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {a_scope} LIMIT 1", a_params)
+    return run.cursor.fetchone() is not None
+
+
+# The node matches are joined to the deadlines (per range and cluster) once they are complete:
+# PostgreSQL, unable to estimate the VALUES joins, would otherwise join the two small lists first
+# and carry every cluster's copy of each match through the join with the nodes (ten times the
+# rows, sorted on disk). An OFFSET keeps the subquery a unit of its own.
+_FENCE = {False: "", True: "OFFSET 0"}
+
+
+def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
+    """New exposures, each with its deadline (one per range and cluster) as it is inserted."""
+    if run.node_ids is None:
+        cluster_ids = list(Cluster.objects.values_list("id", flat=True))
+    else:
+        cluster_ids = list(
+            Node.objects.filter(id__in=run.node_ids).order_by().values_list("cluster_id", flat=True).distinct()
+        )
+    range_ids = {row[7] for row in matches}
+    if not range_ids or not cluster_ids:  # no new exposure without a matching version or a cluster
+        return 0
+    d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
+    n_scope, n_params = _in("n.id", run.node_ids)
+    insert = f"""
+        {run.with_m}, {d_values}
+        -- Existing (node, range) rows are skipped by an anti-join.
+        INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
+                         state, first_seen, deadline, deadline_source, fixed_by_version, remediated_by,
+                         risk_reason, justification, updated_at)
+        SELECT x.node_id, x.advisory_id, x.range_id, x.component, x.version, x.severity,
+               x.state, %s, d.deadline, d.deadline_source, '', '', '', '', %s
+        FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope} {_FENCE[connection.vendor == "postgresql"]}) x
+        JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
+        WHERE x.gone_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = x.node_id AND e.affected_range_id = x.range_id)
+        """
+    params = [*run.m_params, *d_params, run.stamp, run.stamp, *n_params]
+    # ON CONFLICT costs a speculative index probe per row (a third of a fleet-wide insert), and
+    # only another recompute committing the same rows meanwhile needs it: that race makes the
+    # plain insert fail inside its savepoint, and the guarded one runs instead.
+    try:
+        with transaction.atomic():
+            run.cursor.execute(insert, params)
+            return _rowcount(run.cursor)
+    except IntegrityError:
+        run.cursor.execute(insert + " ON CONFLICT DO NOTHING", params)
+        return _rowcount(run.cursor)
+
+
+def _reopen(run: _Run) -> int:
+    """Back in range after a remediation (a downgrade, a reimaged node): open (or presumed) again."""
+    scope, params = run.scope()
+    run.cursor.execute(
+        f"""
+        {run.with_m}
+        UPDATE {E} SET state = ({MATCH_OF_EXPOSURE} LIMIT 1), remediated_at = NULL, fixed_by_version = '',
+               remediated_by = '', deadline = NULL, detected_version = COALESCE({CURRENT_VERSION}, detected_version),
+               updated_at = %s
+        WHERE state = %s {scope} AND EXISTS ({MATCH_OF_EXPOSURE})
+        """,
+        [*run.m_params, run.stamp, ExposureState.REMEDIATED, *params],
     )
+    return _rowcount(run.cursor)
+
+
+# Within one statement, rows to drop rather than remediate carry this state for a moment.
+_WITHDRAWN = "withdrawn"
+
+
+def _remediate(run: _Run, remediated_by: str) -> tuple[int, int]:
+    """Out of range: remediated, with the version that fixed it as evidence. Returns (remediated, withdrawn).
+
+    A node that is gone keeps its exposure: leaving the inventory is not a patch, and neither is
+    a version that does not parse. A presumed exposure out of the match at the same version is
+    withdrawn instead: the node's facts now tell it is another product (its platform became
+    known, say), and nothing was patched. One pass finds both (the match is the costly part).
+    """
+    scope, params = run.scope()
+    states, s_params = _states(sorted(ExposureState.TRACKED))
+    run.cursor.execute(
+        f"""
+        {run.with_m}
+        UPDATE {E} SET state = CASE WHEN state = %s AND {CURRENT_VERSION} = detected_version THEN %s ELSE %s END,
+               remediated_at = %s, updated_at = %s, remediated_by = %s,
+               fixed_by_version = COALESCE({CURRENT_VERSION}, '(component removed)')
+        WHERE state IN ({states}) {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
+          AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
+          AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
+                          AND nc3.component = {E}.component AND nc3.version_key IS NULL)
+        """,
+        [*run.m_params, ExposureState.PRESUMED, _WITHDRAWN, ExposureState.REMEDIATED, run.stamp, run.stamp,
+         remediated_by[:200], *s_params, *params],
+    )
+    changed = _rowcount(run.cursor)
+    if not changed:
+        return 0, 0
+    run.cursor.execute(f"DELETE FROM {E} WHERE state = %s {scope}", [_WITHDRAWN, *params])
+    withdrawn = _rowcount(run.cursor)
+    return changed - withdrawn, withdrawn
+
+
+def _follow_versions(run: _Run) -> None:
+    """Still exposed but moved within the range: record the version now seen."""
+    scope, params = run.scope()
+    states, s_params = _states(sorted(ExposureState.TRACKED))
+    run.cursor.execute(
+        f"""
+        UPDATE {E} SET detected_version = {CURRENT_VERSION}, updated_at = %s
+        WHERE state IN ({states}) {scope}
+          AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
+                      AND nc4.version <> {E}.detected_version)
+        """,
+        [run.stamp, *s_params, *params],
+    )
+
+
+def _follow_scope(run: _Run, matches: list[Any]) -> int:
+    """Open and presumed follow what the node's facts now tell (its platform became known, say).
+
+    Only scoped ranges can change between the two, so only their exposures are revisited.
+    """
+    scoped = sorted(set(AffectedRange.objects.filter(id__in={row[7] for row in matches}).exclude(
+        scope={}).values_list("id", flat=True)))
+    if not scoped:
+        return 0
+    scope, params = run.scope()
+    r_scope, r_params = _in(f"{E}.affected_range_id", scoped)
+    run.cursor.execute(
+        f"""
+        {run.with_m}
+        UPDATE {E} SET state = ({MATCH_OF_EXPOSURE} LIMIT 1), updated_at = %s
+        WHERE state IN (%s, %s) {scope} {r_scope}
+          AND EXISTS ({MATCH_OF_EXPOSURE} AND m.state <> {E}.state)
+        """,
+        [*run.m_params, run.stamp, ExposureState.OPEN, ExposureState.PRESUMED, *params, *r_params],
+    )
+    return _rowcount(run.cursor)
+
+
+def expire_acceptances(now: dt.datetime | None = None) -> int:
+    """Accepted risks past their expiry are exposed again: presumed where the bulletin does not tell."""
+    now = now or timezone.now()
+    expired = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED, risk_expires_at__lt=now)
+    presumed = expired.filter(affected_range__basis__in=RangeBasis.PRESUMED).update(
+        state=ExposureState.PRESUMED, updated_at=now)
+    return presumed + expired.update(state=ExposureState.OPEN, updated_at=now)
 
 
 def _end_of_day(day: dt.date) -> dt.datetime:
@@ -342,6 +506,7 @@ def assign_deadlines(
         n_scope, n_params = _in(f"{E}.node_id", node_ids)
         a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
         pending = "" if refresh else f"AND {E}.deadline IS NULL"
+        states, s_params = _states(sorted(ExposureState.ACTIVE))
         with connection.cursor() as cursor:
             if node_ids is None:
                 _fleet_wide_settings(cursor)
@@ -351,9 +516,9 @@ def assign_deadlines(
                 UPDATE {E} SET deadline = d.deadline, deadline_source = d.deadline_source
                 FROM d, {N} n
                 WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
-                  AND d.first_seen = {E}.first_seen AND {E}.state IN (%s, %s) {pending} {n_scope} {a_scope}
+                  AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
                 """,
-                [*params, ExposureState.OPEN, ExposureState.RISK_ACCEPTED, *n_params, *a_params],
+                [*params, *s_params, *n_params, *a_params],
             )
             updated = _rowcount(cursor)
             if node_ids is None:

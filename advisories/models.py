@@ -5,7 +5,18 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from advisories.choices import ComponentKind, DeadlineBasis, EventKind, ExposureState, Integrity, Severity, SourceKind
+from advisories.choices import (
+    DeadlineBasis,
+    EventKind,
+    ExposureState,
+    Integrity,
+    RangeBasis,
+    ReviewKind,
+    ReviewState,
+    Severity,
+    SourceKind,
+    VexJustification,
+)
 from inventory.models import Cluster, Node
 
 
@@ -43,7 +54,6 @@ class Advisory(models.Model):
     content_sha256 = models.CharField(max_length=64, blank=True)
     published_sha256 = models.CharField(max_length=64, blank=True)
     integrity = models.CharField(max_length=10, choices=Integrity.choices(), default=Integrity.ABSENT, db_index=True)
-    unparsed = models.JSONField(default=list, blank=True, help_text="Product rows the parser could not read, raw")
     ranges_unknown = models.BooleanField(
         default=False,
         help_text="Known only from NVIDIA's index: no CSAF yet, so affected ranges are unknown (not harmless).",
@@ -71,14 +81,21 @@ class Advisory(models.Model):
 class AffectedRange(models.Model):
     """One affected product row of a bulletin, with bounds as inventory.versions sort keys.
 
-    Empty os_family / product_line / branch mean "any". Bounds compare as strings in SQL.
+    Empty os_family / product_line mean "any". Bounds compare as strings in SQL; a driver row's
+    branch is its lower bound (Windows R535 drivers are 538.x), so `branch` is its label.
+    `component` is an `advisories.components` name (free text: a new component needs no
+    migration). `scope` names the product among its component's ({"gpu_model": "h100"},
+    {"platform": "dgx_a100"}): a node whose fact differs is not in it, one whose fact is unknown is
+    presumed. `condition` limits the row to nodes whose facts have one of some values
+    ({"container_toolkit_mode": ["cdi"]}); an unknown fact counts as met. A `basis` in
+    RangeBasis.PRESUMED makes its exposures `presumed`.
     """
 
     advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="ranges")
     product_id = models.CharField(max_length=300)
     product_name = models.CharField(max_length=200, blank=True)
     architecture = models.CharField(max_length=300, blank=True)
-    component = models.CharField(max_length=63, choices=ComponentKind.choices())
+    component = models.CharField(max_length=63)
     os_family = models.CharField(max_length=20, blank=True)
     branch = models.CharField(max_length=16, blank=True)
     product_line = models.CharField(max_length=40, blank=True)
@@ -90,6 +107,10 @@ class AffectedRange(models.Model):
     upper_key = models.CharField(max_length=200, null=True, blank=True)
     upper_inclusive = models.BooleanField(default=False)
     fixed_version = models.CharField(max_length=64, blank=True)
+    basis = models.CharField(max_length=20, choices=RangeBasis.choices(), default=RangeBasis.DECODED)
+    scope = models.JSONField(default=dict, blank=True)
+    condition = models.JSONField(default=dict, blank=True)
+    remediation = models.CharField(max_length=300, blank=True)
     severity = models.CharField(max_length=10, choices=Severity.choices(), blank=True)
     cves = models.ManyToManyField(CVE, related_name="ranges", blank=True)
 
@@ -133,11 +154,14 @@ class Exposure(models.Model):
     # What made the change that remediated it: "campaign 12, sweep 34" for a campaign's verified
     # patch, or the inventory source ("agent", "slurm", ...) that reported the new version.
     remediated_by = models.CharField(max_length=200, blank=True)
+    # The approver's decision: an accepted risk (until risk_expires_at) or not affected (with a
+    # CSAF/VEX justification); who decided and why.
     risk_approver = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
     risk_reason = models.TextField(blank=True)
     risk_expires_at = models.DateTimeField(null=True, blank=True)
+    justification = models.CharField(max_length=60, choices=VexJustification.choices(), blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -247,12 +271,47 @@ class SourceState(models.Model):
         return self.url
 
 
+class ReviewItem(models.Model):
+    """Something in a bulletin gpusweep could not decode or map: the advisory needs review until
+    an admin resolves every item, mapping it to a range or dismissing it with a reason."""
+
+    advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="review_items")
+    key = models.CharField(max_length=300, help_text="The product_id, or a synthetic key for a skipped branch")
+    kind = models.CharField(max_length=20, choices=ReviewKind.choices())
+    raw = models.CharField(max_length=500, blank=True, help_text="As the bulletin wrote it")
+    reason = models.TextField()
+    component = models.CharField(max_length=63, blank=True, help_text="The component it would map to, if known")
+    state = models.CharField(max_length=10, choices=ReviewState.choices(), default=ReviewState.OPEN, db_index=True)
+    # The admin's resolution: a range (for `mapped`: component, os_family, branch, product_line,
+    # lower, lower_inclusive, upper, upper_inclusive, fixed_version, scope, condition) and why.
+    mapping = models.JSONField(default=dict, blank=True)
+    resolution = models.TextField(blank=True)
+    resolved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="+")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["advisory_id", "kind", "key"]
+        constraints = [models.UniqueConstraint(fields=["advisory", "key"], name="review_item_unique_per_advisory")]
+
+    def __str__(self) -> str:
+        return f"{self.advisory} {self.kind} {self.key} ({self.state})"
+
+
 class AdvisoryEvent(models.Model):
+    """What happened to an advisory and its exposures, and who did it: the evidence of every
+    ingest and every approver's or admin's decision."""
+
     time = models.DateTimeField(auto_now_add=True, db_index=True)
     advisory = models.ForeignKey(Advisory, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=30, choices=EventKind.choices())
     document = models.CharField(max_length=1000, blank=True)
     message = models.TextField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="+")
+    # What the decision was about and what it changed: {"exposure": id, "node": name, "from": state, ...}.
+    details = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-time", "-id"]

@@ -1,17 +1,21 @@
 """Where advisories come from, behind one interface: `Source.items()` yields fetched documents,
 index rows, "not modified" markers and per-document errors; `advisories.ingest` consumes them.
 
-Kinds: a CSAF file, a folder (also a mirror of NVIDIA's GitHub layout YEAR/ID/ID.json), a document
-URL, a ROLIE/Atom/RSS feed of documents (feedparser), NVIDIA's GitHub repository (its Atom commit
-feed names the YEAR/ID/ID.json paths that changed), and NVIDIA's JSON index of bulletins. Every
+Kinds: a CSAF file, a folder (also a mirror of NVIDIA's GitHub layout YEAR/ID/ID.json, with its
+CVE_index.csv), a document URL, a ROLIE/Atom/RSS feed of documents (feedparser), NVIDIA's GitHub
+repository (its Atom commit feed names the YEAR/ID/ID.json paths that changed), NVIDIA's JSON
+index of bulletins and its CVE index CSV. A file a source does not ingest is named with why
+(`Skipped`), and one it cannot read is an error of its own: the others are still read. Every
 remote fetch goes through advisories.http.HttpClient and is conditional on the validators stored
 per URL (SourceState), so unchanged documents cost a 304.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
 import html
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -21,13 +25,14 @@ from typing import Any
 import feedparser
 from django.conf import settings
 
-from advisories.choices import Severity, SourceKind
-from advisories.csaf import DocumentError
+from advisories import components
+from advisories.choices import ReviewKind, Severity, SourceKind
+from advisories.csaf import DocumentError, ReviewNote
 from advisories.http import HttpClient
-from advisories.ingest import FetchedDocument, IndexEntry, NotModified
+from advisories.ingest import FetchedDocument, IndexEntry, NotModified, Skipped
 from advisories.models import SourceState
 
-Item = FetchedDocument | IndexEntry | DocumentError | NotModified
+Item = FetchedDocument | IndexEntry | DocumentError | NotModified | Skipped
 
 
 class Source:
@@ -65,9 +70,12 @@ def _index_rows(content: bytes, name: str) -> Iterator[IndexEntry | DocumentErro
         return
     for i, row in enumerate(rows):
         try:
-            yield parse_index_row(row, f"{name} row {i + 1}")
+            entry = parse_index_row(row, f"{name} row {i + 1}")
         except DocumentError as exc:
             yield exc
+            continue
+        entry.document = name
+        yield entry
 
 
 def _index_date(value: Any, where: str) -> dt.datetime | None:
@@ -123,12 +131,16 @@ def _is_index(content: bytes) -> bool:
 class FileSource(Source):
     kind = SourceKind.FILE
 
-    def items(self) -> Iterator[Item]:
+    def items(self, content: bytes | None = None) -> Iterator[Item]:
         path = Path(self.location)
-        try:
-            content = path.read_bytes()
-        except OSError as exc:
-            yield DocumentError(str(path), f"cannot read: {exc.strerror}")
+        if content is None:
+            try:
+                content = path.read_bytes()
+            except OSError as exc:
+                yield DocumentError(str(path), f"cannot read: {exc.strerror}")
+                return
+        if path.suffix.lower() == ".csv":
+            yield from cve_index_rows(content, str(path))
             return
         if _is_index(content):
             yield from _index_rows(content, str(path))
@@ -139,7 +151,9 @@ class FileSource(Source):
 
 
 class FolderSource(Source):
-    """Every *.json below the folder (flat, or NVIDIA's YEAR/ID/ID.json layout)."""
+    """Every *.json below the folder (flat, or NVIDIA's YEAR/ID/ID.json layout), then every CVE
+    index CSV (so a bulletin with a CSAF document is read from it first). Other files are named
+    as skipped; one that cannot be read is reported alone."""
 
     kind = SourceKind.FOLDER
 
@@ -148,14 +162,85 @@ class FolderSource(Source):
         if not root.is_dir():
             yield DocumentError(str(root), "not a folder")
             return
-        for path in sorted(root.rglob("*.json")):
-            content = path.read_bytes()
+        indexes: list[Path] = []
+        for path in sorted(root.rglob("*")):
+            if path.is_dir():
+                continue
+            if path.suffix == ".sha256" and path.with_suffix("").suffix == ".json":
+                continue  # read with its document
+            if path.suffix.lower() == ".csv":
+                indexes.append(path)
+                continue
+            if path.suffix.lower() != ".json":
+                yield Skipped(str(path), "not a CSAF document (.json) or NVIDIA's CVE index (.csv)")
+                continue
+            try:
+                content = path.read_bytes()
+            except OSError as exc:
+                problem = "broken symbolic link" if path.is_symlink() and not path.exists() else exc.strerror
+                yield DocumentError(str(path), f"cannot read: {problem}")
+                continue
             if _looks_like_cve_record(content):
-                continue  # per-CVE records (CVE JSON 5) sit beside the bulletins
-            for item in FileSource(str(path), self.client).items():
+                yield Skipped(str(path), "a per-CVE record (CVE JSON 5): its bulletin's CSAF document carries it")
+                continue
+            for item in FileSource(str(path), self.client).items(content):
                 if isinstance(item, FetchedDocument):
                     item.source_kind = self.kind
                 yield item
+        for path in indexes:
+            yield from FileSource(str(path), self.client).items()
+
+
+CVE_INDEX_COLUMNS = ("CVE", "CVSS", "Severity", "Vector", "CWE", "Bulletin", "Affected Product",
+                     "Affected Version", "Fixed In")
+
+
+def cve_index_rows(content: bytes, name: str) -> Iterator[IndexEntry | DocumentError | Skipped]:
+    """NVIDIA's CVE index (CVE_index_YEAR.csv, semicolon separated): one entry per bulletin.
+
+    It names each CVE's bulletin, score and the affected product and versions as text. A bulletin
+    with a CSAF document keeps that (ingest prefers it); one without becomes "affected ranges
+    unknown", each affected product a review item, mapped to the component it names if any.
+    """
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        yield DocumentError(name, f"not UTF-8 text (byte {exc.start})")
+        return
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=";")
+    header = tuple(cell.strip() for cell in next(reader, []))
+    if header[:len(CVE_INDEX_COLUMNS)] != CVE_INDEX_COLUMNS:
+        yield Skipped(name, f"a CSV file that is not NVIDIA's CVE index (columns {';'.join(header)[:120]})")
+        return
+    bulletins: dict[str, dict[str, Any]] = {}
+    for row in reader:
+        if not any(cell.strip() for cell in row):
+            continue
+        where = f"{name} line {reader.line_num}"
+        if len(row) < len(CVE_INDEX_COLUMNS):
+            yield DocumentError(where, f"{len(row)} values for {len(CVE_INDEX_COLUMNS)} columns")
+            continue
+        cve, _score, severity, _vector, _cwe, bulletin, product, affected, fixed = (c.strip() for c in row[:9])
+        if not re.fullmatch(r"CVE-\d{4}-\d{4,}", cve, flags=re.I) or not bulletin.isdigit():
+            yield DocumentError(where, f"not a CVE and bulletin id: {cve!r}, {bulletin!r}")
+            continue
+        entry = bulletins.setdefault(bulletin, {"cves": set(), "severities": [], "products": {}})
+        entry["cves"].add(cve.upper())
+        entry["severities"].append(Severity.normalize(severity))
+        component = components.classify(product)
+        key = f"index:{components.slug(product)}:{components.slug(affected)}"[:300]
+        entry["products"].setdefault(key, ReviewNote(
+            key, ReviewKind.INDEX_ONLY, f"{product}: {affected} (fixed in {fixed})"[:500],
+            "known only from NVIDIA's CVE index: no CSAF document to decode; "
+            + (f"maps to component {component.name}" if component else "no inventory component maps to it"),
+            component.name if component else ""))
+    for bulletin, entry in bulletins.items():
+        products = sorted({n.raw.split(":")[0] for n in entry["products"].values()})
+        yield IndexEntry(
+            name=f"{name} bulletin {bulletin}", publisher_id=bulletin,
+            title=f"NVIDIA security bulletin {bulletin}: {', '.join(products)}"[:500],
+            severity=Severity.worst(entry["severities"]), cve_ids=sorted(entry["cves"]), published=None,
+            updated=None, document=name, products=list(entry["products"].values()))
 
 
 class UrlSource(Source):
@@ -300,6 +385,9 @@ class IndexSource(Source):
             content = Path(self.location).read_bytes()
         except OSError as exc:
             yield DocumentError(self.location, f"cannot read: {exc.strerror}")
+            return
+        if self.location.lower().endswith(".csv"):
+            yield from cve_index_rows(content, self.location)
             return
         yield from _index_rows(content, self.location)
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
-from advisories.choices import ExposureState, Severity
-from advisories.models import Advisory, Exposure
+from advisories import components, services
+from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
+from advisories.models import Advisory, Exposure, ReviewItem
 from gpusweep.pages import csv_response, paginate
+from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
 
 
@@ -17,12 +25,17 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
     advisories = Advisory.objects.annotate(
         open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN)),
         exposed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.OPEN), distinct=True),
+        presumed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.PRESUMED), distinct=True),
+        open_review=Count("review_items", filter=Q(review_items__state=ReviewState.OPEN), distinct=True),
     ).order_by("-current_release_date", "-id")
     severity = request.GET.get("severity", "")
     if severity:
         advisories = advisories.filter(severity=severity)
+    if request.GET.get("needs_review"):
+        advisories = advisories.filter(open_review__gt=0)
     return render(request, "advisories/advisory_list.html", {
         "page": paginate(request, advisories), "severity": severity, "severities": Severity.choices(),
+        "needs_review": bool(request.GET.get("needs_review")),
     })
 
 
@@ -32,9 +45,69 @@ def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "advisory": advisory,
         "cves": advisory.cves.order_by("-base_score", "cve_id"),
         "ranges": advisory.ranges.prefetch_related("cves").order_by("component", "os_family", "branch"),
-        "exposures": advisory.exposures.select_related("node__cluster").order_by("state", "deadline")[:500],
+        "exposures": advisory.exposures.select_related("node__cluster", "affected_range", "risk_approver").order_by(
+            "state", "deadline")[:500],
+        "review_items": advisory.review_items.select_related("resolved_by").order_by("state", "kind", "key"),
         "now": timezone.now(),
+        "is_admin": has_role(request.user, Role.ADMIN),
+        "is_approver": has_role(request.user, Role.APPROVER),
+        "justifications": VexJustification.choices(),
+        "component_names": [c.name for c in components.REGISTRY],
     })
+
+
+def _checked(request: HttpRequest, role: Role) -> None:
+    if not has_role(request.user, role):
+        raise PermissionDenied(f"this needs the {role.value} role")
+
+
+@require_POST
+def exposure_decide(request: HttpRequest, pk: int) -> HttpResponse:
+    """An approver's decision from the advisory page: not affected, accept risk, revoke."""
+    _checked(request, Role.APPROVER)
+    exposure = get_object_or_404(Exposure, pk=pk)
+    decision, reason = request.POST.get("decision", ""), request.POST.get("reason", "").strip()
+    try:
+        if len(reason) < 10 and decision != "revoke_risk":
+            raise services.DecisionError("give a reason of at least 10 characters")
+        if decision == "not_affected":
+            services.mark_not_affected(pk, request.user, request.POST.get("justification", ""), reason)
+        elif decision == "accept_risk":
+            days = int(request.POST.get("days") or 30)
+            services.accept_risk(pk, request.user, reason, timezone.now() + dt.timedelta(days=days))
+        elif decision == "revoke_risk":
+            services.revoke_risk(pk, request.user)
+        else:
+            raise services.DecisionError(f"unknown decision {decision!r}")
+    except (services.DecisionError, ValueError) as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Exposure of {exposure.node.name}: {decision.replace('_', ' ')} recorded.")
+    return redirect("advisories-ui:advisory-detail", pk=exposure.advisory_id)
+
+
+@require_POST
+def review_resolve(request: HttpRequest, pk: int) -> HttpResponse:
+    """An admin maps a review item to a range, or dismisses it, from the advisory page."""
+    _checked(request, Role.ADMIN)
+    item = get_object_or_404(ReviewItem, pk=pk)
+    reason = request.POST.get("reason", "").strip()
+    try:
+        if len(reason) < 10:
+            raise services.DecisionError("give a reason of at least 10 characters")
+        if request.POST.get("resolution") == "map":
+            mapping: dict[str, Any] = {k: request.POST.get(k, "").strip() for k in
+                                       ("component", "os_family", "branch", "product_line", "lower", "upper",
+                                        "fixed_version")}
+            mapping["upper_inclusive"] = request.POST.get("upper_inclusive") == "on"
+            services.map_review_item(pk, request.user, {k: v for k, v in mapping.items() if v not in ("",)}, reason)
+        else:
+            services.dismiss_review_item(pk, request.user, reason)
+    except services.DecisionError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Review item {item.key}: resolved.")
+    return redirect("advisories-ui:advisory-detail", pk=item.advisory_id)
 
 
 def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[str, str]]:
@@ -49,7 +122,8 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
     if filters["cluster"]:
         exposures = exposures.filter(node__cluster__name=filters["cluster"])
     if filters["overdue"]:
-        exposures = exposures.filter(state=ExposureState.OPEN, deadline__lt=timezone.now())
+        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED],
+                                     deadline__lt=timezone.now())
     return exposures, filters
 
 

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from campaigns.models import Approval, Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, Plan, WorkloadMove
+from gpusweep.admin import ReadOnlyAdmin
 
 
 @admin.register(Campaign)
@@ -18,7 +19,9 @@ class PlanAdmin(admin.ModelAdmin):
 
 
 @admin.register(Approval)
-class ApprovalAdmin(admin.ModelAdmin):
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Read only: an approval is given through services.approve, with its evidence event."""
+
     list_display = ("campaign", "plan", "user", "at")
 
 
@@ -36,33 +39,15 @@ class WorkloadMoveAdmin(admin.ModelAdmin):
 
 
 @admin.register(EvidenceEvent)
-class EvidenceEventAdmin(admin.ModelAdmin):
+class EvidenceEventAdmin(ReadOnlyAdmin):
     """Read only: the log is append-only and hash-chained."""
 
     list_display = ("campaign", "seq", "sweep", "node_seq", "kind", "actor", "at")
     list_filter = ("kind",)
 
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
 
 @admin.register(EvidenceSeal)
-class EvidenceSealAdmin(admin.ModelAdmin):
+class EvidenceSealAdmin(ReadOnlyAdmin):
     """Read only: signed statements of the chain heads."""
 
     list_display = ("campaign", "number", "reason", "at", "key_id")
-
-    def has_add_permission(self, request: object) -> bool:
-        return False
-
-    def has_change_permission(self, request: object, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False

@@ -6,10 +6,13 @@ campaign); every role reads.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, cast
 
 import django_filters
 from django.contrib.auth.models import User
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -18,14 +21,21 @@ from rest_framework.response import Response
 from campaigns import evidence, services
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
+from gpusweep.filters import FilterSet
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
 LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
+WEEK_S = 7 * 24 * 3600
+
+APPROVAL_SUMMARY = inline_serializer("ApprovalSummary", {
+    "user": serializers.CharField(), "plan": serializers.IntegerField(), "at": serializers.DateTimeField()},
+    many=True)
 
 
 class CampaignSerializer(serializers.ModelSerializer):
-    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None)
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None,
+                                         allow_null=True)
     approvals = serializers.SerializerMethodField()
 
     class Meta:
@@ -35,13 +45,19 @@ class CampaignSerializer(serializers.ModelSerializer):
             "canary", "soak_s", "wave_growth", "growth_step", "soak_started_at",
             "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
             "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
-            "workload_placement", "workload_overrides", "approvals_required", "deadline", "step_timeout_s",
-            "node_estimate_s",
+            "workload_placement", "held_nodes", "workload_overrides", "approvals_required", "deadline",
+            "step_timeout_s", "node_estimate_s",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "soak_started_at",
                             "evidence_seq", "evidence_head", "created_at"]
+        # Bounded: a larger duration overflows SQLite's integer column, and the planner's times
+        # must stay dates (a server error either way).
+        extra_kwargs = {"wait_limit": {"max_value": timedelta(days=366), "min_value": timedelta(0)},
+                        "step_timeout_s": {"min_value": 1, "max_value": WEEK_S},
+                        "node_estimate_s": {"min_value": 1, "max_value": WEEK_S}}
 
+    @extend_schema_field(APPROVAL_SUMMARY)
     def get_approvals(self, obj: Campaign) -> list[dict[str, Any]]:
         return [{"user": str(a.user), "plan": a.plan_id, "at": a.at} for a in obj.approvals.all()]
 
@@ -63,7 +79,7 @@ class PlanSerializer(serializers.ModelSerializer):
 
 
 class MoveSerializer(serializers.ModelSerializer):
-    target_node = serializers.CharField(source="target_node.name", read_only=True, default=None)
+    target_node = serializers.CharField(source="target_node.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = WorkloadMove
@@ -88,7 +104,7 @@ class EventSerializer(serializers.ModelSerializer):
         fields = ["id", "campaign", "sweep", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash"]
 
 
-class CampaignFilter(django_filters.FilterSet):
+class CampaignFilter(FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=CampaignStatus.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
 
@@ -97,7 +113,7 @@ class CampaignFilter(django_filters.FilterSet):
         fields = ["status", "name"]
 
 
-class NodeSweepFilter(django_filters.FilterSet):
+class NodeSweepFilter(FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
 
     class Meta:
@@ -105,10 +121,14 @@ class NodeSweepFilter(django_filters.FilterSet):
         fields = ["campaign", "node", "state", "wave"]
 
 
-class EventFilter(django_filters.FilterSet):
+class EventFilter(FilterSet):
     class Meta:
         model = EvidenceEvent
         fields = ["campaign", "sweep", "kind"]
+
+
+class LastGroupSerializer(serializers.Serializer):
+    nodes = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=2**63 - 1), required=False)
 
 
 def _user(request: Request) -> User:
@@ -156,11 +176,14 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
+    @extend_schema(request=LastGroupSerializer)
     @action(detail=True, methods=["post"])
     def add_last_group(self, request: Request, pk: str | None = None) -> Response:
         """Take the plan's offer: {"nodes": [ids]} (default: the newest plan's exposed receivers)."""
         campaign = self.get_object()
-        nodes = _body(request).get("nodes")
+        body = LastGroupSerializer(data=_body(request))
+        body.is_valid(raise_exception=True)
+        nodes = body.validated_data.get("nodes")
         if nodes is None:
             newest = campaign.plans.order_by("-version").first()
             nodes = [r["node"] for r in (newest.content.get("exposed_receivers", []) if newest else [])]
@@ -173,6 +196,10 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
+    @extend_schema(
+        request=inline_serializer("PlanRequest", {"dry_run": serializers.BooleanField(required=False)}),
+        responses={201: PlanSerializer, 200: inline_serializer("PlanPreview", {
+            "dry_run": serializers.BooleanField(), "content": serializers.JSONField()})})
     @action(detail=True, methods=["post"])
     def plan(self, request: Request, pk: str | None = None) -> Response:
         """Plan: stored as a new version; with {"dry_run": true} only previewed."""
@@ -185,11 +212,14 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(PlanSerializer(stored).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["get"])
+    @extend_schema(responses=PlanSerializer(many=True))
+    @action(detail=True, methods=["get"], pagination_class=None)
     def plans(self, request: Request, pk: str | None = None) -> Response:
         campaign = self.get_object()
         return Response(PlanSerializer(campaign.plans.order_by("-version"), many=True).data)
 
+    @extend_schema(parameters=[OpenApiParameter("old", int), OpenApiParameter("new", int)],
+                   responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["get"])
     def compare(self, request: Request, pk: str | None = None) -> Response:
         """?old=1&new=2 compares two versions; without `new`, the newest (or `old`) with a fresh re-plan."""
@@ -204,8 +234,10 @@ class CampaignViewSet(viewsets.ModelViewSet):
         except services.CampaignError as exc:
             return _error(exc)
 
+    @extend_schema(request=inline_serializer("ApproveRequest", {"comment": serializers.CharField(required=False)}))
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str | None = None) -> Response:
+        self.get_object()  # 404 for an unknown or malformed id
         try:
             campaign = services.approve(int(pk or 0), _user(request), str(_body(request).get("comment", "")))
         except services.CampaignError as exc:
@@ -224,22 +256,33 @@ class CampaignViewSet(viewsets.ModelViewSet):
             return _error(exc)
         return Response(self.get_serializer(Campaign.objects.get(pk=campaign.pk)).data)
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def start(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "start")
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "pause")
 
+    @extend_schema(request=None)
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "resume")
 
+    @extend_schema(request=inline_serializer("AbortRequest", {"reason": serializers.CharField(required=False)}))
     @action(detail=True, methods=["post"])
     def abort(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "abort")
 
+    @extend_schema(responses=inline_serializer("EvidenceExport", {
+        "format": serializers.CharField(), "campaign": serializers.DictField(),
+        "sweeps": serializers.ListField(child=serializers.DictField()),
+        "events": serializers.ListField(child=serializers.DictField()),
+        "seals": serializers.ListField(child=serializers.DictField()), "public_key": serializers.CharField(),
+        "key_id": serializers.CharField(), "verify_with": serializers.CharField(),
+        "intact": serializers.BooleanField(), "problems": serializers.ListField(child=serializers.CharField())}))
     @action(detail=True, methods=["get"])
     def evidence(self, request: Request, pk: str | None = None) -> Response:
         """The whole log with its signed seals, after a fresh seal of the current heads (the auditor's
@@ -249,6 +292,9 @@ class CampaignViewSet(viewsets.ModelViewSet):
         problems = evidence.verify_campaign(campaign)
         return Response({**exported, "intact": not problems, "problems": problems})
 
+    @extend_schema(request=None, responses={201: inline_serializer("Seal", {
+        "number": serializers.IntegerField(), "body": serializers.DictField(), "signature": serializers.CharField(),
+        "key_id": serializers.CharField()})})
     @action(detail=True, methods=["post"])
     def seal(self, request: Request, pk: str | None = None) -> Response:
         """Sign the current chain heads now (stored and recorded in the campaign chain)."""

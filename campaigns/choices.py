@@ -104,6 +104,17 @@ class Placement(ChoiceSet):
     ]
 
 
+class HeldNodes(ChoiceSet):
+    """What a campaign does with a node someone else has taken out of service (a repair, a drain)."""
+
+    SKIP = "skip"
+    SWEEP = "sweep"
+    CHOICES = [
+        (SKIP, "Skip it: listed as held in the plan, not touched"),
+        (SWEEP, "Sweep it, keeping the other hold: it stays out of service at the end"),
+    ]
+
+
 class WaveGrowth(ChoiceSet):
     """How waves after the canary grow, capped by the parallelism limits."""
 

@@ -344,8 +344,8 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
         if result.after is not None:
             result.after()
         if current in SERVICE_STATE_AFTER:
-            inventory.set_service_state([sweep.node_id], SERVICE_STATE_AFTER[current], ChangeSource.CAMPAIGN,
-                                        reference(sweep))
+            inventory.set_service_state([sweep.node_id], result.service_state or SERVICE_STATE_AFTER[current],
+                                        ChangeSource.CAMPAIGN, reference(sweep))
         if following == SweepState.DONE:
             enqueue("dispatch", sweep.campaign_id)
         sweep.state, sweep.attempt, sweep.step_started_at = following, 1, now
@@ -392,6 +392,8 @@ class StepResult:
     fields: dict[str, Any] = field(default_factory=dict)
     # Inventory changes that must commit with the transition (run inside its transaction).
     after: Callable[[], None] | None = None
+    # The node's service state after this step, where it is not the usual one.
+    service_state: str | None = None
 
 
 def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = None) -> str | None:
@@ -508,11 +510,14 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str)
                      {"error": f"rollback: {exc}", "attempt": sweep.attempt})
             return sweep.state
         state = "drained" if sweep.state != SweepState.PENDING else "untouched"
-        data = {"error": error or f"rollback failed: {exc}", "unwind_error": str(exc), "left": state,
-                "workloads_returned": returned}
-        return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
-    data = {"error": error, "workloads_returned": returned} if error else {"workloads_returned": returned}
-    return final if _end(sweep, worker, final, data, in_service=True) else None
+        failed: dict[str, Any] = {"error": error or f"rollback failed: {exc}", "unwind_error": str(exc),
+                                  "left": state, "workloads_returned": returned}
+        return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, failed, in_service=False) else None
+    data: dict[str, Any] = {"workloads_returned": returned, **({"error": error} if error else {})}
+    kept = _foreign_hold(sweep, ex, ref)
+    if kept:
+        data["foreign_hold_kept"] = kept
+    return final if _end(sweep, worker, final, data, in_service=not kept) else None
 
 
 def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move: WorkloadMove) -> dict[str, Any]:
@@ -833,8 +838,17 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     return StepResult(data, {"versions_after": result.versions}, after=record)
 
 
+def _foreign_hold(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> dict[str, Any]:
+    """For a node swept while someone else held it: that hold, still there (it is theirs to lift)."""
+    planned = NodeSweep.objects.values_list("planned", flat=True).get(pk=sweep.pk) or {}
+    if not planned.get("held_by"):
+        return {}
+    return {"held_before": planned["held_by"].get("hold"), "held_now": ex.maintenance_hold(ref)}
+
+
 def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     ex.return_to_service(ref, op_id(sweep, "return"))
+    kept = _foreign_hold(sweep, ex, ref)
     # Checkpoints parked for this node come back now that it admits work again.
     restored = []
     for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED):
@@ -845,7 +859,10 @@ def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         _move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
               new_workload_ref=result.workload_id, steps_after=result.steps, inventory_to=sweep.node)
         restored.append(entry)
-    return StepResult({"workloads": restored} if restored else {})
+    data: dict[str, Any] = {"workloads": restored} if restored else {}
+    if kept:
+        data["foreign_hold_kept"] = kept
+    return StepResult(data, service_state=ServiceState.OFFLINE if kept else None)
 
 
 STEPS: dict[str, Callable[[NodeSweep, Executor, NodeRef], StepResult]] = {

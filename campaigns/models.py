@@ -6,7 +6,15 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, Placement, SweepState, WaveGrowth
+from campaigns.choices import (
+    CampaignStatus,
+    EvidenceKind,
+    HeldNodes,
+    MoveState,
+    Placement,
+    SweepState,
+    WaveGrowth,
+)
 from inventory.choices import WorkloadPolicy
 
 
@@ -59,6 +67,7 @@ class Campaign(models.Model):
     wait_limit = models.DurationField(null=True, blank=True, help_text="how long to wait for a workload to end")
     cold_restart_allowed = models.BooleanField(default=False)
     workload_placement = models.CharField(max_length=10, choices=Placement.choices(), default=Placement.MOVE)
+    held_nodes = models.CharField(max_length=10, choices=HeldNodes.choices(), default=HeldNodes.SKIP)
     workload_overrides = models.JSONField(default=dict, blank=True, help_text="{workload id or name: policy}")
     approvals_required = models.PositiveSmallIntegerField(default=1)
     deadline = models.DateTimeField(null=True, blank=True)

@@ -9,6 +9,7 @@ rolled back. The API and the UI both create and edit campaigns through `create_c
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -17,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.choices import CampaignStatus, EvidenceKind, Placement, SweepState
+from campaigns.choices import CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -32,7 +33,7 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
-from executors.base import Executor, NodeRef, get_executor
+from executors.base import Executor, ExecutorError, NodeRef, get_executor
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node
 from inventory.versions import DRIVER, parse_version
@@ -72,7 +73,8 @@ DEFINITION_FIELDS = (
     "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions", "canary", "soak_s",
     "wave_growth", "growth_step",
     "parallelism_per_cluster", "parallelism_per_pool", "windows", "blackouts", "error_budget", "workload_policy",
-    "wait_limit", "cold_restart_allowed", "workload_placement", "workload_overrides", "approvals_required",
+    "wait_limit", "cold_restart_allowed", "workload_placement", "held_nodes", "workload_overrides",
+    "approvals_required",
     "deadline", "step_timeout_s", "node_estimate_s",
 )
 
@@ -384,9 +386,10 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
             f"{campaign.pools or 'any'}, node_selector {campaign.node_selector or {}}", status=400)
     executors = _executors([*in_scope, *others])
     reasons = {n.pk: executors[n.cluster.name].reachable(node_ref(n)) for n in [*in_scope, *others]}
+    holds = _holds(executors, [n for n in [*in_scope, *others] if not reasons[n.pk]], reasons)
     exposures = _exposures(in_scope, campaign)
     scope: list[PlanNode] = []
-    skipped, blocked = [], []
+    skipped, blocked, held = [], [], []
     for node in in_scope:
         versions = {c.component: c.version for c in node.components.all()}
         mine = exposures.get(node.pk, [])
@@ -400,9 +403,15 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
             blocked.append({"node": node.pk, "name": node.name, "cluster": node.cluster.name,
                             "target": target, "reason": reasons[node.pk]})
             continue
+        if holds.get(node.pk) and campaign.held_nodes == HeldNodes.SKIP:
+            # Someone else took it out of service: theirs to give back, not ours to touch.
+            held.append({"node": node.pk, "name": node.name, "cluster": node.cluster.name, "target": target,
+                         **holds[node.pk]})
+            continue
         deadlines = [d for _c, _f, d in mine if d is not None]
         scope.append(_plan_node(campaign, node, target, min(deadlines) if deadlines else None))
-    usable = [n for n in others if n.service_state == ServiceState.IN_SERVICE and not reasons[n.pk]]
+    usable = [n for n in others if n.service_state == ServiceState.IN_SERVICE and not reasons[n.pk]
+              and not holds.get(n.pk)]
     exposed = _receiver_exposures(usable, campaign)
     receivers = [_plan_node(campaign, node, {}, None, exposed.get(node.pk, ())) for node in usable]
     restarters = {name: ex.restarts_cold_starts for name, ex in executors.items()}
@@ -412,8 +421,36 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
         raise CampaignError(f"campaign {campaign.pk}: {exc}", status=400) from exc
     content["skipped"] = skipped
     content["blocked"] = blocked
+    content["held"] = held
+    for node_id, hold in holds.items():
+        if str(node_id) in content["nodes"]:
+            content["nodes"][str(node_id)]["held_by"] = hold  # swept, keeping the other hold
     content["summary"]["blocked"] = len(blocked)
+    content["summary"]["held"] = len(held)
     return content
+
+
+STALE_MARK = re.compile(r"\bgs-(\d+)-\d+\b")
+
+
+def _holds(executors: dict[str, Executor], nodes: list[Node], reasons: dict[int, str]) -> dict[int, dict[str, Any]]:
+    """node id -> {"hold": what holds it, "stale": marks of gpusweep campaigns that are over} for every
+    node someone other than this campaign keeps out of service. A node whose back end does not answer
+    is blocked instead (`reasons`)."""
+    found: dict[int, dict[str, Any]] = {}
+    for node in nodes:
+        try:
+            hold = executors[node.cluster.name].maintenance_hold(node_ref(node))
+        except ExecutorError as exc:
+            reasons[node.pk] = f"its state could not be read: {exc}"
+            continue
+        if not hold:
+            continue
+        ids = {int(i) for i in STALE_MARK.findall(hold)}
+        live = set(Campaign.objects.filter(pk__in=ids, status__in=CampaignStatus.ACTIVE).values_list("pk", flat=True))
+        # A mark of a campaign that is over is reported as such, never silently kept or removed.
+        found[node.pk] = {"hold": hold, "stale_marks_of_campaigns": sorted(ids - live)}
+    return found
 
 
 # -- life cycle --------------------------------------------------------------------------

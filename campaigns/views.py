@@ -48,21 +48,21 @@ class CampaignForm(forms.ModelForm):
         fields = [
             "name", "description", "advisories", "cluster_names", "pool_names",
             "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
-            "workload_policy", "workload_placement", "cold_restart_allowed", "canary", "soak_s", "wave_growth",
-            "growth_step", "approvals_required", "deadline",
+            "workload_policy", "workload_placement", "held_nodes", "cold_restart_allowed", "canary", "soak_s",
+            "wave_growth", "growth_step", "approvals_required", "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Left out of a form post, these take the model's defaults.
-        for name in ("workload_placement", "canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
             self.fields[name].required = False
 
     def definition(self) -> dict[str, Any]:
         values = {k: v for k, v in self.cleaned_data.items() if k in services.DEFINITION_FIELDS}
         values["workload_placement"] = values.get("workload_placement") or Placement.MOVE
-        for name in ("canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
             if values.get(name) in (None, ""):
                 values[name] = Campaign._meta.get_field(name).get_default()  # type: ignore[union-attr]
         values["clusters"] = _names(self.cleaned_data.get("cluster_names", ""))

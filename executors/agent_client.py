@@ -1,7 +1,8 @@
 """A client for the node agent's HTTP API (docs/agent-wire-format.md), standard library only.
 
 Requests are signed with the node's key, derived on demand from ``GPUSWEEP_AGENT_FLEET_SECRET``
-exactly as ``gpusweep_agent.auth.derive_node_key`` does (nothing stored). Mutating calls carry
+exactly as ``gpusweep_agent.auth.derive_node_key`` does (nothing stored), each with a fresh
+nonce, so a captured request sent again is refused by the agent. Mutating calls carry
 the caller's operation id, so a retry after a crash returns the first operation; long
 operations answer 202 and are polled until they finish or the timeout passes.
 

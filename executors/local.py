@@ -22,6 +22,12 @@ from executors.base import (
 )
 
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model_name", "model_version")
+
+
+def owner_of(operation_id: str) -> str:
+    """The maintenance owner an operation acts for: its campaign and sweep ("gs-12-34"), or itself."""
+    parts = operation_id.split("-")
+    return "-".join(parts[:3]) if operation_id.startswith("gs-") and len(parts) > 3 else operation_id
 RUNNING_STATES = ("running", "restored")
 
 
@@ -70,8 +76,16 @@ class LocalExecutor(Executor):
             ))
         return found
 
+    def maintenance_hold(self, node: NodeRef) -> str:
+        holders = self.client(node).get("/v1/health").get("maintenance_holders") or {}
+        held = [f"{owner} since {info.get('since', '?')}" + (f": {info['reason']}" if info.get("reason") else "")
+                for owner, info in sorted(holders.items())]
+        return "agent maintenance held by " + "; ".join(held) if held else ""
+
     def drain(self, node: NodeRef, operation_id: str) -> None:
-        self.client(node).operation("/v1/maintenance", operation_id, enabled=True)
+        owner = owner_of(operation_id)
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=True, owner=owner,
+                                    reason=f"gpusweep {owner}")
 
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
@@ -127,7 +141,8 @@ class LocalExecutor(Executor):
         return VerifyResult(healthy=health.get("status") == "ok", versions=versions, output=str(health))
 
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
-        self.client(node).operation("/v1/maintenance", operation_id, enabled=False)
+        # Gives back gpusweep's own hold only: anyone else's stays.
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=False, owner=owner_of(operation_id))
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
-        self.client(node).operation("/v1/maintenance", operation_id, enabled=False)
+        self.client(node).operation("/v1/maintenance", operation_id, enabled=False, owner=owner_of(operation_id))

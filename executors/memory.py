@@ -197,6 +197,15 @@ class Fleet:
         with self.store.edit("nodes", node) as data:
             data["workloads"][workload_id]["state"] = "exited"
 
+    def hold(self, node: str, by: str, reason: str = "") -> None:
+        """Someone other than gpusweep takes the node out of service (a repair, an admin's drain)."""
+        with self.store.edit("nodes", node) as data:
+            data.setdefault("holds", {})[by] = reason
+
+    def release(self, node: str, by: str) -> None:
+        with self.store.edit("nodes", node) as data:
+            data.setdefault("holds", {}).pop(by, None)
+
     def set_healthy(self, node: str, healthy: bool) -> None:
         with self.store.edit("nodes", node) as data:
             data["healthy"] = healthy
@@ -269,6 +278,10 @@ class MemoryExecutor(Executor):
     # -- planning and reads ------------------------------------------------------------
     def reachable(self, node: NodeRef) -> str:
         return "" if self.store.read("nodes", node.identity) else f"{node.identity} is not in the memory fleet"
+
+    def maintenance_hold(self, node: NodeRef) -> str:
+        holds = (self.store.read("nodes", node.identity) or {}).get("holds") or {}
+        return "; ".join(f"held by {by}" + (f": {why}" if why else "") for by, why in sorted(holds.items()))
 
     def facts(self, node: NodeRef) -> dict[str, str]:
         with self._node(self.store, node) as data:
@@ -346,7 +359,7 @@ class MemoryExecutor(Executor):
                     # Never two live copies of one workload.
                     raise PermanentExecutorError(f"checkpoint {checkpoint_id} was already restored")
                 with self._node(store, target) as data:
-                    if data["maintenance"]:
+                    if data["maintenance"] or data.get("holds"):
                         # As the real agent: a node in maintenance admits no work, restores included.
                         raise PermanentExecutorError(f"{target.identity} is in maintenance and admits no work")
                     wrong = portability.mismatches(portability.from_dict(checkpoint["requires"]), _facts(data))

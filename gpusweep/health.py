@@ -3,6 +3,10 @@
 /healthz says the process answers. /readyz says the service can do its work: the database
 answers a query, the broker accepts a connection, and at least one Celery worker answers a
 ping within GPUSWEEP_READYZ_PING_TIMEOUT (2 s by default).
+
+Both are open (load balancers call them), so /readyz tells anyone only "ready" or which check
+failed; the details (database vendor, broker transport, worker names, errors, timings) are for
+staff: a logged-in staff user or an API token of one.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.request import Request
 
 from gpusweep.celery import app as celery_app
 
@@ -44,6 +51,16 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def _is_staff(request: HttpRequest) -> bool:
+    if getattr(request.user, "is_staff", False):
+        return True
+    try:
+        found = TokenAuthentication().authenticate(Request(request))
+    except AuthenticationFailed:
+        return False
+    return found is not None and bool(getattr(found[0], "is_staff", False))
+
+
 @never_cache
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, dict[str, Any]] = {}
@@ -59,4 +76,9 @@ def readyz(request: HttpRequest) -> JsonResponse:
             # Later checks depend on earlier ones; stop at the first failure to answer fast.
             break
     ready = all(c["ok"] for c in checks.values()) and len(checks) == 3
-    return JsonResponse({"status": "ready" if ready else "not ready", "checks": checks}, status=200 if ready else 503)
+    body: dict[str, Any] = {"status": "ready" if ready else "not ready"}
+    if not ready:
+        body["failed"] = next(name for name, c in checks.items() if not c["ok"])
+    if _is_staff(request):
+        body["checks"] = checks
+    return JsonResponse(body, status=200 if ready else 503)

@@ -6,8 +6,11 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-# Probes and login are the only open pages; the API (DRF) and /metrics (its token) authenticate themselves.
+# Probes and login are the only open pages; the API and its schema authenticate themselves (DRF
+# answers 401/403), and so does /metrics (its bearer token). The API docs page is a page: without
+# a login it redirects to the login form.
 OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/")
+DOCS_PREFIX = "/api/docs/"
 
 
 class LoginRequiredMiddleware:
@@ -21,7 +24,7 @@ class LoginRequiredMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         path = request.path
-        if path.startswith(OPEN_PREFIXES) or path.startswith("/api/"):
+        if path.startswith(OPEN_PREFIXES) or (path.startswith("/api/") and not path.startswith(DOCS_PREFIX)):
             return self.get_response(request)
         if not request.user.is_authenticated:
             if request.headers.get("Accept", "").startswith("application/json"):

@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "gpusweep",
     "inventory",
@@ -46,6 +47,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Early, so an oversized body is refused before anything reads it; answers /api/ errors as JSON.
+    "gpusweep.errors.ApiErrorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -163,19 +166,41 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpusweep.roles.RolePermission"],
+    # Bounded input everywhere (gpusweep/parsers.py, filters.py, pagination.py) and one error
+    # format for every error (gpusweep/errors.py).
+    "DEFAULT_PARSER_CLASSES": [
+        "gpusweep.parsers.JSONParser",
+        "gpusweep.parsers.EmptyFormParser",
+        "gpusweep.parsers.EmptyMultiPartParser",
+    ],
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "gpusweep.filters.FilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "gpusweep.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "gpusweep.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "gpusweep.schema.AutoSchema",
 }
+# The largest request body the API reads (Django's setting; the API answers 413 above it).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUSWEEP_API_MAX_BODY_KB", 2560, minimum=64) * 1024
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpusweep API",
-    "DESCRIPTION": "GPU fleet patching on the security team's calendar.",
+    "DESCRIPTION": "GPU fleet patching on the security team's calendar. Errors: "
+                   '{"detail": "...", "errors": {"field": ["..."]}} (errors only for refused fields).',
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its docs page need a login with a role, like every other read.
+    "SERVE_PERMISSIONS": ["gpusweep.roles.RolePermission"],
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Request bodies are JSON (form bodies only when empty: gpusweep/parsers.py).
+    "PARSER_WHITELIST": ["gpusweep.parsers.JSONParser"],
+    # Swagger UI from the project's own static files (drf-spectacular-sidecar): no CDN, works offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # Fields named "policy" in several serializers: one enum, named after its one choice set.
+    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices"},
 }
 
 LOGGING = {
@@ -228,6 +253,9 @@ GPUSWEEP_ADVISORY_SOURCES: dict[str, str] = dict(
 )
 GPUSWEEP_ADVISORY_HTTP_TIMEOUT = float(env_int("GPUSWEEP_ADVISORY_HTTP_TIMEOUT_S", 20, minimum=1))
 GPUSWEEP_ADVISORY_MAX_BYTES = env_int("GPUSWEEP_ADVISORY_MAX_BYTES", 20 * 1024 * 1024, minimum=1024)
+# Who publishes the fleet's CSAF VEX documents: document.publisher.namespace (a URI naming the site).
+GPUSWEEP_VEX_PUBLISHER = env_str("GPUSWEEP_VEX_PUBLISHER", "gpusweep")
+GPUSWEEP_VEX_NAMESPACE = env_url("GPUSWEEP_VEX_NAMESPACE", "https://gpusweep.invalid", schemes={"https", "http"})
 # Seeded into django-celery-beat's tables by its DatabaseScheduler; editable in the admin.
 CELERY_BEAT_SCHEDULE = {
     "advisories-ingest": {

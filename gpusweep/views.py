@@ -7,8 +7,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from advisories.choices import ExposureState
-from advisories.models import Advisory, Exposure
+from advisories.choices import ExposureState, ReviewState
+from advisories.models import Advisory, Exposure, ReviewItem
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign
 from gpusweep.roles import user_roles
@@ -33,6 +33,9 @@ def home(request: HttpRequest) -> HttpResponse:
         "nodes": Node.objects.exclude(service_state=ServiceState.GONE).count(),
         "advisories": Advisory.objects.count(),
         "mismatches": Advisory.objects.filter(integrity="mismatch").count(),
+        # "We could not tell" is shown, never folded into "not exposed".
+        "needs_review": ReviewItem.objects.filter(state=ReviewState.OPEN).values("advisory").distinct().count(),
+        "presumed_nodes": Exposure.objects.filter(state=ExposureState.PRESUMED).values("node").distinct().count(),
         "summary": summary,
         "by_severity": by_severity,
         "active_campaigns": Campaign.objects.filter(status__in=CampaignStatus.ACTIVE).order_by("-started_at")[:10],

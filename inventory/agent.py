@@ -5,23 +5,38 @@ POST /api/v1/inventory/agent/heartbeat, signed with the node's key
 demand, so nothing secret is stored. The first heartbeat registers the node in its (existing)
 cluster. A heartbeat is a partial snapshot: it speaks for its own node and that node's
 process workloads only, and replaces the node's component list with what the agent saw.
+
+Replays: a heartbeat's nonce is a counter its agent raises with every heartbeat. The node row
+keeps the newest accepted (``Node.heartbeat_counter``, so every web process sees it), and a
+heartbeat whose counter is not larger is refused with 409 and changes nothing: a captured
+heartbeat sent again, or an older one (which would roll the node's versions back).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from gpusweep_agent.auth import AuthError, derive_node_key, verify
+from gpusweep_agent.auth import HEADER_NONCE, AuthError, Signed, derive_node_key, verify
 
+from gpusweep.errors import error_body, error_response
+from gpusweep.parsers import JSONInputError, load_json
 from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
-from inventory.models import Cluster
-from inventory.services import InventoryError, ObservedNode, ObservedWorkload, Snapshot, apply_snapshot
+from inventory.models import Cluster, Node
+from inventory.services import (
+    InventoryError,
+    ObservedNode,
+    ObservedWorkload,
+    Snapshot,
+    SyncResult,
+    apply_snapshot,
+)
+from inventory.versions import KNOWN_FACTS
 
 SCHEMA = "gpusweep.heartbeat/1"
 # Workload kinds an agent reports: its own `process` registry and bare GPU processes are stored
@@ -29,6 +44,7 @@ SCHEMA = "gpusweep.heartbeat/1"
 AGENT_KINDS = frozenset({"process", "gpu_process"})
 SCHEDULER_KINDS = frozenset({"slurm_step", "slurm_job", "k8s_pod"})
 MAX_BODY = 1024 * 1024
+MAX_COUNTER = 2**63 - 1  # Node.heartbeat_counter is a 64-bit column
 
 
 def node_key(cluster: str, node: str) -> str:
@@ -87,9 +103,16 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
     ):
         errors["facts.components"] = "expected an object of component: version strings"
         components = {}
+    # Node facts: a "facts" object, or the known facts at the top level of the agent's facts.
+    node_facts = facts.get("facts", {})
+    if not isinstance(node_facts, dict) or not all(isinstance(v, str) for v in node_facts.values()):
+        errors["facts.facts"] = "expected an object of fact: value strings"
+        node_facts = {}
+    node_facts = {**{k: facts[k] for k in KNOWN_FACTS if isinstance(facts.get(k), str)}, **node_facts}
     node = ObservedNode(
         name=node_name,
         components={k: v for k, v in components.items() if v.strip()},
+        facts={k: v for k, v in node_facts.items() if v.strip()} or None,
         gpu_model=_text(facts, "gpu_model", errors, "facts.", 100),
         gpu_count=gpu_count,
         product_line=_text(facts, "product_line", errors, "facts.", 40) or "tesla",
@@ -154,7 +177,55 @@ def _requires(value: Any, errors: dict[str, str], where: str) -> dict[str, str]:
 
 
 def _unauthorized(detail: str) -> JsonResponse:
-    return JsonResponse({"detail": detail}, status=401)
+    return error_response(401, detail)
+
+
+def _errors(detail: str, errors: dict[str, str]) -> JsonResponse:
+    return error_response(400, detail, {field: [message] for field, message in errors.items()})
+
+
+def heartbeat_counter(signed: Signed) -> int:
+    """The heartbeat's place in its node's order: its nonce, a counter the agent raises with every
+    heartbeat; an agent older than nonces is ordered by its timestamp (in the same unit)."""
+    if not signed.nonce:
+        return signed.timestamp * 1_000_000
+    if not signed.nonce.isdigit() or len(signed.nonce) > 19 or int(signed.nonce) > MAX_COUNTER:
+        raise AuthError(f"a heartbeat's {HEADER_NONCE} is a counter: a whole number up to {MAX_COUNTER}")
+    return int(signed.nonce)
+
+
+class StaleHeartbeat(Exception):
+    def __init__(self, newest: int) -> None:
+        super().__init__(newest)
+        self.newest = newest
+
+
+def _stale(newest: int) -> JsonResponse:
+    detail = (f"replayed or out-of-order heartbeat: its {HEADER_NONCE} must be larger than {newest}, "
+              "the newest accepted for this node")
+    # The agent jumps its counter past it (a clock set back would otherwise lock it out).
+    return JsonResponse({**error_body(detail), "newest_counter": newest}, status=409)
+
+
+def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int) -> SyncResult:
+    """Apply the heartbeat and take its counter, in one transaction: a heartbeat whose counter is
+    not above the node's newest changes nothing (the row lock orders two arriving together)."""
+    with transaction.atomic():
+        newest = (Node.objects.select_for_update().filter(cluster=cluster, name=node.name)
+                  .values_list("heartbeat_counter", flat=True).first())
+        if newest is not None and counter <= newest:
+            raise StaleHeartbeat(newest)
+        snapshot = Snapshot(
+            nodes=[node], workloads=workloads, complete=False, replace_components=True,
+            workload_kinds=frozenset({WorkloadKind.PROCESS}),
+        )
+        result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
+        taken = Node.objects.filter(cluster=cluster, name=node.name, heartbeat_counter__lt=counter).update(
+            heartbeat_counter=counter)
+        if not taken:  # a concurrent first heartbeat of a new node took a larger counter
+            raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
+                cluster=cluster, name=node.name))
+        return result
 
 
 @csrf_exempt
@@ -164,33 +235,33 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _unauthorized("agent heartbeats are disabled: GPUSWEEP_AGENT_FLEET_SECRET is not set")
     body = request.body
     if len(body) > MAX_BODY:
-        return JsonResponse({"errors": {"body": f"larger than {MAX_BODY} bytes"}}, status=400)
+        return error_response(413, f"Request body too large: {len(body)} bytes, a heartbeat's limit is {MAX_BODY}")
     identity = request.headers.get("X-Gpusweep-Node", "")
     cluster_name, _, node_name = identity.partition("/")
     if not cluster_name or not node_name:
         return _unauthorized("missing or malformed X-Gpusweep-Node (expected cluster/node)")
     try:
-        verify(node_key(cluster_name, node_name), dict(request.headers), "POST", request.get_full_path(), body)
+        signed = verify(node_key(cluster_name, node_name), dict(request.headers), "POST", request.get_full_path(),
+                        body, legacy=True)
+        counter = heartbeat_counter(signed)
     except AuthError as exc:
         return _unauthorized(str(exc))
     try:
-        payload = json.loads(body)
-    except ValueError:
-        return JsonResponse({"errors": {"body": "not JSON"}}, status=400)
+        payload = load_json(body)
+    except JSONInputError as exc:
+        return _errors("the heartbeat is not accepted JSON", {"body": str(exc)})
     cluster = Cluster.objects.filter(name=cluster_name).first()
     if cluster is None:
-        return JsonResponse({"errors": {"cluster": f"no cluster named {cluster_name!r}"}}, status=400)
+        return _errors("unknown cluster", {"cluster": f"no cluster named {cluster_name!r}"})
     try:
         node, workloads = parse_heartbeat(payload, cluster_name, node_name)
-        snapshot = Snapshot(
-            nodes=[node], workloads=workloads, complete=False, replace_components=True,
-            workload_kinds=frozenset({WorkloadKind.PROCESS}),
-        )
-        result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
+        result = _apply(cluster, node, workloads, counter)
     except PayloadError as exc:
-        return JsonResponse({"errors": exc.errors}, status=400)
+        return _errors("invalid heartbeat", exc.errors)
     except InventoryError as exc:
-        return JsonResponse({"errors": {"facts": str(exc)}}, status=400)
+        return _errors("invalid heartbeat", {"facts": str(exc)})
+    except StaleHeartbeat as exc:
+        return _stale(exc.newest)
     node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
     return JsonResponse({
         "node_id": node_id,

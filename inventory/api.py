@@ -12,18 +12,21 @@ from typing import Any
 
 import django_filters
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.urls import URLPattern, URLResolver, path
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gpusweep.filters import DateTimeFilter, FilterSet, IntegerFilter
 from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.services import InventoryError, check_labels
 from inventory.versions import VersionError, normalize_component, parse_version
 
 # --- serializers ---------------------------------------------------------------------------
@@ -32,7 +35,7 @@ SECRET_WORDS = ("token", "password", "secret", "private", "credential", "apikey"
 
 
 class ClusterSerializer(serializers.ModelSerializer):
-    node_count = serializers.IntegerField(read_only=True, required=False)
+    node_count = serializers.SerializerMethodField(help_text="nodes not gone")
 
     class Meta:
         model = Cluster
@@ -60,6 +63,10 @@ class ClusterSerializer(serializers.ModelSerializer):
             raise ValidationError("map each secret to the NAME of an environment variable (e.g. GPUSWEEP_KUBE_TOKEN)")
         return value
 
+    def get_node_count(self, obj: Cluster) -> int:
+        annotated = getattr(obj, "live_nodes", None)
+        return annotated if annotated is not None else obj.nodes.exclude(service_state=ServiceState.GONE).count()
+
 
 class ComponentSerializer(serializers.ModelSerializer):
     flagged = serializers.BooleanField(read_only=True)
@@ -72,6 +79,8 @@ class ComponentSerializer(serializers.ModelSerializer):
 class NodeSerializer(serializers.ModelSerializer):
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     components = ComponentSerializer(many=True, read_only=True)
+    # Empty when the node has no agent, so not a URI in the schema.
+    agent_endpoint = serializers.CharField(read_only=True, help_text="the agent's URL; empty when none")
 
     class Meta:
         model = Node
@@ -83,9 +92,16 @@ class NodeSerializer(serializers.ModelSerializer):
                             "memory_mib", "scheduler_state", "agent_endpoint", "last_seen", "gone_at", "created_at",
                             "updated_at"]
 
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        try:
+            check_labels(value)
+        except InventoryError as exc:
+            raise ValidationError(str(exc)) from None
+        return value
+
 
 class WorkloadSerializer(serializers.ModelSerializer):
-    node_name = serializers.CharField(source="node.name", read_only=True, default=None)
+    node_name = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True)
     cluster_name = serializers.CharField(source="cluster.name", read_only=True)
     node_names: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
         source="nodes", slug_field="name", many=True, read_only=True
@@ -101,7 +117,7 @@ class WorkloadSerializer(serializers.ModelSerializer):
 
 
 class ChangeLogSerializer(serializers.ModelSerializer):
-    user = serializers.CharField(source="user.username", read_only=True, default=None)
+    user = serializers.CharField(source="user.username", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = ChangeLog
@@ -111,15 +127,15 @@ class ChangeLogSerializer(serializers.ModelSerializer):
 # --- filters -------------------------------------------------------------------------------
 
 
-class ClusterFilter(django_filters.FilterSet):
+class ClusterFilter(FilterSet):
     class Meta:
         model = Cluster
         fields = {"name": ["exact"], "kind": ["exact"], "sync_enabled": ["exact"]}
 
 
-class NodeFilter(django_filters.FilterSet):
+class NodeFilter(FilterSet):
     cluster = django_filters.CharFilter(field_name="cluster__name")
-    cluster_id = django_filters.NumberFilter(field_name="cluster_id")
+    cluster_id = IntegerFilter(field_name="cluster_id", min_value=1)
     pool = django_filters.CharFilter()
     gpu_model = django_filters.CharFilter()
     state = django_filters.MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
@@ -176,7 +192,7 @@ class NodeFilter(django_filters.FilterSet):
         return queryset.filter(Exists(match))
 
 
-class WorkloadFilter(django_filters.FilterSet):
+class WorkloadFilter(FilterSet):
     cluster = django_filters.CharFilter(field_name="cluster__name")
     node = django_filters.CharFilter(field_name="nodes__name", distinct=True, help_text="any node the workload holds")
     active = django_filters.BooleanFilter(field_name="gone_at", lookup_expr="isnull")
@@ -186,8 +202,8 @@ class WorkloadFilter(django_filters.FilterSet):
         fields = ["cluster", "node", "kind", "checkpoint_engine", "policy", "active"]
 
 
-class ChangeLogFilter(django_filters.FilterSet):
-    since = django_filters.IsoDateTimeFilter(field_name="time", lookup_expr="gte")
+class ChangeLogFilter(FilterSet):
+    since = DateTimeFilter(field_name="time", lookup_expr="gte")
 
     class Meta:
         model = ChangeLog
@@ -198,10 +214,11 @@ class ChangeLogFilter(django_filters.FilterSet):
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
-    queryset = Cluster.objects.all()
+    queryset = Cluster.objects.annotate(live_nodes=Count("nodes", filter=~Q(nodes__service_state=ServiceState.GONE)))
     serializer_class = ClusterSerializer
     filterset_class = ClusterFilter
 
+    @extend_schema(request=None, responses={202: inline_serializer("SyncQueued", {"queued": serializers.CharField()})})
     @action(detail=True, methods=["post"])
     def sync(self, request: Request, pk: str | None = None) -> Response:
         """Queue a sync of this cluster now (202); the result lands on the cluster and in the change log."""

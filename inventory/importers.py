@@ -7,12 +7,13 @@ gone (unless `partial`).
 
 CSV: one row per node. Columns are node fields (`name` required; `pool`, `gpu_model`,
 `gpu_count`, `cpu_milli`, `memory_mib`, `service_state`, `scheduler_state`, `product_line`,
-`os_family`, `agent_endpoint`) and component versions, named after the component (`driver`,
-`cuda`, `kernel`, ...; any other as `component:<name>`). An unknown column is an error (a typo
-must not silently drop data).
+`os_family`, `agent_endpoint`), component versions, named after the component (`driver`,
+`cuda`, `kernel`, ...; any other as `component:<name>`), and node facts (`gpu_architecture`,
+`platform`, `container_toolkit_mode`; any other as `fact:<name>`). An unknown column is an error
+(a typo must not silently drop data).
 
-JSON: `{"nodes": [{"name": ..., "gpu_model": ..., "components": {"driver": ...}}, ...]}` (or
-the bare list).
+JSON: `{"nodes": [{"name": ..., "gpu_model": ..., "components": {"driver": ...}, "facts": {...}}, ...]}`
+(or the bare list).
 
 Mapping (JSON, `--mapping`): renames columns, fills defaults and per-GPU-model values, e.g.
 inventory/mappings/alibaba-openb-2023.json:
@@ -23,13 +24,17 @@ inventory/mappings/alibaba-openb-2023.json:
 Versions: a driver version that is not an NVIDIA driver version (e.g. `570.86.x`) is an error
 in a file (files are typed by people; a typo there must not become a flagged unknown). Other
 components in unknown formats are stored raw and flagged.
+
+Limits: every value must fit its column (lengths and integer ranges from the Node model, checked
+by inventory.services for every source), a CSV field is at most 128 KiB (csv's own limit), JSON
+at most 32 levels deep, and no value holds a NUL character. A value beyond them is an error
+naming its line, like any other bad row, never a traceback.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +44,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils.text import slugify
 
+from gpusweep.parsers import JSONInputError, load_json
 from inventory.choices import ChangeSource, ClusterKind
 from inventory.models import Cluster
 from inventory.services import InventoryError, ObservedNode, Snapshot, SyncResult, apply_snapshot, parse_component
-from inventory.versions import DRIVER, KNOWN_COMPONENTS
+from inventory.versions import DRIVER, KNOWN_COMPONENTS, KNOWN_FACTS
 
 INT_FIELDS = ("gpu_count", "cpu_milli", "memory_mib")
 TEXT_FIELDS = ("pool", "gpu_model", "service_state", "scheduler_state", "product_line", "os_family", "agent_endpoint")
@@ -68,14 +74,19 @@ class Mapping:
         if not candidate.exists() and (MAPPINGS_DIR / f"{path}.json").exists():
             candidate = MAPPINGS_DIR / f"{path}.json"  # shipped mappings by name: --mapping alibaba-openb-2023
         try:
-            data = json.loads(candidate.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            data = load_json(candidate.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, JSONInputError) as exc:
             raise InventoryError(f"mapping {path}: {exc}") from None
         if not isinstance(data, dict):
             raise InventoryError(f"mapping {path}: expected a JSON object")
         unknown = set(data) - {"columns", "ignore", "defaults", "models", "labels", "description"}
         if unknown:
             raise InventoryError(f"mapping {path}: unknown keys {sorted(unknown)}")
+        shapes = {"columns": dict, "ignore": list, "defaults": dict, "models": dict, "labels": dict}
+        wrong = sorted(key for key, kind in shapes.items() if not isinstance(data.get(key, kind()), kind))
+        if wrong or not all(isinstance(v, dict) for v in data.get("models", {}).values()):
+            raise InventoryError(f"mapping {path}: {', '.join(wrong) or 'models'} has the wrong shape "
+                                 "(columns, defaults, labels and each model are objects; ignore is a list)")
         return cls(
             columns=dict(data.get("columns", {})),
             ignore=frozenset(data.get("ignore", [])),
@@ -127,9 +138,17 @@ def to_observed(record: dict[str, Any], where: str, mapping: Mapping) -> Observe
     for column in TEXT_FIELDS:
         if merged.get(column) not in (None, ""):
             setattr(node, column, str(merged[column]).strip())
-    labels = {**mapping.labels, **(merged.get("labels") or {})}
+    own_labels = merged.get("labels") or {}
+    if not isinstance(own_labels, dict):
+        raise InventoryError(f"{node.origin}: labels must be an object of name: value")
+    labels = {**mapping.labels, **own_labels}
     if labels:
         node.labels = {str(k): str(v) for k, v in labels.items()}
+    facts = merged.get("facts") or {}
+    if not isinstance(facts, dict):
+        raise InventoryError(f"{node.origin}: facts must be an object of name: value")
+    if facts := {str(k): str(v).strip() for k, v in facts.items() if v not in (None, "")}:
+        node.facts = facts
     components = merged.get("components") or {}
     if not isinstance(components, dict):
         raise InventoryError(f"{node.origin}: components must be an object of name: version")
@@ -145,12 +164,23 @@ def to_observed(record: dict[str, Any], where: str, mapping: Mapping) -> Observe
     return node
 
 
+def _csv_rows(reader: Any, source: str) -> Iterator[list[str]]:
+    """The reader's rows; a field over csv's limit (128 KiB) is an error naming its line."""
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InventoryError(f"{source} line {reader.line_num}: {exc}") from None
+
+
 def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise InventoryError(f"{source}: the file is empty") from None
+    rows = _csv_rows(reader, source)
+    header = next(rows, None)
+    if header is None:
+        raise InventoryError(f"{source}: the file is empty")
     columns = [mapping.columns.get(c.strip(), c.strip()) for c in header]
     if "name" not in columns:
         wanted = [k for k, v in mapping.columns.items() if v == "name"]
@@ -161,25 +191,28 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
         if column in seen:
             raise InventoryError(f"{source}: column {header[index]!r} appears twice")
         seen.add(column)
-        if column in mapping.ignore or column in NODE_COLUMNS or column in KNOWN_COMPONENTS:
+        if column in mapping.ignore or column in NODE_COLUMNS or column in KNOWN_COMPONENTS or column in KNOWN_FACTS:
             continue
-        if not column.startswith("component:"):
+        if not column.startswith(("component:", "fact:")):
             raise InventoryError(
                 f"{source}: unknown column {header[index]!r} (node fields: {sorted(NODE_COLUMNS)}; "
-                f"components: {sorted(KNOWN_COMPONENTS)} or component:<name>)"
+                f"components: {sorted(KNOWN_COMPONENTS)} or component:<name>; facts: {sorted(KNOWN_FACTS)} "
+                "or fact:<name>)"
             )
-    for row in reader:
+    for row in rows:
         where = f"{source} line {reader.line_num}"
         if not any(cell.strip() for cell in row):
             continue
         if len(row) != len(columns):
             raise InventoryError(f"{where}: {len(row)} values for {len(columns)} columns")
-        record: dict[str, Any] = {"components": {}}
+        record: dict[str, Any] = {"components": {}, "facts": {}}
         for column, cell in zip(columns, row, strict=True):
             if column in mapping.ignore:
                 continue
             if column in KNOWN_COMPONENTS or column.startswith("component:"):
                 record["components"][column.removeprefix("component:")] = cell.strip()
+            elif column in KNOWN_FACTS or column.startswith("fact:"):
+                record["facts"][column.removeprefix("fact:")] = cell.strip()
             else:
                 record[column] = cell.strip()
         yield where, record
@@ -187,8 +220,8 @@ def _csv_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str
 
 def _json_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = load_json(text)
+    except JSONInputError as exc:
         raise InventoryError(f"{source}: not valid JSON ({exc})") from None
     nodes = data.get("nodes") if isinstance(data, dict) else data
     if not isinstance(nodes, list):
@@ -200,7 +233,7 @@ def _json_records(text: str, source: str, mapping: Mapping) -> Iterator[tuple[st
         record: dict[str, Any] = {
             mapping.columns.get(str(k), str(k)): v for k, v in item.items() if k not in mapping.ignore
         }
-        unknown = set(record) - NODE_COLUMNS - {"components", "labels"}
+        unknown = set(record) - NODE_COLUMNS - {"components", "labels", "facts"}
         if unknown:
             raise InventoryError(f"{where}: unknown keys {sorted(unknown)}")
         yield where, record
@@ -224,6 +257,9 @@ def read_nodes(path: Path, mapping: Mapping | None = None, progress: Progress | 
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise InventoryError(f"{source} line {line}: a NUL character (a binary file?)")
     is_json = path.suffix.lower() == ".json" or text.lstrip()[:1] in ("{", "[")
     records = _json_records(text, source, mapping) if is_json else _csv_records(text, source, mapping)
     nodes: list[ObservedNode] = []

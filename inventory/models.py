@@ -51,6 +51,9 @@ class Node(models.Model):
     # Product line as NVIDIA's bulletins name it: data-center GPUs are "tesla".
     product_line = models.CharField(max_length=40, default="tesla", db_index=True)
     os_family = models.CharField(max_length=20, default="linux", db_index=True)
+    # Facts advisories match on besides versions (inventory.versions.KNOWN_FACTS): the GPU
+    # architecture, the platform (DGX A100, HGX H100 ...), the container toolkit's mode.
+    facts = models.JSONField(default=dict, blank=True)
     cpu_milli = models.PositiveIntegerField(null=True, blank=True)
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
     scheduler_state = models.CharField(max_length=100, blank=True)
@@ -61,6 +64,10 @@ class Node(models.Model):
     # SHA-256 of the node's agent token; the token itself lives only on the node.
     agent_token_sha256 = models.CharField(max_length=64, blank=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # The counter (nonce) of the newest heartbeat accepted from the node's agent: a heartbeat must
+    # carry a larger one, so a replayed or older heartbeat changes nothing (inventory/agent.py). A
+    # database default, since bulk inserts (inventory/bulk.py) name their columns.
+    heartbeat_counter = models.PositiveBigIntegerField(default=0, db_default=0)
     # The node's own agent's last heartbeat: last_seen is refreshed by scheduler syncs too, so it
     # cannot tell a silent agent from a node its scheduler still lists.
     heartbeat_at = models.DateTimeField(null=True, blank=True)

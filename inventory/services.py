@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Q, Subquery
 from django.utils import timezone
 
@@ -34,7 +35,7 @@ from inventory.bulk import db_datetime, db_json, insert_rows
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
-from inventory.versions import ParsedVersion, VersionError, normalize_component, parse_version
+from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
 
 BATCH = 2000
 # A component set by the key's source is not overwritten by these: the agent reads the node
@@ -57,7 +58,10 @@ NODE_FIELDS = (
     "scheduler_state",
     "service_state",
     "agent_endpoint",
+    "facts",
 )
+# Node fields advisories match on: a change re-matches the node's exposures like a version change.
+MATCHED_FIELDS = frozenset({"gpu_model", "product_line", "os_family", "facts"})
 WORKLOAD_FIELDS = (
     "node_id",
     "name",
@@ -94,6 +98,9 @@ class ObservedNode:
     scheduler_state: str | None = None
     service_state: str | None = None
     agent_endpoint: str | None = None
+    # Facts (inventory.versions.KNOWN_FACTS) this source observed; merged into the node's, so a
+    # source reporting one fact keeps the others.
+    facts: dict[str, str] | None = None
     # Where this node came from, for error messages ("row 12", "sinfo node gpu03").
     origin: str = ""
 
@@ -210,6 +217,45 @@ def parse_component(component: str, raw: str, origin: str = "") -> tuple[str, Pa
         raise InventoryError(f"{where}{exc}") from None
 
 
+# What a node's columns hold, from the model: a value beyond it is the source's error (named with
+# its line or node), not a database error. Integer ranges are the portable ones (PostgreSQL's), so
+# a file that imports on one engine imports on every engine.
+def _node_field(name: str) -> Any:
+    return Node._meta.get_field(name)
+
+
+NODE_TEXT_LIMITS = {name: int(_node_field(name).max_length) for name in (
+    "name", "pool", "gpu_model", "product_line", "os_family", "scheduler_state", "agent_endpoint")}
+NODE_INT_RANGES = {name: BaseDatabaseOperations.integer_field_ranges[_node_field(name).get_internal_type()]
+                   for name in ("gpu_count", "cpu_milli", "memory_mib")}
+
+
+def _check_node_fields(observed: ObservedNode, where: str) -> None:
+    for name, limit in NODE_TEXT_LIMITS.items():
+        value = getattr(observed, name)
+        if value is not None and len(value) > limit:
+            raise InventoryError(f"{where}: {name} is {len(value)} characters, longer than the {limit} allowed")
+    for name, (low, high) in NODE_INT_RANGES.items():
+        value = getattr(observed, name)
+        if value is not None and not low <= value <= high:
+            raise InventoryError(f"{where}: {name} {value} is outside {low}..{high}")
+    if observed.labels is not None:
+        check_labels(observed.labels, where)
+
+
+MAX_LABEL_LENGTH = 317  # Kubernetes' longest label key: a 253-character prefix, "/", 63 characters
+
+
+def check_labels(labels: Any, where: str = "labels") -> None:
+    """A node's labels are an object of name: text, neither longer than MAX_LABEL_LENGTH."""
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise InventoryError(f"{where}: labels must map names to text")
+    long = next((k for k, v in labels.items() if max(len(k), len(v)) > MAX_LABEL_LENGTH), None)
+    if long is not None:
+        raise InventoryError(f"{where}: label {long[:40]!r}: names and values are at most {MAX_LABEL_LENGTH} "
+                             "characters")
+
+
 def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
     """Check the whole snapshot before writing anything; return parsed components per node."""
     parsed: dict[str, dict[str, ParsedVersion]] = {}
@@ -217,14 +263,18 @@ def _validate(snapshot: Snapshot) -> dict[str, dict[str, ParsedVersion]]:
         where = observed.origin or f"node {observed.name!r}"
         if not observed.name or not observed.name.strip():
             raise InventoryError(f"{where}: node name is empty")
-        if len(observed.name) > 200:
-            raise InventoryError(f"{where}: node name is longer than 200 characters")
+        _check_node_fields(observed, where)
         if observed.name in parsed:
             raise InventoryError(f"{where}: duplicate node {observed.name!r}")
         if observed.service_state is not None and observed.service_state not in ServiceState.values():
             raise InventoryError(f"{where}: unknown service state {observed.service_state!r}")
         if observed.gpu_count is not None and observed.gpu_count < 0:
             raise InventoryError(f"{where}: negative GPU count")
+        if observed.facts is not None:
+            try:
+                observed.facts = dict(normalize_fact(k, v) for k, v in observed.facts.items())
+            except VersionError as exc:
+                raise InventoryError(f"{where}: {exc}") from None
         components: dict[str, ParsedVersion] = {}
         for component, raw in observed.components.items():
             name, version = parse_component(component, raw, where)
@@ -350,6 +400,8 @@ def _apply_nodes(
         if row is None:
             to_create.append(observed)
             continue
+        if "facts" in values:
+            values["facts"] = {**(row["facts"] or {}), **values["facts"]}
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -358,6 +410,8 @@ def _apply_nodes(
         if row["gone_at"] is not None:
             diff["gone_at"] = [row["gone_at"].isoformat(), None]
         if diff:
+            if MATCHED_FIELDS & diff.keys():
+                result.versions_changed.add(row["id"])
             node = Node(id=row["id"], cluster=cluster, name=observed.name, updated_at=now)
             for f, (_before, after) in diff.items():
                 setattr(node, f, after)
@@ -588,7 +642,7 @@ def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime)
         for f in NODE_FIELDS:
             value = getattr(observed, f)
             value = defaults[f] if value is None else value
-            values.append(db_json(value) if f == "labels" else value)
+            values.append(db_json(value) if f in ("labels", "facts") else value)
         return (cluster.pk, observed.name, *values, "", stamp, None, stamp, stamp)
 
     insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))

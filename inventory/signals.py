@@ -1,8 +1,8 @@
 """Signals other apps hook into.
 
 `node_versions_changed` is sent after the transaction that changed them commits, with
-`node_ids`: only nodes whose component versions changed, so exposure recomputation stays
-incremental.
+`node_ids`: only nodes whose component versions (or the fields exposures match on: GPU model,
+product line, OS, facts) changed, so exposure recomputation stays incremental.
 """
 
 from django.dispatch import Signal

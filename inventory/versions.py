@@ -28,8 +28,35 @@ KNOWN_COMPONENTS = {
     "fabric_manager": "Fabric Manager",
     "triton": "Triton Inference Server",
     "vllm": "vLLM",
-    "firmware": "Firmware",
+    "cuda_toolkit": "CUDA Toolkit",
+    "vbios": "VBIOS",
+    "system_firmware": "System firmware (by platform)",
+    "bmc": "BMC firmware (by platform)",
+    "nvswitch_firmware": "NVSwitch / NVLink firmware",
+    "tensorrt_llm": "TensorRT-LLM",
+    "nim": "NVIDIA NIM",
+    "base_command_manager": "Base Command Manager",
+    "firmware": "Firmware (unscoped: prefer vbios, system_firmware or bmc)",
 }
+
+# Node facts (Node.facts) that advisories match besides versions, with the values they take.
+# Others are accepted as free text, like components; values are stored lower-case.
+KNOWN_FACTS = {
+    "gpu_architecture": "GPU architecture (maxwell, pascal, volta, turing, ampere, ada, hopper, blackwell)",
+    "platform": "System platform (dgx_a100, dgx_h100, hgx_h100 ...)",
+    "container_toolkit_mode": "NVIDIA Container Toolkit mode (legacy, cdi, csv)",
+}
+_FACT_VALUE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,99}$")
+
+
+def normalize_fact(name: str, value: str) -> tuple[str, str]:
+    """('Platform', 'DGX A100') -> ('platform', 'dgx_a100'); VersionError when either is not usable."""
+    key = normalize_component(name)
+    cleaned = re.sub(r"[\s/]+", "_", value.strip().lower())
+    if not _FACT_VALUE.match(cleaned):
+        raise VersionError(f"fact {key} {value!r} is not a short name (letters, digits, _ . -)")
+    return key, cleaned
+
 
 _DRIVER = re.compile(r"^(\d{2,4})(?:\.(\d{1,4})){1,3}$")
 # Generic: leading dotted numbers, then an optional tail (-1ubuntu1, +cuda12, rc1, -amd64...).

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hmac
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from gpusweep.errors import error_response
 from metrics.collect import DatabaseCollector
 
 
@@ -30,9 +31,9 @@ def authorized(request: HttpRequest, token: str) -> bool:
 def metrics(request: HttpRequest) -> HttpResponse:
     token = settings.GPUSWEEP_METRICS_TOKEN
     if not token:
-        return JsonResponse({"detail": "metrics are off: set GPUSWEEP_METRICS_TOKEN"}, status=404)
+        return error_response(404, "metrics are off: set GPUSWEEP_METRICS_TOKEN")
     if not authorized(request, token):
-        response = JsonResponse({"detail": "send Authorization: Bearer <GPUSWEEP_METRICS_TOKEN>"}, status=401)
+        response = error_response(401, "send Authorization: Bearer <GPUSWEEP_METRICS_TOKEN>")
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     # A registry per scrape: nothing is kept in this process between scrapes.

@@ -12,6 +12,8 @@ PACKAGES=(
   chromium
   # certificates for the TLS test Kubernetes API server (tests/kube/pki.py)
   openssl
+  # the fault suite restarts a Redis of its own (tests/faults)
+  redis-server
   # Prometheus and promtool: scrape /metrics during a campaign, check and unit-test the alert rules
   prometheus
 )

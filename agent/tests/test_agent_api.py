@@ -43,6 +43,46 @@ def test_it_answers_401_to_unauthenticated_stale_or_foreign_requests(agent: Agen
     assert not (agent.state / "maintenance.json").exists(), "a refused call must change nothing"
 
 
+def test_every_signed_call_sent_again_is_refused_and_changes_nothing(agent: AgentProcess) -> None:
+    identity = f"{CLUSTER}/gpu-api"
+
+    def signed(method: str, path: str, body: bytes = b"") -> tuple[str, str, dict[str, str], bytes]:
+        return method, path, sign(agent.key, identity, method, path, body), body
+
+    enable = signed("POST", "/v1/maintenance", b'{"operation_id": "m-on", "enabled": true}')
+    disable = signed("POST", "/v1/maintenance", b'{"operation_id": "m-off", "enabled": false}')
+    reads = [signed("GET", path) for path in ("/v1/health", "/v1/facts", "/v1/workloads", "/v1/operations/m-on")]
+    assert _raw(agent, *enable[:3], enable[3])[0] in (200, 202)
+    wait_for(lambda: agent.client.get("/v1/operations/m-on")["state"] == "succeeded", 10)
+    assert _raw(agent, *disable[:3], disable[3])[0] in (200, 202)
+    wait_for(lambda: not agent.client.get("/v1/health")["maintenance"], 10)
+    operations = sorted(p.name for p in (agent.state / "operations").iterdir())
+    for method, path, headers, body in reads:
+        assert _raw(agent, method, path, headers, body)[0] == 200
+    for method, path, headers, body in [enable, disable, *reads]:
+        status, payload = _raw(agent, method, path, headers, body)
+        assert (status, "replayed" in payload["error"]) == (401, True), (method, path, payload)
+    assert agent.client.get("/v1/health")["maintenance"] is False  # the replayed "enable" did nothing
+    assert sorted(p.name for p in (agent.state / "operations").iterdir()) == operations
+
+
+def test_it_remembers_the_nonces_across_a_restart(agent: AgentProcess) -> None:
+    headers = sign(agent.key, f"{CLUSTER}/gpu-api", "GET", "/v1/facts", b"")
+    assert _raw(agent, "GET", "/v1/facts", headers)[0] == 200
+    agent.stop()
+    agent.start()
+    status, payload = _raw(agent, "GET", "/v1/facts", headers)
+    assert (status, "replayed" in payload["error"]) == (401, True)
+
+
+def test_it_refuses_a_request_without_a_nonce(agent: AgentProcess) -> None:
+    """A signer older than replay protection (version 1 signature only) is refused: upgrade it."""
+    headers = sign(agent.key, f"{CLUSTER}/gpu-api", "GET", "/v1/health", b"")
+    legacy = {k: v for k, v in headers.items() if k not in ("X-Gpusweep-Nonce", "X-Gpusweep-Signature-2")}
+    status, payload = _raw(agent, "GET", "/v1/health", legacy)
+    assert (status, "unsigned nonce" in payload["error"]) == (401, True)
+
+
 def _raw(agent: AgentProcess, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> tuple[int, dict]:
     import urllib.error
     import urllib.request

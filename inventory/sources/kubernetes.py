@@ -16,8 +16,10 @@ Cluster settings (`cluster.connection`, never secrets) and secret references (`s
 
 Labels read (GPU feature discovery): nvidia.com/gpu.product, nvidia.com/gpu.count,
 nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
-nvidia.com/cuda.runtime-version.full or nvidia.com/cuda.runtime.major|minor. Kernel and OS
-come from status.nodeInfo. Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
+nvidia.com/cuda.runtime-version.full or nvidia.com/cuda.runtime.major|minor; node facts from
+nvidia.com/gpu.family (GPU architecture), nvidia.com/gpu.machine (platform) and
+gpusweep.io/container-toolkit-mode (legacy|cdi|csv). Kernel and OS come from status.nodeInfo.
+Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
 describe what the pod runs; StatefulSet and Job pods count as not checkpointable
 (``pod_checkpoint_engine``): their controller recreates them under their own identity.
@@ -166,6 +168,13 @@ def _memory_mib(value: Any) -> int | None:
         return None
 
 
+FACT_LABELS = {
+    "gpu_architecture": "nvidia.com/gpu.family",
+    "platform": "nvidia.com/gpu.machine",
+    "container_toolkit_mode": "gpusweep.io/container-toolkit-mode",
+}
+
+
 def _joined(labels: dict[str, str], prefix: str, parts: tuple[str, ...]) -> str:
     values = [labels.get(f"{prefix}.{part}", "") for part in parts]
     while values and not values[-1]:
@@ -218,6 +227,9 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
     else:
         service = ServiceState.IN_SERVICE
     kept = {k: v for k, v in labels.items() if k.startswith(("nvidia.com/", "gpusweep.io/")) or k == pool_label}
+    # GPU feature discovery names the architecture (gpu.family) and the machine; the container
+    # toolkit's mode is the site's to label (the GPU Operator's CDI setting is cluster-wide).
+    facts = {fact: labels[label] for fact, label in FACT_LABELS.items() if labels.get(label)}
     return ObservedNode(
         name=name,
         components=components,
@@ -230,6 +242,7 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
         memory_mib=_memory_mib(capacity.get("memory")),
         scheduler_state=state,
         service_state=service,
+        facts=facts or None,
         origin=f"Kubernetes node {name!r}",
     )
 

@@ -21,11 +21,14 @@ def test_ingest_advisories_prints_a_summary_and_is_idempotent():
     out = io.StringIO()
     call_command("ingest_advisories", str(FIXTURES), "--no-progress", stdout=out)
     text = out.getvalue()
-    assert "new 5, updated 0, unchanged 0, unparsed 1, errors 0; integrity: match 4, mismatch 1" in text
+    assert "new 6, updated 0, unchanged 0, needs review 11, errors 0; integrity: match 5, mismatch 1" in text
     assert "1 document(s) do not match their published SHA-256" in text
+    # Each document's outcome is named; 5703 has NVIDIA's typo and skipped branches to review.
+    assert f"{FIXTURES / '5703.json'}: new (4 to review)" in text
+    assert f"{FIXTURES / '5582.json'}: new\n" in text
     out = io.StringIO()
     call_command("ingest_advisories", str(FIXTURES), "--no-progress", stdout=out)
-    assert "new 0, updated 0, unchanged 5" in out.getvalue()
+    assert "new 0, updated 0, unchanged 6" in out.getvalue()
 
 
 def test_ingest_advisories_fails_loudly_on_a_bad_document_but_keeps_the_good(tmp_path):
@@ -43,7 +46,7 @@ def test_ingest_advisories_runs_as_a_process_with_a_progress_bar(tmp_path):
     assert manage("migrate", "-v0", env=env).returncode == 0
     result = manage("ingest_advisories", str(FIXTURES), env=env)
     assert result.returncode == 0, result.stderr
-    assert "new 5, updated 0, unchanged 0" in result.stdout
+    assert "new 6, updated 0, unchanged 0" in result.stdout
     assert "doc" in result.stderr  # tqdm's bar
 
 

@@ -27,7 +27,7 @@ FLEET = [
     ("r580-below", "580.82.07", True),
     ("r580-at", "580.95.05", False),
     ("r580-above", "580.105.08", False),
-    ("r560-unlisted", "560.35.03", False),  # a branch the bulletin does not list
+    ("r560-unlisted", "560.35.03", False),  # a branch the bulletin skips: presumed, not open
 ]
 
 
@@ -53,7 +53,10 @@ def open_exposures() -> set[tuple[str, str, str]]:
 def test_it_exposes_exactly_the_nodes_below_each_fixed_version(fleet):
     ingest("5703")
     assert open_exposures() == {(n, f"R{v[:3]}", v) for n, v, exposed in FLEET if exposed}
-    for exposure in Exposure.objects.all():
+    presumed = Exposure.objects.get(state="presumed")
+    assert presumed.node.name == "r560-unlisted"
+    assert presumed.affected_range.remediation == "move to a supported branch: R570 570.195.03 or R535 535.274.02"
+    for exposure in Exposure.objects.filter(state="open"):
         assert exposure.advisory.publisher_id == "5703"
         assert exposure.affected_range.product_line == "tesla" and exposure.affected_range.os_family == "linux"
         assert exposure.severity == "high"
@@ -181,7 +184,8 @@ def test_deleting_a_node_or_an_advisory_removes_its_exposures(fleet):
     ingest("5703")
     node = fleet.nodes.get(name="r580-below")
     node.delete()
-    assert Exposure.objects.count() == 2
+    # r535-below, r570-below, and r560-unlisted presumed (5703 skips R560 between R535 and R570)
+    assert Exposure.objects.count() == 3
     Advisory.objects.get(publisher_id="5703").delete()
     assert Exposure.objects.count() == 0
 
@@ -191,11 +195,11 @@ def test_a_batch_matches_once_and_catches_up_an_advisory_left_unmatched(fleet):
     from advisories.sources import FolderSource
 
     ingest_documents(FolderSource(str(FIXTURES)).items())
-    assert Exposure.objects.filter(advisory__publisher_id="5703").count() == 3
+    assert Exposure.objects.filter(advisory__publisher_id="5703", state="open").count() == 3
     assert not Advisory.objects.filter(exposures_at__isnull=True).exists()
     # As if the exposure step of an earlier batch had failed after the documents committed:
     Exposure.objects.filter(advisory__publisher_id="5703").delete()
     Advisory.objects.filter(publisher_id="5703").update(exposures_at=None)
     summary = ingest_documents(FolderSource(str(FIXTURES)).items())
-    assert summary.unchanged == 5
-    assert Exposure.objects.filter(advisory__publisher_id="5703").count() == 3
+    assert summary.unchanged == 6
+    assert Exposure.objects.filter(advisory__publisher_id="5703", state="open").count() == 3

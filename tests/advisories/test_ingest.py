@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from advisories.csaf import DocumentError
 from advisories.ingest import FetchedDocument, ingest_document, ingest_documents
-from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange
+from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange, ReviewItem
 from advisories.sources import FolderSource, resolve
 from tests.advisories.conftest import FIXTURES
 
@@ -27,21 +27,24 @@ def _counts() -> tuple[int, int, int, int]:
 
 def test_it_ingests_the_bundled_documents_and_records_integrity():
     summary = ingest_documents(FolderSource(str(FIXTURES)).items())
-    assert (summary.new, summary.updated, summary.unchanged, summary.errors) == (5, 0, 0, [])
-    assert summary.integrity == {"match": 4, "mismatch": 1}
-    assert summary.unparsed == 1  # 5670's vGPU row with two labels run together
+    assert (summary.new, summary.updated, summary.unchanged, summary.errors) == (6, 0, 0, [])
+    assert summary.integrity == {"match": 5, "mismatch": 1}
+    # 5670's vGPU row with two labels run together is decoded now; what is left is listed.
+    assert summary.review == ReviewItem.objects.filter(state="open").count() == 11
     a5703 = Advisory.objects.get(publisher="NVIDIA", publisher_id="5703")
     assert a5703.integrity == "mismatch"
     assert a5703.published_sha256 == (FIXTURES / "5703.json.sha256").read_text().split()[0]
     assert a5703.content_sha256 == hashlib.sha256((FIXTURES / "5703.json").read_bytes()).hexdigest()
     assert AdvisoryEvent.objects.filter(advisory=a5703, kind="integrity_mismatch").count() == 1
-    tesla = a5703.ranges.filter(component="driver", os_family="linux", product_line="tesla")
+    tesla = a5703.ranges.filter(component="driver", os_family="linux", product_line="tesla", basis="decoded")
     assert {(r.branch, r.fixed_version) for r in tesla} == {
         ("R580", "580.95.05"), ("R570", "570.195.03"), ("R535", "535.274.02")}
     assert tesla.get(branch="R580").cves.count() == 6
     assert a5703.cves.count() == 9
     a5670 = Advisory.objects.get(publisher_id="5670")
-    assert a5670.unparsed[0]["raw"].startswith("539_28all_versions")
+    guest = a5670.ranges.filter(product_id__startswith="windowsr535_vgpu_16_guest_driver_539_28")
+    assert set(guest.values_list("upper_version", "upper_inclusive", "basis")) == {("539.28", True, "decoded")}
+    assert sorted(a5670.review_items.values_list("kind", flat=True)) == ["unparsed_row", "unsupported_branch"]
     assert not Advisory.objects.get(publisher_id="5557").ranges.filter(os_family="linux").exists()
 
 
@@ -51,7 +54,7 @@ def test_re_ingesting_unchanged_documents_writes_nothing():
     stamps = list(Advisory.objects.order_by("id").values_list("updated_at", flat=True))
     with CaptureQueriesContext(connection) as queries:
         summary = ingest_documents(FolderSource(str(FIXTURES)).items())
-    assert (summary.new, summary.updated, summary.unchanged) == (0, 0, 5)
+    assert (summary.new, summary.updated, summary.unchanged) == (0, 0, 6)
     writes = [q["sql"] for q in queries if q["sql"].split()[0].upper() in {"INSERT", "UPDATE", "DELETE"}]
     assert writes == []
     assert _counts() == before
@@ -114,9 +117,15 @@ def test_it_refuses_an_unknown_source_clearly():
 
 def test_every_document_of_the_shared_corpus_ingests_and_re_ingests_unchanged(shared_csaf):
     summary = ingest_documents(FolderSource(str(shared_csaf)).items())
-    documents = len(list(shared_csaf.glob("5*.json")))
-    assert (summary.new, summary.errors) == (documents, [])
+    documents = sorted(shared_csaf.glob("5*.json"))
+    assert summary.errors == []
+    assert all(summary.outcomes[str(p)][0].startswith("new") for p in documents)
     assert summary.integrity["mismatch"] >= 1
     assert Advisory.objects.get(publisher_id="5703").integrity == "mismatch"
+    # The CVE index is read: bulletins with no CSAF here are known, ranges unknown, products to review.
+    index_only = Advisory.objects.filter(ranges_unknown=True)
+    assert index_only.count() == summary.new - len(documents) > 0
+    assert not ReviewItem.objects.filter(advisory__in=index_only).exclude(kind="index_only").exists()
     again = ingest_documents(FolderSource(str(shared_csaf)).items())
-    assert (again.new, again.updated, again.unchanged) == (0, 0, documents)
+    assert (again.new, again.updated) == (0, 0)
+    assert all(again.outcomes[str(p)][0].startswith("unchanged") for p in documents)

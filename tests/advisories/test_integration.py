@@ -42,9 +42,9 @@ def test_the_beat_schedule_runs_the_configured_sources():
     with override_settings(GPUSWEEP_ADVISORY_SOURCES={"mirror": str(FIXTURES)}):
         first = ingest_configured_sources.run()
         second = ingest_configured_sources.run()
-    assert first.startswith("mirror: new 5, updated 0, unchanged 0")
-    assert second.startswith("mirror: new 0, updated 0, unchanged 5")
-    assert Advisory.objects.count() == 5
+    assert first.startswith("mirror: new 6, updated 0, unchanged 0")
+    assert second.startswith("mirror: new 0, updated 0, unchanged 6")
+    assert Advisory.objects.count() == 6
 
 
 def test_the_kev_catalogue_imports_from_a_url(http_server):

@@ -90,7 +90,7 @@ def test_bad_policy_is_refused_naming_the_field(clients):
     response = operator.post(BASE, {"name": "x", "parallelism_per_cluster": "many", "windows": [{"start": "25:00"}],
                                     "workload_overrides": {"job": "teleport"}}, content_type="application/json")
     assert response.status_code == 400
-    assert set(response.json()) == {"parallelism_per_cluster", "windows", "workload_overrides"}
+    assert set(response.json()["errors"]) == {"parallelism_per_cluster", "windows", "workload_overrides"}
     assert not Campaign.objects.exists()
 
 
@@ -149,3 +149,39 @@ def test_a_campaign_that_selects_no_node_is_not_planned(clients):
     assert "selects no node" in response.json()["detail"]
     assert Campaign.objects.get(pk=campaign["id"]).status == CampaignStatus.DRAFT
     assert not Plan.objects.filter(campaign_id=campaign["id"]).exists()
+
+
+@pytest.mark.parametrize("fields, refused", [
+    ({"clusters": [1, "nope", {"a": 1}]}, "clusters"),
+    ({"clusters": ["nope"]}, "clusters"),
+    ({"pools": [None]}, "pools"),
+    ({"pools": ["no-such-pool"]}, "pools"),
+    ({"approvals_required": 0}, "approvals_required"),
+    ({"node_selector": {"names": "gpu00"}}, "node_selector"),
+    ({"canary": "many"}, "canary"),
+])
+def test_a_bad_scope_or_approval_count_is_refused_at_create_naming_the_field(clients, fields, refused):
+    operator, _approver, _viewer = clients
+    response = operator.post(BASE, {"name": "bad", **fields}, content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert refused in response.json()["errors"]
+    assert not Campaign.objects.exists()
+
+
+def test_nobody_approves_a_plan_they_edited_or_planned(clients):
+    operator, approver, _viewer = clients
+    campaign, url = create(operator), None
+    url = f"{BASE}{campaign['id']}/"
+    operator.post(url + "plan/", {}, content_type="application/json")
+    assert approver.post(url + "approve/").status_code == 200
+    # Someone holding both roles edits another operator's approved campaign and plans it again...
+    both = login("ben", "operator", "approver")
+    edited = both.patch(url, {"pools": ["a"]}, content_type="application/json")
+    assert edited.status_code == 200 and edited.json()["status"] == CampaignStatus.DRAFT
+    both.post(url + "plan/", {}, content_type="application/json")
+    # ...and may not approve the plan they wrote: an approver who had no hand in it must.
+    refused = both.post(url + "approve/")
+    assert refused.status_code == 403 and "edited or planned" in refused.json()["detail"]
+    assert Campaign.objects.get(pk=campaign["id"]).status == CampaignStatus.PLANNED
+    assert approver.post(url + "approve/").status_code == 200
+    assert Campaign.objects.get(pk=campaign["id"]).status == CampaignStatus.APPROVED

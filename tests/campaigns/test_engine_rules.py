@@ -159,13 +159,17 @@ def test_a_node_the_executor_cannot_reach_is_blocked_at_planning(people):
         node.components.create(component="driver", version=OLD, branch="R570",
                                version_key="000000570.000000086.000000015")
     requester, _approver = people
-    campaign = Campaign.objects.create(name="reach", requested_by=requester, clusters=["agents"],
+    campaign = Campaign.objects.create(name="reach", requested_by=requester, clusters=["agents"], canary="0",
                                        target_versions={"driver": FIXED})
     content = services.make_plan(campaign.pk, requester).content
-    assert [b["name"] for b in content["blocked"]] == ["b"]
-    assert "no agent endpoint" in content["blocked"][0]["reason"]
-    assert list(content["nodes"]) == [str(reachable.pk)]
-    assert content["summary"]["blocked"] == 1
+    reasons = {b["name"]: b["reason"] for b in content["blocked"]}
+    assert "no agent endpoint" in reasons["b"]
+    # `a` has an endpoint, but nothing answers there: its state cannot be read, so it is blocked too.
+    assert "could not be read" in reasons["a"] and str(reachable.pk) not in content["nodes"]
+    assert content["nodes"] == {} and content["summary"]["blocked"] == 2
+    services.approve(campaign.pk, _approver)
+    with pytest.raises(services.CampaignError, match="its plan sweeps no node; blocked: "):
+        services.start(campaign.pk, requester)
 
 
 def test_a_failing_canary_halts_the_campaign_with_no_other_node_drained(people):
@@ -206,3 +210,44 @@ def test_the_canary_soaks_before_the_next_wave_and_the_soak_is_in_the_evidence(p
     first_of_wave_2 = EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.ADMITTED,
                                                    sweep__wave=2).order_by("at").first()
     assert first_of_wave_2.at >= soaked.at
+
+
+def test_a_node_someone_else_holds_is_held_in_the_plan_and_keeps_its_hold(people):
+    fleet, _ = make_fleet(nodes=3, spares=2)
+    fleet.hold("local/gpu01", "admin", "RMA 4711")
+    requester, approver = people
+    skipping = approved_campaign(requester, approver)
+    held = skipping.approved_plan.content["held"]
+    assert [h["name"] for h in held] == ["gpu01"] and "RMA 4711" in held[0]["hold"]
+    assert str(Node.objects.get(name="gpu01").pk) not in skipping.approved_plan.content["nodes"]
+    services.start(skipping.pk, requester)
+    assert drive(skipping.pk).status == CampaignStatus.COMPLETED
+    gpu01 = fleet.snapshot()["nodes"]["local/gpu01"]
+    assert gpu01["patches"] == {} and gpu01["holds"] == {"admin": "RMA 4711"}
+    # Swept while keeping the other hold: patched, and still out of service at the end.
+    sweeping = approved_campaign(requester, approver, name="sweep held", held_nodes="sweep",
+                                 node_selector={"names": ["gpu01"]})
+    services.start(sweeping.pk, requester)
+    assert drive(sweeping.pk).status == CampaignStatus.COMPLETED
+    gpu01 = fleet.snapshot()["nodes"]["local/gpu01"]
+    assert gpu01["versions"]["driver"] == FIXED and gpu01["holds"] == {"admin": "RMA 4711"}
+    assert not gpu01["maintenance"], "no mark of gpusweep's is left"
+    done = EvidenceEvent.objects.get(campaign=sweeping, kind=EvidenceKind.STEP_DONE, data__step="returning")
+    assert "RMA 4711" in done.data["foreign_hold_kept"]["held_now"]
+    assert Node.objects.get(name="gpu01").service_state == "offline"
+
+
+def test_an_abort_leaves_someone_elses_hold_in_place(people):
+    fleet, _ = make_fleet(nodes=2, spares=2)
+    fleet.hold("local/gpu00", "admin", "bad fan")
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, held_nodes="sweep", parallelism_per_cluster="2")
+    services.start(campaign.pk, requester)
+    engine.dispatch(campaign.pk)
+    for sweep in NodeSweep.objects.filter(campaign=campaign, state=SweepState.DRAINING):
+        engine.advance(sweep.pk, max_steps=2)
+    services.abort(campaign.pk, requester)
+    drive(campaign.pk)
+    snapshot = fleet.snapshot()["nodes"]
+    assert snapshot["local/gpu00"]["holds"] == {"admin": "bad fan"}
+    assert not any(n["maintenance"] for n in snapshot.values()), "no mark of gpusweep's is left"

@@ -13,7 +13,9 @@ which workloads run where?). The tests here then check, through the executor alo
   finds what the first attempt did;
 - a restore that cannot succeed (an unknown checkpoint, one restored already) is a permanent
   error, never a second copy;
-- `reachable` says why an unknown node cannot be driven.
+- `reachable` says why an unknown node cannot be driven;
+- a node someone else took out of service is reported by `maintenance_hold`, and gpusweep's own
+  drain and undo (or return to service) leave that hold as it was: only its own marks go.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from executors.base import Executor, NodeRef, PermanentExecutorError
+
+
+def op(step: str) -> str:
+    """An operation id as the engine makes them: campaign, sweep, step (a back end may read its
+    campaign and sweep from it, e.g. to name its marks and to lift only its own)."""
+    return f"gs-900-1-{step}"
 
 
 @dataclass
@@ -42,6 +50,8 @@ class Harness:
     running: Callable[[NodeRef], set[str]]
     # A workload's progress as its own counter reports it (None where the back end cannot tell).
     progress: Callable[[str], int | None] = field(default=lambda _workload: None)
+    # Someone other than gpusweep takes the node out of service, with a reason (a repair, an admin).
+    hold: Callable[[NodeRef, str], None] | None = None
 
 
 class ExecutorContract:
@@ -58,56 +68,71 @@ class ExecutorContract:
 
     def test_drain_stops_new_work_and_undo_gives_the_node_back(self, harness: Harness) -> None:
         ex = harness.executor
-        ex.drain(harness.b, "contract-drain")
+        ex.drain(harness.b, op("drain"))
         assert not harness.takes_work(harness.b)
-        ex.drain(harness.b, "contract-drain")  # the same id again: still drained, nothing new
-        ex.undo(harness.b, "contract-undo")
+        ex.drain(harness.b, op("drain"))  # the same id again: still drained, nothing new
+        ex.undo(harness.b, op("undo"))
         assert harness.takes_work(harness.b)
 
     def test_a_workload_moves_and_continues_where_it_stopped(self, harness: Harness) -> None:
         ex = harness.executor
-        ex.drain(harness.a, "contract-move-drain")
-        checkpoint = ex.checkpoint(harness.a, harness.workload, harness.engine, "contract-move-ck")
+        ex.drain(harness.a, op("move-drain"))
+        checkpoint = ex.checkpoint(harness.a, harness.workload, harness.engine, op("move-ck"))
         assert checkpoint.checkpoint_id and checkpoint.sha256
         assert harness.workload not in harness.running(harness.a), "a checkpoint stops the workload"
         at_checkpoint = harness.progress(harness.workload)
-        restored = ex.restore(harness.b, checkpoint.checkpoint_id, "contract-move-restore")
+        restored = ex.restore(harness.b, checkpoint.checkpoint_id, op("move-restore"))
         assert self._wait(lambda: bool(harness.running(harness.b))), "the workload runs on the target"
         if at_checkpoint is not None:
             assert self._wait(lambda: (harness.progress(harness.workload) or 0) > at_checkpoint)
         # The same calls again, as a worker retrying after a crash: the first results, no copy.
-        again = ex.checkpoint(harness.a, harness.workload, harness.engine, "contract-move-ck")
+        again = ex.checkpoint(harness.a, harness.workload, harness.engine, op("move-ck"))
         assert again.checkpoint_id == checkpoint.checkpoint_id
-        twice = ex.restore(harness.b, checkpoint.checkpoint_id, "contract-move-restore")
+        twice = ex.restore(harness.b, checkpoint.checkpoint_id, op("move-restore"))
         assert twice.workload_id == restored.workload_id
         assert len(harness.running(harness.b)) == 1
-        ex.undo(harness.a, "contract-move-undo")
+        ex.undo(harness.a, op("move-undo"))
 
     def test_a_second_restore_of_one_checkpoint_or_an_unknown_one_is_refused(self, harness: Harness) -> None:
         ex = harness.executor
-        ex.drain(harness.a, "contract-once-drain")
-        checkpoint = ex.checkpoint(harness.a, harness.workload, harness.engine, "contract-once-ck")
-        ex.restore(harness.b, checkpoint.checkpoint_id, "contract-once-restore")
+        ex.drain(harness.a, op("once-drain"))
+        checkpoint = ex.checkpoint(harness.a, harness.workload, harness.engine, op("once-ck"))
+        ex.restore(harness.b, checkpoint.checkpoint_id, op("once-restore"))
         with pytest.raises(PermanentExecutorError):
-            ex.restore(harness.b, checkpoint.checkpoint_id, "contract-once-again")
+            ex.restore(harness.b, checkpoint.checkpoint_id, op("once-again"))
         with pytest.raises(PermanentExecutorError):
-            ex.restore(harness.b, "ck-does-not-exist", "contract-once-unknown")
+            ex.restore(harness.b, "ck-does-not-exist", op("once-unknown"))
         assert len(harness.running(harness.b)) == 1, "never two live copies of one workload"
-        ex.undo(harness.a, "contract-once-undo")
+        ex.undo(harness.a, op("once-undo"))
 
     def test_patch_reboot_and_verify_reach_the_target_and_the_node_returns(self, harness: Harness) -> None:
         ex = harness.executor
-        ex.drain(harness.b, "contract-patch-drain")
-        first = ex.patch(harness.b, harness.component, harness.version, "contract-patch")
+        ex.drain(harness.b, op("patch-drain"))
+        first = ex.patch(harness.b, harness.component, harness.version, op("patch"))
         assert first.after == harness.version
-        assert ex.patch(harness.b, harness.component, harness.version, "contract-patch") == first
-        ex.reboot(harness.b, "contract-reboot")
-        ex.reboot(harness.b, "contract-reboot")
+        assert ex.patch(harness.b, harness.component, harness.version, op("patch")) == first
+        ex.reboot(harness.b, op("reboot"))
+        ex.reboot(harness.b, op("reboot"))
         result = ex.verify(harness.b)
         assert result.healthy and result.versions.get(harness.component) == harness.version
-        ex.return_to_service(harness.b, "contract-return")
+        ex.return_to_service(harness.b, op("return"))
         assert harness.takes_work(harness.b)
 
     def test_an_unknown_node_is_not_reachable(self, harness: Harness) -> None:
         assert harness.executor.reachable(harness.a) == ""
         assert harness.executor.reachable(harness.unknown) != ""
+
+    def test_someone_elses_hold_is_reported_and_outlives_gpusweeps_drain_and_undo(self, harness: Harness) -> None:
+        assert harness.hold is not None, "the harness must say how someone else takes a node out of service"
+        ex = harness.executor
+        assert ex.maintenance_hold(harness.b) == ""
+        harness.hold(harness.b, "RMA 4711: a GPU throws Xid 79")
+        held = ex.maintenance_hold(harness.b)
+        assert held, "a node out of service for someone else is reported"
+        ex.drain(harness.b, op("held-drain"))
+        ex.undo(harness.b, op("held-undo"))
+        assert not harness.takes_work(harness.b), "gpusweep's undo must not lift someone else's hold"
+        assert ex.maintenance_hold(harness.b) == held
+        ex.drain(harness.b, op("held-drain-2"))
+        ex.return_to_service(harness.b, op("held-return"))
+        assert not harness.takes_work(harness.b) and ex.maintenance_hold(harness.b) == held

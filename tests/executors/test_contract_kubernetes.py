@@ -20,7 +20,7 @@ import pytest
 from executors.base import Executor, NodeRef, PermanentExecutorError, get_executor
 from executors.kubernetes import DRAINED_BY, TAINT
 from inventory.models import Cluster
-from tests.executors.contract import ExecutorContract, Harness
+from tests.executors.contract import ExecutorContract, Harness, op
 from tests.kube.fleet import KubeFleet
 
 NAMESPACE, POD = "ml", "trainer"
@@ -45,6 +45,15 @@ def _unbroken(steps: list[int]) -> int:
 def _workload_id(pod: dict[str, Any]) -> str:
     return next((e["value"] for c in pod["spec"]["containers"] for e in c.get("env") or []
                  if e["name"] == "GPUSWEEP_WORKLOAD_ID"), "")
+
+
+def _cordon_by_hand(api: Any, name: str, reason: str) -> None:
+    """`kubectl cordon` by an administrator, with the reason in an annotation of their own."""
+    def change(obj: dict[str, Any]) -> None:
+        obj["spec"]["unschedulable"] = True
+        obj["metadata"].setdefault("annotations", {})["example.com/cordon-reason"] = reason
+
+    assert api.mutate("nodes", name, "", change)
 
 
 class TestKubernetesExecutor(ExecutorContract):
@@ -84,19 +93,20 @@ class TestKubernetesExecutor(ExecutorContract):
             workload=f"{NAMESPACE}/{POD}", engine="signal", component="driver", version="570.195.03",
             unknown=NodeRef(helpers.CLUSTER, "nowhere"), takes_work=takes_work, running=running,
             progress=lambda _workload: _unbroken(helpers.steps(log)) if log.exists() else None,
+            hold=lambda node, reason: _cordon_by_hand(api, node.name, reason),
         )
 
     def test_a_drain_is_a_cordon_and_a_taint_on_the_node_and_undo_removes_both(
             self, executor: Executor, fleet: KubeFleet) -> None:
         """The contract's takes_work is false once any fence is up; here every fence shows."""
         node_ref = NodeRef(fleet.helpers.CLUSTER, "n1")
-        executor.drain(node_ref, "contract-drain")
+        executor.drain(node_ref, op("drain"))
         node = fleet.api.get("nodes", "n1")
         assert node["spec"]["unschedulable"] is True
-        assert {"key": TAINT, "value": "contract-drain", "effect": "NoSchedule"} in node["spec"]["taints"]
-        assert node["metadata"]["annotations"][DRAINED_BY] == "contract-drain"
+        assert {"key": TAINT, "value": "campaign-900", "effect": "NoSchedule"} in node["spec"]["taints"]
+        assert node["metadata"]["annotations"][DRAINED_BY] == op("drain")
         assert fleet.agents["n1"].client.get("/v1/health")["maintenance"] is True
-        executor.undo(node_ref, "contract-undo")
+        executor.undo(node_ref, op("undo"))
         node = fleet.api.get("nodes", "n1")
         assert not node["spec"].get("unschedulable") and not node["spec"].get("taints")
         assert DRAINED_BY not in node["metadata"]["annotations"]
@@ -105,15 +115,15 @@ class TestKubernetesExecutor(ExecutorContract):
             self, harness: Harness, fleet: KubeFleet) -> None:
         """The engine unwinding a node restores a checkpoint into its own pod: the same guarantees."""
         ex, a, b = harness.executor, harness.a, harness.b
-        ex.drain(a, "home-drain")
-        taken = ex.checkpoint(a, harness.workload, harness.engine, "home-ck")
+        ex.drain(a, op("home-drain"))
+        taken = ex.checkpoint(a, harness.workload, harness.engine, op("home-ck"))
         at_checkpoint = harness.progress(harness.workload) or 0
-        ex.undo(a, "home-undo")  # back in service: the pod's restarting container restores its checkpoint
-        home = ex.restore(a, taken.checkpoint_id, "home-restore")
+        ex.undo(a, op("home-undo"))  # back in service: the pod's restarting container restores its checkpoint
+        home = ex.restore(a, taken.checkpoint_id, op("home-restore"))
         assert home.workload_id == harness.workload and harness.running(a) == {harness.workload}
         assert self._wait(lambda: (harness.progress(harness.workload) or 0) > at_checkpoint)
-        assert ex.restore(a, taken.checkpoint_id, "home-restore") == home
-        assert ex.checkpoint(a, harness.workload, harness.engine, "home-ck").checkpoint_id == taken.checkpoint_id
+        assert ex.restore(a, taken.checkpoint_id, op("home-restore")) == home
+        assert ex.checkpoint(a, harness.workload, harness.engine, op("home-ck")).checkpoint_id == taken.checkpoint_id
         with pytest.raises(PermanentExecutorError, match="restored already"):
-            ex.restore(b, taken.checkpoint_id, "home-elsewhere")
+            ex.restore(b, taken.checkpoint_id, op("home-elsewhere"))
         assert harness.running(b) == set() and [p["metadata"]["name"] for p in fleet.api.objects("pods")] == [POD]

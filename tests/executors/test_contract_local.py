@@ -44,6 +44,9 @@ class TestLocalExecutor(ExecutorContract):
                 workload="wl-1", engine="signal", component="driver", version="570.195.03",
                 unknown=NodeRef(agents.CLUSTER, "nowhere"), takes_work=takes_work, running=running,
                 progress=lambda _workload: len(agents.steps(log)) if log.exists() else None,
+                # An operator's own hold, through the agent's API with the node's key.
+                hold=lambda node, reason: by_ref[node.identity].client.call(
+                    "/v1/maintenance", "operator-hold", enabled=True, owner="operator", reason=reason),
             )
         finally:
             for agent in started.values():

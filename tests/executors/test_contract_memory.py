@@ -32,6 +32,8 @@ class TestMemoryExecutor(ExecutorContract):
         return Harness(
             executor=MemoryExecutor(), a=NodeRef("c", "a"), b=NodeRef("c", "b"), workload="w1", engine="criu",
             component="driver", version="570.195.03", unknown=NodeRef("c", "nowhere"),
-            takes_work=lambda node: not fleet.snapshot()["nodes"][node.identity]["maintenance"],
+            takes_work=lambda node: not (fleet.snapshot()["nodes"][node.identity]["maintenance"]
+                                         or fleet.snapshot()["nodes"][node.identity].get("holds")),
             running=running, progress=lambda _workload: progress("trainer"),
+            hold=lambda node, reason: fleet.hold(node.identity, "admin", reason),
         )

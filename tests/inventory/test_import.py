@@ -87,6 +87,17 @@ def test_it_imports_json_and_marks_nodes_missing_from_the_next_file_gone(tmp_pat
         (HEADER + "a,p,H100,eight,570.86.15,12.8\n", "line 2 (node 'a'): gpu_count 'eight' is not a whole number"),
         ("name,drivr\na,570.86.15\n", "unknown column 'drivr'"),
         (HEADER + "a,p,H100,8\n", "line 2: 4 values for 6 columns"),
+        # Limits (issue 15): each used to end in a traceback or in a value the column cannot hold.
+        (HEADER + "a,p,H100,8,570.86.15,12.8\nb," + "p" * (128 * 1024 + 1) + ",H100,8,570.86.15,12.8\n",
+         "line 3: field larger than field limit"),
+        (HEADER + "a,p,H100,99999999999999999999,570.86.15,12.8\n",
+         "line 2 (node 'a'): gpu_count 99999999999999999999 is outside 0..2147483647"),
+        (HEADER + "a," + "p" * 100_000 + ",H100,8,570.86.15,12.8\n",
+         "line 2 (node 'a'): pool is 100000 characters, longer than the 100 allowed"),
+        (HEADER + "a,p,H100,8,570.86.15,12.8\nb,p,H\x00,8,570.86.15,12.8\n", "line 3: a NUL character"),
+        ('{"nodes": [{"name": "a", "labels": ["x"]}]}', "nodes[0] (node 'a'): labels must be an object"),
+        ('{"nodes": [{"name": "a", "gpu_count": 1e400}]}', "numbers must be finite"),
+        ('{"nodes": ' + "[" * 100 + "]" * 100 + "}", "nested deeper than 32 levels"),
     ],
 )
 def test_it_refuses_bad_input_naming_the_row_and_imports_nothing(tmp_path, text, message):

@@ -1,4 +1,7 @@
-"""python manage.py exposures [--advisory ID] [--state open] [--format table|csv|json] [--recompute]"""
+"""python manage.py exposures [--advisory ID] [--state open] [--format table|csv|json|csaf-vex] [--recompute]
+
+`csaf-vex` prints one CSAF 2.0 VEX document: the fleet's status for the bulletin (or, without
+--advisory, for every bulletin that has exposures)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from advisories.choices import ExposureState
 from advisories.exposure import recompute
 from advisories.models import Advisory, Exposure
+from advisories.vex import vex_document
 
 COLUMNS = ["cluster", "node", "advisory", "component", "detected_version", "fixed_version", "severity", "state",
            "first_seen", "deadline", "fixed_by_version", "remediated_at", "cves"]
@@ -22,7 +26,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--advisory", help="publisher id, e.g. 5703")
         parser.add_argument("--state", choices=ExposureState.values(), help="only this state")
-        parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+        parser.add_argument("--format", choices=["table", "csv", "json", "csaf-vex"], default="table")
         parser.add_argument("--recompute", action="store_true", help="recompute every exposure first")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -38,6 +42,12 @@ class Command(BaseCommand):
             rows = rows.filter(advisory__publisher_id=options["advisory"])
         if options["state"]:
             rows = rows.filter(state=options["state"])
+        if options["format"] == "csaf-vex":
+            advisories = Advisory.objects.filter(id__in=rows.values("advisory_id"))
+            if options["advisory"]:
+                advisories = Advisory.objects.filter(publisher_id=options["advisory"])
+            self.stdout.write(json.dumps(vex_document(advisories.order_by("publisher_id"), rows), indent=2))
+            return
         records = [self.record(e) for e in rows]
         if options["format"] == "json":
             self.stdout.write(json.dumps(records, indent=2))
@@ -46,7 +56,7 @@ class Command(BaseCommand):
             writer.writeheader()
             writer.writerows(records)
         else:
-            self.table(records)
+            self.table(records, **options)
 
     @staticmethod
     def record(e: Exposure) -> dict[str, Any]:
@@ -60,7 +70,7 @@ class Command(BaseCommand):
             "cves": " ".join(sorted(c.cve_id for c in e.affected_range.cves.all())),
         }
 
-    def table(self, records: list[dict[str, Any]]) -> None:
+    def table(self, records: list[dict[str, Any]], **options: Any) -> None:
         shown = ["cluster", "node", "advisory", "component", "detected_version", "fixed_version", "severity",
                  "state", "deadline"]
         cells = [[str(r[c])[:25] if c != "deadline" else str(r[c])[:10] for c in shown] for r in records]
@@ -69,3 +79,14 @@ class Command(BaseCommand):
         for row in cells:
             self.stdout.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
         self.stdout.write(f"{len(records)} exposure(s)")
+        presumed = sum(r["state"] == ExposureState.PRESUMED for r in records)
+        if presumed:
+            self.stdout.write(f"{presumed} of them presumed: the bulletin does not tell (a row not decoded, a "
+                              "driver branch it skips); an approver can set them not affected")
+        advisory = Advisory.objects.filter(publisher_id=options["advisory"]).first() if options["advisory"] else None
+        if advisory is not None and advisory.ranges_unknown:
+            self.stdout.write(f"warning: {advisory} is known only from an index: its affected ranges are unknown, "
+                              "so 0 exposures does not mean the fleet is safe")
+        if advisory is not None and (items := advisory.review_items.filter(state="open").count()):
+            self.stdout.write(f"warning: {advisory} needs review: {items} item(s) were not decoded or mapped "
+                              "(see the advisory); exposures may be incomplete")

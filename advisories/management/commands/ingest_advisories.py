@@ -48,18 +48,20 @@ class Command(BaseCommand):
             summary = ingest_documents(source.items(), progress=_ticker(bar))
             bar.close()
             self.stdout.write(f"{spec}: {summary.line()}")
+            if options["verbosity"] > 0:
+                for line in summary.document_lines():
+                    self.stdout.write(f"  {line}")
             for error in summary.errors:
                 self.stderr.write(f"  rejected: {error}")
-            total.new += summary.new
-            total.updated += summary.updated
-            total.unchanged += summary.unchanged
-            total.unparsed += summary.unparsed
-            total.integrity.update(summary.integrity)
-            total.errors += summary.errors
+            total.merge(summary)
         if len(specs) > 1:
             self.stdout.write(f"total: {total.line()}")
         if total.integrity.get("mismatch"):
             self.stdout.write(self.style.WARNING(
                 f"{total.integrity['mismatch']} document(s) do not match their published SHA-256 (see the advisory)"))
+        if total.review:
+            self.stdout.write(self.style.WARNING(
+                f"{total.review} item(s) need review: rows not decoded, products no component maps to, "
+                "skipped driver branches (see each advisory)"))
         if total.errors:
             raise CommandError(f"{len(total.errors)} document(s) rejected; the others were ingested")

@@ -31,6 +31,7 @@ from .engines.criu import processes_mentioning
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
+from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
 from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, discover_gpu_processes, public
 
@@ -51,6 +52,8 @@ class Agent:
         self.argv = argv or []
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.operations = OperationStore(config.state_dir)
+        # Nonces of accepted requests, so a captured request cannot be sent again (replay.py).
+        self.nonces = NonceLog(config.state_dir / "nonces.log")
         self.artifacts = LocalArtifactStore(config.artifact_dir)
         self.workloads = WorkloadRegistry(config.state_dir)
         self._facts: tuple[float, Facts] | None = None
@@ -67,13 +70,21 @@ class Agent:
             self._facts = (time.monotonic(), gather(self.config))
         return self._facts[1]
 
+    def holders(self) -> dict[str, dict[str, str]]:
+        """Who holds the node in maintenance: {owner: {"since", "reason"}} (no owner given: "operator")."""
+        data = read_json(self.config.state_dir / "maintenance.json", {}) or {}
+        if "holders" in data:
+            return dict(data["holders"])
+        # The form before owners: one flag.
+        return {"operator": {"since": str(data.get("since", "")), "reason": ""}} if data.get("enabled") else {}
+
     @property
     def maintenance(self) -> bool:
-        return bool((read_json(self.config.state_dir / "maintenance.json", {}) or {}).get("enabled"))
+        return bool(self.holders())
 
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "node": self.config.identity, "agent_version": __version__,
-                "maintenance": self.maintenance}
+                "maintenance": self.maintenance, "maintenance_holders": self.holders()}
 
     def list_workloads(self) -> list[dict[str, Any]]:
         registered = self.workloads.refreshed()
@@ -123,13 +134,24 @@ class Agent:
             raise ValueError("checkpoint: requires must be an object")
         if kind == "maintenance" and not isinstance(params["enabled"], bool):
             raise ValueError("maintenance: enabled must be true or false")
+        if kind == "maintenance" and not all(isinstance(params.get(k, ""), str) for k in ("owner", "reason")):
+            raise ValueError("maintenance: owner and reason must be text")
         if kind == "register" and not WORKLOAD_ID_RE.match(str(params["workload_id"])):
             raise ValueError(f"register: bad workload_id {params['workload_id']!r}")
 
     def run_maintenance(self, record: dict[str, Any]) -> dict[str, Any]:
-        enabled = bool(record["params"]["enabled"])
-        write_json_atomic(self.config.state_dir / "maintenance.json", {"enabled": enabled, "since": utcnow()})
-        return {"maintenance": enabled}
+        """Take or give back a hold on the node. Each owner holds and releases only its own: the node
+        admits work again when nobody holds it (a repair's hold outlives a campaign's)."""
+        params = record["params"]
+        owner = str(params.get("owner") or "operator")[:128]
+        holders = self.holders()
+        if params["enabled"]:
+            holders.setdefault(owner, {"since": utcnow(), "reason": str(params.get("reason") or "")[:500]})
+        else:
+            holders.pop(owner, None)
+        write_json_atomic(self.config.state_dir / "maintenance.json",
+                          {"enabled": bool(holders), "since": utcnow(), "holders": holders})
+        return {"maintenance": bool(holders), "holders": holders}
 
     def run_checkpoint(self, record: dict[str, Any]) -> dict[str, Any]:
         params = record["params"]

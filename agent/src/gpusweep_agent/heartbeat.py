@@ -3,6 +3,10 @@
 Sent at start and then every interval (the service may ask for another with
 ``next_heartbeat_s``), each wait jittered by ±10 % so a fleet restarted together spreads out.
 After a failure the wait grows exponentially (full jitter) up to ``heartbeat_max_backoff``.
+
+Each heartbeat's nonce is a counter, the microseconds of the clock or one more than the last,
+whichever is larger: the service refuses a heartbeat that is not newer than the newest it
+accepted (409, a replay), and names that newest so a clock set back does not lock the node out.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import logging
 import random
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -39,6 +44,10 @@ class HeartbeatAuthError(HeartbeatError):
     """401: the node key or the clock is wrong; retrying will not help until fixed."""
 
 
+class HeartbeatStale(HeartbeatError):
+    """409: the counter was not above the newest the service accepted; the next one will be."""
+
+
 class HeartbeatRejected(HeartbeatError):
     """400: the service refused the payload; `errors` says why."""
 
@@ -59,6 +68,7 @@ class HeartbeatSender:
         self.facts, self.workloads = facts, workloads
         self.interval, self.max_backoff, self.timeout = interval, max_backoff, timeout
         self.failures = 0
+        self.counter = 0
         self.rng = rng or random.Random()
         self._stop = threading.Event()
 
@@ -75,8 +85,13 @@ class HeartbeatSender:
     def send(self) -> dict[str, Any]:
         body = json.dumps(self.payload()).encode()
         parts = urlsplit(self.url)
+        # One clock reading for counter and timestamp, so the timestamp (in microseconds) never
+        # exceeds the counter: a version 1 copy of this request is then never newer than it.
+        now = time.time()
+        self.counter = max(self.counter + 1, int(now * 1_000_000))
         headers = {"Content-Type": "application/json",
-                   **sign(self.key, f"{self.cluster}/{self.node}", "POST", parts.path, body)}
+                   **sign(self.key, f"{self.cluster}/{self.node}", "POST", parts.path, body, now=now,
+                          nonce=str(self.counter))}
         request = urllib.request.Request(self.url, data=body, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
@@ -90,6 +105,11 @@ class HeartbeatSender:
                 parsed = detail.decode(errors="replace")
             if exc.code == 401:
                 raise HeartbeatAuthError(f"heartbeat refused (401): {parsed}") from None
+            if exc.code == 409:
+                newest = parsed.get("newest_counter") if isinstance(parsed, dict) else None
+                if isinstance(newest, int):
+                    self.counter = max(self.counter, newest)
+                raise HeartbeatStale(f"heartbeat refused (409): {parsed}") from None
             if exc.code == 400:
                 errors = parsed.get("errors") if isinstance(parsed, dict) else parsed
                 raise HeartbeatRejected(f"heartbeat rejected (400): {errors}", errors) from None

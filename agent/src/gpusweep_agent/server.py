@@ -15,6 +15,7 @@ from .agent import Agent
 from .artifacts import ArtifactError
 from .auth import AuthError, verify
 from .operations import OperationConflict
+from .replay import ReplayError
 
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
@@ -64,12 +65,12 @@ class Handler(BaseHTTPRequestHandler):
     def _authenticate(self, body: bytes) -> bool:
         agent = self.server.agent
         try:
-            identity = verify(agent.config.key, dict(self.headers.items()), self.command, self.path, body)
-        except AuthError as exc:
+            signed = verify(agent.config.key, dict(self.headers.items()), self.command, self.path, body)
+            if signed.identity != agent.config.identity:
+                raise AuthError(f"signed for {signed.identity}, this is {agent.config.identity}")
+            agent.nonces.claim(signed)
+        except (AuthError, ReplayError) as exc:
             self._send(HTTPStatus.UNAUTHORIZED, {"error": str(exc)})
-            return False
-        if identity != agent.config.identity:
-            self._send(HTTPStatus.UNAUTHORIZED, {"error": f"signed for {identity}, this is {agent.config.identity}"})
             return False
         return True
 
