@@ -83,11 +83,11 @@ def test_it_answers_only_a_scraper_holding_the_token(settings):
 
 
 def test_a_short_token_stops_the_process_at_start(tmp_path):
-    from tests.helpers import REPO, clean_env, manage
+    from tests.helpers import clean_env, manage
 
     env = clean_env(GPUSWEEP_METRICS_TOKEN="short", GPUSWEEP_VAR_DIR=str(tmp_path))
     result = manage("check", env=env)
-    assert result.returncode != 0 and "GPUSWEEP_METRICS_TOKEN must be at least 32" in result.stderr, (REPO, result)
+    assert result.returncode != 0 and "GPUSWEEP_METRICS_TOKEN must be at least 32" in result.stderr, result
 
 
 def test_it_counts_open_exposures_by_severity_and_state_and_those_overdue_or_due_within_7_days():
