@@ -202,7 +202,8 @@ class Executor:
         raise NotImplementedError
 
 
-def _configured_name(cluster: Cluster | None) -> str:
+def executor_name(cluster: Cluster | None) -> str:
+    """The back end's configured name for `cluster`: its connection's "executor", else the setting."""
     if cluster is not None:
         chosen = (cluster.connection or {}).get("executor")
         if chosen:
@@ -225,4 +226,4 @@ def executor_class(name: str) -> type[Executor]:
 def get_executor(cluster: Cluster | None = None, **options: Any) -> Executor:
     """The back end for `cluster`: its connection's "executor", else the setting, else local."""
     options = {**((cluster.connection or {}).get("executor_options", {}) if cluster else {}), **options}
-    return executor_class(_configured_name(cluster))(cluster, **options)
+    return executor_class(executor_name(cluster))(cluster, **options)

@@ -7,8 +7,9 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 # Probes and login are the only open pages; the API and its schema authenticate themselves (DRF
-# answers 401/403). The API docs page is a page: without a login it redirects to the login form.
-OPEN_PREFIXES = ("/healthz", "/readyz", "/accounts/login/", "/static/", "/admin/login/")
+# answers 401/403), and so does /metrics (its bearer token). The API docs page is a page: without
+# a login it redirects to the login form.
+OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/")
 DOCS_PREFIX = "/api/docs/"
 
 

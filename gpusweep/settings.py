@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from gpusweep.env import env_bool, env_int, env_list, env_str, env_url, persistent_secret, secret_key
 
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "campaigns",
     "executors",
     "costs",
+    "metrics",
 ]
 
 MIDDLEWARE = [
@@ -227,6 +229,17 @@ GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)
 # A full sync refreshes Node.last_seen only when it is older than this (saves rewriting the table).
 GPUSWEEP_LAST_SEEN_RESOLUTION_S = env_int("GPUSWEEP_LAST_SEEN_RESOLUTION_S", 600, minimum=0)
+
+# --- metrics ----------------------------------------------------------------------------
+# /metrics answers only a scraper sending "Authorization: Bearer <this>"; empty turns it off.
+GPUSWEEP_METRICS_TOKEN = env_str("GPUSWEEP_METRICS_TOKEN", "")
+if GPUSWEEP_METRICS_TOKEN and len(GPUSWEEP_METRICS_TOKEN) < 32:
+    raise ImproperlyConfigured("GPUSWEEP_METRICS_TOKEN must be at least 32 characters (or empty to turn /metrics off)")
+# Evidence events a scrape folds at most (the rest at the next one), and how long finished campaigns stay.
+GPUSWEEP_METRICS_FOLD_BATCH = env_int("GPUSWEEP_METRICS_FOLD_BATCH", 5000, minimum=100)
+GPUSWEEP_METRICS_FINISHED_CAMPAIGNS_S = env_int("GPUSWEEP_METRICS_FINISHED_CAMPAIGNS_S", 86400, minimum=0)
+# "app_label.Model:field" of the webhook delivery log; empty tries webhooks.Delivery / WebhookDelivery.
+GPUSWEEP_METRICS_WEBHOOK_DELIVERIES = env_str("GPUSWEEP_METRICS_WEBHOOK_DELIVERIES", "")
 
 # --- advisories -------------------------------------------------------------------------
 # Named advisory sources: GPUSWEEP_ADVISORY_SOURCES="nvidia=github:https://raw...|https://github.com/...atom,

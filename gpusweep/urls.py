@@ -4,10 +4,12 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpusweep import health, views
 from gpusweep.api import api_urlpatterns
+from metrics.views import metrics
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics, name="metrics"),
     path("", views.home, name="home"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("nodes/", include("inventory.urls")),

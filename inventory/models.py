@@ -68,6 +68,9 @@ class Node(models.Model):
     # carry a larger one, so a replayed or older heartbeat changes nothing (inventory/agent.py). A
     # database default, since bulk inserts (inventory/bulk.py) name their columns.
     heartbeat_counter = models.PositiveBigIntegerField(default=0, db_default=0)
+    # The node's own agent's last heartbeat: last_seen is refreshed by scheduler syncs too, so it
+    # cannot tell a silent agent from a node its scheduler still lists.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     gone_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -341,7 +341,9 @@ def apply_snapshot(
                 service_state=ServiceState.GONE
             ).update(last_seen=now)
         elif node_ids:
-            Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now)
+            # An agent's heartbeat is its node's own word: stamped in the same statement, so free.
+            heard = {"heartbeat_at": now} if source == ChangeSource.AGENT else {}
+            Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now, **heard)
         started = result.lap("last_seen", started)
         if snapshot.complete:
             Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")

@@ -14,6 +14,8 @@ PACKAGES=(
   openssl
   # the fault suite restarts a Redis of its own (tests/faults)
   redis-server
+  # Prometheus and promtool: scrape /metrics during a campaign, check and unit-test the alert rules
+  prometheus
 )
 
 missing=()
