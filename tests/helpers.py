@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -12,7 +14,9 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,3 +71,25 @@ def stop_process_group(proc: subprocess.Popen[bytes], timeout: float = 20) -> No
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def throwaway_database_url(url: str, tmp_path: Path, label: str) -> Iterator[str]:
+    """A database of the test's own, dropped after it: a fresh SQLite file, or a new PostgreSQL
+    database beside DATABASE_URL's (whose tables may hold what earlier runs, or other branches'
+    migrations, left)."""
+    if not url.startswith("postgres"):
+        yield f"sqlite:///{tmp_path / (label + '.sqlite3')}"
+        return
+    import psycopg
+
+    parts = urlsplit(url)
+    name = f"gpusweep_{label}_{secrets.token_hex(4)}"
+    maintenance = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(maintenance, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -17,18 +17,25 @@ from __future__ import annotations
 import base64
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from conftest import need
-from tests.helpers import REPO, clean_env, free_port, get_json, manage, stop_process_group, wait_for
+from tests.helpers import (
+    REPO,
+    clean_env,
+    free_port,
+    get_json,
+    manage,
+    stop_process_group,
+    throwaway_database_url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -40,22 +47,8 @@ SEED_AND_PRINT_TOKEN = "from tests.api.seed import seed; print(seed().token)"
 
 @pytest.fixture
 def throwaway_database(tmp_path: Path) -> Iterator[str]:
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith("postgres"):
-        yield f"sqlite:///{tmp_path / 'schemathesis.sqlite3'}"
-        return
-    import psycopg
-
-    parts = urlsplit(url)
-    name = f"gpusweep_schemathesis_{secrets.token_hex(4)}"
-    maintenance = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(parts._replace(path=f"/{name}"))
-    finally:
-        with psycopg.connect(maintenance, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database_url(os.environ.get("DATABASE_URL", ""), tmp_path, "schemathesis") as url:
+        yield url
 
 
 def _start_server(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -8,24 +8,37 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import need
-from tests.helpers import REPO, clean_env, free_port, get_json, manage, stop_process_group, wait_for
+from tests.helpers import (
+    REPO,
+    clean_env,
+    free_port,
+    get_json,
+    manage,
+    stop_process_group,
+    throwaway_database_url,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 
 STAFF_TOKEN = ("from django.contrib.auth.models import User; from rest_framework.authtoken.models import Token; "
-               "print(Token.objects.create(user=User.objects.create_superuser('probe', password=None)).key)")
+               "print(Token.objects.create(user=User.objects.create_superuser({name!r}, password=None)).key)")
 
 
 def _staff_token(env: dict[str, str]) -> str:
-    """/readyz shows its details to staff only; an API token of a superuser is how a probe gets them."""
-    made = manage("shell", "-c", STAFF_TOKEN, env=env)
+    """/readyz shows its details to staff only; an API token of a superuser is how a probe gets them.
+
+    The user's name is unique per run: against PostgreSQL the test boots the configured database
+    itself (not pytest's throwaway copy), which keeps the users of earlier runs."""
+    made = manage("shell", "-c", STAFF_TOKEN.format(name=f"probe-{uuid.uuid4().hex[:12]}"), env=env)
     assert made.returncode == 0, made.stderr
     return made.stdout.strip().splitlines()[-1]
 
@@ -85,8 +98,9 @@ def test_postgres_and_redis_are_configuration_only(tmp_path: Path):
         "set DATABASE_URL=postgres://root@127.0.0.1:5432/test and CELERY_BROKER_URL=redis://127.0.0.1:6379/0 "
         "(as .ci/run does) to boot against PostgreSQL and Redis",
     )
-    env = clean_env(GPUSWEEP_VAR_DIR=str(tmp_path / "var"), DATABASE_URL=db, CELERY_BROKER_URL=broker)
-    _elapsed, body = _boot_and_probe(env, tmp_path / "serve.log")
+    with throwaway_database_url(db, tmp_path, "boot") as own_db:
+        env = clean_env(GPUSWEEP_VAR_DIR=str(tmp_path / "var"), DATABASE_URL=own_db, CELERY_BROKER_URL=broker)
+        _elapsed, body = _boot_and_probe(env, tmp_path / "serve.log")
     assert body["checks"]["database"]["vendor"] == "postgresql"
     assert "redis" in body["checks"]["broker"]["transport"].lower()
     assert body["checks"]["workers"]["workers"]
