@@ -8,8 +8,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
