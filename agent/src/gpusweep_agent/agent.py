@@ -370,6 +370,9 @@ class Agent:
         self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
         if command == "simulate":
             self.apply_pending_facts()
+            if self.config.simulated_reboot_hook:
+                subprocess.Popen(shlex.split(self.config.simulated_reboot_hook), start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.restart_requested.set()
             # The record stays "running"; the restarted agent finishes it (recover()).
             raise OperationDeferred()

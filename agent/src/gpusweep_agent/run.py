@@ -12,6 +12,15 @@ as its parent and exits with its status). CRIU then restores the namespace under
 so a restore never collides with a pid in use on the target (including the original's, when it
 was checkpointed with leave_running).
 
+Under Slurm (``SLURM_JOB_ID`` set) the wrapper always stays as the payload's parent, in a pid
+namespace of its own for the criu and cuda engines when it can make one (root), otherwise in a
+session of its own, so the
+payload can be checkpointed with no extra flag (CRIU needs the tree to lead its own session).
+When the agent checkpoints the payload, the wrapper keeps the job alive until gpusweep requeues
+it (``scontrol requeuehold``; at most ``GPUSWEEP_REQUEUE_WAIT_S``, 3600 s), so the job is
+requeued rather than ended; the requeued job's ``gpusweep-run`` restores the checkpoint.
+``--no-pid-namespace`` keeps the plain exec.
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -45,11 +54,12 @@ CLONE_NEWPID = 0x20000000
 
 
 class NamespacedChild:
-    """A child forked into a new pid namespace that waits for its command (or to be told to quit)."""
+    """A child forked into a new pid namespace (or only a new session, `new_namespace=False`) that
+    waits for its command (or to be told to quit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_namespace: bool = True) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWPID) != 0:
+        if new_namespace and libc.unshare(CLONE_NEWPID) != 0:
             errno = ctypes.get_errno()
             raise OSError(errno, f"unshare(CLONE_NEWPID): {os.strerror(errno)} (needs root)")
         read_end, self._write_end = os.pipe()
@@ -77,9 +87,20 @@ class NamespacedChild:
         self._open = False
         # Stay silent from here: a checkpoint may be taken, and the output files must not grow after it.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, frame: os.kill(self.pid, signal.SIGKILL))
+            signal.signal(sig, self._forward)
         _, status = os.waitpid(self.pid, 0)
+        self.ended = True
         return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+    ended = False
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        if self.ended:  # the payload is gone (checkpointed): the job's end is ours alone
+            os._exit(128 + signum)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def cancel(self) -> None:
         """The command will not run: the waiting child reads end-of-file and exits."""
@@ -98,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--pid-namespace", action="store_true",
                         help="run the command as pid 1 of a new pid namespace (restores never collide)")
+    parser.add_argument("--no-pid-namespace", action="store_true",
+                        help="under Slurm: exec the command instead of staying as its parent")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -111,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpusweep-run: {exc}", file=sys.stderr)
         return 2
     child: NamespacedChild | None = None
-    if args.pid_namespace:
+    under_slurm = bool(env.get("SLURM_JOB_ID")) and not args.no_pid_namespace
+    if args.pid_namespace or under_slurm:
         try:
-            child = NamespacedChild()
+            # A process image (criu, cuda) comes back under its own pids: its own namespace keeps them free.
+            child = NamespacedChild(new_namespace=args.pid_namespace or (
+                os.geteuid() == 0 and args.engine in ("criu", "cuda")))
         except OSError as exc:
             print(f"gpusweep-run: {exc}", file=sys.stderr)
             return 2
@@ -168,13 +194,34 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         why = result.get("message") or "its checkpoint kept no state (engine none)"
         print(f"gpusweep-run: workload {workload_id} COLD START: {why}", file=sys.stderr, flush=True)
     if child:
-        return child.run(command, env)
+        code = child.run(command, env)
+        # A checkpoint stops the payload with a signal; any other end is the job's own.
+        if env.get("SLURM_JOB_ID") and code >= 128 and _checkpointed(client, workload_id):
+            # Keep the job until gpusweep requeues it; silent, so no output file grows after the checkpoint.
+            time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
+        return code
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print(f"gpusweep-run: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def _checkpointed(client: AgentClient, workload_id: str, wait_s: float = 30.0) -> bool:
+    """Whether the agent stopped the payload for a checkpoint: it records that just after the stop
+    (once the images are sealed), so a payload killed by a signal waits a little for the record."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            listed = client.get("/v1/workloads").get("workloads", [])
+        except (AgentClientError, OSError, AttributeError):
+            return False
+        if any(w.get("id") == workload_id and w.get("state") == "checkpointed" for w in listed):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":
