@@ -326,7 +326,12 @@ class SlurmExecutor(Executor):
         ref = self._need_agent(node)
         if requires is None:
             requires = portability.requirements(engine, self._portability_facts(node), gpus=observed.gpus).as_dict()
-        done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=requires)
+        # The agent checks a restore against what it reads itself, so it gets the rule applied to its own facts.
+        own = self.agents.client(ref).get("/v1/facts")
+        mine = portability.requirements(engine, portability.node_facts(
+            str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
+            gpus=observed.gpus)
+        done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
                   "steps": done.steps, "engine": engine, "node": node.name, "requires": requires,
                   "prior": str(job.get("admin_comment") or "")[:500] if not read_record(job) else ""}

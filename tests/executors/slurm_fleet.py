@@ -29,7 +29,10 @@ sys.path.insert(0, str(REPO / "agent" / "tests"))
 import agent_helpers as agents
 
 OLD_DRIVER = "570.86.15"
-FEATURES = f"nvdriver_{OLD_DRIVER},cuda_12.8"
+GPU_MODEL = "H100"
+# The site publishes its versions and GPU model as node features (inventory.sources.slurm).
+FEATURES = f"nvdriver_{OLD_DRIVER},cuda_12.8,gpumodel_{GPU_MODEL}"
+FACTS = {**agents.FACTS, "gpu_model": GPU_MODEL}
 RUN = ("running", "restored")
 
 
@@ -61,7 +64,7 @@ class SlurmFleet:
     def start_agent(self, name: str) -> agents.AgentProcess:
         store = self.shared or self.root / f"artifacts-{name}"
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
-        agent = agents.AgentProcess(self.root, name, store, reboot_command="simulate",
+        agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
                                     patch_methods='{"package": {"simulate": true}}', simulated_reboot_hook=hook)
         agent.start()
         self.agents[name] = agent
@@ -86,6 +89,19 @@ class SlurmFleet:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    def make_cluster(self, **connection: Any) -> Any:
+        """The cluster in gpusweep's inventory (named as the agents' identity), synced from Slurm, with each
+        node's agent endpoint as its heartbeat would set it."""
+        from inventory.models import Cluster, Node
+        from inventory.sync import sync_cluster
+
+        cluster = Cluster.objects.create(name=agents.CLUSTER, kind="slurm", connection={
+            **self.connection, "executor_options": {"operation_timeout": 60, "restore_wait_s": 60}, **connection})
+        sync_cluster(cluster)
+        for name, agent in self.agents.items():
+            Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
+        return cluster
 
     # -- views ------------------------------------------------------------------------
     @property

@@ -27,7 +27,7 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine
 from .engines.base import SECRET_WORDS
-from .engines.criu import processes_mentioning
+from .engines.criu import CriuEngine, processes_mentioning
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
@@ -281,7 +281,14 @@ class Agent:
                 "cold_start": manifest["engine"] == "none"}
 
     def run_register(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh."""
+        """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh.
+
+        A wrapper inside a scheduler's job (``restore_in_job``) restores a criu image itself, so the
+        process comes back inside the job: it gets the command, then reports the restored pid
+        (``restored_from``) or its failure (``failed``, which frees the checkpoint again)."""
+        params = record["params"]
+        if params.get("restored_from"):
+            return self._adopt(params)
         if self.maintenance:
             raise OperationError(f"{self.config.identity} is in maintenance and admits no new workloads")
         params = record["params"]
@@ -296,6 +303,17 @@ class Agent:
                 # An invalid checkpoint means a cold start, said out loud; the checkpoint stays for a compatible node.
                 return {"action": "start", "cold_start": True, **self._register(params), **exc.result}
             engine = get_engine(manifest["engine"], self.config)
+            if engine.live and params.get("restore_in_job") and isinstance(engine, CriuEngine) \
+                    and type(engine).after_restore is CriuEngine.after_restore:
+                try:
+                    engine.check()
+                    self.artifacts.claim(pending, self.config.identity)
+                except (EngineError, ArtifactError) as exc:
+                    raise OperationError(str(exc)) from None
+                command, pidfile = engine.restore_args(manifest, self.artifacts.image_dir(pending),
+                                                       self.config.state_dir / "restore" / pending)
+                return {"action": "restore_in_job", "checkpoint_id": pending, "command": command,
+                        "pidfile": str(pidfile)}
             if engine.live:
                 return {"action": "restored", **self._restore(manifest, pending)}
             if manifest["engine"] == "signal":
@@ -313,6 +331,25 @@ class Agent:
             self.artifacts.mark_restored(pending, {"by": self.config.identity, "at": utcnow(), "pid": params["pid"]})
             return {"action": "start", "cold_start": True, "checkpoint_id": pending, **self._register(params)}
         return {"action": "start", "cold_start": False, **self._register(params)}
+
+    def _adopt(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The wrapper restored a checkpoint inside its job: record the process, or free the checkpoint."""
+        checkpoint_id = str(params["restored_from"])
+        if self.artifacts.claimed_by(checkpoint_id) != self.config.identity:
+            raise OperationError(f"checkpoint {checkpoint_id} is not claimed by {self.config.identity}")
+        if params.get("failed"):
+            self.artifacts.release(checkpoint_id)
+            return {"action": "released", "checkpoint_id": checkpoint_id}
+        try:
+            manifest = self.artifacts.manifest(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc)) from None
+        workload = dict(manifest["workload"])
+        pid = int(params["pid"])
+        workload.update(pid=pid, state="running", restored_from=checkpoint_id, restored_at=utcnow(), in_job=True)
+        self.workloads.put(workload)
+        self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
+        return {"action": "adopted", "workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id}
 
     def _register(self, params: dict[str, Any]) -> dict[str, Any]:
         workload_id = str(params["workload_id"])

@@ -12,10 +12,13 @@ as its parent and exits with its status). CRIU then restores the namespace under
 so a restore never collides with a pid in use on the target (including the original's, when it
 was checkpointed with leave_running).
 
-Under Slurm (``SLURM_JOB_ID`` set) the wrapper always stays as the payload's parent, in a pid
-namespace of its own for the criu and cuda engines when it can make one (root), otherwise in a
-session of its own, so the
-payload can be checkpointed with no extra flag (CRIU needs the tree to lead its own session).
+Under Slurm (``SLURM_JOB_ID`` set) the wrapper always stays as the payload's parent and runs it in
+a session of its own, so the payload can be checkpointed with no extra flag (CRIU needs the tree
+to lead its own session). A criu checkpoint is restored by the wrapper itself, inside the
+requeued job (it runs the agent's ``criu restore`` command as a child subreaper, so the restored
+process becomes its child: ``scancel``, ``sstat`` and the time limit reach it), then reports the
+restored pid to the agent. With ``--pid-namespace`` the agent restores instead (a fresh host pid,
+but outside the job).
 When the agent checkpoints the payload, the wrapper keeps the job alive until gpusweep requeues
 it (``scontrol requeuehold``; at most ``GPUSWEEP_REQUEUE_WAIT_S``, 3600 s), so the job is
 requeued rather than ended; the requeued job's ``gpusweep-run`` restores the checkpoint.
@@ -32,9 +35,11 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from .client import AgentClient, AgentClientError
@@ -51,6 +56,7 @@ def workload_id_from_env(env: dict[str, str]) -> str:
 
 
 CLONE_NEWPID = 0x20000000
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class NamespacedChild:
@@ -137,9 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     under_slurm = bool(env.get("SLURM_JOB_ID")) and not args.no_pid_namespace
     if args.pid_namespace or under_slurm:
         try:
-            # A process image (criu, cuda) comes back under its own pids: its own namespace keeps them free.
-            child = NamespacedChild(new_namespace=args.pid_namespace or (
-                os.geteuid() == 0 and args.engine in ("criu", "cuda")))
+            child = NamespacedChild(new_namespace=args.pid_namespace)
         except OSError as exc:
             print(f"gpusweep-run: {exc}", file=sys.stderr)
             return 2
@@ -159,6 +163,8 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         "workload_id": workload_id, "pid": child.pid if child else os.getpid(),
         "name": args.name or os.path.basename(command[0]), "checkpoint_engine": args.engine,
         "checkpoint_signal": args.signal, "gpus": args.gpus, "command": command, "cwd": os.getcwd(), "env": env,
+        # Inside a scheduler's job a criu image is restored by this wrapper, so it stays in the job.
+        "restore_in_job": bool(env.get("SLURM_JOB_ID")) and not args.pid_namespace,
     }
     try:
         op = client.call("/v1/workloads", operation_id=f"register-{workload_id}-{os.getpid()}-{int(time.time())}",
@@ -174,6 +180,10 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
             child.cancel()
         return 75
     result = op["result"]
+    if result["action"] == "restore_in_job":
+        if child:
+            child.cancel()
+        return restore_in_job(client, result, workload_id, env)
     if result["action"] == "restored":
         if child:
             child.cancel()
@@ -206,6 +216,57 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         print(f"gpusweep-run: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def restore_in_job(client: AgentClient, result: dict[str, Any], workload_id: str, env: dict[str, str]) -> int:
+    """Run the agent's `criu restore` here; the restored process is reparented to this wrapper."""
+    checkpoint_id = str(result["checkpoint_id"])
+    become_subreaper()
+    done = subprocess.run(list(result["command"]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, check=False, timeout=600)
+    pidfile = Path(str(result["pidfile"]))
+    tag = f"{workload_id}-{os.getpid()}-{int(time.time())}"
+    if done.returncode != 0 or not pidfile.is_file():
+        client.call("/v1/workloads", operation_id=f"restore-failed-{tag}", workload_id=workload_id,
+                    pid=os.getpid(), restored_from=checkpoint_id, failed=True)
+        print(f"gpusweep-run: workload {workload_id}: criu restore of {checkpoint_id} failed (exit "
+              f"{done.returncode}); see the agent's logs", file=sys.stderr, flush=True)
+        return 75
+    pid = int(pidfile.read_text().strip())
+    op = client.call("/v1/workloads", operation_id=f"adopt-{tag}", workload_id=workload_id, pid=pid,
+                     restored_from=checkpoint_id)
+    if op["state"] != "succeeded":
+        print(f"gpusweep-run: workload {workload_id}: {op.get('error')}", file=sys.stderr, flush=True)
+    print(f"gpusweep-run: workload {workload_id} restored from {checkpoint_id} in this job as pid {pid}",
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _kill(pid))
+    code = _wait_child(pid)
+    if code >= 128 and _checkpointed(client, workload_id):
+        time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
+    return code
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os._exit(128 + signal.SIGTERM)
+
+
+def _wait_child(pid: int) -> int:
+    """The exit status of `pid`, our child once CRIU has exited (we are its subreaper)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # not reparented to us (no subreaper): wait by polling
+        while pid_alive(pid):
+            time.sleep(0.5)
+        return 0
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def become_subreaper() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _checkpointed(client: AgentClient, workload_id: str, wait_s: float = 30.0) -> bool:

@@ -1,0 +1,124 @@
+"""Campaigns through the engine on a real Slurm cluster (tests/executors/slurm_fleet.py): munged,
+slurmctld, slurmdbd into the machine's MariaDB, four `slurmd -N` nodes, a real node agent per node,
+batch jobs whose payload is a step counter under gpusweep-run, checkpointed with real CRIU and the
+signal engine. The engine is driven synchronously, as Celery would run its tasks
+(tests/campaigns/fleet.py ``drive``). The reboot is the agents' modelled one (the agent restarts
+with the patched versions and restarts that node's slurmd; see docs/architecture.md, "Slurm").
+
+One cluster for the module; each test resumes every node and starts its own jobs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from campaigns import queue, services
+from campaigns.choices import CampaignStatus, MoveState
+from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from conftest import need
+from tests.campaigns.fleet import FIXED, drive, user
+from tests.executors.slurm_fleet import SlurmFleet, agents, unbroken
+from tests.helpers import wait_for
+from tests.slurm_cluster import can_run_slurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
+NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
+    ok, reason = can_run_slurm(accounting=True)
+    need(ok, reason)
+    need(agents.criu_usable(), agents.CRIU_HINT)
+    with SlurmFleet(tmp_path_factory.mktemp("slurm-campaign"), NODES, accounting=True) as fleet:
+        yield fleet
+
+
+@pytest.fixture(autouse=True)
+def synchronous(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """drive() runs every step itself: nothing goes to a broker."""
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = agents.FLEET_SECRET
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: None)
+    yield
+    queue.ENQUEUE.pop(0)
+
+
+def start_campaign(names: list[str], **fields: object) -> Campaign:
+    rita, alan = user("rita", "operator"), user("alan", "approver")
+    made = Campaign.objects.create(**{"name": "slurm", "requested_by": rita, "node_selector": {"names": names},
+                                      "target_versions": {"driver": {"R570": FIXED}},
+                                      "parallelism_per_cluster": "2", "step_timeout_s": 120, "canary": "0", **fields})
+    services.make_plan(made.pk, rita)
+    services.approve(made.pk, alan)
+    services.start(made.pk, rita)
+    return made
+
+
+def counter_pids(log: Path) -> list[int]:
+    """Every process on this host running the counter that writes `log` (any node's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(log).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stays_a_slurm_job(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 1 and 4: a CRIU job and a signal job on the two swept nodes each continue on a spare
+    from their step, keep their job id, are requeued as sacct shows; the nodes come back idle with the
+    new version in their facts and features, no job started on them while drained; scancel of a moved
+    job stops its restored process everywhere."""
+    fleet.reset()
+    logs = {"gpu01": tmp_path / "criu.log", "gpu02": tmp_path / "signal.log"}
+    jobs = {"gpu01": fleet.counter_job(logs["gpu01"], "gpu01", engine="criu", name="criu-job"),
+            "gpu02": fleet.counter_job(logs["gpu02"], "gpu02", engine="signal", name="signal-job")}
+    assert fleet.cluster.wait_running(list(jobs.values())), fleet.cluster.logs()
+    for log in logs.values():
+        agents.wait_steps(log, 5)
+    fleet.make_cluster()
+
+    done = drive(start_campaign(["gpu01", "gpu02"]).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+        "target_node", "sweep")}
+    assert sorted(moves) == sorted(f"slurm-{j}" for j in jobs.values())
+    for node, job_id in jobs.items():
+        move = moves[f"slurm-{job_id}"]
+        assert move.state == MoveState.RESTORED and move.target_node.name in ("gpu03", "gpu04")
+        assert move.new_workload_ref == f"slurm-{job_id}", "the job id is kept"
+        job = fleet.job(job_id)
+        assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == move.target_node.name
+        # Its log goes on from where it stopped: no restart from step 1, no gap, no repeat.
+        at_end = len(agents.steps(logs[node]))
+        after = agents.wait_steps(logs[node], at_end + 5)
+        assert unbroken(after) == len(after), f"the counter of {node} restarted, skipped or repeated a step"
+        # sacct: the first run on the swept node ended REQUEUED, the second runs on the spare.
+        runs = fleet.cluster.sacct("-j", job_id)
+        assert [(r["State"], r["NodeList"]) for r in runs] == [("REQUEUED", node), ("RUNNING",
+                                                                                     move.target_node.name)], runs
+    for node in ("gpu01", "gpu02"):
+        info = fleet.node(node)
+        assert info["state"] == "idle" and not info["state_flags"], info
+        assert f"nvdriver_{FIXED}" in info["active_features"].split(",")
+        assert fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
+        # No job started on a swept node once the campaign began (sacct has every run of every job).
+        assert done.started_at is not None
+        began = done.started_at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+        started_here = [r for r in fleet.cluster.sacct("--allusers", "-S", "now-1hour")
+                        if r["NodeList"] == node and r["Start"] >= began]
+        assert started_here == [], started_here
+
+    # Done-when 4: scancel of a moved job stops its restored process; nothing of it is left anywhere.
+    for node, job_id in jobs.items():
+        assert counter_pids(logs[node]), "the restored counter runs"
+        fleet.cluster.run("scancel", job_id)
+        assert fleet.cluster.wait_ended(job_id, 30)
+        assert wait_for(lambda log=logs[node]: not counter_pids(log), 20, interval=0.2), counter_pids(logs[node])
