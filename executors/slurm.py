@@ -37,9 +37,16 @@ did and undo removes only gpusweep's own marks:
   reservation gpusweep-c<C>-w<W> ... flags=maint``, only that wave's nodes and time; deleting
   touches only reservations named gpusweep-.
 
+Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
+uses as ``artifact_dir``, a site's parallel file system) the target reads them there; without it,
+the restore first has the source's agent share the checkpoint with the target (a token for that
+checkpoint and receiver) and the target's agent fetch it, every file checked against the
+manifest's SHA-256 and the manifest against the digest recorded at the checkpoint
+(agent/src/gpusweep_agent/transfer.py).
+
 Settings (``cluster.connection``): the SlurmClient's (``slurm_conf``, ``bin_dir``, ``timeout_s``,
-``component_features``), ``agents`` (false: no agent on the nodes), ``agent_endpoints`` (node ->
-URL, when the inventory has none), ``reboot_via`` (agent | slurm). ``executor_options``:
+``component_features``), ``shared_checkpoint_dir``, ``agents`` (false: no agent on the nodes),
+``agent_endpoints`` (node -> URL, when the inventory has none), ``reboot_via`` (agent | slurm). ``executor_options``:
 ``restore_wait_s`` (60), ``reboot_wait_s`` (120), ``poll_s`` (0.5), and LocalExecutor's agent
 options.
 """
@@ -333,7 +340,8 @@ class SlurmExecutor(Executor):
             gpus=observed.gpus)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
-                  "steps": done.steps, "engine": engine, "node": node.name, "requires": requires,
+                  "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
+                  "requires": requires,
                   "prior": str(job.get("admin_comment") or "")[:500] if not read_record(job) else ""}
         # The record first: a retry after a crash finds the checkpoint, then finishes the requeue.
         self._slurm(f"record checkpoint on job {job_id}", self.slurm.update_job, job_id,
@@ -402,11 +410,26 @@ class SlurmExecutor(Executor):
                 report = ", ".join(f"{k}: {want!r} != {got!r}" for k, (want, got) in sorted(wrong.items()))
                 raise PermanentExecutorError(f"checkpoint {checkpoint_id} cannot be restored on {target.name}: "
                                              f"{report}")
+            if not self.connection.get("shared_checkpoint_dir") and target.name != record.get("node"):
+                self._transfer(record, target, operation_id)
             constraint = self._constraint(job, record, target)
             record = {**record, "restore_op": operation_id, "restore_to": target.name}
             self._slurm(f"constrain job {job_id}", self.slurm.update_job, job_id, admincomment=write_record(record),
                         **constraint)
         return self._wait_restored(job_id, checkpoint_id, target)
+
+    def _transfer(self, record: dict[str, Any], target: NodeRef, operation_id: str) -> None:
+        """No folder shared by the nodes: the target's agent fetches the images from the source's (a token for
+        this checkpoint and this receiver; every file checked against the manifest, the manifest against the
+        digest recorded at the checkpoint)."""
+        source = NodeRef(target.cluster, str(record.get("node")), endpoint=str(record.get("endpoint") or ""))
+        if not source.endpoint:
+            raise PermanentExecutorError(f"checkpoint {record.get('ck')}: the source node's agent is not recorded")
+        share = self.agents.client(source).operation("/v1/share", f"{operation_id}-share",
+                                                     checkpoint_id=record["ck"], to=target.identity)
+        self.agents.client(self._need_agent(target)).operation(
+            "/v1/fetch", f"{operation_id}-fetch", checkpoint_id=record["ck"], source=source.endpoint,
+            token=share["token"], sha256=record["sha256"])
 
     def _constraint(self, job: dict[str, Any], record: dict[str, Any], target: NodeRef) -> dict[str, str]:
         """Where the job may start again: the target, never a node that publishes versions the image

@@ -122,3 +122,37 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
         fleet.cluster.run("scancel", job_id)
         assert fleet.cluster.wait_ended(job_id, 30)
         assert wait_for(lambda log=logs[node]: not counter_pids(log), 20, interval=0.2), counter_pids(logs[node])
+
+
+def test_without_a_shared_folder_the_images_travel_between_agents_and_scancel_still_stops_the_job(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 4 without a shared folder: the target's agent fetches the CRIU images from the source's
+    (token, SHA-256 checked), the job continues there, and scancel leaves no process of it."""
+    fleet.share_artifacts(False)
+    try:
+        fleet.reset()
+        log = tmp_path / "criu.log"
+        job_id = fleet.counter_job(log, "gpu01", engine="criu")
+        assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+        agents.wait_steps(log, 5)
+        fleet.make_cluster()
+        done = drive(start_campaign(["gpu01"]).pk)
+        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+        move = WorkloadMove.objects.select_related("target_node").get(sweep__campaign=done)
+        target = move.target_node.name
+        assert move.state == MoveState.RESTORED and target != "gpu01"
+        # The image now lies in both nodes' own stores, identical file by file.
+        source_dir = fleet.root / "artifacts-gpu01" / move.checkpoint_id
+        target_dir = fleet.root / f"artifacts-{target}" / move.checkpoint_id
+        listed = sorted(p.name for p in source_dir.iterdir() if p.suffix == ".img")
+        assert listed and listed == sorted(p.name for p in target_dir.iterdir() if p.suffix == ".img")
+        after = agents.wait_steps(log, len(agents.steps(log)) + 5)
+        assert unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+        assert fleet.job(job_id)["batch_host"] == target  # type: ignore[index]
+        assert counter_pids(log)
+        fleet.cluster.run("scancel", job_id)
+        assert fleet.cluster.wait_ended(job_id, 30)
+        assert wait_for(lambda: not counter_pids(log), 20, interval=0.2), counter_pids(log)
+    finally:
+        fleet.share_artifacts(True)

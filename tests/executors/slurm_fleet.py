@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -62,7 +63,9 @@ class SlurmFleet:
         return self
 
     def start_agent(self, name: str) -> agents.AgentProcess:
+        """The node's agent, started afresh: no state, the old versions."""
         store = self.shared or self.root / f"artifacts-{name}"
+        shutil.rmtree(self.root / f"state-{name}", ignore_errors=True)
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
         agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
                                     patch_methods='{"package": {"simulate": true}}', simulated_reboot_hook=hook)
@@ -75,6 +78,16 @@ class SlurmFleet:
             "cluster": agents.CLUSTER, "node": name, "endpoint": f"http://127.0.0.1:{agent.port}",
             "key_file": str(key_file)}))
         return agent
+
+    def share_artifacts(self, shared: bool) -> None:
+        """Restart every agent with one shared artifact folder, or each with its own (images then travel
+        between agents)."""
+        if shared == (self.shared is not None):
+            return
+        self.shared = self.root / "shared-artifacts" if shared else None
+        for name in self.names:
+            self.agents[name].stop()
+            self.start_agent(name)
 
     def stop(self) -> None:
         try:
@@ -106,7 +119,8 @@ class SlurmFleet:
     # -- views ------------------------------------------------------------------------
     @property
     def connection(self) -> dict[str, Any]:
-        return {"slurm_conf": str(self.cluster.conf), "executor": "slurm"}
+        shared = {"shared_checkpoint_dir": str(self.shared)} if self.shared else {}
+        return {"slurm_conf": str(self.cluster.conf), "executor": "slurm", **shared}
 
     def ref(self, name: str) -> NodeRef:
         endpoint = f"http://127.0.0.1:{self.agents[name].port}" if name in self.agents else ""
@@ -147,13 +161,22 @@ class SlurmFleet:
         return self.cluster.sbatch(command, nodelist=node, gpus=1, name=name)
 
     def reset(self) -> None:
-        """Between tests: no job left, every node resumed and idle."""
+        """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
         self.cluster.run("scancel", "--full", "-u", "root", check=False)
         ended = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
                  "OUT_OF_MEMORY")
         assert wait_for(lambda: all(_state(j) in ended for j in self.jobs()), 60, interval=0.5), self.jobs()
         for name in self.names:
             self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
+            features = self.cluster.features[name]
+            self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
+                             f"activefeatures={features}")
+            self.agents[name].stop()
+            self.start_agent(name)
+        for reservation in self.cluster.run("scontrol", "show", "reservation", "-o", check=False).splitlines():
+            if reservation.startswith("ReservationName="):
+                name = reservation.split()[0].split("=", 1)[1]
+                self.cluster.run("scontrol", "delete", f"reservationname={name}", check=False)
         assert wait_for(lambda: all(self.takes_work(n) for n in self.names), 60, interval=0.5), \
             [(n["name"], n["state"], n["state_flags"], n["reason"]) for n in self.client().nodes()]
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, transfer
 from .artifacts import (
     ArtifactError,
     GrowingFileHasher,
@@ -56,6 +56,7 @@ class Agent:
         self.nonces = NonceLog(config.state_dir / "nonces.log")
         self.artifacts = LocalArtifactStore(config.artifact_dir)
         self.workloads = WorkloadRegistry(config.state_dir)
+        self.shares = transfer.Shares(config.state_dir)
         self._facts: tuple[float, Facts] | None = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -121,6 +122,7 @@ class Agent:
     def validate(self, kind: str, params: dict[str, Any]) -> None:
         """Reject a malformed request before anything is written (the caller answers 400)."""
         required = {"checkpoint": ("workload_id",), "restore": ("checkpoint_id",), "maintenance": ("enabled",),
+                    "share": ("checkpoint_id", "to"), "fetch": ("checkpoint_id", "source", "token", "sha256"),
                     "patch": ("component", "version", "method"), "reboot": (), "register": ("workload_id", "pid")}
         missing = [k for k in required[kind] if params.get(k) in (None, "")]
         if missing:
@@ -371,6 +373,27 @@ class Agent:
         }
         self.workloads.put(workload)
         return {"workload_id": workload_id, "checkpoint_dir": str(exchange)}
+
+    def run_share(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Let one other node fetch a checkpoint from here (transfer.py); the token is in the result only."""
+        checkpoint_id = str(record["params"]["checkpoint_id"])
+        try:
+            self.artifacts.verify(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc)) from None
+        return self.shares.grant(checkpoint_id, str(record["params"]["to"]))
+
+    def run_fetch(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Copy a checkpoint from the agent that holds it into this node's store, checked (transfer.py)."""
+        params = record["params"]
+        checkpoint_id = str(params["checkpoint_id"])
+        try:
+            manifest = transfer.fetch(self.artifacts, checkpoint_id, str(params["source"]), str(params["token"]),
+                                      str(params["sha256"]))
+        except (transfer.TransferError, ArtifactError) as exc:
+            raise OperationError(str(exc)) from None
+        return {"checkpoint_id": checkpoint_id, "files": len(manifest.get("files", [])),
+                "total_bytes": manifest.get("total_bytes", 0)}
 
     def run_patch(self, record: dict[str, Any]) -> dict[str, Any]:
         params = record["params"]
