@@ -33,9 +33,12 @@ did and undo removes only gpusweep's own marks:
   same reboot). verify reads the agent's facts and Slurm's features; where the site publishes
   versions as features (``component_features``) gpusweep rewrites those features to what the
   agent reports.
-- maintenance reservations per wave (``reserve``/``release_reservation``): ``scontrol create
-  reservation gpusweep-c<C>-w<W> ... flags=maint``, only that wave's nodes and time; deleting
-  touches only reservations named gpusweep-.
+- maintenance reservations just in time (``connection["maintenance_reservations"]``): the drain
+  also creates ``scontrol create reservation gpusweep-c<C>-s<sweep> nodes=N starttime=now
+  duration=<reservation_minutes, 120> flags=maint,ignore_jobs`` for that node alone, deleted by
+  return to service and undo, instead of one reservation set weeks ahead. ``reserve`` and
+  ``release_reservation`` make and delete one for a whole wave (``reservation_name``); only
+  reservations named gpusweep- are ever deleted.
 
 Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
 uses as ``artifact_dir``, a site's parallel file system) the target reads them there; without it,
@@ -283,10 +286,15 @@ class SlurmExecutor(Executor):
     def drain(self, node: NodeRef, operation_id: str) -> None:
         info = self._node(node.name)
         reason = str(info.get("reason") or "")
-        if reason.startswith(MARK) and _state_words(info) & {"drain", "drained", "draining", "down"}:
-            return  # drained by gpusweep already (this campaign's, or another's, whose reason stays)
-        if self.maintenance_hold(node):
+        ours = reason.startswith(MARK) and bool(_state_words(info) & {"drain", "drained", "draining", "down"})
+        if not ours and self.maintenance_hold(node):
             return  # out of service for someone else: takes no work, and their reason stays theirs
+        if self.connection.get("maintenance_reservations"):
+            # Just in time: this node, from now for the sweep's time, instead of one reservation weeks ahead.
+            self.reserve(self._sweep_reservation(operation_id), [node.name], "now",
+                         int(self.connection.get("reservation_minutes", 120)))
+        if ours:
+            return  # drained by gpusweep already (this campaign's, or another's, whose reason stays)
         self._slurm(f"drain {node.name}", self.slurm.update_node, node.name, state="DRAIN",
                     reason=f"{MARK} campaign {campaign_of(operation_id)} op {operation_id}")
 
@@ -307,9 +315,24 @@ class SlurmExecutor(Executor):
 
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         self._resume(node, operation_id)
+        self._unreserve(node, operation_id)
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
         self._resume(node, operation_id)
+        self._unreserve(node, operation_id)
+
+    @staticmethod
+    def _sweep_reservation(operation_id: str) -> str:
+        match = re.match(r"^gs-(\d+)-(\d+)-", operation_id)
+        return f"{RESERVATION_PREFIX}c{match.group(1)}-s{match.group(2)}" if match else \
+            f"{RESERVATION_PREFIX}{re.sub(r'[^A-Za-z0-9_.-]', '_', operation_id)[:60]}"
+
+    def _unreserve(self, node: NodeRef, operation_id: str) -> None:
+        """Delete this sweep's reservation (there is none when the cluster asks for none)."""
+        name = self._sweep_reservation(operation_id)
+        if any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                     self.slurm.reservations)):
+            self._slurm(f"delete reservation {name}", self.slurm.delete_reservation, name)
 
     # -- checkpoint, stop, restore -----------------------------------------------------
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,

@@ -35,6 +35,9 @@ GPU_MODEL = "H100"
 FEATURES = f"nvdriver_{OLD_DRIVER},cuda_12.8,gpumodel_{GPU_MODEL}"
 FACTS = {**agents.FACTS, "gpu_model": GPU_MODEL}
 RUN = ("running", "restored")
+# The agents' patches are simulated: the version takes effect at the modelled reboot.
+PATCH_METHODS = json.dumps({"package": {"simulate": True, "commands": {
+    "kernel": "apt-get install -y --no-install-recommends linux-image-{version}"}}})
 
 
 class SlurmFleet:
@@ -68,7 +71,7 @@ class SlurmFleet:
         shutil.rmtree(self.root / f"state-{name}", ignore_errors=True)
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
         agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
-                                    patch_methods='{"package": {"simulate": true}}', simulated_reboot_hook=hook)
+                                    patch_methods=PATCH_METHODS, simulated_reboot_hook=hook)
         agent.start()
         self.agents[name] = agent
         key_file = self.root / f"key-{name}"
