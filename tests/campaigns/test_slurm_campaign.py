@@ -246,17 +246,18 @@ def test_a_down_agent_fails_its_node_untouched_a_waited_job_keeps_its_node_drain
         assert fleet.takes_work(node) and fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
 
 
-def test_an_abort_leaves_no_node_drained(fleet: SlurmFleet, tmp_path: Path) -> None:
-    """Done-when 3's abort: a campaign stopped after its drains leaves every node as it was; an
-    administrator's drain stays."""
+def test_an_abort_leaves_no_node_drained_and_no_reservation(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 3's abort: a campaign stopped after its drains leaves every node as it was and none of
+    its reservations; an administrator's drain stays."""
     fleet.reset()
     fleet.cluster.run("scontrol", "update", "nodename=gpu02", "state=DRAIN", "reason=RMA 4711")
-    fleet.make_cluster()
+    fleet.make_cluster(maintenance_reservations=True)  # each drained node gets its own just-in-time reservation
     made = start_campaign(["gpu01", "gpu03"])
     engine.dispatch(made.pk)
     for sweep in NodeSweep.objects.filter(campaign=made, state=SweepState.DRAINING):
         engine.advance(sweep.pk, max_steps=1)
     assert not fleet.takes_work("gpu01") and fleet.node("gpu01")["reason"].startswith("gpusweep:")
+    assert "ReservationName=gpusweep-" in fleet.cluster.run("scontrol", "show", "reservation", "-o")
     services.abort(made.pk, None, "operator changed their mind")
     done = drive_until_rest(made.pk)
     assert done.status == CampaignStatus.ABORTED

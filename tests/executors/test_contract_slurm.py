@@ -104,3 +104,21 @@ class TestSlurmExecutor(ExecutorContract):
         assert "nvdriver_570.195.03" in fleet.node("gpu02")["active_features"].split(",")
         ex.return_to_service(b, op("feat-return"))
         assert fleet.takes_work("gpu02")
+
+    def test_a_just_in_time_reservation_covers_the_drained_node_and_only_someone_elses_is_a_hold(
+            self, harness: Harness, fleet: SlurmFleet) -> None:
+        cluster = Cluster(name=agents.CLUSTER, kind="slurm",
+                          connection={**fleet.connection, "maintenance_reservations": True, "reservation_minutes": 30})
+        ex = get_executor(cluster, secret=agents.FLEET_SECRET)
+        fleet.cluster.run("scontrol", "create", "reservation", "reservationname=site-maint", "users=root",
+                          "nodes=gpu01", "starttime=now", "duration=60", "flags=maint,ignore_jobs")
+        assert "site-maint" in ex.maintenance_hold(harness.a)
+        ex.drain(harness.b, op("resv-drain"))
+        ex.drain(harness.b, op("resv-drain"))  # a retry finds the reservation: still one
+        shown = fleet.cluster.run("scontrol", "show", "reservation", "-o")
+        ours = [line for line in shown.splitlines() if line.startswith("ReservationName=gpusweep-c900-s1 ")]
+        assert len(ours) == 1 and "Nodes=gpu02 " in ours[0] and "MAINT" in ours[0], shown
+        assert ex.maintenance_hold(harness.b) == "", "gpusweep's own reservation is no hold"
+        ex.undo(harness.b, op("resv-undo"))
+        shown = fleet.cluster.run("scontrol", "show", "reservation", "-o")
+        assert "gpusweep-" not in shown and "site-maint" in shown, "only gpusweep's reservation goes"
