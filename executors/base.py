@@ -39,6 +39,7 @@ ALIASES = {
     "memory": "executors.memory.MemoryExecutor",
     "local": "executors.local.LocalExecutor",
     "kubernetes": "executors.kubernetes.KubernetesExecutor",
+    "slurm": "executors.slurm.SlurmExecutor",
 }
 DEFAULT_EXECUTOR = "local"
 

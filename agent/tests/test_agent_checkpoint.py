@@ -192,7 +192,9 @@ def test_it_restores_a_pending_checkpoint_when_gpusweep_run_starts_the_workload_
     """A requeued Slurm job keeps its SLURM_JOB_ID: the wrapper restores instead of starting over."""
     a, b, _store = agents
     log = tmp_path / "counter.log"
-    proc = start_workload(a, "ignored", log, megabytes=10, extra_env={"SLURM_JOB_ID": "4242"})
+    # Under Slurm the wrapper keeps its job through a checkpoint until gpusweep requeues it; nothing requeues here.
+    proc = start_workload(a, "ignored", log, megabytes=10, extra_env={"SLURM_JOB_ID": "4242",
+                                                                       "GPUSWEEP_REQUEUE_WAIT_S": "0"})
     wait_steps(log, 10)
     workload_ids = [w["id"] for w in a.client.get("/v1/workloads")["workloads"]]
     assert "ignored" in workload_ids  # --workload-id wins over SLURM_JOB_ID

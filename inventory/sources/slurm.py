@@ -44,7 +44,11 @@ class SlurmError(RuntimeError):
 
 
 class SlurmClient(Protocol):
-    """What the sync needs from Slurm. Dictionaries follow `sinfo --json` / `squeue --json`."""
+    """What the sync and the Slurm executor need from Slurm. Dictionaries follow `sinfo --json` /
+    `squeue --json`; reservations are `scontrol show reservation -o` as {field: value}.
+
+    The writes are the `scontrol` commands an administrator would type; each raises SlurmError
+    with Slurm's own words when it is refused."""
 
     def ping(self) -> None:
         """Raise SlurmError when the controller does not answer."""
@@ -52,6 +56,26 @@ class SlurmClient(Protocol):
     def nodes(self) -> list[dict[str, Any]]: ...
 
     def jobs(self) -> list[dict[str, Any]]: ...
+
+    def reservations(self) -> list[dict[str, str]]: ...
+
+    def update_node(self, name: str, **fields: str) -> None:
+        """`scontrol update nodename=NAME key=value ...` (state=DRAIN reason=..., state=RESUME, features)."""
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        """`scontrol update jobid=ID key=value ...` (nodelist, excnodelist, features, admincomment)."""
+
+    def requeue(self, job_id: str, hold: bool) -> None:
+        """`scontrol requeuehold ID` (hold) or `scontrol requeue ID`."""
+
+    def release(self, job_id: str) -> None: ...
+
+    def reboot(self, name: str, reason: str) -> None:
+        """`scontrol reboot ASAP nextstate=RESUME reason=... NAME` (the site's RebootProgram reboots)."""
+
+    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None: ...
+
+    def delete_reservation(self, name: str) -> None: ...
 
 
 class CliSlurmClient:
@@ -109,6 +133,46 @@ class CliSlurmClient:
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._json("squeue", "--json").get("jobs", []))
+
+    def reservations(self) -> list[dict[str, str]]:
+        # Slurm 22.05 has no JSON for reservations; the one-line form is key=value pairs.
+        out = self._run("scontrol", "show", "reservation", "-o")
+        return [parse_key_values(line) for line in out.splitlines() if line.startswith("ReservationName=")]
+
+    @staticmethod
+    def _pairs(fields: dict[str, str]) -> list[str]:
+        return [f"{key}={value}" for key, value in fields.items()]
+
+    def update_node(self, name: str, **fields: str) -> None:
+        self._run("scontrol", "update", f"nodename={name}", *self._pairs(fields))
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        self._run("scontrol", "update", f"jobid={job_id}", *self._pairs(fields))
+
+    def requeue(self, job_id: str, hold: bool) -> None:
+        self._run("scontrol", "requeuehold" if hold else "requeue", job_id)
+
+    def release(self, job_id: str) -> None:
+        self._run("scontrol", "release", job_id)
+
+    def reboot(self, name: str, reason: str) -> None:
+        self._run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", name)
+
+    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None:
+        self._run("scontrol", "create", "reservation", f"reservationname={name}", "users=root",
+                  f"nodes={','.join(nodes)}", f"starttime={start}", f"duration={max(1, minutes)}", f"flags={flags}")
+
+    def delete_reservation(self, name: str) -> None:
+        self._run("scontrol", "delete", f"reservationname={name}")
+
+
+def parse_key_values(line: str) -> dict[str, str]:
+    """{'ReservationName': 'r1', 'Nodes': 'gpu[01-02]', ...} from `scontrol show ... -o` (values have no spaces,
+    except the last field's, which takes the rest of the line)."""
+    found: dict[str, str] = {}
+    for match in re.finditer(r"(\w+)=(.*?)(?=\s+\w+=|$)", line.strip()):
+        found[match.group(1)] = match.group(2).strip()
+    return found
 
 
 def _number(value: Any) -> int | None:

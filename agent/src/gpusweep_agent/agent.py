@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, transfer
 from .artifacts import (
     ArtifactError,
     GrowingFileHasher,
@@ -27,7 +27,7 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine
 from .engines.base import SECRET_WORDS
-from .engines.criu import processes_mentioning
+from .engines.criu import CriuEngine, processes_mentioning
 from .facts import Facts, gather
 from .operations import OperationDeferred, OperationError, OperationStore
 from .patch import PatchError, get_patch_method, validate
@@ -56,6 +56,7 @@ class Agent:
         self.nonces = NonceLog(config.state_dir / "nonces.log")
         self.artifacts = LocalArtifactStore(config.artifact_dir)
         self.workloads = WorkloadRegistry(config.state_dir)
+        self.shares = transfer.Shares(config.state_dir)
         self._facts: tuple[float, Facts] | None = None
         self._stop = threading.Event()
         self.restart_requested = threading.Event()
@@ -121,6 +122,7 @@ class Agent:
     def validate(self, kind: str, params: dict[str, Any]) -> None:
         """Reject a malformed request before anything is written (the caller answers 400)."""
         required = {"checkpoint": ("workload_id",), "restore": ("checkpoint_id",), "maintenance": ("enabled",),
+                    "share": ("checkpoint_id", "to"), "fetch": ("checkpoint_id", "source", "token", "sha256"),
                     "patch": ("component", "version", "method"), "reboot": (), "register": ("workload_id", "pid")}
         missing = [k for k in required[kind] if params.get(k) in (None, "")]
         if missing:
@@ -281,7 +283,14 @@ class Agent:
                 "cold_start": manifest["engine"] == "none"}
 
     def run_register(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh."""
+        """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh.
+
+        A wrapper inside a scheduler's job (``restore_in_job``) restores a criu image itself, so the
+        process comes back inside the job: it gets the command, then reports the restored pid
+        (``restored_from``) or its failure (``failed``, which frees the checkpoint again)."""
+        params = record["params"]
+        if params.get("restored_from"):
+            return self._adopt(params)
         if self.maintenance:
             raise OperationError(f"{self.config.identity} is in maintenance and admits no new workloads")
         params = record["params"]
@@ -296,6 +305,17 @@ class Agent:
                 # An invalid checkpoint means a cold start, said out loud; the checkpoint stays for a compatible node.
                 return {"action": "start", "cold_start": True, **self._register(params), **exc.result}
             engine = get_engine(manifest["engine"], self.config)
+            if engine.live and params.get("restore_in_job") and isinstance(engine, CriuEngine) \
+                    and type(engine).after_restore is CriuEngine.after_restore:
+                try:
+                    engine.check()
+                    self.artifacts.claim(pending, self.config.identity)
+                except (EngineError, ArtifactError) as exc:
+                    raise OperationError(str(exc)) from None
+                command, pidfile = engine.restore_args(manifest, self.artifacts.image_dir(pending),
+                                                       self.config.state_dir / "restore" / pending)
+                return {"action": "restore_in_job", "checkpoint_id": pending, "command": command,
+                        "pidfile": str(pidfile)}
             if engine.live:
                 return {"action": "restored", **self._restore(manifest, pending)}
             if manifest["engine"] == "signal":
@@ -313,6 +333,25 @@ class Agent:
             self.artifacts.mark_restored(pending, {"by": self.config.identity, "at": utcnow(), "pid": params["pid"]})
             return {"action": "start", "cold_start": True, "checkpoint_id": pending, **self._register(params)}
         return {"action": "start", "cold_start": False, **self._register(params)}
+
+    def _adopt(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The wrapper restored a checkpoint inside its job: record the process, or free the checkpoint."""
+        checkpoint_id = str(params["restored_from"])
+        if self.artifacts.claimed_by(checkpoint_id) != self.config.identity:
+            raise OperationError(f"checkpoint {checkpoint_id} is not claimed by {self.config.identity}")
+        if params.get("failed"):
+            self.artifacts.release(checkpoint_id)
+            return {"action": "released", "checkpoint_id": checkpoint_id}
+        try:
+            manifest = self.artifacts.manifest(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc)) from None
+        workload = dict(manifest["workload"])
+        pid = int(params["pid"])
+        workload.update(pid=pid, state="running", restored_from=checkpoint_id, restored_at=utcnow(), in_job=True)
+        self.workloads.put(workload)
+        self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
+        return {"action": "adopted", "workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id}
 
     def _register(self, params: dict[str, Any]) -> dict[str, Any]:
         workload_id = str(params["workload_id"])
@@ -334,6 +373,27 @@ class Agent:
         }
         self.workloads.put(workload)
         return {"workload_id": workload_id, "checkpoint_dir": str(exchange)}
+
+    def run_share(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Let one other node fetch a checkpoint from here (transfer.py); the token is in the result only."""
+        checkpoint_id = str(record["params"]["checkpoint_id"])
+        try:
+            self.artifacts.verify(checkpoint_id)
+        except ArtifactError as exc:
+            raise OperationError(str(exc)) from None
+        return self.shares.grant(checkpoint_id, str(record["params"]["to"]))
+
+    def run_fetch(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Copy a checkpoint from the agent that holds it into this node's store, checked (transfer.py)."""
+        params = record["params"]
+        checkpoint_id = str(params["checkpoint_id"])
+        try:
+            manifest = transfer.fetch(self.artifacts, checkpoint_id, str(params["source"]), str(params["token"]),
+                                      str(params["sha256"]))
+        except (transfer.TransferError, ArtifactError) as exc:
+            raise OperationError(str(exc)) from None
+        return {"checkpoint_id": checkpoint_id, "files": len(manifest.get("files", [])),
+                "total_bytes": manifest.get("total_bytes", 0)}
 
     def run_patch(self, record: dict[str, Any]) -> dict[str, Any]:
         params = record["params"]
@@ -370,6 +430,9 @@ class Agent:
         self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
         if command == "simulate":
             self.apply_pending_facts()
+            if self.config.simulated_reboot_hook:
+                subprocess.Popen(shlex.split(self.config.simulated_reboot_hook), start_new_session=True,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.restart_requested.set()
             # The record stays "running"; the restarted agent finishes it (recover()).
             raise OperationDeferred()

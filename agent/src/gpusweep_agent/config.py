@@ -47,6 +47,9 @@ class AgentConfig:
     patch_methods: dict[str, dict[str, Any]] = field(default_factory=dict)
     # "" refuses to reboot, "simulate" restarts the agent with the pending facts, anything else is run.
     reboot_command: str = ""
+    # With reboot_command "simulate": a command started (detached) at the simulated reboot, for what a real
+    # reboot restarts besides the agent, e.g. the node's slurmd (tests/slurm_cluster.py restart_slurmd_script).
+    simulated_reboot_hook: str = ""
     libcuda: str = "libcuda.so.1"
     # Optional TLS; with tls_client_ca set, callers must also present a certificate it signed (mutual TLS).
     tls_cert: str = ""

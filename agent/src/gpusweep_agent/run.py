@@ -12,6 +12,18 @@ as its parent and exits with its status). CRIU then restores the namespace under
 so a restore never collides with a pid in use on the target (including the original's, when it
 was checkpointed with leave_running).
 
+Under Slurm (``SLURM_JOB_ID`` set) the wrapper always stays as the payload's parent and runs it in
+a session of its own, so the payload can be checkpointed with no extra flag (CRIU needs the tree
+to lead its own session). A criu checkpoint is restored by the wrapper itself, inside the
+requeued job (it runs the agent's ``criu restore`` command as a child subreaper, so the restored
+process becomes its child: ``scancel``, ``sstat`` and the time limit reach it), then reports the
+restored pid to the agent. With ``--pid-namespace`` the agent restores instead (a fresh host pid,
+but outside the job).
+When the agent checkpoints the payload, the wrapper keeps the job alive until gpusweep requeues
+it (``scontrol requeuehold``; at most ``GPUSWEEP_REQUEUE_WAIT_S``, 3600 s), so the job is
+requeued rather than ended; the requeued job's ``gpusweep-run`` restores the checkpoint.
+``--no-pid-namespace`` keeps the plain exec.
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -23,9 +35,11 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from .client import AgentClient, AgentClientError
@@ -42,14 +56,16 @@ def workload_id_from_env(env: dict[str, str]) -> str:
 
 
 CLONE_NEWPID = 0x20000000
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class NamespacedChild:
-    """A child forked into a new pid namespace that waits for its command (or to be told to quit)."""
+    """A child forked into a new pid namespace (or only a new session, `new_namespace=False`) that
+    waits for its command (or to be told to quit)."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_namespace: bool = True) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWPID) != 0:
+        if new_namespace and libc.unshare(CLONE_NEWPID) != 0:
             errno = ctypes.get_errno()
             raise OSError(errno, f"unshare(CLONE_NEWPID): {os.strerror(errno)} (needs root)")
         read_end, self._write_end = os.pipe()
@@ -77,9 +93,20 @@ class NamespacedChild:
         self._open = False
         # Stay silent from here: a checkpoint may be taken, and the output files must not grow after it.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, frame: os.kill(self.pid, signal.SIGKILL))
+            signal.signal(sig, self._forward)
         _, status = os.waitpid(self.pid, 0)
+        self.ended = True
         return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+    ended = False
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        if self.ended:  # the payload is gone (checkpointed): the job's end is ours alone
+            os._exit(128 + signum)
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def cancel(self) -> None:
         """The command will not run: the waiting child reads end-of-file and exits."""
@@ -98,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--pid-namespace", action="store_true",
                         help="run the command as pid 1 of a new pid namespace (restores never collide)")
+    parser.add_argument("--no-pid-namespace", action="store_true",
+                        help="under Slurm: exec the command instead of staying as its parent")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -111,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpusweep-run: {exc}", file=sys.stderr)
         return 2
     child: NamespacedChild | None = None
-    if args.pid_namespace:
+    under_slurm = bool(env.get("SLURM_JOB_ID")) and not args.no_pid_namespace
+    if args.pid_namespace or under_slurm:
         try:
-            child = NamespacedChild()
+            child = NamespacedChild(new_namespace=args.pid_namespace)
         except OSError as exc:
             print(f"gpusweep-run: {exc}", file=sys.stderr)
             return 2
@@ -133,6 +163,8 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         "workload_id": workload_id, "pid": child.pid if child else os.getpid(),
         "name": args.name or os.path.basename(command[0]), "checkpoint_engine": args.engine,
         "checkpoint_signal": args.signal, "gpus": args.gpus, "command": command, "cwd": os.getcwd(), "env": env,
+        # Inside a scheduler's job a criu image is restored by this wrapper, so it stays in the job.
+        "restore_in_job": bool(env.get("SLURM_JOB_ID")) and not args.pid_namespace,
     }
     try:
         op = client.call("/v1/workloads", operation_id=f"register-{workload_id}-{os.getpid()}-{int(time.time())}",
@@ -148,6 +180,10 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
             child.cancel()
         return 75
     result = op["result"]
+    if result["action"] == "restore_in_job":
+        if child:
+            child.cancel()
+        return restore_in_job(client, result, workload_id, env)
     if result["action"] == "restored":
         if child:
             child.cancel()
@@ -168,13 +204,85 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         why = result.get("message") or "its checkpoint kept no state (engine none)"
         print(f"gpusweep-run: workload {workload_id} COLD START: {why}", file=sys.stderr, flush=True)
     if child:
-        return child.run(command, env)
+        code = child.run(command, env)
+        # A checkpoint stops the payload with a signal; any other end is the job's own.
+        if env.get("SLURM_JOB_ID") and code >= 128 and _checkpointed(client, workload_id):
+            # Keep the job until gpusweep requeues it; silent, so no output file grows after the checkpoint.
+            time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
+        return code
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
         print(f"gpusweep-run: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def restore_in_job(client: AgentClient, result: dict[str, Any], workload_id: str, env: dict[str, str]) -> int:
+    """Run the agent's `criu restore` here; the restored process is reparented to this wrapper."""
+    checkpoint_id = str(result["checkpoint_id"])
+    become_subreaper()
+    done = subprocess.run(list(result["command"]), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, check=False, timeout=600)
+    pidfile = Path(str(result["pidfile"]))
+    tag = f"{workload_id}-{os.getpid()}-{int(time.time())}"
+    if done.returncode != 0 or not pidfile.is_file():
+        client.call("/v1/workloads", operation_id=f"restore-failed-{tag}", workload_id=workload_id,
+                    pid=os.getpid(), restored_from=checkpoint_id, failed=True)
+        print(f"gpusweep-run: workload {workload_id}: criu restore of {checkpoint_id} failed (exit "
+              f"{done.returncode}); see the agent's logs", file=sys.stderr, flush=True)
+        return 75
+    pid = int(pidfile.read_text().strip())
+    op = client.call("/v1/workloads", operation_id=f"adopt-{tag}", workload_id=workload_id, pid=pid,
+                     restored_from=checkpoint_id)
+    if op["state"] != "succeeded":
+        print(f"gpusweep-run: workload {workload_id}: {op.get('error')}", file=sys.stderr, flush=True)
+    print(f"gpusweep-run: workload {workload_id} restored from {checkpoint_id} in this job as pid {pid}",
+          file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _kill(pid))
+    code = _wait_child(pid)
+    if code >= 128 and _checkpointed(client, workload_id):
+        time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
+    return code
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os._exit(128 + signal.SIGTERM)
+
+
+def _wait_child(pid: int) -> int:
+    """The exit status of `pid`, our child once CRIU has exited (we are its subreaper)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:  # not reparented to us (no subreaper): wait by polling
+        while pid_alive(pid):
+            time.sleep(0.5)
+        return 0
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def become_subreaper() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _checkpointed(client: AgentClient, workload_id: str, wait_s: float = 30.0) -> bool:
+    """Whether the agent stopped the payload for a checkpoint: it records that just after the stop
+    (once the images are sealed), so a payload killed by a signal waits a little for the record."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            listed = client.get("/v1/workloads").get("workloads", [])
+        except (AgentClientError, OSError, AttributeError):
+            return False
+        if any(w.get("id") == workload_id and w.get("state") == "checkpointed" for w in listed):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

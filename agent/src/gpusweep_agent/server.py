@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import ssl
 import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
+from . import transfer
 from .agent import Agent
 from .artifacts import ArtifactError
 from .auth import AuthError, verify
@@ -20,9 +23,11 @@ from .replay import ReplayError
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/patch": "patch",
-              "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register"}
+              "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register",
+              "/v1/share": "share", "/v1/fetch": "fetch"}
 OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
 CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
+TRANSFER_RE = re.compile(r"^/v1/transfer/([^/]+)/(.+)$")
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -81,8 +86,32 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length) if length else b""
 
+    def _transfer(self, checkpoint_id: str, name: str) -> None:
+        """A shared checkpoint's file, for the one receiver holding the token (transfer.py)."""
+        agent = self.server.agent
+        if not agent.shares.allows(self.headers.get(transfer.TOKEN_HEADER, ""), checkpoint_id):
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": f"no valid transfer token for {checkpoint_id}"})
+            return
+        try:
+            path = transfer.served_file(agent.artifacts, checkpoint_id, unquote(name))
+            size = path.stat().st_size
+        except (ArtifactError, OSError) as exc:
+            self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+            return
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        with path.open("rb") as fh:
+            shutil.copyfileobj(fh, self.wfile, 4 * 1024 * 1024)
+
     def do_GET(self) -> None:
-        if self._body() is None or not self._authenticate(b""):
+        if self._body() is None:
+            return
+        if match := TRANSFER_RE.match(self.path.split("?", 1)[0]):
+            self._transfer(match.group(1), match.group(2))
+            return
+        if not self._authenticate(b""):
             return
         agent = self.server.agent
         path = self.path.split("?", 1)[0]

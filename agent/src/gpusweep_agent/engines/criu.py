@@ -189,8 +189,8 @@ class CriuEngine(CheckpointEngine):
             kill_tree(pid)
         return complete
 
-    def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
-        self.check()
+    def restore_args(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> tuple[list[str], Path]:
+        """The `criu restore` command line (detached, with a pidfile) and its pidfile."""
         engine_data = manifest.get("engine_data", {})
         work_dir.mkdir(parents=True, exist_ok=True)
         pidfile = work_dir / "restored.pid"
@@ -204,6 +204,13 @@ class CriuEngine(CheckpointEngine):
         # Not recorded (a checkpoint finished after an agent restart): pass it; it costs only time.
         if engine_data.get("tcp_established", True):
             args.append("--tcp-established")
+        return args, pidfile
+
+    def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
+        self.check()
+        engine_data = manifest.get("engine_data", {})
+        args, pidfile = self.restore_args(manifest, image_dir, work_dir)
+        log = self.log_path(image_dir, "restore")
         rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             timeout=600, check=False).returncode
         if rc != 0 or not pidfile.is_file():

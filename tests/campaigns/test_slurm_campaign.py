@@ -1,0 +1,266 @@
+"""Campaigns through the engine on a real Slurm cluster (tests/executors/slurm_fleet.py): munged,
+slurmctld, slurmdbd into the machine's MariaDB, four `slurmd -N` nodes, a real node agent per node,
+batch jobs whose payload is a step counter under gpusweep-run, checkpointed with real CRIU and the
+signal engine. The engine is driven synchronously, as Celery would run its tasks
+(tests/campaigns/fleet.py ``drive``). The reboot is the agents' modelled one (the agent restarts
+with the patched versions and restarts that node's slurmd; see docs/architecture.md, "Slurm").
+
+One cluster for the module; each test resumes every node and starts its own jobs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from campaigns import engine, queue, services
+from campaigns.choices import CampaignStatus, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
+from conftest import need
+from tests.campaigns.fleet import FIXED, drive, user
+from tests.executors.slurm_fleet import SlurmFleet, agents, unbroken
+from tests.helpers import wait_for
+from tests.slurm_cluster import can_run_slurm
+
+pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
+NODES = ["gpu01", "gpu02", "gpu03", "gpu04"]
+NEW_KERNEL = "9.0.0-1-amd64"  # above any host kernel the tests run on
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
+    ok, reason = can_run_slurm(accounting=True)
+    need(ok, reason)
+    need(agents.criu_usable(), agents.CRIU_HINT)
+    with SlurmFleet(tmp_path_factory.mktemp("slurm-campaign"), NODES, accounting=True) as fleet:
+        yield fleet
+
+
+@pytest.fixture(autouse=True)
+def synchronous(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """drive() runs every step itself: nothing goes to a broker."""
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = agents.FLEET_SECRET
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: None)
+    yield
+    queue.ENQUEUE.pop(0)
+
+
+def start_campaign(names: list[str], **fields: object) -> Campaign:
+    rita, alan = user("rita", "operator"), user("alan", "approver")
+    made = Campaign.objects.create(**{"name": "slurm", "requested_by": rita, "node_selector": {"names": names},
+                                      "target_versions": {"driver": {"R570": FIXED}},
+                                      "parallelism_per_cluster": "2", "step_timeout_s": 120, "canary": "0", **fields})
+    services.make_plan(made.pk, rita)
+    services.approve(made.pk, alan)
+    services.start(made.pk, rita)
+    return made
+
+
+def counter_pids(log: Path) -> list[int]:
+    """Every process on this host running the counter that writes `log` (any node's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(log).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stays_a_slurm_job(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 1 and 4: a CRIU job and a signal job on the two swept nodes each continue on a spare
+    from their step, keep their job id, are requeued as sacct shows; the nodes come back idle with the
+    new version in their facts and features, no job started on them while drained; scancel of a moved
+    job stops its restored process everywhere."""
+    fleet.reset()
+    logs = {"gpu01": tmp_path / "criu.log", "gpu02": tmp_path / "signal.log"}
+    jobs = {"gpu01": fleet.counter_job(logs["gpu01"], "gpu01", engine="criu", name="criu-job"),
+            "gpu02": fleet.counter_job(logs["gpu02"], "gpu02", engine="signal", name="signal-job")}
+    assert fleet.cluster.wait_running(list(jobs.values())), fleet.cluster.logs()
+    for log in logs.values():
+        agents.wait_steps(log, 5)
+    fleet.make_cluster()
+
+    done = drive(start_campaign(["gpu01", "gpu02"]).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+        "target_node", "sweep")}
+    assert sorted(moves) == sorted(f"slurm-{j}" for j in jobs.values())
+    for node, job_id in jobs.items():
+        move = moves[f"slurm-{job_id}"]
+        assert move.state == MoveState.RESTORED and move.target_node.name in ("gpu03", "gpu04")
+        assert move.new_workload_ref == f"slurm-{job_id}", "the job id is kept"
+        job = fleet.job(job_id)
+        assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == move.target_node.name
+        # Its log goes on from where it stopped: no restart from step 1, no gap, no repeat.
+        at_end = len(agents.steps(logs[node]))
+        after = agents.wait_steps(logs[node], at_end + 5)
+        assert unbroken(after) == len(after), f"the counter of {node} restarted, skipped or repeated a step"
+        # sacct: the first run on the swept node ended REQUEUED, the second runs on the spare.
+        runs = fleet.cluster.sacct("-j", job_id)
+        assert [(r["State"], r["NodeList"]) for r in runs] == [("REQUEUED", node), ("RUNNING",
+                                                                                     move.target_node.name)], runs
+    for node in ("gpu01", "gpu02"):
+        info = fleet.node(node)
+        assert info["state"] == "idle" and not info["state_flags"], info
+        assert f"nvdriver_{FIXED}" in info["active_features"].split(",")
+        assert fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
+        # No job started on a swept node once the campaign began (sacct has every run of every job).
+        assert done.started_at is not None
+        began = done.started_at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+        started_here = [r for r in fleet.cluster.sacct("--allusers", "-S", "now-1hour")
+                        if r["NodeList"] == node and r["Start"] >= began]
+        assert started_here == [], started_here
+
+    # Done-when 4: scancel of a moved job stops its restored process; nothing of it is left anywhere.
+    for node, job_id in jobs.items():
+        assert counter_pids(logs[node]), "the restored counter runs"
+        fleet.cluster.run("scancel", job_id)
+        assert fleet.cluster.wait_ended(job_id, 30)
+        assert wait_for(lambda log=logs[node]: not counter_pids(log), 20, interval=0.2), counter_pids(logs[node])
+
+
+def test_without_a_shared_folder_the_images_travel_between_agents_and_scancel_still_stops_the_job(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 4 without a shared folder: the target's agent fetches the CRIU images from the source's
+    (token, SHA-256 checked), the job continues there, and scancel leaves no process of it."""
+    fleet.share_artifacts(False)
+    try:
+        fleet.reset()
+        log = tmp_path / "criu.log"
+        job_id = fleet.counter_job(log, "gpu01", engine="criu")
+        assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+        agents.wait_steps(log, 5)
+        fleet.make_cluster()
+        done = drive(start_campaign(["gpu01"]).pk)
+        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+        move = WorkloadMove.objects.select_related("target_node").get(sweep__campaign=done)
+        target = move.target_node.name
+        assert move.state == MoveState.RESTORED and target != "gpu01"
+        # The image now lies in both nodes' own stores, identical file by file.
+        source_dir = fleet.root / "artifacts-gpu01" / move.checkpoint_id
+        target_dir = fleet.root / f"artifacts-{target}" / move.checkpoint_id
+        listed = sorted(p.name for p in source_dir.iterdir() if p.suffix == ".img")
+        assert listed and listed == sorted(p.name for p in target_dir.iterdir() if p.suffix == ".img")
+        after = agents.wait_steps(log, len(agents.steps(log)) + 5)
+        assert unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+        assert fleet.job(job_id)["batch_host"] == target  # type: ignore[index]
+        assert counter_pids(log)
+        fleet.cluster.run("scancel", job_id)
+        assert fleet.cluster.wait_ended(job_id, 30)
+        assert wait_for(lambda: not counter_pids(log), 20, interval=0.2), counter_pids(log)
+    finally:
+        fleet.share_artifacts(True)
+
+
+def drive_until_rest(campaign_id: int, timeout: float = 120) -> Campaign:
+    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = drive(campaign_id)
+        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
+        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
+
+
+def test_a_kernel_only_patch_brings_the_job_back_to_its_own_node_after_the_reboot(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 2: no spare (the other nodes are held by an administrator); the signal checkpoint stays
+    valid on the node after a kernel patch, so the job waits held and comes back there, same job id."""
+    fleet.reset()
+    log = tmp_path / "signal.log"
+    job_id = fleet.counter_job(log, "gpu01", engine="signal")
+    assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    for other in ("gpu02", "gpu03", "gpu04"):
+        fleet.cluster.run("scontrol", "update", f"nodename={other}", "state=DRAIN", "reason=RMA 4711")
+    fleet.make_cluster()
+    done = drive_until_rest(start_campaign(["gpu01"], target_versions={"kernel": NEW_KERNEL}).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    move = WorkloadMove.objects.select_related("target_node").get(sweep__campaign=done)
+    assert move.state == MoveState.RESTORED and move.target_node.name == "gpu01"
+    job = fleet.job(job_id)
+    assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
+    after = agents.wait_steps(log, len(agents.steps(log)) + 5)
+    assert unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+    assert [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", job_id)] == [
+        ("REQUEUED", "gpu01"), ("RUNNING", "gpu01")]
+    assert fleet.agents["gpu01"].client.get("/v1/facts")["components"]["kernel"] == NEW_KERNEL
+    for other in ("gpu02", "gpu03", "gpu04"):
+        assert fleet.node(other)["reason"] == "RMA 4711", "the administrator's drains stay theirs"
+
+
+def test_a_down_agent_fails_its_node_untouched_a_waited_job_keeps_its_node_drained_and_a_cold_one_requeues(
+        fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Done-when 3 and 5 in one campaign (error budget 1): gpu01's agent is down, so gpu01 fails and is
+    resumed with its job running as before; gpu02's job (not under gpusweep-run, policy wait) keeps gpu02
+    drained until it ends, then gpu02 is patched; gpu03's job (cold_restart) is requeued by Slurm, which
+    runs it again from its first line, and the plan and the evidence say so."""
+    monkeypatch.setattr(engine, "WAIT_POLL_S", 1.0)  # the engine looks again every second, not every 30 s
+    fleet.reset()
+    log = tmp_path / "signal.log"
+    untouched = fleet.counter_job(log, "gpu01", engine="signal", name="trainer")
+    waited = fleet.cluster.sbatch("sleep 12", nodelist="gpu02", gpus=1, name="waiter")
+    cold = fleet.cluster.sbatch("sleep 600", nodelist="gpu03", gpus=1, name="coldjob")
+    assert fleet.cluster.wait_running([untouched, waited, cold]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    fleet.make_cluster()
+    fleet.agents["gpu01"].stop()
+    made = start_campaign(["gpu01", "gpu02", "gpu03"], parallelism_per_cluster="3", error_budget="1",
+                          workload_policy="wait", workload_overrides={"coldjob": "cold_restart"})
+    made.refresh_from_db()
+    assert made.approved_plan is not None
+    plan = {w["name"]: w for node in made.approved_plan.content["nodes"].values() for w in node.get("moves", [])}
+    assert plan["coldjob"]["action"] == "cold_start" and "Slurm" in plan["coldjob"]["why"], plan["coldjob"]
+    done = drive_until_rest(made.pk, timeout=150)
+    assert done.status == CampaignStatus.COMPLETED, done.status_reason
+    states = dict(NodeSweep.objects.filter(campaign=done).values_list("node__name", "state"))
+    assert states == {"gpu01": SweepState.FAILED, "gpu02": SweepState.DONE, "gpu03": SweepState.DONE}, states
+    # gpu01: resumed, its job never touched.
+    assert fleet.takes_work("gpu01")
+    job = fleet.job(untouched)
+    assert job is not None and job["job_state"] == "RUNNING" and job["restart_cnt"] == 0
+    assert unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
+    # gpu02: the waited job ran to its end there, and gpu02 was patched only after it.
+    [run] = fleet.cluster.sacct("-j", waited)
+    sweep = NodeSweep.objects.get(campaign=done, node__name="gpu02")
+    assert run["State"] == "COMPLETED" and run["NodeList"] == "gpu02"
+    assert sweep.patched_at is not None and run["End"] <= sweep.patched_at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    # gpu03: requeued by Slurm (cold): Slurm runs it again from its first line (here on gpu03, its --nodelist).
+    runs = fleet.cluster.sacct("-j", cold)
+    assert runs[0]["State"] == "REQUEUED" and runs[0]["NodeList"] == "gpu03", runs
+    again = fleet.job(cold) or {}
+    assert again.get("job_state") in ("PENDING", "RUNNING") and again.get("restart_cnt", 0) >= 1, again
+    stopped = EvidenceEvent.objects.get(campaign=done, kind="stopped")
+    assert stopped.data["restarted_by"].startswith("Slurm") and stopped.data["workload"] == "coldjob"
+    for node in ("gpu02", "gpu03"):
+        assert fleet.takes_work(node) and fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
+
+
+def test_an_abort_leaves_no_node_drained_and_no_reservation(fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Done-when 3's abort: a campaign stopped after its drains leaves every node as it was and none of
+    its reservations; an administrator's drain stays."""
+    fleet.reset()
+    fleet.cluster.run("scontrol", "update", "nodename=gpu02", "state=DRAIN", "reason=RMA 4711")
+    fleet.make_cluster(maintenance_reservations=True)  # each drained node gets its own just-in-time reservation
+    made = start_campaign(["gpu01", "gpu03"])
+    engine.dispatch(made.pk)
+    for sweep in NodeSweep.objects.filter(campaign=made, state=SweepState.DRAINING):
+        engine.advance(sweep.pk, max_steps=1)
+    assert not fleet.takes_work("gpu01") and fleet.node("gpu01")["reason"].startswith("gpusweep:")
+    assert "ReservationName=gpusweep-" in fleet.cluster.run("scontrol", "show", "reservation", "-o")
+    services.abort(made.pk, None, "operator changed their mind")
+    done = drive_until_rest(made.pk)
+    assert done.status == CampaignStatus.ABORTED
+    assert all(fleet.takes_work(n) for n in ("gpu01", "gpu03", "gpu04"))
+    assert fleet.node("gpu02")["reason"] == "RMA 4711"
+    assert "ReservationName" not in fleet.cluster.run("scontrol", "show", "reservation", "-o", check=False)

@@ -1,0 +1,199 @@
+"""A Slurm cluster with a gpusweep agent per node, for the Slurm executor's tests.
+
+Real parts: munged, slurmctld, one `slurmd -N` per node (tests/slurm_cluster.py), a real
+`gpusweep-agent` process per node (static facts: there are no GPUs here), and batch jobs whose
+payload is the agent tests' step counter under `gpusweep-run`. A job finds its node's agent
+through `$SLURMD_NODENAME`: each node has a configuration file naming its agent and key file,
+as a site's /etc/gpusweep-agent.json would.
+
+The agents' simulated reboot (`reboot_command=simulate`) restarts the agent with the patched
+versions and, through `simulated_reboot_hook`, that node's slurmd: on one host nothing more of
+a reboot can happen (see docs/architecture.md, "Slurm").
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from executors.base import NodeRef
+from inventory.sources.slurm import CliSlurmClient
+from tests.helpers import REPO, wait_for
+from tests.slurm_cluster import SlurmCluster
+
+sys.path.insert(0, str(REPO / "agent" / "tests"))
+import agent_helpers as agents
+
+OLD_DRIVER = "570.86.15"
+GPU_MODEL = "H100"
+# The site publishes its versions and GPU model as node features (inventory.sources.slurm).
+FEATURES = f"nvdriver_{OLD_DRIVER},cuda_12.8,gpumodel_{GPU_MODEL}"
+FACTS = {**agents.FACTS, "gpu_model": GPU_MODEL}
+RUN = ("running", "restored")
+# The agents' patches are simulated: the version takes effect at the modelled reboot.
+PATCH_METHODS = json.dumps({"package": {"simulate": True, "commands": {
+    "kernel": "apt-get install -y --no-install-recommends linux-image-{version}"}}})
+
+
+class SlurmFleet:
+    def __init__(self, root: Path, nodes: list[str], shared_artifacts: bool = True,
+                 features: dict[str, str] | None = None, accounting: bool = False) -> None:
+        self.root = root
+        self.names = list(nodes)
+        root.mkdir(parents=True, exist_ok=True)
+        self.cluster = SlurmCluster(root / "slurm", nodes=nodes, accounting=accounting,
+                                    features=features or dict.fromkeys(nodes, FEATURES))
+        self.shared = root / "shared-artifacts" if shared_artifacts else None
+        self.agents: dict[str, agents.AgentProcess] = {}
+
+    # -- life -------------------------------------------------------------------------
+    def start(self) -> SlurmFleet:
+        self.cluster.start()
+        try:
+            # The cluster counts "idle*" (registered, not yet answering) as up; jobs need it answering.
+            assert wait_for(lambda: all(self.takes_work(n) for n in self.names), 60, interval=0.5), \
+                self.cluster.logs()
+            for name in self.names:
+                self.start_agent(name)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_agent(self, name: str) -> agents.AgentProcess:
+        """The node's agent, started afresh: no state, the old versions."""
+        store = self.shared or self.root / f"artifacts-{name}"
+        shutil.rmtree(self.root / f"state-{name}", ignore_errors=True)
+        hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
+        agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
+                                    patch_methods=PATCH_METHODS, simulated_reboot_hook=hook)
+        agent.start()
+        self.agents[name] = agent
+        key_file = self.root / f"key-{name}"
+        key_file.write_text(agent.key)
+        key_file.chmod(0o600)
+        (self.root / f"agent-{name}.json").write_text(json.dumps({
+            "cluster": agents.CLUSTER, "node": name, "endpoint": f"http://127.0.0.1:{agent.port}",
+            "key_file": str(key_file)}))
+        return agent
+
+    def share_artifacts(self, shared: bool) -> None:
+        """Restart every agent with one shared artifact folder, or each with its own (images then travel
+        between agents)."""
+        if shared == (self.shared is not None):
+            return
+        self.shared = self.root / "shared-artifacts" if shared else None
+        for name in self.names:
+            self.agents[name].stop()
+            self.start_agent(name)
+
+    def stop(self) -> None:
+        try:
+            self.cluster.stop()
+        finally:
+            for agent in self.agents.values():
+                agent.stop()
+
+    def __enter__(self) -> SlurmFleet:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def make_cluster(self, **connection: Any) -> Any:
+        """The cluster in gpusweep's inventory (named as the agents' identity), synced from Slurm, with each
+        node's agent endpoint as its heartbeat would set it."""
+        from inventory.models import Cluster, Node
+        from inventory.sync import sync_cluster
+
+        cluster = Cluster.objects.create(name=agents.CLUSTER, kind="slurm", connection={
+            **self.connection, "executor_options": {"operation_timeout": 60, "restore_wait_s": 60}, **connection})
+        sync_cluster(cluster)
+        for name, agent in self.agents.items():
+            Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
+        return cluster
+
+    # -- views ------------------------------------------------------------------------
+    @property
+    def connection(self) -> dict[str, Any]:
+        shared = {"shared_checkpoint_dir": str(self.shared)} if self.shared else {}
+        return {"slurm_conf": str(self.cluster.conf), "executor": "slurm", **shared}
+
+    def ref(self, name: str) -> NodeRef:
+        endpoint = f"http://127.0.0.1:{self.agents[name].port}" if name in self.agents else ""
+        return NodeRef(agents.CLUSTER, name, endpoint=endpoint, gpu_count=self.cluster.gpus_per_node)
+
+    def client(self) -> CliSlurmClient:
+        return CliSlurmClient(self.connection)
+
+    def node(self, name: str) -> dict[str, Any]:
+        return next(n for n in self.client().nodes() if n["name"] == name)
+
+    def takes_work(self, name: str) -> bool:
+        info = self.node(name)
+        raw = info.get("state", "")
+        words = {str(w).lower() for w in [*(raw if isinstance(raw, list) else [raw]), *info.get("state_flags", [])]}
+        return not words & {"drain", "drained", "draining", "down", "not_responding", "maintenance", "fail"}
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self.client().jobs()
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        return next((j for j in self.jobs() if str(j["job_id"]) == job_id), None)
+
+    def running(self, name: str) -> set[str]:
+        """Jobs Slurm runs on `name` whose payload the node's agent runs."""
+        listed = {w["id"] for w in self.agents[name].client.get("/v1/workloads")["workloads"]
+                  if w.get("state") in RUN}
+        return {f"slurm-{j['job_id']}" for j in self.jobs() if _state(j) == "RUNNING"
+                and j.get("batch_host") == name and f"slurm-{j['job_id']}" in listed}
+
+    # -- jobs -------------------------------------------------------------------------
+    def counter_job(self, log: Path, node: str, engine: str = "signal", name: str = "counter",
+                    interval: float = 0.05, extra: str = "") -> str:
+        """A batch job on `node` whose payload counts steps into `log` under gpusweep-run."""
+        run = Path(sys.executable).parent / "gpusweep-run"
+        command = (f"GPUSWEEP_AGENT_CONFIG={self.root}/agent-$SLURMD_NODENAME.json exec {run} --engine {engine} "
+                   f"{extra} -- {sys.executable} {agents.COUNTER} {log} 1 {interval}")
+        return self.cluster.sbatch(command, nodelist=node, gpus=1, name=name)
+
+    def reset(self) -> None:
+        """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
+        self.cluster.run("scancel", "--full", "-u", "root", check=False)
+        ended = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
+                 "OUT_OF_MEMORY")
+        assert wait_for(lambda: all(_state(j) in ended for j in self.jobs()), 60, interval=0.5), self.jobs()
+        for name in self.names:
+            self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
+            features = self.cluster.features[name]
+            self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
+                             f"activefeatures={features}")
+            self.agents[name].stop()
+            self.start_agent(name)
+        for reservation in self.cluster.run("scontrol", "show", "reservation", "-o", check=False).splitlines():
+            if reservation.startswith("ReservationName="):
+                name = reservation.split()[0].split("=", 1)[1]
+                self.cluster.run("scontrol", "delete", f"reservationname={name}", check=False)
+        assert wait_for(lambda: all(self.takes_work(n) for n in self.names), 60, interval=0.5), \
+            [(n["name"], n["state"], n["state_flags"], n["reason"]) for n in self.client().nodes()]
+
+
+def _state(job: dict[str, Any]) -> str:
+    state = job.get("job_state", "")
+    return str(state[0] if isinstance(state, list) and state else state).upper()
+
+
+def unbroken(steps: list[int]) -> int:
+    """The counter's step as long as its count runs from 1 without a gap or a repeat (a cold start breaks it)."""
+    count = 0
+    for step in steps:
+        if step != count + 1:
+            break
+        count = step
+    return count
