@@ -147,7 +147,9 @@ class CampaignViewSet(viewsets.ModelViewSet):
     queryset = Campaign.objects.select_related("requested_by").prefetch_related("approvals__user")
     serializer_class = CampaignSerializer
     filterset_class = CampaignFilter
-    ordering_fields = ["created_at", "deadline", "status"]
+    ordering_fields = ["created_at", "deadline", "status", "name", "started_at", "finished_at"]
+    search_fields = ["name", "description"]
+    extra_query_params = {"compare": {"old", "new"}}
     write_roles = {Role.OPERATOR}
     action_roles = {"approve": {Role.APPROVER}, "add_last_group": {Role.OPERATOR}, "seal": {Role.OPERATOR},
                     **{name: {Role.OPERATOR} for name in LIFECYCLE}}

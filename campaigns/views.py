@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 from campaigns import evidence, services
 from campaigns.choices import Placement
 from campaigns.models import Campaign, EvidenceEvent
+from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 
@@ -165,6 +166,7 @@ def _event_rows(campaign: Campaign) -> list[dict[str, Any]]:
     return rows
 
 
+@accepts_token
 def campaign_evidence(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     """The evidence log for auditors: JSON is the signed export `python -m campaigns.verify` checks."""
     campaign = get_object_or_404(Campaign, pk=pk)

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "gpusweep",
+    "accounts",
     "inventory",
     "advisories",
     "campaigns",
@@ -162,8 +163,10 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("GPUSWEEP_CELERY_QUEUE", "celery")
 # --- REST API -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # "Authorization: Bearer <key>" or "Token <key>": named tokens (accounts), DRF's own still accepted.
+        # First, so a refused request answers 401 with its WWW-Authenticate challenge.
+        "accounts.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpusweep.roles.RolePermission"],
     # Bounded input everywhere (gpusweep/parsers.py, filters.py, pagination.py) and one error
@@ -175,7 +178,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_FILTER_BACKENDS": [
         "gpusweep.filters.FilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "gpusweep.filters.SearchFilter",
+        "gpusweep.filters.OrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "gpusweep.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
