@@ -103,7 +103,9 @@ class StrictBooleanField(forms.Field):
         try:
             return parse_bool(value)
         except ValueError:
-            raise forms.ValidationError(f"{value!r} is not a boolean: {BOOLEAN_HELP}", code="invalid") from None
+            # The value goes in params: django-filter %-formats the message (a "%" in the value broke it).
+            raise forms.ValidationError("%(value)s is not a boolean: %(help)s", code="invalid",
+                                        params={"value": repr(str(value)[:40]), "help": BOOLEAN_HELP}) from None
 
     def validate(self, value: Any) -> None:
         if value is None and self.required:

@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "inventory",
     "advisories",
     "campaigns",
+    "reports",
     "executors",
     "costs",
     "metrics",
