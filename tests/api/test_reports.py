@@ -94,7 +94,6 @@ def _viewer_pdf_ok(make_user, url: str) -> bool:  # type: ignore[no-untyped-def]
 def test_pending_patches_names_a_date_for_each_scheduled_exposure(seeded, make_user):
     from advisories.choices import ExposureState
     from advisories.models import Exposure
-
     from campaigns import services
     from tests.campaigns.fleet import FIXED
 
