@@ -21,6 +21,8 @@ urlpatterns = [
     path("advisories/", include("advisories.urls")),
     path("campaigns/", include("campaigns.urls")),
     path("costs/", include("costs.urls")),
+    path("settings/tokens/", include("accounts.urls")),
+    path("settings/webhooks/", include("webhooks.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -24,22 +24,6 @@ from webhooks.choices import DeliveryState, EventType
 from webhooks.models import Delivery, Event, Subscription
 
 
-def check_events(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise serializers.ValidationError("a list of event types (empty for all)")
-    unknown = sorted(set(value) - set(EventType.values()))
-    if unknown:
-        raise serializers.ValidationError(f"unknown event types {', '.join(unknown)}; known: "
-                                          f"{', '.join(EventType.values())}")
-    return sorted(set(value))
-
-
-def check_options(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict) or not all(isinstance(v, str | bool | int) for v in value.values()):
-        raise serializers.ValidationError("an object of template options with plain values")
-    return value
-
-
 class SubscriptionSerializer(serializers.ModelSerializer):
     events = serializers.ListField(child=serializers.ChoiceField(choices=EventType.choices()), required=False,
                                    help_text="event types; empty for all")
@@ -53,21 +37,12 @@ class SubscriptionSerializer(serializers.ModelSerializer):
                   "created_at"]
         read_only_fields = ["created_at"]
 
-    def validate_events(self, value: Any) -> list[str]:
-        return check_events(value)
-
-    def validate_options(self, value: Any) -> dict[str, Any]:
-        return check_options(value)
-
-    def validate_url(self, value: str) -> str:
-        if not value.lower().startswith(("http://", "https://")):
-            raise serializers.ValidationError("an http(s) URL")
-        return value
-
-    def validate_authorization_env(self, value: str) -> str:
-        if value and not (value.replace("_", "").isalnum() and value.upper() == value):
-            raise serializers.ValidationError("the NAME of an environment variable, e.g. JIRA_AUTHORIZATION")
-        return value
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # The same checks as the settings page's form (webhooks.services.subscription_errors).
+        errors = services.subscription_errors(attrs)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -65,6 +65,31 @@ def verify_signature(secret: str, header: str, body: bytes, tolerance_s: int = 3
     return hmac.compare_digest(expected, parts.get("v1", ""))
 
 
+def subscription_errors(fields: dict[str, Any]) -> dict[str, str]:
+    """What is wrong with a subscription's fields (those given), by field; the API and the page share it."""
+    errors: dict[str, str] = {}
+    events = fields.get("events")
+    if events is not None:
+        if not isinstance(events, list) or not all(isinstance(v, str) for v in events):
+            errors["events"] = "a list of event types (empty for all)"
+        elif unknown := sorted(set(events) - set(EventType.values())):
+            errors["events"] = f"unknown event types {', '.join(unknown)}; known: {', '.join(EventType.values())}"
+    options = fields.get("options")
+    if options is not None and (not isinstance(options, dict)
+                                or not all(isinstance(v, str | bool | int) for v in options.values())):
+        errors["options"] = "an object of template options with plain values"
+    url = fields.get("url")
+    if url is not None and not str(url).lower().startswith(("http://", "https://")):
+        errors["url"] = "an http(s) URL"
+    env = fields.get("authorization_env") or ""
+    if env and not (env.replace("_", "").isalnum() and env.upper() == env):
+        errors["authorization_env"] = "the NAME of an environment variable, e.g. JIRA_AUTHORIZATION"
+    secret = fields.get("secret")
+    if secret is not None and len(str(secret)) < 16:
+        errors["secret"] = "at least 16 characters"
+    return errors
+
+
 def emit(kind: str, key: str, subject: str, summary: str, data: dict[str, Any]) -> Event | None:
     """Record an event and queue it for every subscription that wants it; None if `key` was emitted."""
     if kind not in EventType.values():

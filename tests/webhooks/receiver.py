@@ -32,7 +32,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:  # http.server's name for the POST handler
                 raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 signed = verify_signature(receiver.secret, self.headers.get("X-Gpusweep-Signature", ""), raw)
                 with receiver.lock:

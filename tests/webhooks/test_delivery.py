@@ -9,6 +9,7 @@ the deliveries are the worker's.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def test_campaign_events_arrive_signed_in_order_and_survive_two_failures(worker)
         # The first event: refused twice, delivered on the third try, after 1x then 2x the backoff.
         first = [r for r in receiver.requests if r.body["id"] == expected[0]]
         assert [r.answered for r in first] == [503, 503, 200]
-        gaps = [b.at - a.at for a, b in zip(first, first[1:], strict=False)]
+        gaps = [b.at - a.at for a, b in itertools.pairwise(first)]
         assert gaps[0] >= BACKOFF_MS / 1000 * 0.9 and gaps[1] >= 2 * BACKOFF_MS / 1000 * 0.9, gaps
         head = Delivery.objects.get(subscription=subscription, event_id=expected[0])
         assert head.state == DeliveryState.DELIVERED and head.attempts == 3 and head.response_status == 200
