@@ -31,7 +31,7 @@ from advisories.models import (
     ReviewItem,
 )
 from advisories.vex import vex_document
-from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet
+from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -169,7 +169,7 @@ class ClusterDeadlineOverrideSerializer(serializers.ModelSerializer):
 
 
 class AdvisoryFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
     cve = django_filters.CharFilter(field_name="cves__cve_id", lookup_expr="iexact")
     published_after = DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
     needs_review = BooleanFilter(method="filter_needs_review", help_text="has open review items")
@@ -195,7 +195,7 @@ class AdvisoryFilter(FilterSet):
 
 
 class CVEFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
     advisory = django_filters.CharFilter(field_name="advisories__publisher_id")
 
     class Meta:
@@ -212,8 +212,8 @@ class AffectedRangeFilter(FilterSet):
 
 
 class ExposureFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
-    state = django_filters.MultipleChoiceFilter(choices=ExposureState.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
+    state = MultipleChoiceFilter(choices=ExposureState.choices())
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
     advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
     overdue = BooleanFilter(method="filter_overdue", help_text="open and past its deadline")

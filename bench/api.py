@@ -106,6 +106,8 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database (test_<name>) and reuse it next time instead of building it again")
     args = parser.parse_args()
     if not args.database_url.startswith(("postgres://", "postgresql://")):
         print("bench/api.py runs on PostgreSQL: pass --database-url postgres://...", file=sys.stderr)
@@ -138,16 +140,20 @@ def main() -> int:
         print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
         return 2
     setup_test_environment(debug=False)
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=not args.keep, serialize=False,
+                                                  keepdb=args.keep)
     bench_db = connection.settings_dict["NAME"]
     proc = None
     try:
         started = time.perf_counter()
-        ingest_documents(FolderSource(str(corpus)).items())
-        build_fleet(args.nodes, args.clusters)
-        recompute()
+        if Node.objects.count() != args.nodes:
+            Node.objects.all().delete()
+            ingest_documents(FolderSource(str(corpus)).items())
+            build_fleet(args.nodes, args.clusters)
+            recompute()
+        User.objects.filter(username="bench").delete()
         with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
+            cursor.execute("VACUUM ANALYZE")  # what autovacuum does to a table this size soon after
         print(f"fleet: {Node.objects.count()} nodes, {Exposure.objects.count()} exposures "
               f"({Exposure.objects.filter(state='open').count()} open), built in {time.perf_counter() - started:.0f} s")
         user = User.objects.create_superuser("bench", password=secrets.token_urlsafe(16))
@@ -218,7 +224,8 @@ def main() -> int:
 
             stop_process_group(proc)
         connection.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        if not args.keep:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from campaigns import evidence, services
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
-from gpusweep.filters import FilterSet
+from gpusweep.filters import FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -105,7 +105,7 @@ class EventSerializer(serializers.ModelSerializer):
 
 
 class CampaignFilter(FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=CampaignStatus.choices())
+    status = MultipleChoiceFilter(choices=CampaignStatus.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -114,7 +114,7 @@ class CampaignFilter(FilterSet):
 
 
 class NodeSweepFilter(FilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
+    state = MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
 
     class Meta:
         model = NodeSweep

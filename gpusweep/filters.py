@@ -118,6 +118,15 @@ class BooleanFilter(django_filters.BooleanFilter):
     field_class = StrictBooleanField
 
 
+class MultipleChoiceFilter(django_filters.MultipleChoiceFilter):
+    """Any of several values of one column. No DISTINCT unless asked (django-filter adds one by default,
+    which made a filtered list's count and page two sorts of every matching row)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("distinct", False)
+        super().__init__(*args, **kwargs)
+
+
 DEFAULTS = deepcopy(FILTER_FOR_DBFIELD_DEFAULTS)
 DEFAULTS.update({kind: {"filter_class": IntegerFilter, "extra": _integer_defaults} for kind in INTEGER_FIELDS})
 DEFAULTS[models.DateTimeField] = {"filter_class": DateTimeFilter}

@@ -21,7 +21,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter
+from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
 from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
@@ -138,7 +138,7 @@ class NodeFilter(FilterSet):
     cluster_id = IntegerFilter(field_name="cluster_id", min_value=1)
     pool = django_filters.CharFilter()
     gpu_model = django_filters.CharFilter()
-    state = django_filters.MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
+    state = MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
     component = django_filters.CharFilter(method="filter_noop", help_text="component for the version filters")
     version = django_filters.CharFilter(method="filter_noop", help_text="exact version of `component`")

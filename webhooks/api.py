@@ -16,7 +16,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gpusweep.filters import FilterSet
+from gpusweep.filters import FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 from webhooks import services
@@ -65,7 +65,7 @@ class DeliverySerializer(serializers.ModelSerializer):
 
 
 class DeliveryFilter(FilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=DeliveryState.choices())
+    state = MultipleChoiceFilter(choices=DeliveryState.choices())
     kind = django_filters.ChoiceFilter(field_name="event__kind", choices=EventType.choices())
 
     class Meta:
@@ -74,7 +74,7 @@ class DeliveryFilter(FilterSet):
 
 
 class EventFilter(FilterSet):
-    kind = django_filters.MultipleChoiceFilter(choices=EventType.choices())
+    kind = MultipleChoiceFilter(choices=EventType.choices())
 
     class Meta:
         model = Event
