@@ -31,7 +31,7 @@ from advisories.models import (
     ReviewItem,
 )
 from advisories.vex import vex_document
-from gpusweep.filters import DateTimeFilter, FilterSet
+from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -169,17 +169,33 @@ class ClusterDeadlineOverrideSerializer(serializers.ModelSerializer):
 
 
 class AdvisoryFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
     cve = django_filters.CharFilter(field_name="cves__cve_id", lookup_expr="iexact")
     published_after = DateTimeFilter(field_name="initial_release_date", lookup_expr="gte")
+    needs_review = BooleanFilter(method="filter_needs_review", help_text="has open review items")
+    affects_fleet = BooleanFilter(method="filter_affects_fleet", help_text="has open or presumed exposures")
 
     class Meta:
         model = Advisory
         fields = ["publisher", "publisher_id", "severity", "integrity", "ranges_unknown", "source_kind"]
 
+    def filter_needs_review(self, queryset: QuerySet[Advisory], name: str, value: bool | None) -> QuerySet[Advisory]:
+        if value is None:
+            return queryset
+        # open_review_items is the viewset's annotation
+        wanted = {"open_review_items__gt": 0}
+        return queryset.filter(**wanted) if value else queryset.exclude(**wanted)
+
+    def filter_affects_fleet(self, queryset: QuerySet[Advisory], name: str, value: bool | None) -> QuerySet[Advisory]:
+        if value is None:
+            return queryset
+        live = Exposure.objects.filter(advisory=models.OuterRef("pk"),
+                                       state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
+        return queryset.filter(models.Exists(live)) if value else queryset.exclude(models.Exists(live))
+
 
 class CVEFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
     advisory = django_filters.CharFilter(field_name="advisories__publisher_id")
 
     class Meta:
@@ -196,11 +212,11 @@ class AffectedRangeFilter(FilterSet):
 
 
 class ExposureFilter(FilterSet):
-    severity = django_filters.MultipleChoiceFilter(choices=Severity.choices())
-    state = django_filters.MultipleChoiceFilter(choices=ExposureState.choices())
+    severity = MultipleChoiceFilter(choices=Severity.choices())
+    state = MultipleChoiceFilter(choices=ExposureState.choices())
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
     advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
-    overdue = django_filters.BooleanFilter(method="filter_overdue")
+    overdue = BooleanFilter(method="filter_overdue", help_text="open and past its deadline")
 
     class Meta:
         model = Exposure
@@ -218,7 +234,9 @@ class ExposureFilter(FilterSet):
 
 class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AdvisoryFilter
-    ordering_fields = ["initial_release_date", "current_release_date", "severity", "publisher_id"]
+    ordering_fields = ["initial_release_date", "current_release_date", "severity", "publisher_id", "title",
+                       "open_exposures", "presumed_exposures"]
+    search_fields = ["publisher_id", "title", "=cves__cve_id"]
 
     def get_queryset(self) -> QuerySet[Advisory]:
         open_items = ReviewItem.objects.filter(advisory=models.OuterRef("pk"), state=ReviewState.OPEN)
@@ -228,11 +246,6 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
             open_review_items=Coalesce(models.Subquery(
                 open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]), 0),
         )
-        needs_review = self.request.query_params.get("needs_review")
-        if needs_review == "true":
-            queryset = queryset.filter(open_review_items__gt=0)
-        elif needs_review == "false":
-            queryset = queryset.exclude(open_review_items__gt=0)
         return queryset
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
@@ -264,7 +277,9 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
         "node__cluster", "advisory", "affected_range", "risk_approver").prefetch_related("affected_range__cves")
     serializer_class = ExposureSerializer
     filterset_class = ExposureFilter
-    ordering_fields = ["deadline", "first_seen", "severity"]
+    ordering_fields = ["deadline", "first_seen", "severity", "state", "component", "node__name",
+                       "node__cluster__name", "advisory__publisher_id"]
+    search_fields = ["node__name", "advisory__publisher_id", "advisory__title", "component", "detected_version"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
 
     def _decide(self, decide: Callable[[], Any]) -> Response:
@@ -303,7 +318,7 @@ class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(vex_document(advisories.order_by("publisher_id"), exposures))
 
 
-class ReviewItemFilter(django_filters.FilterSet):
+class ReviewItemFilter(FilterSet):
     advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
 
     class Meta:

@@ -26,6 +26,7 @@ from advisories.choices import (
 from advisories.csaf import DocumentError, ParsedAdvisory, ParsedRange, ReviewNote, version_tuple
 from advisories.exposure import recompute
 from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange, Exposure, ReviewItem, SourceState
+from advisories.signals import announce_matched
 from inventory.versions import parse_version, sort_key
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ def ingest_documents(
     changed += Advisory.objects.filter(exposures_at__isnull=True, ranges_unknown=False).values_list("id", flat=True)
     if changed:
         recompute(advisory_ids=changed)
+        announce_matched(changed)
     return summary
 
 
@@ -231,6 +233,7 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
         _save_validators(doc)
         if exposures:
             recompute(advisory_ids=[advisory.id])
+            announce_matched([advisory.id])
     return outcome, advisory.id, review, integrity
 
 

@@ -3,6 +3,9 @@
 inventory sends node_versions_changed after its transaction commits. The recompute is
 set-based and takes milliseconds for a handful of nodes, so it runs right here rather than
 through a queue; a large sync still costs one statement per step, not one per node.
+
+``advisories_matched`` is sent (after commit) with ``advisory_ids`` once new or changed bulletins
+have been matched against the fleet: the webhooks app tells subscribers which of them hit it.
 """
 
 from __future__ import annotations
@@ -10,10 +13,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.dispatch import receiver
+from django.db import transaction
+from django.dispatch import Signal, receiver
 
 from advisories.exposure import recompute
 from inventory.signals import node_versions_changed
+
+advisories_matched = Signal()
+
+
+def announce_matched(advisory_ids: Iterable[int]) -> None:
+    ids = sorted(set(advisory_ids))
+    transaction.on_commit(lambda: advisories_matched.send(sender=None, advisory_ids=ids))
 
 
 @receiver(node_versions_changed, dispatch_uid="advisories.recompute_changed_nodes")

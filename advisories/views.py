@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from advisories import components, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.models import Advisory, Exposure, ReviewItem
+from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
@@ -127,6 +128,7 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
     return exposures, filters
 
 
+@accepts_token  # ?format=csv is an export a script may fetch with a token
 def exposure_list(request: HttpRequest) -> HttpResponse:
     exposures, filters = _filtered_exposures(request)
     if request.GET.get("format") == "csv":

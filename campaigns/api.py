@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from campaigns import evidence, services
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
-from gpusweep.filters import FilterSet
+from gpusweep.filters import FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -105,7 +105,7 @@ class EventSerializer(serializers.ModelSerializer):
 
 
 class CampaignFilter(FilterSet):
-    status = django_filters.MultipleChoiceFilter(choices=CampaignStatus.choices())
+    status = MultipleChoiceFilter(choices=CampaignStatus.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -114,7 +114,7 @@ class CampaignFilter(FilterSet):
 
 
 class NodeSweepFilter(FilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
+    state = MultipleChoiceFilter(choices=NodeSweep._meta.get_field("state").choices)
 
     class Meta:
         model = NodeSweep
@@ -147,7 +147,9 @@ class CampaignViewSet(viewsets.ModelViewSet):
     queryset = Campaign.objects.select_related("requested_by").prefetch_related("approvals__user")
     serializer_class = CampaignSerializer
     filterset_class = CampaignFilter
-    ordering_fields = ["created_at", "deadline", "status"]
+    ordering_fields = ["created_at", "deadline", "status", "name", "started_at", "finished_at"]
+    search_fields = ["name", "description"]
+    extra_query_params = {"compare": {"old", "new"}}
     write_roles = {Role.OPERATOR}
     action_roles = {"approve": {Role.APPROVER}, "add_last_group": {Role.OPERATOR}, "seal": {Role.OPERATOR},
                     **{name: {Role.OPERATOR} for name in LIFECYCLE}}

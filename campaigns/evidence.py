@@ -29,6 +29,7 @@ from django.utils import timezone
 from campaigns import signing, verify
 from campaigns.choices import EvidenceKind, SweepState
 from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep
+from campaigns.signals import evidence_recorded
 
 
 def _normal(data: dict[str, Any]) -> dict[str, Any]:
@@ -69,6 +70,7 @@ def campaign_event(campaign: Campaign, kind: str, actor: str, data: dict[str, An
                           at=timezone.now(), data=_normal(data or {}), prev_hash=campaign.evidence_head)
     event.hash = verify.chain_hash(event.prev_hash, body_of(event))
     event.save(force_insert=True)
+    announce(event)
     Campaign.objects.filter(pk=campaign.pk).update(evidence_seq=event.seq, evidence_head=event.hash)
     campaign.evidence_seq, campaign.evidence_head = event.seq or 0, event.hash
     return event
@@ -87,7 +89,16 @@ def prepare_node_event(campaign_id: int, sweep_id: int, seq: int, head: str, kin
     event = EvidenceEvent(campaign_id=campaign_id, sweep_id=sweep_id, node_seq=seq + 1, kind=kind, actor=actor[:200],
                           at=timezone.now(), data=_normal(data or {}), prev_hash=head)
     event.hash = verify.chain_hash(head, body_of(event))
+    announce(event)
     return event
+
+
+def announce(event: EvidenceEvent) -> None:
+    """Send evidence_recorded for `event` when the caller's transaction commits (campaigns.signals)."""
+    fields = {"campaign_id": event.campaign_id, "sweep_id": event.sweep_id, "kind": event.kind,
+              "seq": event.seq if event.sweep_id is None else event.node_seq, "hash": event.hash,
+              "actor": event.actor, "at": event.at, "data": event.data}
+    transaction.on_commit(lambda: evidence_recorded.send(sender=EvidenceEvent, **fields))
 
 
 def node_event(sweep: NodeSweep, kind: str, actor: str, data: dict[str, Any] | None = None) -> EvidenceEvent:

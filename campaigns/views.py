@@ -10,13 +10,14 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from campaigns import evidence, services
 from campaigns.choices import Placement
 from campaigns.models import Campaign, EvidenceEvent
+from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 
@@ -165,9 +166,14 @@ def _event_rows(campaign: Campaign) -> list[dict[str, Any]]:
     return rows
 
 
+@accepts_token
 def campaign_evidence(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
     """The evidence log for auditors: JSON is the signed export `python -m campaigns.verify` checks."""
     campaign = get_object_or_404(Campaign, pk=pk)
+    if fmt == "pdf":  # the PDF for auditors is the campaign's report (it carries the verification result)
+        return redirect("campaign-report", pk=campaign.pk, fmt="pdf")
+    if fmt not in ("csv", "json"):
+        raise Http404("evidence is csv or json (the PDF is the report)")
     if fmt == "csv":
         rows = _event_rows(campaign)
         header = ["chain", "seq", "at", "kind", "actor", "node", "data", "prev_hash", "hash"]

@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
-API_APPS = ("inventory", "advisories", "campaigns")
+API_APPS = ("accounts", "inventory", "advisories", "campaigns", "reports", "webhooks")
 
 
 def _app_patterns() -> list[URLPattern | URLResolver]:

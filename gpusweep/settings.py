@@ -37,9 +37,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "gpusweep",
+    "accounts",
     "inventory",
     "advisories",
     "campaigns",
+    "reports",
+    "webhooks",
     "executors",
     "costs",
     "metrics",
@@ -162,8 +165,10 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("GPUSWEEP_CELERY_QUEUE", "celery")
 # --- REST API -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # "Authorization: Bearer <key>" or "Token <key>": named tokens (accounts), DRF's own still accepted.
+        # First, so a refused request answers 401 with its WWW-Authenticate challenge.
+        "accounts.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpusweep.roles.RolePermission"],
     # Bounded input everywhere (gpusweep/parsers.py, filters.py, pagination.py) and one error
@@ -175,7 +180,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_FILTER_BACKENDS": [
         "gpusweep.filters.FilterBackend",
-        "rest_framework.filters.OrderingFilter",
+        "gpusweep.filters.SearchFilter",
+        "gpusweep.filters.OrderingFilter",
     ],
     "DEFAULT_PAGINATION_CLASS": "gpusweep.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 100,
@@ -241,6 +247,13 @@ GPUSWEEP_METRICS_FINISHED_CAMPAIGNS_S = env_int("GPUSWEEP_METRICS_FINISHED_CAMPA
 # "app_label.Model:field" of the webhook delivery log; empty tries webhooks.Delivery / WebhookDelivery.
 GPUSWEEP_METRICS_WEBHOOK_DELIVERIES = env_str("GPUSWEEP_METRICS_WEBHOOK_DELIVERIES", "")
 
+# --- webhooks ---------------------------------------------------------------------------
+GPUSWEEP_WEBHOOK_TIMEOUT_S = float(env_int("GPUSWEEP_WEBHOOK_TIMEOUT_S", 10, minimum=1))
+# A failed delivery is retried after BACKOFF, 2x, 4x ... (capped at an hour) up to MAX_ATTEMPTS tries in all.
+GPUSWEEP_WEBHOOK_BACKOFF_MS = env_int("GPUSWEEP_WEBHOOK_BACKOFF_MS", 10000, minimum=1)
+GPUSWEEP_WEBHOOK_MAX_ATTEMPTS = env_int("GPUSWEEP_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+GPUSWEEP_WEBHOOK_DUE_SOON_DAYS = env_int("GPUSWEEP_WEBHOOK_DUE_SOON_DAYS", 7, minimum=1)
+
 # --- advisories -------------------------------------------------------------------------
 # Named advisory sources: GPUSWEEP_ADVISORY_SOURCES="nvidia=github:https://raw...|https://github.com/...atom,
 # index=index:https://www.nvidia.com/.../product-security.json". Default: the local mirror.
@@ -266,6 +279,11 @@ CELERY_BEAT_SCHEDULE = {
     "campaigns-redrive": {
         "task": "campaigns.redrive",
         "schedule": float(env_int("GPUSWEEP_CAMPAIGN_REDRIVE_EVERY_S", 30, minimum=1)),
+    },
+    # Webhooks: re-enqueues due deliveries (a lost message) and emits overdue/due-soon events.
+    "webhooks-scan": {
+        "task": "webhooks.scan",
+        "schedule": float(env_int("GPUSWEEP_WEBHOOK_SCAN_EVERY_S", 300, minimum=10)),
     },
     # Syncs every enabled Slurm/Kubernetes cluster (one task per cluster, by id).
     "inventory-sync": {

@@ -21,7 +21,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gpusweep.filters import DateTimeFilter, FilterSet, IntegerFilter
+from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
 from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
@@ -138,7 +138,7 @@ class NodeFilter(FilterSet):
     cluster_id = IntegerFilter(field_name="cluster_id", min_value=1)
     pool = django_filters.CharFilter()
     gpu_model = django_filters.CharFilter()
-    state = django_filters.MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
+    state = MultipleChoiceFilter(field_name="service_state", choices=ServiceState.choices())
     name = django_filters.CharFilter(lookup_expr="icontains")
     component = django_filters.CharFilter(method="filter_noop", help_text="component for the version filters")
     version = django_filters.CharFilter(method="filter_noop", help_text="exact version of `component`")
@@ -147,7 +147,7 @@ class NodeFilter(FilterSet):
     version_lte = django_filters.CharFilter(method="filter_noop")
     version_lt = django_filters.CharFilter(method="filter_noop")
     branch = django_filters.CharFilter(method="filter_noop", help_text="driver branch, e.g. R570")
-    flagged = django_filters.BooleanFilter(method="filter_noop", help_text="versions in an unknown format")
+    flagged = BooleanFilter(method="filter_noop", help_text="versions in an unknown format")
 
     class Meta:
         model = Node
@@ -195,7 +195,7 @@ class NodeFilter(FilterSet):
 class WorkloadFilter(FilterSet):
     cluster = django_filters.CharFilter(field_name="cluster__name")
     node = django_filters.CharFilter(field_name="nodes__name", distinct=True, help_text="any node the workload holds")
-    active = django_filters.BooleanFilter(field_name="gone_at", lookup_expr="isnull")
+    active = BooleanFilter(field_name="gone_at", lookup_expr="isnull")
 
     class Meta:
         model = Workload
@@ -235,7 +235,9 @@ class NodeViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Node.objects.select_related("cluster").prefetch_related("components")
     serializer_class = NodeSerializer
     filterset_class = NodeFilter
-    ordering_fields = ["name", "last_seen", "gpu_count"]
+    ordering_fields = ["name", "last_seen", "gpu_count", "pool", "gpu_model", "service_state", "cluster__name",
+                       "updated_at"]
+    search_fields = ["name", "pool", "gpu_model", "cluster__name"]
 
     def perform_update(self, serializer: serializers.BaseSerializer[Node]) -> None:
         with transaction.atomic():

@@ -16,6 +16,9 @@ PACKAGES=(
   redis-server
   # Prometheus and promtool: scrape /metrics during a campaign, check and unit-test the alert rules
   prometheus
+  # WeasyPrint's libraries for the auditors' PDF reports, a font, and poppler (pdftoppm, pdftotext)
+  # for the tests that turn a report into images and text
+  libpango-1.0-0 libpangoft2-1.0-0 libharfbuzz0b libharfbuzz-subset0 fonts-dejavu-core poppler-utils
 )
 
 missing=()

@@ -124,7 +124,7 @@ def test_unknown_urls_wrong_methods_and_nul_characters_answer_the_api_format(adm
     assert_error(admin.get("/api/v1/inventory/agent/heartbeat"), 405)
     assert_error(admin.get("/api/v1/advisories/cves/%00/"), 400)
     assert_error(admin.get("/api/v1/inventory/nodes/?name=a%00b"), 400)
-    assert_error(Client().get(CAMPAIGNS), 403)  # anonymous
+    assert_error(Client().get(CAMPAIGNS), 401)  # anonymous: the Bearer challenge
 
 
 def test_the_api_takes_json_and_an_empty_form(admin):

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 def test_the_schema_and_the_docs_need_a_login():
     anonymous = Client()
     response = anonymous.get("/api/schema/")
-    assert response.status_code == 403 and response.json()["detail"]
+    assert response.status_code == 401 and response.json()["detail"]
     docs = anonymous.get("/api/docs/")
     assert docs.status_code == 302 and docs["Location"].startswith("/accounts/login/")
     viewer = login("vic", "viewer")

@@ -1,0 +1,232 @@
+"""The API and the overview under load: 100,000 nodes with their exposures on PostgreSQL, gunicorn,
+50 concurrent clients on loopback.
+
+Target (issue 16, done when 3): the node list, the exposure list (filtered and sorted) and the
+overview page each answer with p95 <= 200 ms and no errors. The fleet is bench/exposure.py's
+(100,000 nodes over 10 clusters, the shared CSAF corpus, a full recompute: about 520,000
+exposures), in a throw-away database (Django's test-database machinery; dropped at the end).
+Clients are threads of this process, each with its own keep-alive connection, cycling through the
+three requests for `--seconds`; the node list and the exposure list authenticate with a Bearer
+token (accounts), the overview page with a session cookie.
+
+    .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+TARGET_P95_MS = 200.0
+REQUESTS = {
+    "node list": "/api/v1/inventory/nodes/?limit=100",
+    "exposures (filtered, sorted)": "/api/v1/advisories/exposures/?state=open&severity=critical&cluster=bench-3"
+                                    "&ordering=-deadline&limit=100",
+    "overview": "/",
+}
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
+    gunicorn = Path(sys.executable).with_name("gunicorn")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(gunicorn), "gpusweep.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                                 "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                                 "--keep-alive", "30", "--timeout", "120", "--backlog", "512"],
+                                env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text()[-3000:])
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            connection.request("GET", "/healthz")
+            if connection.getresponse().status == 200:
+                return proc
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("gunicorn did not answer /healthz: " + log.read_text()[-3000:])
+
+
+def client(port: int, headers: dict[str, dict[str, str]], until: float, results: dict[str, list[float]],
+           errors: dict[str, list[str]], lock: threading.Lock, offset: int) -> None:
+    names = list(REQUESTS)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    turn = offset
+    while time.monotonic() < until:
+        name = names[turn % len(names)]
+        turn += 1
+        started = time.perf_counter()
+        try:
+            connection.request("GET", REQUESTS[name], headers=headers[name])
+            response = connection.getresponse()
+            response.read()
+            status = response.status
+            if response.getheader("Connection", "").lower() == "close":
+                connection.close()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            status, problem = 0, f"{type(exc).__name__}: {exc}"
+        else:
+            problem = f"HTTP {status}"
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        with lock:
+            if status == 200:
+                results[name].append(elapsed_ms)
+            else:
+                errors[name].append(problem)
+    connection.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--clusters", type=int, default=10)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
+                        help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
+    parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database (test_<name>) and reuse it next time instead of building it again")
+    args = parser.parse_args()
+    if not args.database_url.startswith(("postgres://", "postgresql://")):
+        print("bench/api.py runs on PostgreSQL: pass --database-url postgres://...", file=sys.stderr)
+        return 2
+
+    tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-api-")
+    secret = secrets.token_urlsafe(40)
+    os.environ.update(DATABASE_URL=args.database_url, DJANGO_SETTINGS_MODULE="gpusweep.settings",
+                      GPUSWEEP_VAR_DIR=tmp.name, SECRET_KEY=secret, DEBUG="false", ALLOWED_HOSTS="127.0.0.1",
+                      CELERY_BROKER_URL="memory://")
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.contrib.sessions.backends.db import SessionStore
+    from django.db import connection
+    from django.test.utils import setup_test_environment
+
+    from accounts import services as tokens
+    from advisories.exposure import recompute
+    from advisories.ingest import ingest_documents
+    from advisories.models import Exposure
+    from advisories.sources import FolderSource
+    from bench.exposure import build_fleet
+    from inventory.models import Node
+
+    corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
+    if not corpus.is_dir():
+        print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
+        return 2
+    setup_test_environment(debug=False)
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=not args.keep, serialize=False,
+                                                  keepdb=args.keep)
+    bench_db = connection.settings_dict["NAME"]
+    proc = None
+    try:
+        started = time.perf_counter()
+        if Node.objects.count() != args.nodes:
+            Node.objects.all().delete()
+            ingest_documents(FolderSource(str(corpus)).items())
+            build_fleet(args.nodes, args.clusters)
+            recompute()
+        User.objects.filter(username="bench").delete()
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE")  # what autovacuum does to a table this size soon after
+        print(f"fleet: {Node.objects.count()} nodes, {Exposure.objects.count()} exposures "
+              f"({Exposure.objects.filter(state='open').count()} open), built in {time.perf_counter() - started:.0f} s")
+        user = User.objects.create_superuser("bench", password=secrets.token_urlsafe(16))
+        _token, key = tokens.issue(user, "bench")
+        session = SessionStore()
+        session["_auth_user_id"] = str(user.pk)
+        session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+        session["_auth_user_hash"] = user.get_session_auth_hash()
+        session.create()
+        api = {"Authorization": f"Bearer {key}", "Accept": "application/json"}
+        headers = {name: api for name in REQUESTS}
+        headers["overview"] = {"Cookie": f"{settings.SESSION_COOKIE_NAME}={session.session_key}"}
+        connection.close()
+
+        from tests.helpers import free_port
+
+        port = free_port()
+        url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
+        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
+        log = Path(tmp.name) / "gunicorn.log"
+        proc = start_gunicorn(env, port, args.workers, args.threads, log)
+        for name, path in REQUESTS.items():  # warm up every worker's connection and caches
+            for _ in range(args.workers * 2):
+                warm = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                warm.request("GET", path, headers=headers[name])
+                answer = warm.getresponse()
+                answer.read()
+                if answer.status != 200:
+                    print(f"{name}: HTTP {answer.status} in warm-up", file=sys.stderr)
+                    return 1
+                warm.close()
+
+        results: dict[str, list[float]] = {name: [] for name in REQUESTS}
+        errors: dict[str, list[str]] = {name: [] for name in REQUESTS}
+        lock = threading.Lock()
+        until = time.monotonic() + args.seconds
+        threads = [threading.Thread(target=client, args=(port, headers, until, results, errors, lock, i))
+                   for i in range(args.clients)]
+        load_before = os.getloadavg()[0]
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - began
+        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} workers x {args.threads} "
+              f"threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+              f"{os.getloadavg()[0]:.1f} after")
+        ok = True
+        for name in REQUESTS:
+            times, failed = results[name], errors[name]
+            if not times:
+                print(f"{name}: no successful request; errors {failed[:3]}")
+                ok = False
+                continue
+            p95 = percentile(times, 0.95)
+            verdict = "PASS" if p95 <= TARGET_P95_MS and not failed else "FAIL"
+            ok &= verdict == "PASS"
+            print(f"{name}: {len(times)} requests ({len(times) / wall:.1f}/s), p50 {statistics.median(times):.0f} ms, "
+                  f"p95 {p95:.0f} ms, p99 {percentile(times, 0.99):.0f} ms, max {max(times):.0f} ms, "
+                  f"errors {len(failed)}{' ' + str(sorted(set(failed))[:3]) if failed else ''} "
+                  f"(target p95 <= {TARGET_P95_MS:.0f} ms, no errors): {verdict}")
+        print("PASS" if ok else "FAIL")
+        return 0 if ok else 1
+    finally:
+        if proc is not None:
+            from tests.helpers import stop_process_group
+
+            stop_process_group(proc)
+        connection.close()
+        if not args.keep:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""What each auditor's report says, as plain data (JSON types only); render.py turns it into
+JSON, CSV and PDF, so the three formats of a report never disagree.
+
+Reports read the other apps' tables and write none, except that a campaign report seals the
+evidence heads first (``campaigns.evidence.export``, itself recorded in the campaign's chain), so
+the signed head it prints is one an auditor can check the exported log against.
+
+Every report starts with ``report``: its title, when and by whom it was made, what it covers
+and how to verify it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from advisories.choices import ExposureState
+from advisories.models import Advisory, Exposure
+from campaigns import evidence
+from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep
+
+VERIFY_EVIDENCE = ("Download the evidence export (GET /campaigns/{id}/evidence.json, or manage.py export_evidence "
+                   "{id}) and the public key (manage.py evidence_key), then run `python -m campaigns.verify "
+                   "EXPORT.json --public-key KEY.pem`: it recomputes every hash chain and checks the signed seal. "
+                   "The seal's campaign head and Merkle root printed here must equal the export's.")
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _header(title: str, covers: str, verify: str, actor: str) -> dict[str, Any]:
+    return {"title": title, "generated_at": _iso(timezone.now()), "generated_by": actor, "covers": covers,
+            "how_to_verify": verify}
+
+
+def _advisory_summary(advisory: Advisory) -> dict[str, Any]:
+    return {"id": advisory.pk, "publisher_id": advisory.publisher_id, "title": advisory.title,
+            "severity": advisory.severity, "integrity": advisory.integrity,
+            "content_sha256": advisory.content_sha256,
+            "cves": [{"cve": c.cve_id, "base_score": c.base_score, "severity": c.severity}
+                     for c in advisory.cves.all().order_by("cve_id")]}
+
+
+def _node_times(campaign: Campaign) -> dict[int, dict[str, str]]:
+    """Per sweep: when it was admitted and when it ended, from its evidence chain."""
+    times: dict[int, dict[str, str]] = {}
+    ends = (EvidenceKind.DONE, EvidenceKind.FAILED, EvidenceKind.ROLLED_BACK, EvidenceKind.SKIPPED)
+    for sweep_id, kind, at in (EvidenceEvent.objects.filter(campaign=campaign, sweep__isnull=False)
+                               .order_by("sweep_id", "node_seq").values_list("sweep_id", "kind", "at")):
+        entry = times.setdefault(int(sweep_id), {})
+        entry.setdefault("started_at", at.isoformat())
+        if kind in ends:
+            entry["finished_at"] = at.isoformat()
+    return times
+
+
+def _nodes(campaign: Campaign) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    times = _node_times(campaign)
+    nodes, moves = [], []
+    sweeps = (NodeSweep.objects.filter(campaign=campaign).select_related("node__cluster")
+              .prefetch_related("moves__target_node").order_by("wave", "position", "pk"))
+    for sweep in sweeps:
+        when = times.get(sweep.pk, {})
+        started, finished = when.get("started_at"), when.get("finished_at")
+        duration = (datetime.fromisoformat(finished) - datetime.fromisoformat(started)).total_seconds() \
+            if started and finished else None
+        nodes.append({
+            "node": sweep.node.name, "cluster": sweep.node.cluster.name, "pool": sweep.node.pool, "wave": sweep.wave,
+            "state": sweep.state, "versions_before": sweep.versions_before, "versions_after": sweep.versions_after,
+            "target": sweep.target, "planned_start": sweep.planned.get("expected_start"),
+            "started_at": started, "patched_at": _iso(sweep.patched_at), "finished_at": finished,
+            "duration_s": duration, "attempts": sweep.attempt, "error": sweep.error,
+            "evidence_head": sweep.evidence_head, "signed": bool(sweep.head_signature),
+        })
+        for move in sweep.moves.all():
+            moves.append({
+                "node": sweep.node.name, "workload": move.workload_name or move.workload_ref, "gpus": move.gpus,
+                "policy": move.policy, "state": move.state,
+                "target_node": move.target_node.name if move.target_node else None,
+                "checkpoint_id": move.checkpoint_id, "checkpoint_sha256": move.checkpoint_sha256,
+                "steps_before": move.steps_before, "steps_after": move.steps_after,
+            })
+    return nodes, moves
+
+
+def _exceptions(campaign: Campaign, nodes: list[dict[str, Any]], moves: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for node in nodes:
+        if node["state"] in (SweepState.FAILED, SweepState.ROLLED_BACK, SweepState.SKIPPED):
+            found.append({"kind": f"node {node['state']}", "subject": node["node"], "detail": node["error"]})
+    for move in moves:
+        if move["state"] in (MoveState.FAILED, MoveState.COLD_STARTED, MoveState.STOPPED):
+            found.append({"kind": f"workload {move['state']}", "subject": f"{move['workload']} on {move['node']}",
+                          "detail": f"policy {move['policy']}"})
+    plan = campaign.approved_plan
+    if plan is not None:
+        for item in plan.content.get("blocked", []):
+            found.append({"kind": "blocked in plan", "subject": item.get("name"), "detail": item.get("reason", "")})
+        for item in plan.content.get("cold_starts", []):
+            found.append({"kind": "planned cold start", "subject": str(item.get("workload", item)),
+                          "detail": str(item.get("why", ""))})
+    accepted = Exposure.objects.filter(advisory__in=campaign.advisories.all(), state=ExposureState.RISK_ACCEPTED,
+                                       node__sweeps__campaign=campaign).select_related("node", "risk_approver")
+    for exposure in accepted.distinct():
+        found.append({"kind": "risk accepted", "subject": exposure.node.name,
+                      "detail": f"{exposure.risk_reason} (by {exposure.risk_approver}, until "
+                                f"{_iso(exposure.risk_expires_at)})"})
+    if campaign.status_reason:
+        found.append({"kind": f"campaign {campaign.status}", "subject": campaign.name,
+                      "detail": campaign.status_reason})
+    return found
+
+
+def campaign_report(campaign_id: int, actor: str) -> dict[str, Any]:
+    exported = evidence.export(campaign_id, actor)  # seals the current heads (recorded in the chain)
+    campaign = Campaign.objects.select_related("requested_by", "approved_plan__created_by").get(pk=campaign_id)
+    problems = evidence.verify_campaign(campaign)
+    seal = exported["seals"][-1] if exported["seals"] else None
+    nodes, moves = _nodes(campaign)
+    plan = campaign.approved_plan or campaign.plans.order_by("-version").first()
+    return {
+        "report": _header(
+            f"Campaign {campaign.pk}: {campaign.name}",
+            f"Campaign {campaign.pk} ({campaign.status}) from its creation to {_iso(timezone.now())}: scope, "
+            f"advisories and CVEs, the plan and its approvals, every node swept ({len(nodes)}) with versions "
+            f"before and after and timings, every workload moved ({len(moves)}), exceptions, "
+            "and the evidence log's verification.",
+            VERIFY_EVIDENCE.replace("{id}", str(campaign.pk)), actor),
+        "campaign": {
+            "id": campaign.pk, "name": campaign.name, "description": campaign.description, "status": campaign.status,
+            "requested_by": str(campaign.requested_by or ""), "created_at": _iso(campaign.created_at),
+            "started_at": _iso(campaign.started_at), "finished_at": _iso(campaign.finished_at),
+            "deadline": _iso(campaign.deadline),
+        },
+        "scope": {
+            "clusters": campaign.clusters or "all", "pools": campaign.pools or "all",
+            "node_selector": campaign.node_selector, "last_group": campaign.last_group,
+            "target_versions": campaign.target_versions, "windows": campaign.windows,
+            "blackouts": campaign.blackouts, "parallelism_per_cluster": campaign.parallelism_per_cluster,
+            "parallelism_per_pool": campaign.parallelism_per_pool, "error_budget": campaign.error_budget,
+            "workload_policy": campaign.workload_policy, "workload_placement": campaign.workload_placement,
+            "canary": campaign.canary, "approvals_required": campaign.approvals_required,
+        },
+        "advisories": [_advisory_summary(a) for a in campaign.advisories.prefetch_related("cves").order_by("pk")],
+        "plan": None if plan is None else {
+            "version": plan.version, "created_at": _iso(plan.created_at), "created_by": str(plan.created_by or ""),
+            "approved": campaign.approved_plan_id == plan.pk, "summary": plan.summary or plan.content.get("summary"),
+            "waves": [{"wave": w["wave"], "start": w["start"], "end": w["end"], "nodes": len(w["nodes"])}
+                      for w in plan.content.get("waves", [])],
+        },
+        "approvals": [{"user": str(a.user), "plan_version": a.plan.version, "at": _iso(a.at), "comment": a.comment}
+                      for a in campaign.approvals.select_related("user", "plan").order_by("at")],
+        "nodes": nodes,
+        "moves": moves,
+        "exceptions": _exceptions(campaign, nodes, moves),
+        "verification": {
+            "intact": not problems, "problems": problems,
+            "campaign_seq": exported["campaign"]["evidence_seq"],
+            "campaign_head": exported["campaign"]["evidence_head"],
+            "seal": None if seal is None else {
+                "number": seal["number"], "at": seal["at"], "root": seal["body"].get("root"),
+                "campaign_head": seal["body"].get("campaign_head"), "signature": seal["signature"],
+                "key_id": seal["key_id"]},
+            "public_key": exported["public_key"], "events": len(exported["events"]),
+        },
+    }
+
+
+def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
+    advisory = Advisory.objects.prefetch_related("cves").get(pk=advisory_id)
+    rows: list[dict[str, Any]] = []
+    exposures = (Exposure.objects.filter(advisory=advisory)
+                 .select_related("node__cluster", "affected_range", "risk_approver").order_by("node__name", "pk"))
+    for e in exposures:
+        rows.append({
+            "node": e.node.name, "cluster": e.node.cluster.name, "component": e.component,
+            "detected_version": e.detected_version, "fixed_version": e.affected_range.fixed_version,
+            "state": e.state, "first_seen": _iso(e.first_seen), "deadline": _iso(e.deadline),
+            "overdue": e.state == ExposureState.OPEN and e.deadline is not None and e.deadline < timezone.now(),
+            "fixed_by_version": e.fixed_by_version, "remediated_at": _iso(e.remediated_at),
+            "remediated_by": e.remediated_by,
+            "risk": f"{e.risk_reason} (by {e.risk_approver}, until {_iso(e.risk_expires_at)})"
+            if e.state == ExposureState.RISK_ACCEPTED else "",
+            "justification": e.justification,
+        })
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row["state"])] = counts.get(str(row["state"]), 0) + 1
+    return {
+        "report": _header(
+            f"Advisory {advisory.publisher_id}: {advisory.title}",
+            f"Every node found exposed to {advisory.publisher} {advisory.publisher_id} (tracking version "
+            f"{advisory.tracking_version}) since it was ingested, {len(rows)} in all, each with its outcome: "
+            "remediated (by which campaign sweep or version), open with its deadline, risk accepted, or not affected.",
+            "Each remediated row names the sweep (remediated_by, 'campaign:sweep'); that campaign's report and "
+            "evidence export prove the patch (python -m campaigns.verify). The advisory's content SHA-256 printed "
+            "here must equal the published file's (integrity).", actor),
+        "advisory": {**_advisory_summary(advisory), "publisher": advisory.publisher,
+                     "initial_release_date": _iso(advisory.initial_release_date),
+                     "current_release_date": _iso(advisory.current_release_date),
+                     "published_sha256": advisory.published_sha256},
+        "counts": counts,
+        "exposures": rows,
+    }
+
+
+def _scheduled() -> dict[int, list[dict[str, Any]]]:
+    """Node id -> the live campaigns that will sweep it, each with its planned date (earliest first).
+
+    A campaign covers a node's exposure when it names the exposure's advisory (or names none) and
+    targets the exposure's component (or targets nothing in particular).
+    """
+    found: dict[int, list[dict[str, Any]]] = {}
+    live = Campaign.objects.exclude(status__in=CampaignStatus.TERMINAL).prefetch_related("advisories")
+    for campaign in live:
+        if campaign.status in (CampaignStatus.DRAFT, CampaignStatus.PLANNED, CampaignStatus.APPROVED) \
+                and not campaign.sweeps.exists():
+            plan = campaign.approved_plan or campaign.plans.order_by("-version").first()
+            items = [(int(k), v.get("expected_start")) for k, v in (plan.content.get("nodes") or {}).items()] \
+                if plan else []
+        else:
+            items = list(campaign.sweeps.exclude(state__in=SweepState.TERMINAL)
+                         .values_list("node_id", "planned__expected_start"))
+        covers = {"advisories": {a.pk for a in campaign.advisories.all()},
+                  "components": set(campaign.target_versions or {}), "campaign": campaign.pk,
+                  "campaign_name": campaign.name, "campaign_status": campaign.status}
+        for node_id, start in items:
+            found.setdefault(int(node_id), []).append({**covers, "scheduled_for": start})
+    for entries in found.values():
+        entries.sort(key=lambda e: e["scheduled_for"] or "~")
+    return found
+
+
+def _covering(entries: list[dict[str, Any]], advisory_id: int, component: str) -> dict[str, Any] | None:
+    for entry in entries:
+        if (not entry["advisories"] or advisory_id in entry["advisories"]) and \
+                (not entry["components"] or component in entry["components"]):
+            return entry
+    return None
+
+
+def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
+    scheduled = _scheduled()
+    exposures = (Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
+                 .select_related("node__cluster", "advisory", "affected_range")
+                 .order_by("deadline", "node__name", "pk"))
+    if cluster:
+        exposures = exposures.filter(node__cluster__name=cluster)
+    now = timezone.now()
+    rows: list[dict[str, Any]] = []
+    for e in exposures.iterator(chunk_size=5000):
+        plan = _covering(scheduled.get(e.node_id, []), e.advisory_id, e.component)
+        rows.append({
+            "node": e.node.name, "cluster": e.node.cluster.name, "advisory": e.advisory.publisher_id,
+            "severity": e.severity, "component": e.component, "detected_version": e.detected_version,
+            "fixed_version": e.affected_range.fixed_version, "state": e.state, "deadline": _iso(e.deadline),
+            "overdue": e.deadline is not None and e.deadline < now,
+            "campaign": plan["campaign"] if plan else None, "campaign_name": plan["campaign_name"] if plan else "",
+            "campaign_status": plan["campaign_status"] if plan else "",
+            "scheduled_for": plan["scheduled_for"] if plan else None,
+        })
+    unscheduled = sum(1 for r in rows if r["campaign"] is None)
+    late = sum(1 for r in rows if r["scheduled_for"] and r["deadline"] and str(r["scheduled_for"]) > str(r["deadline"]))
+    return {
+        "report": _header(
+            "Pending patches" + (f" in cluster {cluster}" if cluster else ""),
+            f"Every open or presumed exposure{' in cluster ' + cluster if cluster else ''} on {_iso(now)} "
+            f"({len(rows)}), with its deadline and the date of the campaign scheduled to sweep its node "
+            f"(the plan's expected start). {unscheduled} have no campaign yet; {late} are scheduled after their "
+            "deadline.",
+            "Each scheduled date is the approved (or newest) plan's expected start for that node; the campaign's "
+            "own report and evidence export show when the node was actually patched.", actor),
+        "summary": {"exposures": len(rows), "unscheduled": unscheduled, "scheduled_after_deadline": late,
+                    "overdue": sum(1 for r in rows if r["overdue"] is True)},
+        "exposures": rows,
+    }

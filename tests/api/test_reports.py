@@ -1,0 +1,135 @@
+"""The auditors' reports: a campaign's PDF (turned into images by pdftoppm and read back by
+pdftotext) names its nodes, approvals and the evidence verification; CSV and JSON say the same;
+the advisory and pending-patches reports list every node; viewers read, nobody without a role."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.test import Client
+
+from accounts import services as tokens
+from campaigns.models import Campaign
+from conftest import need
+
+pytestmark = pytest.mark.django_db
+
+
+def _viewer(make_user) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(make_user("vera", "viewer"))
+    return client
+
+
+def test_the_campaign_pdf_shows_nodes_approvals_and_the_verification(seeded, make_user, tmp_path: Path):
+    need(bool(shutil.which("pdftoppm") and shutil.which("pdftotext")),
+         "needs poppler-utils: scripts/install-system-deps.sh")
+    campaign = Campaign.objects.get(pk=seeded.campaigns["completed"])
+    response = _viewer(make_user).get(f"/campaigns/{campaign.pk}/report.pdf")
+    assert response.status_code == 200 and response["Content-Type"] == "application/pdf"
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(response.content)
+    subprocess.run(["pdftoppm", "-png", "-r", "50", str(pdf), str(tmp_path / "page")], check=True, timeout=60)
+    pages = sorted(tmp_path.glob("page*.png"))
+    assert pages and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000 for p in pages)
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout
+    for sweep in campaign.sweeps.select_related("node"):
+        assert sweep.node.name in text
+    for approval in campaign.approvals.select_related("user"):
+        assert approval.user.username in text
+    assert "Evidence verification" in text and "INTACT" in text
+    assert campaign.seals.order_by("-number").first().body["root"][:20] in text.replace("\n", "")
+    assert "How to verify".lower() in text.lower() and "python -m campaigns.verify" in text
+
+
+def test_the_campaign_csv_and_json_carry_the_same_nodes(seeded, make_user):
+    client = _viewer(make_user)
+    pk = seeded.campaigns["completed"]
+    data = json.loads(client.get(f"/campaigns/{pk}/report.json").content)
+    assert data["verification"]["intact"] is True and data["verification"]["seal"]["signature"]
+    assert data["approvals"] and data["nodes"] and all(n["versions_after"] for n in data["nodes"])
+    assert data["report"]["covers"] and "campaigns.verify" in data["report"]["how_to_verify"]
+    rows = list(csv.reader(io.StringIO(client.get(f"/campaigns/{pk}/report.csv").content.decode())))
+    start = rows.index(["# Nodes"])
+    header = rows[start + 1]
+    listed = {row[header.index("node")] for row in rows[start + 2:start + 2 + len(data["nodes"])]}
+    assert listed == {n["node"] for n in data["nodes"]}
+
+
+def test_evidence_pdf_is_the_report_not_json(seeded, make_user):
+    client = _viewer(make_user)
+    pk = seeded.campaigns["completed"]
+    response = client.get(f"/campaigns/{pk}/evidence.pdf")
+    assert response.status_code == 302 and response["Location"].endswith(f"/campaigns/{pk}/report.pdf")
+    assert client.get(f"/campaigns/{pk}/evidence.xml").status_code == 404
+    assert client.get(f"/campaigns/{pk}/report.xml").status_code == 404
+
+
+def test_the_advisory_report_lists_every_exposed_node_with_its_outcome(seeded, make_user):
+    from advisories.models import Exposure
+
+    exposure = Exposure.objects.select_related("advisory", "node").order_by("pk").first()
+    advisory = exposure.advisory
+    data = json.loads(_viewer(make_user).get(f"/advisories/{advisory.pk}/report.json").content)
+    assert len(data["exposures"]) == Exposure.objects.filter(advisory=advisory).count()
+    assert exposure.node.name in {row["node"] for row in data["exposures"]}
+    assert sum(data["counts"].values()) == len(data["exposures"])
+    assert _viewer_pdf_ok(make_user, f"/advisories/{advisory.pk}/report.pdf")
+
+
+def _viewer_pdf_ok(make_user, url: str) -> bool:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(make_user("vic2", "viewer"))
+    response = client.get(url)
+    return response.status_code == 200 and response.content[:5] == b"%PDF-"
+
+
+def test_pending_patches_names_a_date_for_each_scheduled_exposure(seeded, make_user):
+    from advisories.choices import ExposureState
+    from advisories.models import Exposure
+    from campaigns import services
+    from tests.campaigns.fleet import FIXED
+
+    operator = Campaign.objects.get(pk=seeded.campaigns["planned"]).requested_by
+    spares = Campaign.objects.create(name="spares", requested_by=operator, node_selector={"names": ["spare00"]},
+                                     target_versions={"driver": {"R570": FIXED}})
+    services.make_plan(spares.pk, operator)
+    viewer = _viewer(make_user)
+    data = json.loads(viewer.get("/advisories/pending.json").content)
+    pending = Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED]).count()
+    assert len(data["exposures"]) == pending == data["summary"]["exposures"]
+    scheduled = [r for r in data["exposures"] if r["campaign"]]
+    assert scheduled and {r["node"] for r in scheduled} == {"spare00"}
+    assert all(r["scheduled_for"] and r["campaign_name"] == "spares" for r in scheduled)
+    assert {r["node"] for r in data["exposures"] if not r["campaign"]} >= {"spare01"}
+    assert data["summary"]["unscheduled"] == len(data["exposures"]) - len(scheduled)
+    text = viewer.get("/advisories/pending.csv").content.decode()
+    assert "# Pending patches" in text and "scheduled_for" in text
+
+
+def test_reports_through_the_api_and_with_a_token(seeded, make_user):
+    _token, key = tokens.issue(make_user("vera", "viewer"), "auditor")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    pk = seeded.campaigns["completed"]
+    api = Client().get(f"/api/v1/reports/campaigns/{pk}/report.pdf", HTTP_ACCEPT="application/json", **auth)
+    assert api.status_code == 200 and api.content[:5] == b"%PDF-"
+    assert Client().get(f"/api/v1/reports/campaigns/{pk}/report.json", **auth).json()["nodes"]
+    assert Client().get("/api/v1/reports/pending.csv", {"cluster": "local"}, **auth).status_code == 200
+    assert Client().get("/api/v1/reports/pending.csv", {"clustr": "local"}, **auth).status_code == 400
+    assert Client().get("/api/v1/reports/campaigns/999999/report.json", **auth).status_code == 404
+    # The UI URL with the token (a script's download), no session.
+    assert Client().get(f"/campaigns/{pk}/report.csv", **auth).status_code == 200
+
+
+def test_a_user_with_no_role_reads_no_report(seeded, make_user):
+    client = Client()
+    client.force_login(make_user("nora"))
+    assert client.get(f"/campaigns/{seeded.campaigns['completed']}/report.json").status_code == 403
+    assert client.get("/api/v1/reports/pending.json").status_code == 403
