@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.campaign_list, name="campaign-list"),
     path("new/", views.campaign_create, name="campaign-create"),
     path("<int:pk>/", views.campaign_detail, name="campaign-detail"),
+    path("<int:pk>/board/", views.campaign_board, name="campaign-board"),
     path("<int:pk>/evidence.<str:fmt>", views.campaign_evidence, name="campaign-evidence"),
     path("<int:pk>/<str:action>/", views.campaign_action, name="campaign-action"),
 ]

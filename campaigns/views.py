@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 from django import forms
@@ -14,22 +13,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from campaigns import evidence, services
+from campaigns import board, evidence, services
 from campaigns.choices import Placement
 from campaigns.models import Campaign, EvidenceEvent
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 
 # Which role each button needs; the service functions enforce the state rules themselves.
-ACTIONS: dict[str, Role] = {
-    "plan": Role.OPERATOR,
-    "approve": Role.APPROVER,
-    "start": Role.OPERATOR,
-    "pause": Role.OPERATOR,
-    "resume": Role.OPERATOR,
-    "abort": Role.OPERATOR,
-    "add_last_group": Role.OPERATOR,
-}
+ACTIONS = board.ACTION_ROLES
 
 
 def _names(text: str) -> list[str]:
@@ -103,23 +94,34 @@ def campaign_create(request: HttpRequest) -> HttpResponse:
     return render(request, "campaigns/campaign_form.html", {"form": form})
 
 
-def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
+def _page_context(request: HttpRequest, campaign: Campaign) -> dict[str, Any]:
     plan = campaign.plans.order_by("-version").first()
-    sweeps = campaign.sweeps.select_related("node").prefetch_related("moves__target_node").order_by("wave", "position")
-    return render(request, "campaigns/campaign_detail.html", {
+    advisories = list(campaign.advisories.all())
+    authors = services.authors(campaign, plan) if plan else set()
+    return {
         "campaign": campaign,
         "plan": plan,
-        "plan_nodes": sorted((plan.content.get("nodes") or {}).values(), key=lambda n: (n["wave"], n["position"]))
-        if plan else [],
-        "approvals": campaign.approvals.select_related("user").order_by("at"),
-        "sweeps": sweeps,
-        # A plain dict: the template looks up ".items" as a key first, which a Counter answers with 0.
-        "progress": dict(Counter(sweeps.values_list("state", flat=True))),
-        "events": campaign.events.select_related("sweep__node").order_by("-at", "-id")[:50],
-        "allowed": {name for name, role in ACTIONS.items() if has_role(request.user, role)},
-        "advisories": campaign.advisories.all(),
-    })
+        "plan_view": board.plan_view(plan.content, campaign.deadline, advisories) if plan else None,
+        "approvals": campaign.approvals.select_related("user", "plan").order_by("at"),
+        "board": board.board(campaign, plan),
+        "events": [(e, board.event_label(e)) for e in
+                   campaign.events.select_related("sweep__node").order_by("-at", "-id")[:40]],
+        "actions": board.valid_actions(campaign, plan, request.user, authors),
+        "labels": board.ACTION_LABELS,
+        "advisories": advisories,
+        "windows": board.windows_text(campaign.windows),
+    }
+
+
+def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
+    return render(request, "campaigns/campaign_detail.html", _page_context(request, campaign))
+
+
+def campaign_board(request: HttpRequest, pk: int) -> HttpResponse:
+    """The live part of the campaign page, which htmx polls while the campaign is not over."""
+    campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
+    return render(request, "campaigns/_board.html", _page_context(request, campaign))
 
 
 @require_POST
@@ -148,7 +150,7 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except services.CampaignError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{action.capitalize()}: done.")
+        messages.success(request, f"{board.ACTION_LABELS[action]}: done.")
     return redirect("campaigns-ui:campaign-detail", pk=pk)
 
 
