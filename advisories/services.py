@@ -69,6 +69,12 @@ def accept_risk(exposure_id: int, user: User, reason: str, expires_at: dt.dateti
 
 
 @transaction.atomic
+def accept_risks(exposure_ids: list[int], user: User, reason: str, expires_at: dt.datetime) -> list[Exposure]:
+    """Accept several risks at once (the exposure list's bulk action): all of them, or none."""
+    return [accept_risk(pk, user, reason, expires_at) for pk in sorted(set(exposure_ids))]
+
+
+@transaction.atomic
 def revoke_risk(exposure_id: int, user: User) -> Exposure:
     """The exposure is exposed again: presumed where the bulletin does not tell, else open."""
     basis = Exposure.objects.filter(pk=exposure_id).values_list("affected_range__basis", flat=True).first()
