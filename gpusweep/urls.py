@@ -11,6 +11,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics, name="metrics"),
     path("", views.home, name="home"),
+    path("settings/", views.settings_page, name="settings"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("nodes/", include("inventory.urls")),
     path("advisories/", include("advisories.urls")),

@@ -2,20 +2,25 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import Resolver404, resolve
 from django.utils import timezone
 
+from advisories import services as advisory_services
 from advisories.choices import ExposureState
-from advisories.models import Advisory, Exposure
+from advisories.models import Advisory, ClusterDeadlineOverride, DeadlinePolicy, Exposure
 from campaigns import board
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign
 from gpusweep import overview
-from gpusweep.roles import user_roles
+from gpusweep.roles import Role, has_role, user_roles
 from inventory.choices import ServiceState
-from inventory.models import Node
+from inventory.models import Cluster, Node
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -37,4 +42,46 @@ def home(request: HttpRequest) -> HttpResponse:
         "charts": overview.charts(now),
         "campaigns": [(c, board.board(c, c.plans.order_by("-version").first())) for c in active],
         "review": overview.needing_review(),
+    })
+
+
+class DeadlinePolicyForm(forms.ModelForm):
+    class Meta:
+        model = DeadlinePolicy
+        fields = list(advisory_services.POLICY_FIELDS)
+
+
+def _linked(path: str) -> bool:
+    """Whether a settings page of another part of the console is installed (webhooks, tokens)."""
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
+
+
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """The deadline policy (admins edit it; every deadline follows) and the clusters."""
+    is_admin = has_role(request.user, Role.ADMIN)
+    policy = DeadlinePolicy.current()
+    form = DeadlinePolicyForm(request.POST or None, instance=policy)
+    if request.method == "POST":
+        if not is_admin:
+            raise PermissionDenied("admins change the deadline policy")
+        if form.is_valid():
+            values = {k: form.cleaned_data[k] for k in advisory_services.POLICY_FIELDS}
+            try:
+                advisory_services.set_deadline_policy(request.user, values)
+            except advisory_services.DecisionError as exc:
+                messages.error(request, str(exc))
+            else:
+                messages.success(request, "Deadline policy saved; every open deadline follows it.")
+                return redirect("settings")
+    clusters = Cluster.objects.annotate(
+        n=Count("nodes", filter=~Q(nodes__service_state=ServiceState.GONE))).order_by("name")
+    return render(request, "settings.html", {
+        "form": form, "is_admin": is_admin, "clusters": clusters,
+        "overrides": ClusterDeadlineOverride.objects.select_related("cluster").order_by("cluster__name", "severity"),
+        "more": [(label, path) for label, path in (("Webhooks", "/settings/webhooks/"),
+                                                  ("API tokens", "/settings/tokens/")) if _linked(path)],
     })

@@ -46,3 +46,28 @@ def test_the_burn_down_falls_when_a_node_is_remediated(fleet: Cluster):  # noqa:
     assert data["nodes"][-1] == 1 and data["nodes"][-3] == 1 and data["nodes"][-4] == 2 and data["nodes"][0] == 0
     # Node-days: 2 nodes for 3 days, 1 node for 3 days (the remediation day counts as fixed).
     assert data["node_days"][-1] == 2 * 3 + 1 * 3
+
+
+def test_admins_change_the_deadline_policy_and_every_deadline_follows(client: Client, make_user,  # type: ignore[no-untyped-def]
+                                                                       fleet: Cluster):  # noqa: F811
+    from advisories.models import AdvisoryEvent, DeadlinePolicy
+
+    make_user("vera", "viewer")
+    client.login(username="vera", password="pw-vera-12345")
+    page = client.get("/settings/").content.decode()
+    assert "prod" in page and 'id="policy-form"' not in page
+    assert client.post("/settings/", {"critical_days": "5"}).status_code == 403
+    client.logout()
+    make_user("ada", "admin")
+    client.login(username="ada", password="pw-ada-12345")
+    exposure = Exposure.objects.filter(state="open", severity="high").first()
+    assert exposure is not None
+    before = exposure.deadline
+    response = client.post("/settings/", {"critical_days": "15", "high_days": "60", "medium_days": "90",
+                                          "low_days": "180", "basis": "publication", "use_kev": "on"})
+    assert response.status_code == 302
+    assert DeadlinePolicy.current().high_days == 60
+    exposure.refresh_from_db()
+    assert before and exposure.deadline and (exposure.deadline - before).days == 30
+    event = AdvisoryEvent.objects.get(kind="policy_changed")
+    assert event.user.username == "ada" and event.details["changes"]["high_days"] == [30, 60]
