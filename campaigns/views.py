@@ -14,7 +14,7 @@ from django.views.decorators.http import require_POST
 
 from campaigns import board, evidence, services, wizard
 from campaigns.models import Campaign, EvidenceEvent
-from gpusweep.pages import csv_response, paginate
+from gpusweep.pages import csv_response, installed, paginate
 from gpusweep.roles import Role, has_role
 
 # Which role each button needs; the service functions enforce the state rules themselves.
@@ -115,6 +115,8 @@ def _page_context(request: HttpRequest, campaign: Campaign) -> dict[str, Any]:
         "labels": board.ACTION_LABELS,
         "advisories": advisories,
         "windows": board.windows_text(campaign.windows),
+        "reports": [(fmt.upper(), f"/campaigns/{campaign.pk}/report.{fmt}") for fmt in ("pdf", "csv", "json")
+                    if installed(f"/campaigns/{campaign.pk}/report.{fmt}")],
     }
 
 

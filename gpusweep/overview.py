@@ -121,7 +121,8 @@ def charts(now: dt.datetime) -> list[dict[str, Any]]:
     """The overview's charts in the spec costs/static/costs/charts.js draws."""
     data = burn_down(now)
     xs = list(range(len(data["dates"])))
-    ticks = {i: d.strftime("%m-%d") for i, d in enumerate(data["dates"]) if i % 7 == 0 or i == len(xs) - 1}
+    last = len(xs) - 1
+    ticks = {i: d.strftime("%m-%d") for i, d in enumerate(data["dates"]) if (i % 7 == 0 and last - i >= 4) or i == last}
     labels = [d.isoformat() for d in data["dates"]]
     return [
         {"id": "chart-burn-down", "title": "Open exposures and exposed nodes, last 30 days", "xlabel": "day (UTC)",

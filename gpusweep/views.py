@@ -8,7 +8,6 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import Resolver404, resolve
 from django.utils import timezone
 
 from advisories import services as advisory_services
@@ -18,6 +17,7 @@ from campaigns import board
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign
 from gpusweep import overview
+from gpusweep.pages import installed
 from gpusweep.roles import Role, has_role, user_roles
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node
@@ -51,15 +51,6 @@ class DeadlinePolicyForm(forms.ModelForm):
         fields = list(advisory_services.POLICY_FIELDS)
 
 
-def _linked(path: str) -> bool:
-    """Whether a settings page of another part of the console is installed (webhooks, tokens)."""
-    try:
-        resolve(path)
-    except Resolver404:
-        return False
-    return True
-
-
 def settings_page(request: HttpRequest) -> HttpResponse:
     """The deadline policy (admins edit it; every deadline follows) and the clusters."""
     is_admin = has_role(request.user, Role.ADMIN)
@@ -83,5 +74,5 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         "form": form, "is_admin": is_admin, "clusters": clusters,
         "overrides": ClusterDeadlineOverride.objects.select_related("cluster").order_by("cluster__name", "severity"),
         "more": [(label, path) for label, path in (("Webhooks", "/settings/webhooks/"),
-                                                  ("API tokens", "/settings/tokens/")) if _linked(path)],
+                                                  ("API tokens", "/settings/tokens/")) if installed(path)],
     })

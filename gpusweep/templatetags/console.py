@@ -7,6 +7,7 @@ these filters.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 from django import template
@@ -55,6 +56,15 @@ def when(value: Any) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+ISO_MOMENT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})?")
+
+
+@register.filter
+def readable_times(text: Any) -> str:
+    """Every ISO 8601 moment inside a sentence ("past deadline 2025-11-08T00:00:00Z") made readable."""
+    return ISO_MOMENT.sub(lambda m: when(m.group(0).replace("Z", "+00:00")), str(text))
+
+
 @register.filter
 def duration(seconds: Any) -> str:
     """'2 h 05 min', '45 s' from a number of seconds or a timedelta."""
@@ -81,8 +91,16 @@ def duration(seconds: Any) -> str:
 def versions(value: Any) -> str:
     """{"driver": "570.195.03", "cuda": "12.8"} as 'driver 570.195.03, cuda 12.8'."""
     if isinstance(value, dict):
-        return ", ".join(f"{k} {v}" for k, v in value.items() if v not in (None, "")) or "—"
-    return str(value) if value not in (None, "") else "—"
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items() if v not in (None, "")) or "—"
+    return _plain(value) if value not in (None, "") else "—"
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items())
+    return str(value)
 
 
 @register.filter
