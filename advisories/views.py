@@ -7,15 +7,15 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, Count, IntegerField, Max, Min, Q, QuerySet, Value, When
+from django.db.models import Case, Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from advisories import components, display, services
+from advisories import components, counts, display, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
-from advisories.models import Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
+from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
@@ -33,37 +33,56 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
     filters = {key: request.GET.get(key, "").strip() for key in
                ("q", "severity", "component", "affects", "needs_review", "integrity", "sort")}
     advisories = Advisory.objects.annotate(
-        open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN), distinct=True),
-        exposed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.OPEN), distinct=True),
-        presumed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.PRESUMED), distinct=True),
-        open_review=Count("review_items", filter=Q(review_items__state=ReviewState.OPEN), distinct=True),
-        max_cvss=Max("cves__base_score"), severity_rank=SEVERITY_ORDER,
+        open_review=Subquery(ReviewItem.objects.filter(advisory=OuterRef("pk"), state=ReviewState.OPEN).values(
+            "advisory").annotate(n=Count("id")).values("n")[:1]),
+        max_cvss=Subquery(CVE.objects.filter(advisories=OuterRef("pk")).order_by(
+            F("base_score").desc(nulls_last=True)).values("base_score")[:1]),
+        severity_rank=SEVERITY_ORDER,
     )
     if filters["q"]:
         q = filters["q"]
         advisories = advisories.filter(Q(publisher_id__icontains=q) | Q(title__icontains=q)
-                                       | Q(cves__cve_id__icontains=q)).distinct()
+                                       | Q(pk__in=CVE.advisories.through.objects.filter(
+                                           cve__cve_id__icontains=q).values("advisory_id")))
     if filters["severity"]:
         advisories = advisories.filter(severity=filters["severity"])
     if filters["component"]:
-        advisories = advisories.filter(ranges__component=filters["component"]).distinct()
-    if filters["affects"] in ("1", "yes", "true"):
-        advisories = advisories.filter(Q(exposed_nodes__gt=0) | Q(presumed_nodes__gt=0))
-    elif filters["affects"] in ("0", "no", "false"):
-        advisories = advisories.filter(exposed_nodes=0, presumed_nodes=0)
+        advisories = advisories.filter(pk__in=AffectedRange.objects.filter(
+            component=filters["component"]).values("advisory_id"))
     if filters["needs_review"]:
         advisories = advisories.filter(open_review__gt=0)
     if filters["integrity"]:
         advisories = advisories.filter(integrity=filters["integrity"])
+    # Advisories are few: the exposed counts (one GROUP BY, cached) are joined and sorted on here.
+    found = counts.cached()
+    rows = []
+    for advisory in advisories:
+        c = found.get(advisory.pk, counts.Counts())
+        advisory.exposed_nodes, advisory.presumed_nodes, advisory.open_exposures = (
+            c.exposed_nodes, c.presumed_nodes, c.open_exposures)
+        affects = bool(c.exposed_nodes or c.presumed_nodes)
+        if (filters["affects"] in ("1", "yes", "true") and not affects) or (
+                filters["affects"] in ("0", "no", "false") and affects):
+            continue
+        rows.append(advisory)
     sort = filters["sort"] if filters["sort"] in ADVISORY_SORTS else "updated"
-    advisories = advisories.order_by(*ADVISORY_SORTS[sort])
+    for field in reversed(ADVISORY_SORTS[sort]):
+        name = field.lstrip("-")
+        rows.sort(key=lambda a, name=name: _sort_key(getattr(a, name)), reverse=field.startswith("-"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "advisories/advisory_list.html", {
-        "page": paginate(request, advisories), "filters": filters, "severities": Severity.choices(),
+        "page": paginate(request, rows), "filters": filters, "severities": Severity.choices(),
         "components": [(c.name, c.label) for c in components.REGISTRY], "sorts": list(ADVISORY_SORTS),
         "sort": sort, "query": query.urlencode(),
     })
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Sortable whatever the type; empty values last in ascending order (first when reversed)."""
+    if value is None or value == "":
+        return (0, 0)
+    return (1, value)
 
 
 def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -181,7 +200,8 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
         q = filters["q"]
         exposures = exposures.filter(
             Q(node__name__icontains=q) | Q(advisory__publisher_id__icontains=q) | Q(advisory__title__icontains=q)
-            | Q(affected_range__cves__cve_id__icontains=q) | Q(detected_version__icontains=q)).distinct()
+            | Q(affected_range__in=AffectedRange.cves.through.objects.filter(cve__cve_id__icontains=q).values(
+                "affectedrange_id")) | Q(detected_version__icontains=q))
     sort = EXPOSURE_SORTS.get(filters["sort"]) or EXPOSURE_SORTS["deadline"]
     group = GROUPS.get(filters["group"], ())
     return exposures.order_by(*group, *sort), filters

@@ -14,8 +14,9 @@ from typing import Any
 from django.db.models import Count, Max, Min, Q
 from django.db.models.functions import TruncDate
 
+from advisories import counts
 from advisories.choices import ExposureState, ReviewState
-from advisories.models import Advisory, Exposure
+from advisories.models import Advisory, Exposure, ReviewItem
 from inventory.choices import ServiceState
 from inventory.models import Node
 
@@ -137,8 +138,19 @@ def charts(now: dt.datetime) -> list[dict[str, Any]]:
     ]
 
 
-def needing_review() -> list[Advisory]:
-    return list(Advisory.objects.annotate(
-        open_review=Count("review_items", filter=Q(review_items__state=ReviewState.OPEN), distinct=True),
-        presumed=Count("exposures__node", filter=Q(exposures__state=ExposureState.PRESUMED), distinct=True),
-    ).filter(Q(open_review__gt=0) | Q(presumed__gt=0)).order_by("-current_release_date")[:20])
+def needing_review() -> list[dict[str, Any]]:
+    """Advisories with review items open or nodes presumed exposed, newest first."""
+    review = dict(ReviewItem.objects.filter(state=ReviewState.OPEN).values("advisory_id").annotate(
+        n=Count("id")).values_list("advisory_id", "n"))
+    presumed = {pk: c.presumed_nodes for pk, c in counts.cached().items() if c.presumed_nodes}
+    ids = set(review) | set(presumed)
+    return [{"pk": a.pk, "publisher": a.publisher, "publisher_id": a.publisher_id, "title": a.title,
+             "severity": a.severity, "open_review": review.get(a.pk, 0), "presumed": presumed.get(a.pk, 0)}
+            for a in Advisory.objects.filter(pk__in=ids).order_by("-current_release_date")[:20]]
+
+
+def figures(now: dt.datetime) -> dict[str, Any]:
+    """Everything fleet-wide the overview shows, computed together (the page caches it)."""
+    return {"by_severity": exposed_by_severity(), "summary": deadlines(now), "compliance": compliance_by_cluster(),
+            "charts": charts(now), "review": needing_review(),
+            "presumed_nodes": Exposure.objects.filter(state=ExposureState.PRESUMED).values("node").distinct().count()}
