@@ -147,6 +147,7 @@ class EventKind(ChoiceSet):
     REVIEW_MAPPED = "review_mapped"
     REVIEW_DISMISSED = "review_dismissed"
     PRESUMED_WITHDRAWN = "presumed_withdrawn"
+    POLICY_CHANGED = "policy_changed"
     CHOICES = [
         (CREATED, "Advisory created"),
         (UPDATED, "Advisory updated to a newer revision"),
@@ -158,4 +159,5 @@ class EventKind(ChoiceSet):
         (REVIEW_MAPPED, "Review item mapped by an admin"),
         (REVIEW_DISMISSED, "Review item dismissed by an admin"),
         (PRESUMED_WITHDRAWN, "Presumed exposures withdrawn: the row is decoded now"),
+        (POLICY_CHANGED, "Deadline policy changed by an admin: every deadline follows"),
     ]

@@ -19,10 +19,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from advisories import components
-from advisories.choices import EventKind, ExposureState, RangeBasis, ReviewState, VexJustification
-from advisories.exposure import recompute
+from advisories.choices import DeadlineBasis, EventKind, ExposureState, RangeBasis, ReviewState, VexJustification
+from advisories.exposure import assign_deadlines, recompute
 from advisories.ingest import mapped_range, withdraw_presumed
-from advisories.models import AdvisoryEvent, AffectedRange, Exposure, ReviewItem
+from advisories.models import AdvisoryEvent, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from inventory.versions import VersionError, parse_version
 
 User = AbstractBaseUser | AnonymousUser
@@ -69,6 +69,12 @@ def accept_risk(exposure_id: int, user: User, reason: str, expires_at: dt.dateti
 
 
 @transaction.atomic
+def accept_risks(exposure_ids: list[int], user: User, reason: str, expires_at: dt.datetime) -> list[Exposure]:
+    """Accept several risks at once (the exposure list's bulk action): all of them, or none."""
+    return [accept_risk(pk, user, reason, expires_at) for pk in sorted(set(exposure_ids))]
+
+
+@transaction.atomic
 def revoke_risk(exposure_id: int, user: User) -> Exposure:
     """The exposure is exposed again: presumed where the bulletin does not tell, else open."""
     basis = Exposure.objects.filter(pk=exposure_id).values_list("affected_range__basis", flat=True).first()
@@ -94,6 +100,36 @@ def mark_not_affected(exposure_id: int, user: User, justification: str, reason: 
     _event(before, EventKind.NOT_AFFECTED, user, f"not affected ({justification}): {reason}", previous=before.state,
            justification=justification)
     return Exposure.objects.get(pk=exposure_id)
+
+
+# --- the deadline policy ----------------------------------------------------------------------
+
+POLICY_FIELDS = ("critical_days", "high_days", "medium_days", "low_days", "basis", "use_kev")
+
+
+@transaction.atomic
+def set_deadline_policy(user: User, values: dict[str, Any]) -> DeadlinePolicy:
+    """An admin changes the days per severity (or the basis): every active deadline is recomputed
+    in the same transaction, and the change is recorded with who made it."""
+    unknown = set(values) - set(POLICY_FIELDS)
+    if unknown:
+        raise DecisionError(f"unknown deadline policy fields {sorted(unknown)}")
+    for name in POLICY_FIELDS[:4]:
+        if name in values and not (isinstance(values[name], int) and 1 <= values[name] <= 3650):
+            raise DecisionError(f"{name}: a whole number of days between 1 and 3650")
+    if "basis" in values and values["basis"] not in DeadlineBasis.values():
+        raise DecisionError(f"basis must be one of {', '.join(DeadlineBasis.values())}")
+    policy = DeadlinePolicy.objects.select_for_update().get(pk=DeadlinePolicy.current().pk)
+    changes = {k: [getattr(policy, k), v] for k, v in values.items() if getattr(policy, k) != v}
+    if not changes:
+        return policy
+    for name, (_before, after) in changes.items():
+        setattr(policy, name, after)
+    policy.save()
+    moved = assign_deadlines(refresh=True)
+    AdvisoryEvent.objects.create(kind=EventKind.POLICY_CHANGED, user=_who(user), message=str(policy),
+                                 details={"changes": changes, "deadlines_set": moved})
+    return policy
 
 
 # --- review items ------------------------------------------------------------------------------

@@ -7,51 +7,108 @@ from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Case, Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from advisories import components, services
+from advisories import components, counts, display, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
-from advisories.models import Advisory, Exposure, ReviewItem
+from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
 
+SEVERITY_ORDER = Case(*(When(severity=v, then=Value(rank)) for v, rank in Severity.RANK.items()),
+                      default=Value(-1), output_field=IntegerField())
+ADVISORY_SORTS = {
+    "updated": ("-current_release_date", "-id"), "published": ("-initial_release_date", "-id"),
+    "severity": ("-severity_rank", "-current_release_date"), "exposed": ("-exposed_nodes", "-current_release_date"),
+    "cvss": ("-max_cvss", "-current_release_date"), "bulletin": ("publisher", "publisher_id"),
+}
+
 
 def advisory_list(request: HttpRequest) -> HttpResponse:
+    filters = {key: request.GET.get(key, "").strip() for key in
+               ("q", "severity", "component", "affects", "needs_review", "integrity", "sort")}
     advisories = Advisory.objects.annotate(
-        open_exposures=Count("exposures", filter=Q(exposures__state=ExposureState.OPEN)),
-        exposed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.OPEN), distinct=True),
-        presumed_nodes=Count("exposures__node", filter=Q(exposures__state=ExposureState.PRESUMED), distinct=True),
-        open_review=Count("review_items", filter=Q(review_items__state=ReviewState.OPEN), distinct=True),
-    ).order_by("-current_release_date", "-id")
-    severity = request.GET.get("severity", "")
-    if severity:
-        advisories = advisories.filter(severity=severity)
-    if request.GET.get("needs_review"):
+        open_review=Subquery(ReviewItem.objects.filter(advisory=OuterRef("pk"), state=ReviewState.OPEN).values(
+            "advisory").annotate(n=Count("id")).values("n")[:1]),
+        max_cvss=Subquery(CVE.objects.filter(advisories=OuterRef("pk")).order_by(
+            F("base_score").desc(nulls_last=True)).values("base_score")[:1]),
+        severity_rank=SEVERITY_ORDER,
+    )
+    if filters["q"]:
+        q = filters["q"]
+        advisories = advisories.filter(Q(publisher_id__icontains=q) | Q(title__icontains=q)
+                                       | Q(pk__in=CVE.advisories.through.objects.filter(
+                                           cve__cve_id__icontains=q).values("advisory_id")))
+    if filters["severity"]:
+        advisories = advisories.filter(severity=filters["severity"])
+    if filters["component"]:
+        advisories = advisories.filter(pk__in=AffectedRange.objects.filter(
+            component=filters["component"]).values("advisory_id"))
+    if filters["needs_review"]:
         advisories = advisories.filter(open_review__gt=0)
+    if filters["integrity"]:
+        advisories = advisories.filter(integrity=filters["integrity"])
+    # Advisories are few: the exposed counts (one GROUP BY, cached) are joined and sorted on here.
+    found = counts.cached()
+    rows = []
+    for advisory in advisories:
+        c = found.get(advisory.pk, counts.Counts())
+        advisory.exposed_nodes, advisory.presumed_nodes, advisory.open_exposures = (
+            c.exposed_nodes, c.presumed_nodes, c.open_exposures)
+        affects = bool(c.exposed_nodes or c.presumed_nodes)
+        if (filters["affects"] in ("1", "yes", "true") and not affects) or (
+                filters["affects"] in ("0", "no", "false") and affects):
+            continue
+        rows.append(advisory)
+    sort = filters["sort"] if filters["sort"] in ADVISORY_SORTS else "updated"
+    for field in reversed(ADVISORY_SORTS[sort]):
+        name = field.lstrip("-")
+        rows.sort(key=lambda a, name=name: _sort_key(getattr(a, name)), reverse=field.startswith("-"))
+    query = request.GET.copy()
+    query.pop("page", None)
     return render(request, "advisories/advisory_list.html", {
-        "page": paginate(request, advisories), "severity": severity, "severities": Severity.choices(),
-        "needs_review": bool(request.GET.get("needs_review")),
+        "page": paginate(request, rows), "filters": filters, "severities": Severity.choices(),
+        "components": [(c.name, c.label) for c in components.REGISTRY], "sorts": list(ADVISORY_SORTS),
+        "sort": sort, "query": query.urlencode(),
     })
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Sortable whatever the type; empty values last in ascending order (first when reversed)."""
+    if value is None or value == "":
+        return (0, 0)
+    return (1, value)
 
 
 def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
     advisory = get_object_or_404(Advisory, pk=pk)
+    active = advisory.exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
+    by_cluster = list(active.values("node__cluster__name").annotate(
+        nodes=Count("node", distinct=True), earliest=Min("deadline")).order_by("node__cluster__name"))
+    ranges = advisory.ranges.prefetch_related("cves").order_by("component", "os_family", "branch", "product_line")
+    cves = advisory.cves.order_by("-base_score", "cve_id")
     return render(request, "advisories/advisory_detail.html", {
         "advisory": advisory,
-        "cves": advisory.cves.order_by("-base_score", "cve_id"),
-        "ranges": advisory.ranges.prefetch_related("cves").order_by("component", "os_family", "branch"),
+        "cves": cves,
+        "max_cvss": max((c.base_score for c in cves if c.base_score is not None), default=None),
+        "by_cluster": by_cluster,
+        "exposed_total": active.values("node").distinct().count(),
+        "deadline": active.aggregate(d=Min("deadline"))["d"],
+        "policy_days": DeadlinePolicy.current().days_for(advisory.severity),
+        "ranges": [(r, display.range_text(r)) for r in ranges],
         "exposures": advisory.exposures.select_related("node__cluster", "affected_range", "risk_approver").order_by(
-            "state", "deadline")[:500],
+            "state", "deadline", "node__name")[:500],
         "review_items": advisory.review_items.select_related("resolved_by").order_by("state", "kind", "key"),
         "now": timezone.now(),
         "is_admin": has_role(request.user, Role.ADMIN),
         "is_approver": has_role(request.user, Role.APPROVER),
+        "can_plan": has_role(request.user, Role.OPERATOR),
         "justifications": VexJustification.choices(),
         "component_names": [c.name for c in components.REGISTRY],
     })
@@ -111,9 +168,19 @@ def review_resolve(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("advisories-ui:advisory-detail", pk=item.advisory_id)
 
 
+EXPOSURE_SORTS = {
+    "deadline": ("deadline", "id"), "-deadline": ("-deadline", "id"), "node": ("node__name", "id"),
+    "severity": ("-severity_rank", "deadline", "id"), "advisory": ("advisory__publisher_id", "deadline", "id"),
+    "first_seen": ("first_seen", "id"), "cluster": ("node__cluster__name", "node__name", "id"),
+}
+GROUPS = {"advisory": ("advisory__publisher_id",), "cluster": ("node__cluster__name",)}
+
+
 def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[str, str]]:
-    exposures = Exposure.objects.select_related("node__cluster", "advisory").order_by("deadline", "id")
-    filters = {key: request.GET.get(key, "") for key in ("state", "severity", "cluster", "overdue")}
+    exposures = Exposure.objects.select_related("node__cluster", "advisory", "affected_range").annotate(
+        severity_rank=SEVERITY_ORDER)
+    filters = {key: request.GET.get(key, "").strip() for key in
+               ("state", "severity", "cluster", "overdue", "due_within", "q", "advisory", "sort", "group")}
     state = filters["state"] or ExposureState.OPEN
     filters["state"] = state
     if state != "all":
@@ -122,34 +189,134 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
         exposures = exposures.filter(severity=filters["severity"])
     if filters["cluster"]:
         exposures = exposures.filter(node__cluster__name=filters["cluster"])
-    if filters["overdue"]:
-        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED],
-                                     deadline__lt=timezone.now())
-    return exposures, filters
+    if filters["advisory"].isdigit():
+        exposures = exposures.filter(advisory_id=int(filters["advisory"]))
+    now = timezone.now()
+    if filters["overdue"] in ("1", "true", "yes", "on"):
+        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED], deadline__lt=now)
+    if filters["due_within"].isdigit():
+        exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED], deadline__gte=now,
+                                     deadline__lt=now + dt.timedelta(days=int(filters["due_within"])))
+    if filters["q"]:
+        q = filters["q"]
+        exposures = exposures.filter(
+            Q(node__name__icontains=q) | Q(advisory__publisher_id__icontains=q) | Q(advisory__title__icontains=q)
+            | Q(affected_range__in=AffectedRange.cves.through.objects.filter(cve__cve_id__icontains=q).values(
+                "affectedrange_id")) | Q(detected_version__icontains=q))
+    sort = EXPOSURE_SORTS.get(filters["sort"]) or EXPOSURE_SORTS["deadline"]
+    group = GROUPS.get(filters["group"], ())
+    return exposures.order_by(*group, *sort), filters
+
+
+def _cves_of(exposures: list[Exposure]) -> dict[int, list[str]]:
+    """range id -> its CVE ids, for a page of exposures, in one query."""
+    found: dict[int, list[str]] = {}
+    for range_id, cve in AffectedRange.cves.through.objects.filter(
+            affectedrange_id__in={e.affected_range_id for e in exposures}).values_list(
+            "affectedrange_id", "cve__cve_id").order_by("cve__cve_id"):
+        found.setdefault(range_id, []).append(cve)
+    return found
+
+
+def _days_overdue(exposure: Exposure, now: dt.datetime) -> int | None:
+    if exposure.state not in (ExposureState.OPEN, ExposureState.PRESUMED) or exposure.deadline is None:
+        return None
+    late = (now - exposure.deadline).days
+    return late if exposure.deadline < now else None
 
 
 @accepts_token  # ?format=csv is an export a script may fetch with a token
 def exposure_list(request: HttpRequest) -> HttpResponse:
     exposures, filters = _filtered_exposures(request)
+    now = timezone.now()
     if request.GET.get("format") == "csv":
-        return csv_response(
-            "exposures.csv",
-            ["cluster", "node", "advisory", "component", "detected_version", "severity", "state", "first_seen",
-             "deadline", "deadline_source", "fixed_by_version", "remediated_at"],
-            (
-                (e.node.cluster.name, e.node.name, f"{e.advisory.publisher} {e.advisory.publisher_id}", e.component,
-                 e.detected_version, e.severity, e.state, e.first_seen.isoformat(),
-                 e.deadline.isoformat() if e.deadline else "", e.deadline_source, e.fixed_by_version,
-                 e.remediated_at.isoformat() if e.remediated_at else "")
-                for e in exposures.iterator()
-            ),
-        )
+        return _exposures_csv(exposures, now)
+    page = paginate(request, exposures)
+    rows = list(page.object_list)
+    cves = _cves_of(rows)
+    key = {"advisory": lambda e: f"{e.advisory.publisher} {e.advisory.publisher_id}: {e.advisory.title}",
+           "cluster": lambda e: e.node.cluster.name}.get(filters["group"])
+    groups: list[dict[str, Any]] = []
+    for e in rows:
+        label = key(e) if key else ""
+        if not groups or groups[-1]["label"] != label:
+            groups.append({"label": label, "rows": []})
+        groups[-1]["rows"].append({"e": e, "cves": cves.get(e.affected_range_id, []),
+                                   "overdue": _days_overdue(e, now)})
+    query = request.GET.copy()
+    query.pop("page", None)
     return render(request, "advisories/exposure_list.html", {
-        "page": paginate(request, exposures),
-        "filters": filters,
+        "page": page, "groups": groups, "filters": filters,
         "states": [*ExposureState.choices(), ("all", "All")],
         "severities": Severity.choices(),
-        "clusters": Cluster.objects.values_list("name", flat=True),
-        "now": timezone.now(),
-        "query": request.GET.urlencode(),
+        "clusters": Cluster.objects.values_list("name", flat=True).order_by("name"),
+        "sorts": [("deadline", "deadline, soonest first"), ("-deadline", "deadline, latest first"),
+                  ("severity", "severity"), ("node", "node"), ("cluster", "cluster"), ("advisory", "advisory"),
+                  ("first_seen", "first seen")],
+        "now": now,
+        "query": query.urlencode(),
+        "is_approver": has_role(request.user, Role.APPROVER),
+        "can_plan": has_role(request.user, Role.OPERATOR),
     })
+
+
+def _exposures_csv(exposures: QuerySet[Exposure], now: dt.datetime) -> HttpResponse:
+    def rows() -> Any:
+        for chunk_start in range(0, 10**9, 2000):
+            chunk = list(exposures[chunk_start:chunk_start + 2000])
+            if not chunk:
+                return
+            cves = _cves_of(chunk)
+            for e in chunk:
+                late = _days_overdue(e, now)
+                yield (e.node.cluster.name, e.node.name, e.node.pool,
+                       f"{e.advisory.publisher} {e.advisory.publisher_id}",
+                       " ".join(cves.get(e.affected_range_id, [])), e.component, e.detected_version,
+                       e.affected_range.fixed_version, e.severity, e.state, e.first_seen.isoformat(),
+                       e.deadline.isoformat() if e.deadline else "", e.deadline_source,
+                       "" if late is None else late, e.fixed_by_version,
+                       e.remediated_at.isoformat() if e.remediated_at else "")
+
+    return csv_response(
+        "exposures.csv",
+        ["cluster", "node", "pool", "advisory", "cves", "component", "detected_version", "fixed_version", "severity",
+         "state", "first_seen", "deadline", "deadline_source", "days_overdue", "fixed_by_version", "remediated_at"],
+        rows(),
+    )
+
+
+@require_POST
+def exposure_bulk(request: HttpRequest) -> HttpResponse:
+    """The exposure list's bulk actions: plan a campaign for the chosen ones, or accept their risk."""
+    ids = [int(i) for i in request.POST.getlist("exposure") if i.isdigit()]
+    back = request.POST.get("back", "")
+    back = back if back.startswith("/advisories/exposures/") else "/advisories/exposures/"
+    if not ids:
+        messages.error(request, "Choose at least one exposure first.")
+        return redirect(back)
+    chosen = Exposure.objects.filter(pk__in=ids).select_related("node__cluster")
+    action = request.POST.get("action", "")
+    if action == "plan":
+        _checked(request, Role.OPERATOR)
+        params = QueryDict(mutable=True)
+        params.setlist("advisories", sorted({str(e.advisory_id) for e in chosen}))
+        params.setlist("clusters", sorted({e.node.cluster.name for e in chosen}))
+        params["nodes"] = ",".join(sorted({e.node.name for e in chosen}))
+        return redirect(f"/campaigns/new/?{params.urlencode()}")
+    if action == "accept_risk":
+        _checked(request, Role.APPROVER)
+        reason = request.POST.get("reason", "").strip()
+        try:
+            days = int(request.POST.get("days") or 30)
+            if len(reason) < 10:
+                raise services.DecisionError("give a reason of at least 10 characters")
+            if not 1 <= days <= 365:
+                raise services.DecisionError("accept a risk for 1 to 365 days")
+            accepted = services.accept_risks(ids, request.user, reason, timezone.now() + dt.timedelta(days=days))
+        except (services.DecisionError, ValueError) as exc:
+            messages.error(request, f"Nothing was accepted: {exc}")
+        else:
+            messages.success(request, f"Risk accepted for {len(accepted)} exposure{'s' if len(accepted) != 1 else ''}"
+                                      f" until {(timezone.now() + dt.timedelta(days=days)):%Y-%m-%d}.")
+        return redirect(back)
+    return HttpResponse(f"unknown action {action!r}", status=400)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
-from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
@@ -14,69 +12,14 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from campaigns import evidence, services
-from campaigns.choices import Placement
+from campaigns import board, evidence, services, wizard
 from campaigns.models import Campaign, EvidenceEvent
 from gpusweep.middleware import accepts_token
-from gpusweep.pages import csv_response, paginate
+from gpusweep.pages import csv_response, installed, paginate
 from gpusweep.roles import Role, has_role
 
 # Which role each button needs; the service functions enforce the state rules themselves.
-ACTIONS: dict[str, Role] = {
-    "plan": Role.OPERATOR,
-    "approve": Role.APPROVER,
-    "start": Role.OPERATOR,
-    "pause": Role.OPERATOR,
-    "resume": Role.OPERATOR,
-    "abort": Role.OPERATOR,
-    "add_last_group": Role.OPERATOR,
-}
-
-
-def _names(text: str) -> list[str]:
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
-class CampaignForm(forms.ModelForm):
-    """The UI's campaign fields; validation and saving are the services' (the same as the API's)."""
-
-    # The scope as comma-separated names; the model keeps lists (empty means all).
-    cluster_names = forms.CharField(required=False, label="Clusters", help_text="comma separated; empty for all")
-    pool_names = forms.CharField(required=False, label="Pools", help_text="comma separated; empty for all")
-
-    class Meta:
-        model = Campaign
-        fields = [
-            "name", "description", "advisories", "cluster_names", "pool_names",
-            "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
-            "workload_policy", "workload_placement", "held_nodes", "cold_restart_allowed", "canary", "soak_s",
-            "wave_growth", "growth_step", "approvals_required", "deadline",
-        ]
-        widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Left out of a form post, these take the model's defaults.
-        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
-            self.fields[name].required = False
-
-    def definition(self) -> dict[str, Any]:
-        values = {k: v for k, v in self.cleaned_data.items() if k in services.DEFINITION_FIELDS}
-        values["workload_placement"] = values.get("workload_placement") or Placement.MOVE
-        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
-            if values.get(name) in (None, ""):
-                values[name] = Campaign._meta.get_field(name).get_default()  # type: ignore[union-attr]
-        values["clusters"] = _names(self.cleaned_data.get("cluster_names", ""))
-        values["pools"] = _names(self.cleaned_data.get("pool_names", ""))
-        return values
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        if not self.errors:
-            for name, message in services.definition_errors(self.definition()).items():
-                self.add_error(name if name in self.fields else {"clusters": "cluster_names",
-                                                                 "pools": "pool_names"}.get(name), message)
-        return cleaned
+ACTIONS = board.ACTION_ROLES
 
 
 def campaign_list(request: HttpRequest) -> HttpResponse:
@@ -86,41 +29,107 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
     })
 
 
+def _wizard_context(form: wizard.CampaignForm) -> dict[str, Any]:
+    chosen = {str(v) for v in (form["advisories"].value() or [])}
+    return {
+        "form": form, "advisories": wizard.advisory_choices(), "chosen_advisories": chosen,
+        "window_rows": [_row(form, "win", i) for i in range(wizard.WINDOW_ROWS)],
+        "blackout_rows": [_row(form, "bo", i) for i in range(wizard.BLACKOUT_ROWS)],
+        "days": wizard.DAYS, "time_zones": wizard.TIME_ZONES,
+    }
+
+
+def _row(form: wizard.CampaignForm, prefix: str, i: int) -> dict[str, Any]:
+    data = form.data
+    days = data.getlist(f"{prefix}_days_{i}") if hasattr(data, "getlist") else []
+    return {"i": i, "start": data.get(f"{prefix}_start_{i}", ""), "end": data.get(f"{prefix}_end_{i}", ""),
+            "tz": data.get(f"{prefix}_tz_{i}", "UTC"), "days": set(days)}
+
+
 def campaign_create(request: HttpRequest) -> HttpResponse:
+    """The campaign wizard: scope, windows, limits and policy; preview the plan; create and plan it."""
     if not has_role(request.user, Role.OPERATOR):
         raise PermissionDenied("operators create campaigns")
-    form = CampaignForm(request.POST or None)
+    form = wizard.CampaignForm(request.POST or None, initial=wizard.initial_from(request.GET))
     if request.method == "POST" and form.is_valid():
         assert isinstance(request.user, User)
-        advisories = [a.pk for a in form.cleaned_data.get("advisories") or []]
         try:
-            campaign = services.create_campaign(request.user, form.definition(), advisories)
+            campaign = services.create_campaign(request.user, form.definition(), form.advisory_ids())
         except services.DefinitionError as exc:
             for name, message in exc.errors.items():
                 form.add_error(None, f"{name}: {message}")
         else:
-            messages.success(request, f"Campaign {campaign.name} created; make a plan next.")
+            if request.POST.get("then") == "plan":
+                try:
+                    services.make_plan(campaign.pk, request.user)
+                except services.CampaignError as exc:
+                    messages.error(request, f"Campaign {campaign.name} created, but it could not be planned: {exc}")
+                else:
+                    messages.success(request, f"Campaign {campaign.name} created and planned; an approver approves "
+                                              "it next.")
+            else:
+                messages.success(request, f"Campaign {campaign.name} created; make a plan next.")
             return redirect("campaigns-ui:campaign-detail", pk=campaign.pk)
-    return render(request, "campaigns/campaign_form.html", {"form": form})
+    return render(request, "campaigns/campaign_form.html", _wizard_context(form))
+
+
+def campaign_match(request: HttpRequest) -> HttpResponse:
+    """The wizard's live count of the nodes its scope selects (htmx swaps it in as the scope changes)."""
+    names = [n.strip() for n in request.GET.get("node_names", "").split(",") if n.strip()]
+    found = wizard.matched(request.GET.getlist("clusters"), request.GET.getlist("pools"), names,
+                           [int(i) for i in request.GET.getlist("advisories") if i.isdigit()])
+    return render(request, "campaigns/_match.html", found)
+
+
+@require_POST
+def campaign_preview(request: HttpRequest) -> HttpResponse:
+    """The plan the wizard's current values would get, as a timeline, without keeping anything."""
+    if not has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied("operators plan campaigns")
+    assert isinstance(request.user, User)
+    form = wizard.CampaignForm(request.POST)
+    context: dict[str, Any] = {"form": form}
+    if form.is_valid():
+        try:
+            content = wizard.preview(request.user, form.definition(), form.advisory_ids())
+        except services.CampaignError as exc:
+            context["error"] = str(exc)
+        else:
+            advisories = list(form.cleaned_data.get("advisories") or [])
+            context["plan_view"] = board.plan_view(content, form.cleaned_data.get("deadline"), advisories)
+    return render(request, "campaigns/_preview.html", context)
+
+
+def _page_context(request: HttpRequest, campaign: Campaign) -> dict[str, Any]:
+    plan = campaign.plans.order_by("-version").first()
+    advisories = list(campaign.advisories.all())
+    authors = services.authors(campaign, plan) if plan else set()
+    return {
+        "campaign": campaign,
+        "plan": plan,
+        "plan_view": board.plan_view(plan.content, campaign.deadline, advisories) if plan else None,
+        "approvals": campaign.approvals.select_related("user", "plan").order_by("at"),
+        "board": board.board(campaign, plan),
+        "events": [(e, board.event_label(e)) for e in
+                   campaign.events.select_related("sweep__node").order_by("-at", "-id")[:40]],
+        "actions": board.valid_actions(campaign, plan, request.user, authors),
+        "labels": board.ACTION_LABELS,
+        "advisories": advisories,
+        "windows": board.windows_text(campaign.windows),
+        "reports": [(fmt.upper(), f"/campaigns/{campaign.pk}/report.{fmt}") for fmt in ("pdf", "csv", "json")
+                    if installed(f"/campaigns/{campaign.pk}/report.{fmt}")],
+    }
 
 
 def campaign_detail(request: HttpRequest, pk: int) -> HttpResponse:
     campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
-    plan = campaign.plans.order_by("-version").first()
-    sweeps = campaign.sweeps.select_related("node").prefetch_related("moves__target_node").order_by("wave", "position")
-    return render(request, "campaigns/campaign_detail.html", {
-        "campaign": campaign,
-        "plan": plan,
-        "plan_nodes": sorted((plan.content.get("nodes") or {}).values(), key=lambda n: (n["wave"], n["position"]))
-        if plan else [],
-        "approvals": campaign.approvals.select_related("user").order_by("at"),
-        "sweeps": sweeps,
-        # A plain dict: the template looks up ".items" as a key first, which a Counter answers with 0.
-        "progress": dict(Counter(sweeps.values_list("state", flat=True))),
-        "events": campaign.events.select_related("sweep__node").order_by("-at", "-id")[:50],
-        "allowed": {name for name, role in ACTIONS.items() if has_role(request.user, role)},
-        "advisories": campaign.advisories.all(),
-    })
+    return render(request, "campaigns/campaign_detail.html", _page_context(request, campaign))
+
+
+def campaign_board(request: HttpRequest, pk: int) -> HttpResponse:
+    """The live part of the campaign page, which htmx polls while the campaign is not over."""
+    campaign = get_object_or_404(Campaign.objects.select_related("requested_by", "approved_plan"), pk=pk)
+    return render(request, "campaigns/_board.html", _page_context(request, campaign))
 
 
 @require_POST
@@ -149,7 +158,7 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except services.CampaignError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{action.capitalize()}: done.")
+        messages.success(request, f"{board.ACTION_LABELS[action]}: done.")
     return redirect("campaigns-ui:campaign-detail", pk=pk)
 
 

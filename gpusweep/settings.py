@@ -291,3 +291,5 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(env_int("GPUSWEEP_INVENTORY_SYNC_EVERY_S", 300, minimum=5)),
     },
 }
+# How old the console's fleet-wide figures (overview, exposed counts per advisory) may be, in seconds.
+GPUSWEEP_CONSOLE_FIGURES_S = env_int("GPUSWEEP_CONSOLE_FIGURES_S", 30, minimum=0)

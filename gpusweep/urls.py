@@ -12,6 +12,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics, name="metrics"),
     path("", views.home, name="home"),
+    path("settings/", views.settings_page, name="settings"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("nodes/", include("inventory.urls")),
     # The auditors' reports, beside the pages they are about (reports/views.py).

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Prefetch, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
 
 from advisories.models import Exposure
 from campaigns.models import NodeSweep
@@ -36,13 +39,54 @@ def node_list(request: HttpRequest) -> HttpResponse:
     })
 
 
+def _text(value: Any) -> str:
+    if value in (None, "", [], {}):
+        return "—"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(value.items()))
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def readable_changes(changes: Any) -> list[tuple[str, str, str]]:
+    """A ChangeLog's {field: [before, after]} as (what, before, after) rows, without no-op rows; a
+    dict field (labels, facts) gives one row per key that changed."""
+    rows: list[tuple[str, str, str]] = []
+    if not isinstance(changes, dict):
+        return rows
+    for name, pair in sorted(changes.items()):
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            continue
+        before, after = pair
+        if before == after:
+            continue
+        label = name.removeprefix("component:").replace("_", " ")
+        if isinstance(before, dict | type(None)) and isinstance(after, dict | type(None)) and (before or after):
+            old, new = before or {}, after or {}
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    rows.append((f"{label}: {key}", _text(old.get(key)), _text(new.get(key))))
+            continue
+        rows.append((label, _text(before), _text(after)))
+    return rows
+
+
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("cluster"), pk=pk)
+    history = []
+    for log in ChangeLog.objects.filter(object_type="node", object_id=node.pk).select_related("user")[:100]:
+        rows = readable_changes(log.changes)
+        if rows:
+            history.append((log, rows))
+    exposures = list(Exposure.objects.filter(node=node).select_related("advisory", "affected_range")
+                     .order_by("state", "deadline")[:200])
     return render(request, "inventory/node_detail.html", {
         "node": node,
-        "components": node.components.all(),
+        "components": node.components.order_by("component"),
         "workloads": node.workloads.filter(gone_at__isnull=True),
-        "exposures": Exposure.objects.filter(node=node).select_related("advisory").order_by("state", "deadline")[:200],
+        "exposures": exposures,
         "sweeps": NodeSweep.objects.filter(node=node).select_related("campaign").order_by("-id")[:20],
-        "changes": ChangeLog.objects.filter(object_type="node", object_id=node.pk)[:50],
+        "history": history,
+        "now": timezone.now(),
     })

@@ -80,22 +80,19 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
             assert "demo/gpu01" in page.inner_text("#exposure-table")
             page.goto(f"{base}/campaigns/new/")
             page.fill("input[name=name]", "Patch 5703")
-            label = next(t for t in page.locator("select[name=advisories] option").all_inner_texts() if "5703" in t)
-            page.select_option("select[name=advisories]", label=label)
-            page.fill("input[name=pool_names]", "batch")
+            page.check("#advisory-choice tr:has-text('NVIDIA 5703') input[name=advisories]")
+            page.check("input[name=pools][value=batch]")
             page.fill("input[name=parallelism_per_cluster]", "2")
             page.fill("input[name=soak_s]", "0")  # the demo needs no 10-minute soak after its canary
-            page.click("main button[type=submit]")
-            page.wait_for_selector("#status")
+            page.click("#create-and-plan")  # the wizard creates the campaign and makes its plan
+            page.wait_for_selector("#plan-timeline")
             campaign_url = page.url
-            page.click("button:has-text('Plan')")
-            page.wait_for_selector("#plan")
-            assert "no_capacity: 0" in page.inner_text("#plan-summary")
+            assert page.locator("#plan-warnings li", has_text="No capacity").count() == 0
 
             login("approver")
             page.goto(campaign_url)
             page.click("button:has-text('Approve')")
-            assert "Approved" in page.inner_text("#status")
+            assert "Approved" in page.inner_text("#campaign-status")
 
             login("admin")
             page.goto(campaign_url)
@@ -104,7 +101,7 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
 
             def finished(p: Page = page) -> str | None:
                 p.goto(campaign_url)
-                status = p.inner_text("#status")
+                status = p.inner_text("#campaign-status")
                 return status if any(s in status for s in ("Completed", "Halted", "Aborted")) else None
 
             status = wait_for(finished, timeout=300, interval=3)
