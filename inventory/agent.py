@@ -24,7 +24,7 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -215,7 +215,7 @@ def _stale(newest: int) -> JsonResponse:
 
 
 def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int,
-           digest: str) -> SyncResult:
+           digest: str) -> tuple[SyncResult, int | None]:
     """Apply the heartbeat and take its counter, in one transaction: a heartbeat whose counter is
     not above the node's newest changes nothing (the row lock orders two arriving together)."""
     with transaction.atomic():
@@ -236,7 +236,7 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
         if not taken:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))
-        return result
+        return result, row[0] if row is not None else None
 
 
 @csrf_exempt
@@ -269,20 +269,26 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     try:
         node, workloads = parse_heartbeat(payload, cluster_name, node_name)
         digest = content_digest(payload)
-        result = _apply(cluster, node, workloads, counter, digest)
+        result, node_id = _apply(cluster, node, workloads, counter, digest)
     except PayloadError as exc:
         return _errors("invalid heartbeat", exc.errors)
     except InventoryError as exc:
         return _errors("invalid heartbeat", {"facts": str(exc)})
     except StaleHeartbeat as exc:
         return _stale(exc.newest)
-    node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
+    if node_id is None:  # registered by this heartbeat
+        node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
     return JsonResponse({
         "node_id": node_id,
         "changed": result.changed_components.get(node_name, []),
         "next_heartbeat_s": settings.GPUSWEEP_AGENT_HEARTBEAT_S,
         "digest": digest,
     })
+
+
+_NODE, _CLUSTER = Node._meta.db_table, Cluster._meta.db_table
+_SHORT_READ = (f'SELECT n.id, n.heartbeat_digest, n.heartbeat_counter, n.gone_at FROM "{_NODE}" n '
+               f'JOIN "{_CLUSTER}" c ON c.id = n.cluster_id WHERE c.name = %s AND n.name = %s')
 
 
 def _short(payload: dict[str, Any], cluster_name: str, node_name: str, counter: int) -> JsonResponse:
@@ -297,8 +303,9 @@ def _short(payload: dict[str, Any], cluster_name: str, node_name: str, counter: 
         errors["digest"] = "expected 64 lowercase hex digits (SHA-256)"
     if errors:
         return _errors("invalid heartbeat", errors)
-    row = (Node.objects.filter(cluster__name=cluster_name, name=node_name)
-           .values_list("id", "heartbeat_digest", "heartbeat_counter", "gone_at").first())
+    with connection.cursor() as cursor:  # a plain statement: the ORM's compiling would cost more than it
+        cursor.execute(_SHORT_READ, [cluster_name, node_name])
+        row = cursor.fetchone()
     if row is None or row[1] != digest or row[3] is not None:
         # Unknown node, other content, or a node marked gone: the full heartbeat decides.
         why = "unknown node" if row is None else "node marked gone" if row[3] is not None else "digest differs"

@@ -72,6 +72,11 @@ def _client(url: str) -> Any:
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
+@functools.cache
+def _script(client: Any) -> Any:
+    return client.register_script(_ACCEPT)  # EVALSHA: the script is sent once
+
+
 def _redis() -> Any | None:
     url = settings.GPUSWEEP_HEARTBEAT_REDIS_URL
     return _client(url) if url else None
@@ -97,8 +102,8 @@ def _accept(node_id: int, counter: int, db_counter: int, seen: dt.datetime | Non
     assert client is not None
     counters, pending, due, _flushing, _lock = _keys()
     flush_ms = max(1, int(settings.GPUSWEEP_HEARTBEAT_FLUSH_S * 1000))
-    taken, extra = client.eval(_ACCEPT, 3, counters, pending, due, str(node_id), _pad(counter), _pad(db_counter),
-                               str(_epoch_us(seen)) if seen else "", flush_ms)
+    taken, extra = _script(client)(keys=[counters, pending, due], args=[
+        str(node_id), _pad(counter), _pad(db_counter), str(_epoch_us(seen)) if seen else "", flush_ms])
     if not int(taken):
         raise Stale(int(extra))
     return bool(int(extra))
