@@ -517,6 +517,7 @@ def assign_deadlines(
                 FROM d, {N} n
                 WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
                   AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
+                  AND ({E}.deadline IS NULL OR {E}.deadline <> d.deadline OR {E}.deadline_source <> d.deadline_source)
                 """,
                 [*params, *s_params, *n_params, *a_params],
             )
@@ -524,6 +525,28 @@ def assign_deadlines(
             if node_ids is None:
                 _fleet_wide_settings(cursor, reset=True)
             return updated
+
+
+def refresh_deadlines(generation: int) -> int | None:
+    """Recompute every active deadline for the policy's `generation` (the task a change queues).
+
+    Returns the rows changed, or None when a later change superseded this one: its own task
+    recomputes, and this one rolls back rather than finish after it (two changes in a row end
+    with the later one, whichever task runs first).
+    """
+    with transaction.atomic():
+        current, done = DeadlinePolicy.objects.values_list("generation", "recomputed_generation").get(pk=1)
+        if generation < current:
+            return None
+        if done >= current:
+            return 0
+        updated = assign_deadlines(refresh=True)
+        if DeadlinePolicy.objects.values_list("generation", flat=True).get(pk=1) != current:
+            transaction.set_rollback(True)
+            return None
+        DeadlinePolicy.objects.filter(pk=1, recomputed_generation__lt=current).update(
+            recomputed_generation=current, recomputed_at=timezone.now())
+    return updated
 
 
 def _deadline(

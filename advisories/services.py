@@ -13,16 +13,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.auth.models import User as AuthUser
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from advisories import components
 from advisories.choices import EventKind, ExposureState, RangeBasis, ReviewState, VexJustification
 from advisories.exposure import recompute
 from advisories.ingest import mapped_range, withdraw_presumed
-from advisories.models import AdvisoryEvent, AffectedRange, Exposure, ReviewItem
+from advisories.models import AdvisoryEvent, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
+from advisories.tasks import refresh_deadlines
 from inventory.versions import VersionError, parse_version
 
 User = AbstractBaseUser | AnonymousUser
@@ -188,3 +191,17 @@ def dismiss_review_item(item_id: int, user: User, reason: str) -> ReviewItem:
                                  user=_who(user),
                                  message=f"{item.key} dismissed: {reason}", details={"item": item.pk, "key": item.key})
     return ReviewItem.objects.get(pk=item_id)
+
+
+def deadlines_changed() -> int:
+    """The deadline policy or an override changed (in the caller's transaction): raise the policy's
+    generation, and once that commits a task recomputes every deadline. The request answers at once;
+    the policy reads `recomputing` until the task is done. Returns the new generation."""
+    with transaction.atomic(savepoint=False):
+        DeadlinePolicy.current()
+        DeadlinePolicy.objects.filter(pk=1).update(generation=F("generation") + 1)
+        generation = DeadlinePolicy.objects.values_list("generation", flat=True).get(pk=1)
+        # The queue read at call time, as campaigns.queue does (a deployment sharing a broker keeps its own).
+        transaction.on_commit(lambda: refresh_deadlines.apply_async(
+            args=(generation,), queue=settings.CELERY_TASK_DEFAULT_QUEUE))
+    return generation

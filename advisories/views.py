@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from advisories import components, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
-from advisories.models import Advisory, Exposure, ReviewItem
+from advisories.models import Advisory, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.pages import csv_response, paginate
 from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
@@ -150,4 +150,5 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
         "clusters": Cluster.objects.values_list("name", flat=True),
         "now": timezone.now(),
         "query": request.GET.urlencode(),
+        "policy": DeadlinePolicy.objects.filter(pk=1).first(),
     })
