@@ -6,7 +6,7 @@
 The fleet is bench/exposure.py's (100,000 nodes, their components, the shared CSAF corpus
 matched: about 500,000 exposures) in a fresh database NAME_heartbeat, dropped at the end. The
 server is `gunicorn gpusweep.wsgi -w --web-workers` (persistent database connections,
-DB_CONN_MAX_AGE=60); the load generator is a separate process (`--load`, threads, each request a
+DB_CONN_MAX_AGE=600); the load generator is a separate process (`--load`, threads, each request a
 new connection as the agent makes them) sending --agents distinct nodes' signed heartbeats.
 Phases, in one run:
 
@@ -103,15 +103,21 @@ class Agent:
                 **sign(self.key, f"{self.cluster}/{self.node}", "POST", PATH, body, now=now, nonce=str(self.counter))}
 
 
-def _cpu_s(pids: list[int]) -> float:
-    total = 0
+def _cpu(pids: list[int]) -> dict[int, float]:
+    """CPU seconds (utime + stime) of each process still there."""
+    found = {}
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICK
+        found[pid] = (int(fields[11]) + int(fields[12])) / TICK
+    return found
+
+
+def _cpu_since(before: dict[int, float], pids: list[int]) -> float:
+    """CPU used since `before` by `pids` (a process that appeared since counts from zero)."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in _cpu(pids).items())
 
 
 def _children(pid: int) -> list[int]:
@@ -197,18 +203,20 @@ class Phase:
 def run_load(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     agents = [Agent(*a) for a in spec["agents"]]
-    postgres: list[int] = []
     results = []
     for mode, seconds in [("prime", 0.0), ("full", spec["seconds"]), ("short", spec["seconds"]),
                           ("changed", spec["seconds"])]:
         phase = Phase(agents, spec["port"], mode, seconds)
-        if mode != "prime" and not postgres:
-            postgres = _backends(spec["database_url"])  # the workers' connections, open since priming
         server = [spec["master"], *_children(spec["master"])]
-        cpu0, pg0, sql0 = _cpu_s(server), _cpu_s(postgres), _sql_count(spec["sql_dir"])
+        postgres = _backends(spec["database_url"])  # the workers' connections (persistent)
+        cpu0, pg0, sql0 = _cpu(server), _cpu(postgres), _sql_count(spec["sql_dir"])
+        own0 = time.process_time()
         wall = phase.run(spec["clients"])
+        own = time.process_time() - own0
         time.sleep(0.2)  # the last requests' counts written
-        cpu, pg, sql = _cpu_s(server) - cpu0, _cpu_s(postgres) - pg0, _sql_count(spec["sql_dir"]) - sql0
+        server = [spec["master"], *_children(spec["master"])]
+        postgres = sorted(set(postgres) | set(_backends(spec["database_url"])))
+        cpu, pg, sql = _cpu_since(cpu0, server), _cpu_since(pg0, postgres), _sql_count(spec["sql_dir"]) - sql0
         answered = len(phase.latencies)
         ordered = sorted(phase.latencies) or [0.0]
 
@@ -221,7 +229,7 @@ def run_load(spec_path: str) -> int:
             "mean_ms": statistics.fmean(ordered) * 1000,
             "errors": sum(phase.errors.values()), "error_kinds": dict(list(phase.errors.items())[:3]),
             "cpu_ms": cpu * 1000 / max(answered, 1), "pg_cpu_ms": pg * 1000 / max(answered, 1),
-            "sql": sql / max(answered, 1),
+            "sql": sql / max(answered, 1), "load_cpu_ms": own * 1000 / max(answered, 1),
         })
     print(json.dumps(results))
     return 0
@@ -297,7 +305,7 @@ def main() -> int:
         sql_dir = Path(tmp.name) / "sql"
         sql_dir.mkdir()
         port = _free_port()
-        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "60", "BENCH_SQL_DIR": str(sql_dir),
+        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600", "BENCH_SQL_DIR": str(sql_dir),
                "DEBUG": "0", "GPUSWEEP_ADVISORY_SOURCES": "", "SECRET_KEY": "bench-" + "x" * 50,
                "ALLOWED_HOSTS": "127.0.0.1,localhost"}
         log = (Path(tmp.name) / "gunicorn.log").open("ab")
@@ -323,13 +331,13 @@ def main() -> int:
               f"{len(agents)} agents, {args.clients} concurrent clients; {os.cpu_count()} cores, "
               f"load average {' '.join(loadavg)} at the end")
         print(f"{'phase':<28} {'hb/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} "
-              f"{'cpu ms/hb':>9} {'pg ms/hb':>8} {'sql/hb':>6}")
+              f"{'cpu ms/hb':>9} {'pg ms/hb':>8} {'sql/hb':>6} {'load ms/hb':>10}")
         names = {"full": "full, unchanged (today)", "short": "short, unchanged (digest)",
                  "changed": "full, driver changed"}
         for mode in ("full", "short", "changed"):
             r = results[mode]
             print(f"{names[mode]:<28} {r['rate']:7.0f} {r['p50_ms']:7.1f} {r['p95_ms']:7.1f} {r['p99_ms']:7.1f} "
-                  f"{r['errors']:6d} {r['cpu_ms']:9.2f} {r['pg_cpu_ms']:8.2f} {r['sql']:6.1f}")
+                  f"{r['errors']:6d} {r['cpu_ms']:9.2f} {r['pg_cpu_ms']:8.2f} {r['sql']:6.1f} {r['load_cpu_ms']:10.2f}")
             if r["errors"]:
                 print(f"  errors: {r['error_kinds']}")
         short, full, changed = results["short"], results["full"], results["changed"]

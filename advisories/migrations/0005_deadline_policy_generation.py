@@ -3,6 +3,19 @@
 from django.db import migrations, models
 
 
+def set_fillfactor(apps, schema_editor):
+    # PostgreSQL: room in each page for a changed deadline's new row version (a HOT update, no index
+    # writes), so a policy change rewriting most deadlines stays within seconds. Applies to pages
+    # written from now on; VACUUM FULL advisories_exposure rewrites an existing table.
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("ALTER TABLE advisories_exposure SET (fillfactor = 60)")
+
+
+def reset_fillfactor(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("ALTER TABLE advisories_exposure RESET (fillfactor)")
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -25,4 +38,5 @@ class Migration(migrations.Migration):
             name='recomputed_generation',
             field=models.PositiveBigIntegerField(default=0),
         ),
+        migrations.RunPython(set_fillfactor, reset_fillfactor),
     ]

@@ -16,9 +16,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from advisories.exposure import recompute, refresh_deadlines
+from advisories.choices import ExposureState
+from advisories.exposure import DeadlineRules, assign_deadlines, recompute, refresh_deadlines
 from advisories.ingest import ingest_documents
-from advisories.models import DeadlinePolicy, Exposure
+from advisories.models import ClusterDeadlineOverride, DeadlinePolicy, Exposure
 from advisories.services import deadlines_changed
 from advisories.sources import FileSource
 from conftest import need
@@ -104,3 +105,26 @@ def test_a_recompute_superseded_by_a_later_change_yields_whichever_runs_first(
     assert DeadlinePolicy.current().recomputing
     assert refresh_deadlines(third) == 0  # same deadlines: no row rewritten
     assert not DeadlinePolicy.current().recomputing
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("basis", ["publication", "first_exposure"])
+def test_the_fleet_wide_update_sets_the_deadlines_the_rule_gives_each_exposure(basis):
+    """PostgreSQL's one-statement refresh against the rule evaluated per exposure in Python."""
+    need(connection.vendor == "postgresql", "the set-based refresh is PostgreSQL's (others take the per-group path)")
+    ingest_documents(FileSource(str(FIXTURES / "5703.json")).items())
+    ingest_documents(FileSource(str(FIXTURES / "5582.json")).items())
+    prod, lab = Cluster.objects.create(name="prod", kind="slurm"), Cluster.objects.create(name="lab", kind="slurm")
+    add_node(prod, "p1", driver="580.82.07", container_toolkit="1.16.1")
+    add_node(lab, "l1", driver="535.261.03")
+    recompute()
+    Exposure.objects.filter(node__name="l1").update(first_seen=dt.datetime(2026, 3, 4, 5, 6, 7, 891011, tzinfo=dt.UTC))
+    DeadlinePolicy.objects.filter(pk=1).update(basis=basis, high_days=11)
+    ClusterDeadlineOverride.objects.create(cluster=lab, severity="high", days=4)
+    assert assign_deadlines(refresh=True) > 0
+    exposures = list(Exposure.objects.filter(state__in=ExposureState.ACTIVE).select_related("node"))
+    rules = DeadlineRules({e.affected_range_id for e in exposures})
+    assert len(exposures) >= 3
+    for e in exposures:
+        assert (e.deadline, e.deadline_source) == rules.deadline(e.affected_range_id, e.node.cluster_id, e.first_seen)
+    assert assign_deadlines(refresh=True) == 0  # nothing changed: nothing written
