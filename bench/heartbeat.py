@@ -4,7 +4,9 @@
         --broker-url redis://127.0.0.1:6379/5 [--nodes 100000] [--agents 2000] [--clients 16] [--seconds 20]
 
 The fleet is bench/exposure.py's (100,000 nodes, their components, the shared CSAF corpus
-matched: about 500,000 exposures) in a fresh database NAME_heartbeat, dropped at the end. The
+matched: about 500,000 exposures) in a fresh database NAME_heartbeat, dropped at the end, or
+without --database-url in a temporary SQLite file (the embedded default, with the filesystem
+broker: heartbeats then write their counter and last_seen themselves). The
 server is `gunicorn gpusweep.wsgi -w --web-workers` (persistent database connections,
 DB_CONN_MAX_AGE=600); the load generator is a separate process (`--load`, threads, each request a
 new connection as the agent makes them) sending --agents distinct nodes' signed heartbeats.
@@ -15,7 +17,8 @@ Phases, in one run:
    than digests sends them;
 3. short: unchanged heartbeats carrying only the digest (inventory/heartbeats.py);
 4. changed: full heartbeats whose driver alternates between two versions, so each one writes
-   ChangeLog rows and recomputes that node's exposures.
+   ChangeLog rows and recomputes that node's exposures;
+5. api: an API client's GET of one node (token authentication), for the API's per-core figure.
 
 Per phase: heartbeats per second, latency p50/p95/p99, errors, the gunicorn processes' CPU time
 per heartbeat (utime + stime from /proc over the phase, divided by the heartbeats answered),
@@ -56,10 +59,10 @@ DRIVERS = ("570.86.15", "570.133.07")
 class Agent:
     """One node's agent, as gpusweep_agent.heartbeat sends: counter nonces, the same signature."""
 
-    def __init__(self, cluster: str, node: str, components: dict[str, str]) -> None:
+    def __init__(self, node_id: int, cluster: str, node: str, components: dict[str, str]) -> None:
         from gpusweep_agent.auth import derive_node_key
 
-        self.cluster, self.node = cluster, node
+        self.node_id, self.cluster, self.node = node_id, cluster, node
         self.key = derive_node_key(SECRET, cluster, node)
         self.components = components
         self.counter = 0
@@ -133,6 +136,8 @@ def _children(pid: int) -> list[int]:
 
 
 def _backends(url: str) -> list[int]:
+    if not url.startswith("postgres"):
+        return []  # SQLite: the database is in the workers' own processes
     import psycopg
 
     with psycopg.connect(url) as conn:
@@ -149,8 +154,8 @@ class Phase:
     """One phase of the load: --clients threads sending heartbeats of `mode` until the deadline
     (or, priming, one per agent)."""
 
-    def __init__(self, agents: list[Agent], port: int, mode: str, seconds: float) -> None:
-        self.agents, self.port, self.mode, self.seconds = agents, port, mode, seconds
+    def __init__(self, agents: list[Agent], port: int, mode: str, seconds: float, token: str) -> None:
+        self.agents, self.port, self.mode, self.seconds, self.token = agents, port, mode, seconds, token
         self.lock = threading.Lock()
         self.latencies: list[float] = []
         self.errors: dict[str, int] = {}
@@ -177,12 +182,16 @@ class Phase:
                 if self.mode != "prime" and time.monotonic() >= self.deadline:
                     return
                 agent = self.agents[index % len(self.agents)]
-                body = agent.request(self.mode)
-                headers = agent.headers(body)
+                if self.mode == "api":  # an API client reading one node, as a ticketing system does
+                    method, path, body = "GET", f"/api/v1/inventory/nodes/{agent.node_id}/", b""
+                    headers = {"Authorization": f"Token {self.token}"}
+                else:
+                    method, path, body = "POST", PATH, agent.request(self.mode)
+                    headers = agent.headers(body)
             started = time.perf_counter()
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-                conn.request("POST", PATH, body, headers)
+                conn.request(method, path, body or None, headers)
                 response = conn.getresponse()
                 raw = response.read()
                 conn.close()
@@ -205,8 +214,8 @@ def run_load(spec_path: str) -> int:
     agents = [Agent(*a) for a in spec["agents"]]
     results = []
     for mode, seconds in [("prime", 0.0), ("full", spec["seconds"]), ("short", spec["seconds"]),
-                          ("changed", spec["seconds"])]:
-        phase = Phase(agents, spec["port"], mode, seconds)
+                          ("changed", spec["seconds"]), ("api", spec["seconds"])]:
+        phase = Phase(agents, spec["port"], mode, seconds, spec["token"])
         server = [spec["master"], *_children(spec["master"])]
         postgres = _backends(spec["database_url"])  # the workers' connections (persistent)
         cpu0, pg0, sql0 = _cpu(server), _cpu(postgres), _sql_count(spec["sql_dir"])
@@ -247,21 +256,21 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="per measured phase")
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--no-exposures", action="store_true", help="skip the corpus (a fleet without exposures)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""))
-    parser.add_argument("--broker-url", default=os.environ.get("CELERY_BROKER_URL", ""),
-                        help="redis://... for the heartbeat counters (without it, written per heartbeat)")
+    parser.add_argument("--database-url", default="", help="postgres://... (default: a temporary SQLite file)")
+    parser.add_argument("--broker-url", default="",
+                        help="redis://... for the heartbeat counters (without it they are written per heartbeat)")
     args = parser.parse_args()
     if args.load:
         return run_load(args.load)
-    if not args.database_url.startswith("postgres"):
-        print("--database-url postgres://... is required", file=sys.stderr)
-        return 2
+    sqlite = not args.database_url.startswith("postgres")
 
     tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-hb-")
     os.environ.update(DATABASE_URL=args.database_url, DJANGO_SETTINGS_MODULE="gpusweep.settings",
                       GPUSWEEP_VAR_DIR=tmp.name, GPUSWEEP_AGENT_FLEET_SECRET=SECRET)
-    if args.broker_url:
-        os.environ["CELERY_BROKER_URL"] = args.broker_url
+    if sqlite:
+        os.environ["DATABASE_URL"] = f"sqlite:///{tmp.name}/base.sqlite3"
+    os.environ["CELERY_BROKER_URL"] = args.broker_url or "filesystem://"
+    os.environ["GPUSWEEP_HEARTBEAT_REDIS_URL"] = args.broker_url if args.broker_url.startswith("redis") else ""
     import django
 
     django.setup()
@@ -277,9 +286,14 @@ def main() -> int:
     from inventory.models import Node, NodeComponent
 
     setup_test_environment(debug=False)
-    connection.settings_dict["TEST"]["NAME"] = f"{connection.settings_dict['NAME']}_heartbeat"
+    connection.settings_dict["TEST"]["NAME"] = (f"{tmp.name}/heartbeat.sqlite3" if sqlite
+                                                else f"{connection.settings_dict['NAME']}_heartbeat")
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
     web = None
+    from inventory import heartbeats
+
+    if settings.GPUSWEEP_HEARTBEAT_REDIS_URL:  # counters of an earlier run's database of this name
+        heartbeats._client(settings.GPUSWEEP_HEARTBEAT_REDIS_URL).delete(*heartbeats._keys())
     try:
         started = time.perf_counter()
         if not args.no_exposures:
@@ -298,10 +312,17 @@ def main() -> int:
         for node_id, component, version in NodeComponent.objects.filter(
                 node_id__in=[c[0] for c in chosen]).values_list("node_id", "component", "version"):
             components.setdefault(node_id, {})[component] = version
-        agents = [(cluster, name, components.get(node_id, {})) for node_id, cluster, name in chosen]
+        agents = [(node_id, cluster, name, components.get(node_id, {})) for node_id, cluster, name in chosen]
+        from django.contrib.auth.models import Group, User
+        from rest_framework.authtoken.models import Token
+
+        reader = User.objects.create_user("bench-reader")
+        reader.groups.add(Group.objects.get(name="viewer"))
+        token = Token.objects.create(user=reader).key
 
         db = connection.settings_dict
-        url = f"postgres://{db['USER'] or 'root'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        url = (f"sqlite:///{db['NAME']}" if sqlite else
+               f"postgres://{db['USER'] or 'root'}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}")
         sql_dir = Path(tmp.name) / "sql"
         sql_dir.mkdir()
         port = _free_port()
@@ -317,7 +338,8 @@ def main() -> int:
         connection.close()  # the load generator finds the workers' database backends by name
         spec = Path(tmp.name) / "spec.json"
         spec.write_text(json.dumps({"agents": agents, "port": port, "master": web.pid, "database_url": url,
-                                    "seconds": args.seconds, "clients": args.clients, "sql_dir": str(sql_dir)}))
+                                    "token": token, "seconds": args.seconds, "clients": args.clients,
+                                    "sql_dir": str(sql_dir)}))
         load = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--load", str(spec)],
                               capture_output=True, text=True, timeout=3600)
         if load.returncode != 0:
@@ -327,14 +349,14 @@ def main() -> int:
         with open("/proc/loadavg") as f:
             loadavg = f.read().split()[:3]
         redis_mode = "Redis" if settings.GPUSWEEP_HEARTBEAT_REDIS_URL else "per-heartbeat writes (no Redis)"
-        print(f"server: gunicorn -w {args.web_workers} on PostgreSQL, heartbeat counters via {redis_mode}; "
+        print(f"server: gunicorn -w {args.web_workers} on {connection.vendor}, heartbeat counters via {redis_mode}; "
               f"{len(agents)} agents, {args.clients} concurrent clients; {os.cpu_count()} cores, "
               f"load average {' '.join(loadavg)} at the end")
         print(f"{'phase':<28} {'hb/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} "
               f"{'cpu ms/hb':>9} {'pg ms/hb':>8} {'sql/hb':>6} {'load ms/hb':>10}")
         names = {"full": "full, unchanged (today)", "short": "short, unchanged (digest)",
-                 "changed": "full, driver changed"}
-        for mode in ("full", "short", "changed"):
+                 "changed": "full, driver changed", "api": "API GET one node (token)"}
+        for mode in ("full", "short", "changed", "api"):
             r = results[mode]
             print(f"{names[mode]:<28} {r['rate']:7.0f} {r['p50_ms']:7.1f} {r['p95_ms']:7.1f} {r['p99_ms']:7.1f} "
                   f"{r['errors']:6d} {r['cpu_ms']:9.2f} {r['pg_cpu_ms']:8.2f} {r['sql']:6.1f} {r['load_cpu_ms']:10.2f}")
