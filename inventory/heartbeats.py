@@ -20,7 +20,8 @@ A flusher killed mid-way leaves its batch under ``flushing``; the next flush wri
 
 Without Redis (``GPUSWEEP_HEARTBEAT_REDIS_URL`` empty: the embedded default with the filesystem
 broker) a short heartbeat is one conditional UPDATE of counter, last_seen and heartbeat_at instead:
-the same guarantees, one write per heartbeat, which a small fleet affords.
+the same guarantees, one write per heartbeat, which a small fleet affords. A web process that
+cannot reach its Redis does the same until it can again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import logging
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -67,8 +69,6 @@ class Stale(Exception):
 
 @functools.cache
 def _client(url: str) -> Any:
-    import redis  # only where configured
-
     return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
@@ -115,24 +115,41 @@ def record_short(node_id: int, counter: int, db_counter: int, now: dt.datetime) 
     Raises Stale when the counter is not above the newest accepted. May flush (see module doc).
     """
     if _redis() is None:
-        taken = Node.objects.filter(pk=node_id, heartbeat_counter__lt=counter).update(
-            heartbeat_counter=counter, last_seen=now, heartbeat_at=now)
-        if not taken:
-            raise Stale(Node.objects.values_list("heartbeat_counter", flat=True).get(pk=node_id))
+        _write_one(node_id, counter, now)
         return
     if counter <= db_counter:
         raise Stale(db_counter)
-    if _accept(node_id, counter, db_counter, now):
+    try:
+        due = _accept(node_id, counter, db_counter, now)
+    except (OSError, redis.RedisError) as exc:
+        # Redis unreachable: the heartbeat writes its row as without Redis (the database's counter
+        # keeps refusing replays); Redis's own check resumes with it, against the database's counter.
+        log.warning("heartbeat counters: Redis unavailable (%s); writing the node row", exc)
+        _write_one(node_id, counter, now)
+        return
+    if due:
         try:
             flush()
         except Exception:  # the heartbeat is accepted; the next flush retries the batch
             log.exception("heartbeat flush failed")
 
 
+def _write_one(node_id: int, counter: int, now: dt.datetime) -> None:
+    taken = Node.objects.filter(pk=node_id, heartbeat_counter__lt=counter).update(
+        heartbeat_counter=counter, last_seen=now, heartbeat_at=now)
+    if not taken:
+        raise Stale(Node.objects.values_list("heartbeat_counter", flat=True).get(pk=node_id))
+
+
 def take_full(node_id: int, counter: int, db_counter: int) -> None:
-    """A full heartbeat's counter, checked against Redis too (called under the node's row lock)."""
+    """A full heartbeat's counter, checked against Redis too (called under the node's row lock).
+
+    Without Redis the database's counter alone decides: a full heartbeat writes it."""
     if _redis() is not None:
-        _accept(node_id, counter, db_counter, None)
+        try:
+            _accept(node_id, counter, db_counter, None)
+        except (OSError, redis.RedisError) as exc:
+            log.warning("heartbeat counters: Redis unavailable (%s); the database's counter decides", exc)
 
 
 def newest(node_id: int) -> int:

@@ -183,6 +183,18 @@ def test_a_replayed_or_older_short_heartbeat_is_refused_before_and_after_the_flu
     assert driver_of() == "570.86.15"
 
 
+def test_without_its_redis_a_short_heartbeat_writes_its_row_and_replays_stay_refused(settings, cluster):  # noqa: F811
+    client = Client()
+    digest = post(client, full()).json()["digest"]
+    settings.GPUSWEEP_HEARTBEAT_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    heard = dt.datetime.now(dt.UTC)
+    body, headers = signed_heartbeat(short_payload(digest))
+    assert send(client, body, headers).status_code == 200
+    node = Node.objects.get(name="gpu01")
+    assert node.last_seen >= heard and node.heartbeat_counter == int(headers["X-Gpusweep-Nonce"])
+    assert send(client, body, headers).status_code == 409
+
+
 def test_last_seen_is_flushed_within_its_resolution_after_a_worker_is_killed(tmp_path: Path, cluster):  # noqa: F811
     """gunicorn with two workers; both are SIGKILLed right after answering gpu01's short heartbeat,
     which therefore never reached the database from them; heartbeats of gpu02 to the workers
