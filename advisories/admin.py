@@ -2,7 +2,6 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from advisories.exposure import assign_deadlines
 from advisories.models import (
     CVE,
     Advisory,
@@ -15,6 +14,7 @@ from advisories.models import (
     ReviewItem,
     SourceState,
 )
+from advisories.services import deadlines_changed
 from gpusweep.admin import ReadOnlyAdmin
 
 
@@ -80,14 +80,15 @@ class ExposureAdmin(ReadOnlyAdmin):
 
 @admin.register(DeadlinePolicy)
 class DeadlinePolicyAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "updated_at")
+    list_display = ("__str__", "updated_at", "recomputing", "recomputed_at")
+    readonly_fields = ("generation", "recomputed_generation", "recomputed_at")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not DeadlinePolicy.objects.exists()
 
     def save_model(self, request: HttpRequest, obj: DeadlinePolicy, form: object, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        assign_deadlines(refresh=True)
+        deadlines_changed()
 
 
 @admin.register(ClusterDeadlineOverride)
@@ -96,11 +97,11 @@ class ClusterDeadlineOverrideAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ClusterDeadlineOverride, form: object, change: bool) -> None:
         super().save_model(request, obj, form, change)
-        assign_deadlines(refresh=True)
+        deadlines_changed()
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ClusterDeadlineOverride]) -> None:
         super().delete_queryset(request, queryset)
-        assign_deadlines(refresh=True)
+        deadlines_changed()
 
 
 @admin.register(KevEntry)

@@ -20,7 +20,6 @@ from rest_framework.response import Response
 
 from advisories import services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
-from advisories.exposure import assign_deadlines
 from advisories.models import (
     CVE,
     Advisory,
@@ -150,9 +149,14 @@ class ResolutionSerializer(serializers.Serializer):
 
 
 class DeadlinePolicySerializer(serializers.ModelSerializer):
+    # True from a change until its recompute (a task) has set every deadline.
+    recomputing = serializers.BooleanField(read_only=True)
+
     class Meta:
         model = DeadlinePolicy
-        fields = ["critical_days", "high_days", "medium_days", "low_days", "basis", "use_kev", "updated_at"]
+        fields = ["critical_days", "high_days", "medium_days", "low_days", "basis", "use_kev", "updated_at",
+                  "generation", "recomputing", "recomputed_at"]
+        read_only_fields = ["generation", "recomputing", "recomputed_at"]
         # Bounded so a deadline stays a date (timedelta overflows past ~2.7 million days).
         extra_kwargs = {name: {"min_value": 0, "max_value": MAX_DEADLINE_DAYS}
                         for name in ("critical_days", "high_days", "medium_days", "low_days")}
@@ -365,7 +369,8 @@ def decision_response(view: viewsets.GenericViewSet, decide: Callable[[], Any]) 
 
 
 class DeadlinePolicyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
-    """GET the policy; PUT/PATCH /deadline-policy/current/ (admins) and every deadline follows."""
+    """GET the policy; PUT/PATCH /deadline-policy/current/ (admins): answered at once, every
+    deadline follows in a task while the policy reads `recomputing: true`."""
 
     serializer_class = DeadlinePolicySerializer
     write_roles = {Role.ADMIN}
@@ -386,8 +391,8 @@ class DeadlinePolicyViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
         serializer.is_valid(raise_exception=True)
         with transaction.atomic():
             serializer.save()
-            assign_deadlines(refresh=True)
-        return Response(serializer.data)
+            services.deadlines_changed()
+        return Response(self.get_serializer(self.get_object()).data)
 
 
 class ClusterDeadlineOverrideViewSet(viewsets.ModelViewSet):
@@ -399,17 +404,17 @@ class ClusterDeadlineOverrideViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         with transaction.atomic():
             serializer.save()
-            assign_deadlines(refresh=True)
+            services.deadlines_changed()
 
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         with transaction.atomic():
             serializer.save()
-            assign_deadlines(refresh=True)
+            services.deadlines_changed()
 
     def perform_destroy(self, instance: ClusterDeadlineOverride) -> None:
         with transaction.atomic():
             instance.delete()
-            assign_deadlines(refresh=True)
+            services.deadlines_changed()
 
 
 router = ApiRouter()

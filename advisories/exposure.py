@@ -485,6 +485,8 @@ def assign_deadlines(
     policy, overrides or KEV. Exposures sharing range, cluster and first_seen share a deadline:
     those groups are computed here and applied by one UPDATE ... FROM (VALUES ...).
     """
+    if refresh and node_ids is None and advisory_ids is None and connection.vendor == "postgresql":
+        return _refresh_all_deadlines()
     with transaction.atomic():
         active = Exposure.objects.filter(state__in=ExposureState.ACTIVE)
         if node_ids is not None:
@@ -517,6 +519,7 @@ def assign_deadlines(
                 FROM d, {N} n
                 WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
                   AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
+                  AND ({E}.deadline IS NULL OR {E}.deadline <> d.deadline OR {E}.deadline_source <> d.deadline_source)
                 """,
                 [*params, *s_params, *n_params, *a_params],
             )
@@ -524,6 +527,75 @@ def assign_deadlines(
             if node_ids is None:
                 _fleet_wide_settings(cursor, reset=True)
             return updated
+
+
+_EPOCHS = (dt.datetime(2000, 1, 1, tzinfo=dt.UTC), dt.datetime(2001, 1, 1, tzinfo=dt.UTC))
+
+
+def _refresh_all_deadlines() -> int:
+    """Every active deadline of the fleet in one UPDATE (PostgreSQL), for a policy or override change.
+
+    A deadline depends on the exposure only through its range, its node's cluster and, when counted
+    from the first exposure, its first_seen. So the rule (`_deadline`, the one definition) is
+    evaluated here once per range and cluster, at two first_seen values: equal answers are a fixed
+    date (KEV, publication), different ones a number of days after first_seen, which SQL adds.
+    Only rows whose deadline or its source changes are written; the table's fillfactor leaves room
+    for those writes to stay on their page (advisories migration 0005).
+    """
+    with transaction.atomic(), connection.cursor() as cursor:
+        _fleet_wide_settings(cursor)
+        states, s_params = _states(sorted(ExposureState.ACTIVE))
+        cursor.execute(f"SELECT DISTINCT affected_range_id FROM {E} WHERE state IN ({states})", s_params)
+        range_ids = {row[0] for row in cursor.fetchall()}
+        cluster_ids = list(Cluster.objects.values_list("id", flat=True))
+        if not range_ids or not cluster_ids:
+            return 0
+        rules = DeadlineRules(range_ids)
+        params: list[Any] = []
+        for range_id in sorted(range_ids):
+            for cluster_id in cluster_ids:
+                (one, source), (two, _same) = (rules.deadline(range_id, cluster_id, base) for base in _EPOCHS)
+                fixed = one if one == two else None
+                days = None if fixed is not None else (one - _EPOCHS[0]).days
+                params += [range_id, cluster_id, fixed, days, source]
+        values = ", ".join(["(%s::bigint, %s::bigint, %s::timestamptz, %s::integer, %s)"] * (len(params) // 5))
+        new = f"COALESCE(d.fixed, {E}.first_seen + d.days * INTERVAL '1 day')"
+        cursor.execute(
+            f"""
+            WITH d(range_id, cluster_id, fixed, days, source) AS (VALUES {values})
+            UPDATE {E} SET deadline = {new}, deadline_source = d.source
+            FROM d, {N} n
+            WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
+              AND {E}.state IN ({states})
+              AND ({E}.deadline IS DISTINCT FROM {new} OR {E}.deadline_source <> d.source)
+            """,
+            [*params, *s_params],
+        )
+        updated = _rowcount(cursor)
+        _fleet_wide_settings(cursor, reset=True)
+        return updated
+
+
+def refresh_deadlines(generation: int) -> int | None:
+    """Recompute every active deadline for the policy's `generation` (the task a change queues).
+
+    Returns the rows changed, or None when a later change superseded this one: its own task
+    recomputes, and this one rolls back rather than finish after it (two changes in a row end
+    with the later one, whichever task runs first).
+    """
+    with transaction.atomic():
+        current, done = DeadlinePolicy.objects.values_list("generation", "recomputed_generation").get(pk=1)
+        if generation < current:
+            return None
+        if done >= current:
+            return 0
+        updated = assign_deadlines(refresh=True)
+        if DeadlinePolicy.objects.values_list("generation", flat=True).get(pk=1) != current:
+            transaction.set_rollback(True)
+            return None
+        DeadlinePolicy.objects.filter(pk=1, recomputed_generation__lt=current).update(
+            recomputed_generation=current, recomputed_at=timezone.now())
+    return updated
 
 
 def _deadline(

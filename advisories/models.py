@@ -202,6 +202,12 @@ class DeadlinePolicy(models.Model):
         default=True, help_text="A CVE in CISA's Known Exploited Vulnerabilities catalogue takes its due date."
     )
     updated_at = models.DateTimeField(auto_now=True)
+    # Every change to the policy or an override raises `generation`; the recompute that follows (a
+    # task, advisories.exposure.refresh_deadlines) records the generation it applied. Until they are
+    # equal the deadlines are being recomputed, and a recompute superseded by a later change yields.
+    generation = models.PositiveBigIntegerField(default=0)
+    recomputed_generation = models.PositiveBigIntegerField(default=0)
+    recomputed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "deadline policy"
@@ -209,6 +215,10 @@ class DeadlinePolicy(models.Model):
     def __str__(self) -> str:
         return (f"Critical {self.critical_days}d, High {self.high_days}d, Medium {self.medium_days}d, "
                 f"Low {self.low_days}d from {self.basis}")
+
+    @property
+    def recomputing(self) -> bool:
+        return self.recomputed_generation < self.generation
 
     @classmethod
     def current(cls) -> DeadlinePolicy:

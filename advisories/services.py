@@ -13,16 +13,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.auth.models import User as AuthUser
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from advisories import components
 from advisories.choices import DeadlineBasis, EventKind, ExposureState, RangeBasis, ReviewState, VexJustification
-from advisories.exposure import assign_deadlines, recompute
+from advisories.exposure import recompute
 from advisories.ingest import mapped_range, withdraw_presumed
 from advisories.models import AdvisoryEvent, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
+from advisories.tasks import refresh_deadlines
 from inventory.versions import VersionError, parse_version
 
 User = AbstractBaseUser | AnonymousUser
@@ -109,8 +112,8 @@ POLICY_FIELDS = ("critical_days", "high_days", "medium_days", "low_days", "basis
 
 @transaction.atomic
 def set_deadline_policy(user: User, values: dict[str, Any]) -> DeadlinePolicy:
-    """An admin changes the days per severity (or the basis): every active deadline is recomputed
-    in the same transaction, and the change is recorded with who made it."""
+    """An admin changes the days per severity (or the basis), recorded with who made it; every
+    active deadline is then recomputed by a task (`deadlines_changed`), so the page answers at once."""
     unknown = set(values) - set(POLICY_FIELDS)
     if unknown:
         raise DecisionError(f"unknown deadline policy fields {sorted(unknown)}")
@@ -126,9 +129,9 @@ def set_deadline_policy(user: User, values: dict[str, Any]) -> DeadlinePolicy:
     for name, (_before, after) in changes.items():
         setattr(policy, name, after)
     policy.save()
-    moved = assign_deadlines(refresh=True)
+    generation = deadlines_changed()
     AdvisoryEvent.objects.create(kind=EventKind.POLICY_CHANGED, user=_who(user), message=str(policy),
-                                 details={"changes": changes, "deadlines_set": moved})
+                                 details={"changes": changes, "generation": generation})
     return policy
 
 
@@ -224,3 +227,17 @@ def dismiss_review_item(item_id: int, user: User, reason: str) -> ReviewItem:
                                  user=_who(user),
                                  message=f"{item.key} dismissed: {reason}", details={"item": item.pk, "key": item.key})
     return ReviewItem.objects.get(pk=item_id)
+
+
+def deadlines_changed() -> int:
+    """The deadline policy or an override changed (in the caller's transaction): raise the policy's
+    generation, and once that commits a task recomputes every deadline. The request answers at once;
+    the policy reads `recomputing` until the task is done. Returns the new generation."""
+    with transaction.atomic(savepoint=False):
+        DeadlinePolicy.current()
+        DeadlinePolicy.objects.filter(pk=1).update(generation=F("generation") + 1)
+        generation = DeadlinePolicy.objects.values_list("generation", flat=True).get(pk=1)
+        # The queue read at call time, as campaigns.queue does (a deployment sharing a broker keeps its own).
+        transaction.on_commit(lambda: refresh_deadlines.apply_async(
+            args=(generation,), queue=settings.CELERY_TASK_DEFAULT_QUEUE))
+    return generation

@@ -8,6 +8,7 @@ from celery import shared_task
 from django.conf import settings
 
 from advisories.exposure import expire_acceptances, recompute
+from advisories.exposure import refresh_deadlines as refresh
 from advisories.ingest import ingest_documents
 from advisories.sources import resolve
 
@@ -30,3 +31,9 @@ def ingest_configured_sources(names: list[str] | None = None) -> str:
 @shared_task(name="advisories.tasks.recompute_exposures")
 def recompute_exposures(node_ids: list[int] | None = None, advisory_ids: list[int] | None = None) -> None:
     recompute(node_ids=node_ids, advisory_ids=advisory_ids)
+
+
+@shared_task(name="advisories.tasks.refresh_deadlines", ignore_result=True)
+def refresh_deadlines(generation: int) -> int | None:
+    """Every active deadline after a policy or override change (advisories.services.deadlines_changed)."""
+    return refresh(generation)

@@ -257,6 +257,7 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
         "query": query.urlencode(),
         "is_approver": has_role(request.user, Role.APPROVER),
         "can_plan": has_role(request.user, Role.OPERATOR),
+        "policy": DeadlinePolicy.objects.filter(pk=1).first(),
     })
 
 

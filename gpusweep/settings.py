@@ -235,6 +235,11 @@ GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)
 # A full sync refreshes Node.last_seen only when it is older than this (saves rewriting the table).
 GPUSWEEP_LAST_SEEN_RESOLUTION_S = env_int("GPUSWEEP_LAST_SEEN_RESOLUTION_S", 600, minimum=0)
+# Heartbeat counters and last_seen of unchanged heartbeats go through Redis and reach the database
+# in batches, within this many seconds (inventory/heartbeats.py). Empty URL: written per heartbeat.
+GPUSWEEP_HEARTBEAT_REDIS_URL = env_str(
+    "GPUSWEEP_HEARTBEAT_REDIS_URL", CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis", "rediss")) else "")
+GPUSWEEP_HEARTBEAT_FLUSH_S = float(env_int("GPUSWEEP_HEARTBEAT_FLUSH_S", 10, minimum=1))
 
 # --- metrics ----------------------------------------------------------------------------
 # /metrics answers only a scraper sending "Authorization: Bearer <this>"; empty turns it off.
@@ -284,6 +289,11 @@ CELERY_BEAT_SCHEDULE = {
     "webhooks-scan": {
         "task": "webhooks.scan",
         "schedule": float(env_int("GPUSWEEP_WEBHOOK_SCAN_EVERY_S", 300, minimum=10)),
+    },
+    # Writes heartbeats accepted since the last flush when no web process did (inventory/heartbeats.py).
+    "inventory-heartbeat-flush": {
+        "task": "inventory.tasks.flush_heartbeats",
+        "schedule": GPUSWEEP_HEARTBEAT_FLUSH_S,
     },
     # Syncs every enabled Slurm/Kubernetes cluster (one task per cluster, by id).
     "inventory-sync": {

@@ -10,6 +10,12 @@ Replays: a heartbeat's nonce is a counter its agent raises with every heartbeat.
 keeps the newest accepted (``Node.heartbeat_counter``, so every web process sees it), and a
 heartbeat whose counter is not larger is refused with 409 and changes nothing: a captured
 heartbeat sent again, or an older one (which would roll the node's versions back).
+
+Short heartbeats (agents since digests): while a node's content is unchanged its agent sends only
+the digest the service answered for its last full heartbeat. One indexed read finds the node, its
+digest and counter; the counter and the time it was heard go through inventory/heartbeats.py
+(Redis, flushed to the database in batches). A digest the node does not hold is answered
+``409 {"send": "full"}`` and changes nothing; the agent then sends everything.
 """
 
 from __future__ import annotations
@@ -18,14 +24,17 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from gpusweep_agent.auth import HEADER_NONCE, AuthError, Signed, derive_node_key, verify
+from gpusweep_agent.heartbeat import content_digest
 
 from gpusweep.errors import error_body, error_response
 from gpusweep.parsers import JSONInputError, load_json
+from inventory import heartbeats
 from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
 from inventory.models import Cluster, Node
 from inventory.services import (
@@ -45,6 +54,7 @@ AGENT_KINDS = frozenset({"process", "gpu_process"})
 SCHEDULER_KINDS = frozenset({"slurm_step", "slurm_job", "k8s_pod"})
 MAX_BODY = 1024 * 1024
 MAX_COUNTER = 2**63 - 1  # Node.heartbeat_counter is a 64-bit column
+DIGEST_CHARS = frozenset("0123456789abcdef")
 
 
 def node_key(cluster: str, node: str) -> str:
@@ -194,10 +204,7 @@ def heartbeat_counter(signed: Signed) -> int:
     return int(signed.nonce)
 
 
-class StaleHeartbeat(Exception):
-    def __init__(self, newest: int) -> None:
-        super().__init__(newest)
-        self.newest = newest
+StaleHeartbeat = heartbeats.Stale
 
 
 def _stale(newest: int) -> JsonResponse:
@@ -207,25 +214,29 @@ def _stale(newest: int) -> JsonResponse:
     return JsonResponse({**error_body(detail), "newest_counter": newest}, status=409)
 
 
-def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int) -> SyncResult:
+def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int,
+           digest: str) -> tuple[SyncResult, int | None]:
     """Apply the heartbeat and take its counter, in one transaction: a heartbeat whose counter is
     not above the node's newest changes nothing (the row lock orders two arriving together)."""
     with transaction.atomic():
-        newest = (Node.objects.select_for_update().filter(cluster=cluster, name=node.name)
-                  .values_list("heartbeat_counter", flat=True).first())
-        if newest is not None and counter <= newest:
-            raise StaleHeartbeat(newest)
+        row = (Node.objects.select_for_update().filter(cluster=cluster, name=node.name)
+               .values_list("id", "heartbeat_counter").first())
+        if row is not None:
+            node_id, newest = row
+            if counter <= newest:
+                raise StaleHeartbeat(newest)
+            heartbeats.take_full(node_id, counter, newest)  # newer than any short one accepted
         snapshot = Snapshot(
             nodes=[node], workloads=workloads, complete=False, replace_components=True,
             workload_kinds=frozenset({WorkloadKind.PROCESS}),
         )
         result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
         taken = Node.objects.filter(cluster=cluster, name=node.name, heartbeat_counter__lt=counter).update(
-            heartbeat_counter=counter)
+            heartbeat_counter=counter, heartbeat_digest=digest)
         if not taken:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))
-        return result
+        return result, row[0] if row is not None else None
 
 
 @csrf_exempt
@@ -250,21 +261,59 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         payload = load_json(body)
     except JSONInputError as exc:
         return _errors("the heartbeat is not accepted JSON", {"body": str(exc)})
+    if isinstance(payload, dict) and "facts" not in payload and "digest" in payload:
+        return _short(payload, cluster_name, node_name, counter)
     cluster = Cluster.objects.filter(name=cluster_name).first()
     if cluster is None:
         return _errors("unknown cluster", {"cluster": f"no cluster named {cluster_name!r}"})
     try:
         node, workloads = parse_heartbeat(payload, cluster_name, node_name)
-        result = _apply(cluster, node, workloads, counter)
+        digest = content_digest(payload)
+        result, node_id = _apply(cluster, node, workloads, counter, digest)
     except PayloadError as exc:
         return _errors("invalid heartbeat", exc.errors)
     except InventoryError as exc:
         return _errors("invalid heartbeat", {"facts": str(exc)})
     except StaleHeartbeat as exc:
         return _stale(exc.newest)
-    node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
+    if node_id is None:  # registered by this heartbeat
+        node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
     return JsonResponse({
         "node_id": node_id,
         "changed": result.changed_components.get(node_name, []),
         "next_heartbeat_s": settings.GPUSWEEP_AGENT_HEARTBEAT_S,
+        "digest": digest,
     })
+
+
+_NODE, _CLUSTER = Node._meta.db_table, Cluster._meta.db_table
+_SHORT_READ = (f'SELECT n.id, n.heartbeat_digest, n.heartbeat_counter, n.gone_at FROM "{_NODE}" n '
+               f'JOIN "{_CLUSTER}" c ON c.id = n.cluster_id WHERE c.name = %s AND n.name = %s')
+
+
+def _short(payload: dict[str, Any], cluster_name: str, node_name: str, counter: int) -> JsonResponse:
+    """A heartbeat of the digest alone: one indexed read, then the counter through heartbeats."""
+    errors: dict[str, str] = {}
+    if payload.get("schema") != SCHEMA:
+        errors["schema"] = f"expected {SCHEMA!r}"
+    if payload.get("cluster") != cluster_name or payload.get("node") != node_name:
+        errors["node"] = "cluster/node in the body differ from the signed identity"
+    digest = payload.get("digest")
+    if not isinstance(digest, str) or len(digest) != 64 or not DIGEST_CHARS.issuperset(digest):
+        errors["digest"] = "expected 64 lowercase hex digits (SHA-256)"
+    if errors:
+        return _errors("invalid heartbeat", errors)
+    with connection.cursor() as cursor:  # a plain statement: the ORM's compiling would cost more than it
+        cursor.execute(_SHORT_READ, [cluster_name, node_name])
+        row = cursor.fetchone()
+    if row is None or row[1] != digest or row[3] is not None:
+        # Unknown node, other content, or a node marked gone: the full heartbeat decides.
+        why = "unknown node" if row is None else "node marked gone" if row[3] is not None else "digest differs"
+        return JsonResponse({**error_body(f"send the full heartbeat: {why}"), "send": "full"}, status=409)
+    node_id, _digest, db_counter, _gone = row
+    try:
+        heartbeats.record_short(node_id, counter, db_counter, timezone.now())
+    except StaleHeartbeat as exc:
+        return _stale(exc.newest)
+    return JsonResponse({"node_id": node_id, "changed": [], "next_heartbeat_s": settings.GPUSWEEP_AGENT_HEARTBEAT_S,
+                         "digest": digest})

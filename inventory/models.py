@@ -71,6 +71,10 @@ class Node(models.Model):
     # The node's own agent's last heartbeat: last_seen is refreshed by scheduler syncs too, so it
     # cannot tell a silent agent from a node its scheduler still lists.
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Digest of the content of the node's last full heartbeat (gpusweep_agent.heartbeat.content_digest):
+    # a short heartbeat carrying the same digest is answered without reading the node's components.
+    # Emptied when another source changes what the agent reports, so the agent sends everything again.
+    heartbeat_digest = models.CharField(max_length=64, blank=True, default="", db_default="")
     gone_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -345,6 +345,8 @@ def apply_snapshot(
             heard = {"heartbeat_at": now} if source == ChangeSource.AGENT else {}
             Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now, **heard)
         started = result.lap("last_seen", started)
+        if source != ChangeSource.AGENT and result.versions_changed:
+            _forget_digests(sorted(result.versions_changed))
         if snapshot.complete:
             Cluster.objects.filter(pk=cluster.pk).update(last_synced_at=now, last_sync_error="")
         changed_ids = sorted(result.versions_changed)
@@ -353,6 +355,14 @@ def apply_snapshot(
                                                                      reference=source))
     result.lap("commit", started)
     return result
+
+
+def _forget_digests(node_ids: Sequence[int]) -> None:
+    """Another source changed what these nodes' agents report: their next heartbeat is a full one
+    (a short one would otherwise leave the other source's versions in place; inventory/agent.py)."""
+    for start in range(0, len(node_ids), BATCH):
+        Node.objects.filter(pk__in=node_ids[start:start + BATCH]).exclude(heartbeat_digest="").update(
+            heartbeat_digest="")
 
 
 def _apply_nodes(
@@ -720,6 +730,7 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
         if diff:
             _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{node.cluster.name}/{node.name}"[:300],
                               diff, user_id, reference)], now)
+            _forget_digests([node_id])
             transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id],
                                                                      reference=reference or source))
     return sorted(key.split(":", 1)[1] for key in diff)

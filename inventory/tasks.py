@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
+from inventory import heartbeats
 from inventory.models import Cluster
 from inventory.sync import SyncError, sync_cluster, syncable_clusters
 
@@ -28,3 +29,8 @@ def sync_all_clusters() -> int:
     for cluster in clusters:
         sync_cluster_task.delay(cluster.pk)
     return len(clusters)
+
+
+@shared_task(name="inventory.tasks.flush_heartbeats", ignore_result=True)
+def flush_heartbeats() -> int:
+    return heartbeats.flush()

@@ -3,6 +3,7 @@ real HTTP server (http.server in a thread) that serves files, an HTML page, a hu
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.server
 import threading
@@ -114,3 +115,15 @@ def http_server() -> Iterator[tuple[str, type[Routes]]]:
 
 
 PUBLISHED_5703 = dt.datetime(2025, 10, 9, tzinfo=dt.UTC)
+
+
+@contextlib.contextmanager
+def eager_tasks() -> Iterator[None]:
+    """Celery tasks queued inside run at once, in this process (no worker)."""
+    from gpusweep.celery import app
+
+    app.conf.task_always_eager = True
+    try:
+        yield
+    finally:
+        app.conf.task_always_eager = False

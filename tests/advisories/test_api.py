@@ -13,7 +13,7 @@ from advisories.ingest import ingest_documents
 from advisories.models import Exposure
 from advisories.sources import FileSource
 from inventory.models import Cluster
-from tests.advisories.conftest import FIXTURES, PUBLISHED_5703, add_node
+from tests.advisories.conftest import FIXTURES, PUBLISHED_5703, add_node, eager_tasks
 
 pytestmark = pytest.mark.django_db
 API = "/api/v1/advisories"
@@ -92,19 +92,23 @@ def test_only_approvers_accept_risk_with_reason_and_expiry(client, data):
     assert approver_client.post(f"{API}/exposures/{exposure.id}/revoke_risk/").json()["state"] == "open"
 
 
-def test_admins_edit_the_deadline_policy_and_deadlines_follow(client, data):
+def test_admins_edit_the_deadline_policy_and_deadlines_follow(client, data, django_capture_on_commit_callbacks):
     login(client, "viewer")
     assert client.get(f"{API}/deadline-policy/current/").json()["critical_days"] == 15
     assert client.patch(f"{API}/deadline-policy/current/", {"high_days": 10},
                         content_type="application/json").status_code == 403
     admin = Client()
     login(admin, "admin")
-    response = admin.patch(f"{API}/deadline-policy/current/", {"high_days": 10}, content_type="application/json")
+    # The recompute is a task, run here where the change commits (tests/advisories/test_deadline_recompute.py
+    # runs it on a real worker).
+    with eager_tasks(), django_capture_on_commit_callbacks(execute=True):
+        response = admin.patch(f"{API}/deadline-policy/current/", {"high_days": 10}, content_type="application/json")
     assert response.status_code == 200 and response.json()["high_days"] == 10
     assert Exposure.objects.get(node__name="l1").deadline == PUBLISHED_5703 + dt.timedelta(days=10)
     lab = Cluster.objects.get(name="lab")
-    created = admin.post(f"{API}/deadline-overrides/", {"cluster": lab.id, "severity": "high", "days": 3},
-                         content_type="application/json")
+    with eager_tasks(), django_capture_on_commit_callbacks(execute=True):
+        created = admin.post(f"{API}/deadline-overrides/", {"cluster": lab.id, "severity": "high", "days": 3},
+                             content_type="application/json")
     assert created.status_code == 201
     assert Exposure.objects.get(node__name="l1").deadline == PUBLISHED_5703 + dt.timedelta(days=3)
     assert Exposure.objects.get(node__name="p1", advisory__publisher_id="5703").deadline == (

@@ -66,7 +66,12 @@ def test_admins_change_the_deadline_policy_and_every_deadline_follows(client: Cl
     response = client.post("/settings/", {"critical_days": "15", "high_days": "60", "medium_days": "90",
                                           "low_days": "180", "basis": "publication", "use_kev": "on"})
     assert response.status_code == 302
-    assert DeadlinePolicy.current().high_days == 60
+    policy = DeadlinePolicy.current()
+    assert policy.high_days == 60 and policy.recomputing, "the page answers before the deadlines move"
+    # What the worker runs once the change commits (advisories.services.deadlines_changed).
+    from advisories.tasks import refresh_deadlines
+    refresh_deadlines(policy.generation)
+    assert not DeadlinePolicy.current().recomputing
     exposure.refresh_from_db()
     assert before and exposure.deadline and (exposure.deadline - before).days == 30
     event = AdvisoryEvent.objects.get(kind="policy_changed")

@@ -7,10 +7,19 @@ After a failure the wait grows exponentially (full jitter) up to ``heartbeat_max
 Each heartbeat's nonce is a counter, the microseconds of the clock or one more than the last,
 whichever is larger: the service refuses a heartbeat that is not newer than the newest it
 accepted (409, a replay), and names that newest so a clock set back does not lock the node out.
+
+Digests: a full heartbeat carries the node's facts and workloads; the service answers with the
+digest of that content (``content_digest``). While the content stays the same the agent sends
+only the digest (a short heartbeat, which the service answers after one indexed read). When the
+service does not hold that digest (it lost it, another source changed the node, the node is new)
+it answers ``409 {"send": "full"}`` and the agent sends the full heartbeat at once. A full one
+also goes out at least every ``full_every`` seconds, and against a service that answers no
+digest (older than digests) every heartbeat is full.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -30,6 +39,16 @@ from .workloads import LIVE_STATES
 log = logging.getLogger(__name__)
 HEARTBEAT_PATH = "/api/v1/inventory/agent/heartbeat"
 SCHEMA = "gpusweep.heartbeat/1"
+# What a heartbeat reports, and so what its digest covers (not its time or the agent's version).
+DIGEST_FIELDS = ("endpoint", "facts", "workloads")
+FULL_EVERY_S = 3600.0
+
+
+def content_digest(payload: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a heartbeat's content in canonical JSON; the service computes the same."""
+    content = {name: payload.get(name) for name in DIGEST_FIELDS}
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class HeartbeatError(Exception):
@@ -48,6 +67,10 @@ class HeartbeatStale(HeartbeatError):
     """409: the counter was not above the newest the service accepted; the next one will be."""
 
 
+class HeartbeatFullRequested(HeartbeatError):
+    """409 with ``"send": "full"``: the service does not hold this digest; send everything."""
+
+
 class HeartbeatRejected(HeartbeatError):
     """400: the service refused the payload; `errors` says why."""
 
@@ -61,7 +84,7 @@ class HeartbeatSender:
         self, service_url: str, cluster: str, node: str, key: str, endpoint: str,
         facts: Callable[[], dict[str, Any]], workloads: Callable[[], list[dict[str, Any]]],
         interval: float = 30.0, max_backoff: float = 300.0, timeout: float = 10.0,
-        rng: random.Random | None = None,
+        rng: random.Random | None = None, full_every: float = FULL_EVERY_S,
     ) -> None:
         self.url = service_url.rstrip("/") + HEARTBEAT_PATH
         self.cluster, self.node, self.key, self.endpoint = cluster, node, key, endpoint
@@ -69,6 +92,10 @@ class HeartbeatSender:
         self.interval, self.max_backoff, self.timeout = interval, max_backoff, timeout
         self.failures = 0
         self.counter = 0
+        # The digest the service acknowledged for our last full heartbeat, and when that was sent.
+        self.acked_digest: str | None = None
+        self.full_every = full_every
+        self.full_sent_at = 0.0
         self.rng = rng or random.Random()
         self._stop = threading.Event()
 
@@ -83,7 +110,23 @@ class HeartbeatSender:
                 "endpoint": self.endpoint, "sent_at": utcnow(), "facts": self.facts(), "workloads": workloads}
 
     def send(self) -> dict[str, Any]:
-        body = json.dumps(self.payload()).encode()
+        """One heartbeat: the digest alone while the content is what the service acknowledged."""
+        payload = self.payload()
+        digest = content_digest(payload)
+        now = time.monotonic()
+        if digest == self.acked_digest and now - self.full_sent_at < self.full_every:
+            short = {k: payload[k] for k in ("schema", "cluster", "node", "agent_version", "sent_at")}
+            try:
+                return self._post({**short, "digest": digest})
+            except HeartbeatFullRequested:
+                self.acked_digest = None
+        answer = self._post({**payload, "digest": digest})
+        self.full_sent_at = now
+        self.acked_digest = digest if answer.get("digest") == digest else None
+        return answer
+
+    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        body = json.dumps(payload).encode()
         parts = urlsplit(self.url)
         # One clock reading for counter and timestamp, so the timestamp (in microseconds) never
         # exceeds the counter: a version 1 copy of this request is then never newer than it.
@@ -105,6 +148,8 @@ class HeartbeatSender:
                 parsed = detail.decode(errors="replace")
             if exc.code == 401:
                 raise HeartbeatAuthError(f"heartbeat refused (401): {parsed}") from None
+            if exc.code == 409 and isinstance(parsed, dict) and parsed.get("send") == "full":
+                raise HeartbeatFullRequested(f"heartbeat: the service asks for a full one: {parsed}") from None
             if exc.code == 409:
                 newest = parsed.get("newest_counter") if isinstance(parsed, dict) else None
                 if isinstance(newest, int):
