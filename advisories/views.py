@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import Any
 
 from django.contrib import messages
@@ -59,17 +60,16 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
     rows = []
     for advisory in advisories:
         c = found.get(advisory.pk, counts.Counts())
-        advisory.exposed_nodes, advisory.presumed_nodes, advisory.open_exposures = (
-            c.exposed_nodes, c.presumed_nodes, c.open_exposures)
+        for name in ("exposed_nodes", "presumed_nodes", "open_exposures"):
+            setattr(advisory, name, getattr(c, name))  # shown and sorted on like the annotations
         affects = bool(c.exposed_nodes or c.presumed_nodes)
         if (filters["affects"] in ("1", "yes", "true") and not affects) or (
                 filters["affects"] in ("0", "no", "false") and affects):
             continue
         rows.append(advisory)
     sort = filters["sort"] if filters["sort"] in ADVISORY_SORTS else "updated"
-    for field in reversed(ADVISORY_SORTS[sort]):
-        name = field.lstrip("-")
-        rows.sort(key=lambda a, name=name: _sort_key(getattr(a, name)), reverse=field.startswith("-"))
+    for field in reversed(ADVISORY_SORTS[sort]):  # stable sorts, last key first
+        rows.sort(key=functools.partial(_sort_key, field.lstrip("-")), reverse=field.startswith("-"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "advisories/advisory_list.html", {
@@ -79,8 +79,9 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
     })
 
 
-def _sort_key(value: Any) -> tuple[int, Any]:
-    """Sortable whatever the type; empty values last in ascending order (first when reversed)."""
+def _sort_key(name: str, advisory: Advisory) -> tuple[int, Any]:
+    """Sortable whatever the type; empty values first in ascending order (last when reversed)."""
+    value = getattr(advisory, name)
     if value is None or value == "":
         return (0, 0)
     return (1, value)
@@ -231,8 +232,12 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     if request.GET.get("format") == "csv":
         return _exposures_csv(exposures, now)
-    page = paginate(request, exposures)
-    rows = list(page.object_list)
+    # The page's ids first (a narrow sort of the exposures alone), then those rows with their joins:
+    # sorting 500,000 joined rows to show 100 took seconds.
+    page = paginate(request, exposures.values_list("id", flat=True))
+    ids = list(page.object_list)
+    found = Exposure.objects.select_related("node__cluster", "advisory", "affected_range").in_bulk(ids)
+    rows = [found[i] for i in ids if i in found]
     cves = _cves_of(rows)
     key = {"advisory": lambda e: f"{e.advisory.publisher} {e.advisory.publisher_id}: {e.advisory.title}",
            "cluster": lambda e: e.node.cluster.name}.get(filters["group"])
@@ -262,11 +267,18 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
 
 
 def _exposures_csv(exposures: QuerySet[Exposure], now: dt.datetime) -> HttpResponse:
+    def chunks() -> Any:
+        chunk: list[Exposure] = []
+        for exposure in exposures.iterator(chunk_size=2000):
+            chunk.append(exposure)
+            if len(chunk) == 2000:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
     def rows() -> Any:
-        for chunk_start in range(0, 10**9, 2000):
-            chunk = list(exposures[chunk_start:chunk_start + 2000])
-            if not chunk:
-                return
+        for chunk in chunks():
             cves = _cves_of(chunk)
             for e in chunk:
                 late = _days_overdue(e, now)
