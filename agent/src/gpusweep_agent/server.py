@@ -20,7 +20,8 @@ from .replay import ReplayError
 log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/patch": "patch",
-              "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register"}
+              "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register",
+              "/v1/health-checks": "health_check", "/v1/rollback": "rollback"}
 OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
 CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
 
