@@ -39,7 +39,7 @@ def parse_diag(text: str) -> dict[str, Any]:
     root = next((data[k] for k in ROOTS if isinstance(data, dict) and k in data), None)
     if not isinstance(root, dict) or not isinstance(root.get("test_categories"), list):
         raise DcgmParseError(f"no {' or '.join(repr(r) for r in ROOTS)} with test_categories")
-    tests = []
+    tests: list[dict[str, Any]] = []
     for category in root["test_categories"]:
         for test in category.get("tests") or []:
             for result in test.get("results") or []:
@@ -48,8 +48,8 @@ def parse_diag(text: str) -> dict[str, Any]:
                 tests.append({"category": str(category.get("category", "")), "test": str(test.get("name", "")),
                               "target": _target(result), "status": str(result.get("status", "")),
                               "warnings": warnings})
-    failed = [t for t in tests if t["status"].lower() == "fail"]
-    warned = [t for t in tests if t["status"].lower() == "warn"]
+    failed = [t for t in tests if str(t["status"]).lower() == "fail"]
+    warned = [t for t in tests if str(t["status"]).lower() == "warn"]
     return {"tests": tests, "failed": failed, "warned": warned, "version": str(data.get("version", ""))}
 
 
