@@ -46,10 +46,11 @@ class CampaignSerializer(serializers.ModelSerializer):
             "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
             "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
             "workload_placement", "held_nodes", "workload_overrides", "approvals_required", "deadline",
-            "step_timeout_s", "node_estimate_s",
+            "step_timeout_s", "node_estimate_s", "dcgm_level", "site_checks", "after_rollback", "rollback_of",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "soak_started_at",
+                            "rollback_of",
                             "evidence_seq", "evidence_head", "created_at"]
         # Bounded: a larger duration overflows SQLite's integer column, and the planner's times
         # must stay dates (a server error either way).

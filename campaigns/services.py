@@ -18,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.choices import CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
+from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -37,6 +37,9 @@ from executors.base import Executor, ExecutorError, NodeRef, get_executor
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node
 from inventory.versions import DRIVER, parse_version
+
+# A site check's name as a node agent's health_options.site.commands holds it.
+SITE_CHECK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class CampaignError(Exception):
@@ -71,7 +74,7 @@ def node_ref(node: Node) -> NodeRef:
 # -- the campaign's definition -----------------------------------------------------------
 DEFINITION_FIELDS = (
     "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions", "canary", "soak_s",
-    "wave_growth", "growth_step",
+    "wave_growth", "growth_step", "dcgm_level", "site_checks", "after_rollback",
     "parallelism_per_cluster", "parallelism_per_pool", "windows", "blackouts", "error_budget", "workload_policy",
     "wait_limit", "cold_restart_allowed", "workload_placement", "held_nodes", "workload_overrides",
     "approvals_required",
@@ -133,6 +136,13 @@ def _check_policy_fields(values: dict[str, Any], errors: dict[str, str]) -> None
         errors["soak_s"] = "seconds between 0 and 604800 (a week)"
     if "growth_step" in values and not (isinstance(values["growth_step"], int) and 1 <= values["growth_step"] <= 100):
         errors["growth_step"] = "a whole number between 1 and 100"
+    if "dcgm_level" in values and not (isinstance(values["dcgm_level"], int) and 0 <= values["dcgm_level"] <= 4):
+        errors["dcgm_level"] = "0 (no DCGM diagnostics) to 4 (dcgmi diag -r LEVEL)"
+    if "site_checks" in values and not (isinstance(values["site_checks"], list) and all(
+            isinstance(n, str) and SITE_CHECK_RE.match(n) for n in values["site_checks"])):
+        errors["site_checks"] = "a list of site check names as the nodes' agents configure them (letters, digits, ._-)"
+    if "after_rollback" in values and values["after_rollback"] not in AfterRollback.values():
+        errors["after_rollback"] = f"one of {', '.join(AfterRollback.values())}"
     if "approvals_required" in values and not (isinstance(values["approvals_required"], int)
                                                and 1 <= values["approvals_required"] <= 10):
         errors["approvals_required"] = "between 1 and 10: every campaign needs an approver who did not write it"
