@@ -277,6 +277,18 @@ class CampaignViewSet(viewsets.ModelViewSet):
     def abort(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "abort")
 
+    @extend_schema(request=None, responses={201: CampaignSerializer(many=True)})
+    @action(detail=True, methods=["post"], url_path="rollback-completed")
+    def rollback_completed(self, request: Request, pk: str | None = None) -> Response:
+        """New draft campaigns taking this halted campaign's completed nodes back to their previous versions."""
+        self.get_object()
+        try:
+            created = services.rollback_completed(int(pk or 0), _user(request))
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.filter(pk__in=[c.pk for c in created]).order_by("pk"),
+                                            many=True).data, status=201)
+
     @extend_schema(responses=inline_serializer("EvidenceExport", {
         "format": serializers.CharField(), "campaign": serializers.DictField(),
         "sweeps": serializers.ListField(child=serializers.DictField()),

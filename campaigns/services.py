@@ -299,7 +299,9 @@ def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
         # A move to another driver branch is wanted even when the new branch number is lower.
         other_branch = component == DRIVER and bool(current) and (
             parse_version(DRIVER, version).branch != parse_version(DRIVER, current).branch)
-        if current != version and (other_branch or _newer(version, current, component)):
+        # A campaign rolling another back goes down to the recorded previous versions.
+        downgrade = campaign.rollback_of_id is not None
+        if current != version and (downgrade or other_branch or _newer(version, current, component)):
             needed[component] = version
     if not needed:
         return {}, "already at or above the target versions"
@@ -617,6 +619,55 @@ def abort(campaign_id: int, user: User | None, reason: str = "") -> Campaign:
             enqueue("advance", sweep_id)
         enqueue("dispatch", campaign.pk)  # seals the campaign once its last node has come to rest
         return campaign
+
+
+# What a rollback campaign takes over from the campaign it rolls back: how it rolls out, not what.
+ROLLBACK_COPIED = (
+    "canary", "soak_s", "wave_growth", "growth_step", "parallelism_per_cluster", "parallelism_per_pool", "windows",
+    "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed", "workload_placement",
+    "held_nodes", "workload_overrides", "approvals_required", "step_timeout_s", "node_estimate_s", "dcgm_level",
+    "site_checks", "after_rollback",
+)
+
+
+def rollback_completed(campaign_id: int, user: User) -> list[Campaign]:
+    """"Roll back completed nodes" of a halted (or aborted) campaign: new draft campaigns taking each
+    node it finished back to the versions it recorded before its patch, one campaign per set of
+    previous versions, to be planned and approved like any other. Asking again returns the same ones."""
+    with transaction.atomic():
+        campaign = evidence.lock_campaign(campaign_id)
+        existing = list(campaign.rollbacks.order_by("pk"))
+        if existing:
+            return existing
+        if campaign.status not in (CampaignStatus.HALTED, CampaignStatus.ABORTED):
+            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}: only a halted or aborted campaign's "
+                                "completed nodes are rolled back")
+        groups: dict[tuple[tuple[str, str], ...], list[tuple[str, str]]] = {}
+        for cluster, name, target, before in NodeSweep.objects.filter(
+                campaign=campaign, state=SweepState.DONE).order_by("position").values_list(
+                "node__cluster__name", "node__name", "target", "versions_before"):
+            previous = tuple(sorted((c, str((before or {}).get(c))) for c in target if (before or {}).get(c)))
+            if previous:
+                groups.setdefault(previous, []).append((cluster, name))
+        if not groups:
+            raise CampaignError(f"campaign {campaign.pk} has no completed node with recorded previous versions")
+        created = []
+        for previous, nodes in groups.items():
+            versions = ", ".join(f"{c} {v}" for c, v in previous)
+            values: dict[str, Any] = {name: getattr(campaign, name) for name in ROLLBACK_COPIED}
+            values.update(
+                name=f"Roll back #{campaign.pk} to {versions}"[:200],
+                description=f"Rolls the nodes campaign #{campaign.pk} ({campaign.name}) completed back to the "
+                            f"versions they had before it: {versions}.",
+                clusters=sorted({c for c, _ in nodes}), node_selector={"names": [n for _, n in nodes]},
+                target_versions=dict(previous))
+            new = create_campaign(user, values)
+            Campaign.objects.filter(pk=new.pk).update(rollback_of=campaign)
+            new.rollback_of = campaign
+            created.append(new)
+        evidence.campaign_event(campaign, EvidenceKind.ROLLBACK_CAMPAIGN, actor_of(user), {
+            "campaigns": [c.pk for c in created], "nodes": sum(len(n) for n in groups.values())})
+        return created
 
 
 def seal_now(campaign_id: int, user: User | None) -> None:
