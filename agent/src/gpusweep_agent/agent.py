@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from .packages import PackageError, get_package_manager, patterns_for
 from .patch import PatchError, get_patch_method, validate
 from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
-from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, discover_gpu_processes, public
+from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, gpu_users, public
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +93,32 @@ class Agent:
         registered = self.workloads.refreshed()
         known_pids = {int(w.get("pid") or 0) for w in registered}
         out = [{**public(w), "id": w["id"]} for w in registered]
-        for found in discover_cgroup_workloads() + discover_gpu_processes():
+        for found in discover_cgroup_workloads() + self._gpu_processes():
             if found["pid"] not in known_pids:
                 out.append({**public(found), "id": found["id"]})
         return out
 
+    def gpu_users(self) -> list[dict[str, Any]]:
+        """Every process holding a GPU on this node, with its owner (workloads.gpu_users)."""
+        return gpu_users(self.config.gpu_devices, list(self.workloads.all().values()))
+
+    def _gpu_processes(self) -> list[dict[str, Any]]:
+        """Bare processes holding a GPU that no scheduler and no registration accounts for, as workloads:
+        the campaign's workload policy then checkpoints (cuda), stops or waits for them."""
+        found = []
+        for user in self.gpu_users():
+            if user["owner"]["kind"] != "process" or user["workload_id"]:
+                continue
+            gpus = sum(1 for d in user["devices"] if re.fullmatch(r".*/nvidia\d+", d)) or 1
+            found.append({"id": f"gpu-pid-{user['pid']}", "kind": "gpu_process", "scheduler_id": str(user["pid"]),
+                          "name": user["name"], "pid": user["pid"], "gpus": gpus, "state": "running",
+                          "checkpoint_engine": "cuda"})
+        return found
+
     def find_workload(self, workload_id: str) -> dict[str, Any]:
         workload = self.workloads.get(workload_id)
         if workload is None:
-            for found in discover_cgroup_workloads() + discover_gpu_processes():
+            for found in discover_cgroup_workloads() + self._gpu_processes():
                 if found["id"] == workload_id:
                     return found
             raise OperationError(f"unknown workload {workload_id!r} on {self.config.identity}")

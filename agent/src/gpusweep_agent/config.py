@@ -18,7 +18,7 @@ ENV_PREFIX = "GPUSWEEP_AGENT_"
 DEFAULT_PROBES = ["kernel", "packages", "nvidia_smi", "nvml"]
 DEFAULT_HEALTH_CHECKS = ["versions", "gpus", "dcgm", "site"]
 # Device files whose open descriptors mark a process as a GPU user (workloads.gpu_users).
-DEFAULT_GPU_DEVICES = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/dri/renderD*"]
+DEFAULT_GPU_DEVICES = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm"]
 
 
 class ConfigError(Exception):

@@ -94,6 +94,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, agent.facts())
             elif path == "/v1/workloads":
                 self._send(HTTPStatus.OK, {"workloads": agent.list_workloads()})
+            elif path == "/v1/gpu-users":
+                self._send(HTTPStatus.OK, {"gpu_users": agent.gpu_users()})
             elif match := OPERATION_RE.match(path):
                 record = agent.operations.get(match.group(1))
                 if record is None:
