@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from campaigns import evidence, policy
@@ -33,9 +33,9 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
-from executors.base import Executor, ExecutorError, NodeRef, get_executor
-from inventory.choices import ServiceState
-from inventory.models import Cluster, Node
+from executors.base import Executor, ExecutorError, GpuUser, NodeRef, get_executor
+from inventory.choices import ServiceState, WorkloadKind
+from inventory.models import Cluster, Node, Workload
 from inventory.versions import DRIVER, parse_version
 
 # A site check's name as a node agent's health_options.site.commands holds it.
@@ -439,7 +439,59 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
             content["nodes"][str(node_id)]["held_by"] = hold  # swept, keeping the other hold
     content["summary"]["blocked"] = len(blocked)
     content["summary"]["held"] = len(held)
+    unreported = unreported_gpu_users(campaign, executors, [n for n in in_scope if str(n.pk) in content["nodes"]])
+    for node_id, users in unreported.items():
+        content["nodes"][str(node_id)]["unreported_gpu_users"] = users
+    content["unreported_gpu_users"] = [{"node": node_id, "name": content["nodes"][str(node_id)].get("name", ""),
+                                        "users": users} for node_id, users in unreported.items()]
+    content["summary"]["unreported_gpu_users"] = sum(len(u) for u in unreported.values())
     return content
+
+
+def _reported(user: GpuUser, known: list[tuple[str, str, int]]) -> str:
+    """Why the scheduler accounts for this GPU user ("" when it does not): it declared it with GPUs."""
+    if user.owner_kind == "slurm_job":
+        wanted = {(WorkloadKind.SLURM_JOB, user.owner_id)}
+    elif user.owner_kind == "k8s_pod":
+        wanted = {(WorkloadKind.K8S_POD, user.owner_id)}
+    else:  # a bare process: only a workload registered with the agent is known
+        wanted = {(WorkloadKind.PROCESS, user.workload_id)} if user.workload_id else set()
+    for kind, ref, gpus in known:
+        if (kind, ref) in wanted and gpus > 0:
+            return f"{kind} {ref} with {gpus} GPU(s)"
+    return ""
+
+
+def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
+                         nodes: list[Node]) -> dict[int, list[dict[str, Any]]]:
+    """node id -> the processes holding a GPU there that no scheduler reported as a GPU workload (a pod
+    without an nvidia.com/gpu request, a job that declared no GPUs, a process started by hand), each
+    with what the campaign's workload policy does with it (checkpoint, stop or wait)."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for node in nodes:
+        try:
+            users = executors[node.cluster.name].gpu_users(node_ref(node))
+        except ExecutorError as exc:
+            found[node.pk] = [{"error": f"its GPU users could not be read: {exc}"}]
+            continue
+        if not users:
+            continue
+        known = list(Workload.objects.filter(Q(node=node) | Q(nodes=node), gone_at__isnull=True).distinct()
+                     .values_list("kind", "scheduler_id", "gpus"))
+        for user in users:
+            if _reported(user, known):
+                continue
+            ref = user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}"
+            chosen = policy.workload_policy(campaign, ref, user.name, "")
+            found.setdefault(node.pk, []).append({
+                "pid": user.pid, "name": user.name, "owner": {"kind": user.owner_kind, "id": user.owner_id},
+                "devices": list(user.devices), "cgroup": user.cgroup, "policy": chosen,
+                "action": POLICY_ACTIONS.get(chosen, chosen)})
+    return found
+
+
+# What the plan says happens to a GPU user under each workload policy.
+POLICY_ACTIONS = {"checkpoint": "checkpoint it", "cold_restart": "stop it", "wait": "wait for it to end"}
 
 
 STALE_MARK = re.compile(r"\bgs-(\d+)-\d+\b")

@@ -192,6 +192,33 @@ def health_result(answer: dict[str, Any]) -> HealthResult:
 
 
 @dataclass(frozen=True)
+class GpuUser:
+    """A process holding a GPU on the node, whoever started it, mapped to its owner by cgroup."""
+
+    pid: int
+    name: str = ""
+    owner_kind: str = "process"  # k8s_pod | slurm_job | process
+    owner_id: str = ""  # the pod (namespace/name where the back end knows it, else its UID), the Slurm job id
+    workload_id: str = ""  # the workload registered with the node's agent (gpusweep-run) it belongs to
+    devices: tuple[str, ...] = ()
+    cgroup: str = ""
+
+
+def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
+    """GpuUsers from the agent's answer (docs/agent-wire-format.md, GET /v1/gpu-users)."""
+    users = []
+    for item in answer.get("gpu_users") or []:
+        owner = item.get("owner") or {}
+        kind = str(owner.get("kind", "process"))
+        owner_id = str(owner.get("pod_uid") if kind == "k8s_pod" else owner.get("job_id", "") or "")
+        users.append(GpuUser(pid=int(item.get("pid") or 0), name=str(item.get("name", "")), owner_kind=kind,
+                             owner_id=owner_id, workload_id=str(item.get("workload_id", "")),
+                             devices=tuple(str(d) for d in item.get("devices") or ()),
+                             cgroup=str(owner.get("cgroup", ""))))
+    return users
+
+
+@dataclass(frozen=True)
 class RollbackResult:
     components: dict[str, str]  # component -> the version it goes back to
     reinstalled: dict[str, str] = field(default_factory=dict)  # package -> exact version
@@ -224,6 +251,11 @@ class Executor:
         return ""
 
     # -- reads -----------------------------------------------------------------------
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """Every process holding a GPU on the node, declared to a scheduler or not (read at planning
+        time, so the plan shows the ones the scheduler did not report). [] where the back end cannot see."""
+        return []
+
     def facts(self, node: NodeRef) -> dict[str, str]:
         """The node's current component versions as the node itself reports them."""
         raise NotImplementedError

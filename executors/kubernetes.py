@@ -92,6 +92,7 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
     HealthCheckResult,
     HealthGates,
     HealthResult,
@@ -457,6 +458,16 @@ class KubernetesExecutor(Executor):
 
     def facts(self, node: NodeRef) -> dict[str, str]:
         return self._observed(node, self._node(node.name))[0]
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """The agent's GPU users, each pod named namespace/name (its UID is what the cgroup shows)."""
+        ref = self._agent(node)
+        if ref is None:
+            return []
+        users = self.agents.gpu_users(ref)
+        pods = {str(_meta(p).get("uid", "")): _pod_ref(p) for p in self._call(self.kube.pods, node=node.name)}
+        return [replace(u, owner_id=pods.get(u.owner_id, u.owner_id)) if u.owner_kind == "k8s_pod" else u
+                for u in users]
 
     def _portability_facts(self, node: NodeRef) -> dict[str, str]:
         obj = self._node(node.name)

@@ -13,6 +13,7 @@ from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
     HealthGates,
     HealthResult,
     NodeRef,
@@ -22,6 +23,7 @@ from executors.base import (
     RollbackResult,
     VerifyResult,
     WorkloadInfo,
+    gpu_users_from,
     health_result,
 )
 
@@ -79,6 +81,9 @@ class LocalExecutor(Executor):
                 if isinstance(item.get("requires"), dict) else {},
             ))
         return found
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        return gpu_users_from(self.client(node).get("/v1/gpu-users"))
 
     def maintenance_hold(self, node: NodeRef) -> str:
         holders = self.client(node).get("/v1/health").get("maintenance_holders") or {}

@@ -39,6 +39,7 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
     HealthCheckResult,
     HealthGates,
     HealthResult,
@@ -212,6 +213,12 @@ class Fleet:
         with self.store.edit("nodes", node) as data:
             data.setdefault("holds", {}).pop(by, None)
 
+    def add_gpu_user(self, node: str, pid: int, name: str, owner_kind: str = "process", owner_id: str = "") -> None:
+        """A process holding a GPU on the node, as the node's agent would find it."""
+        with self.store.edit("nodes", node) as data:
+            data.setdefault("gpu_users", []).append({"pid": pid, "name": name, "owner_kind": owner_kind,
+                                                     "owner_id": owner_id})
+
     def fail_check(self, node: str, check: str, output: str = "") -> None:
         """The node's health check `check` fails from now on, printing `output` ("" clears it)."""
         with self.store.edit("nodes", node) as data:
@@ -301,6 +308,10 @@ class MemoryExecutor(Executor):
     def facts(self, node: NodeRef) -> dict[str, str]:
         with self._node(self.store, node) as data:
             return dict(data["versions"])
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        with self._node(self.store, node) as data:
+            return [GpuUser(**u) for u in data.get("gpu_users") or []]
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         now = time.time()
