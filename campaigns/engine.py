@@ -556,6 +556,10 @@ def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | No
         _record(sweep, worker, EvidenceKind.REVERTED, {"components": result.components,
                                                        "reinstalled": result.reinstalled,
                                                        "output": result.output[:2000]})
+        if not result.components:
+            # Nothing was reinstalled (e.g. the GPU Operator's node keeps its skip label): it stays out.
+            data["left"] = f"out of service: nothing reinstalled ({result.output[:500]})"
+            return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
         if result.reboot_required:
             ex.reboot(ref, op_id(sweep, "revert-reboot"))
         facts = ex.facts(ref)
