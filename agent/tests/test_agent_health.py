@@ -2,22 +2,28 @@
 running real scripts.
 
 No GPU, NVML or DCGM is on this project's machines: the GPU and DCGM parsers are tested on
-output recorded in the formats NVIDIA documents (data/), and the agents run stand-in scripts
-that print those samples in place of nvidia-smi and dcgmi. They are untested on a GPU here.
+output recorded in the formats NVIDIA documents (data/), the agents run stand-in scripts that
+print those samples in place of nvidia-smi and dcgmi, and NVML is a stand-in library compiled
+here with NVML's documented signatures. They are untested on a GPU here.
 The package manager is the recording stand-in (gpusweep_agent.packages.RecordingPackageManager).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from agent_helpers import DATA, FACTS, AgentProcess
+from conftest import need
+from gpusweep_agent.config import load_config
+from gpusweep_agent.health import HealthRequest
 from gpusweep_agent.health.dcgm import DcgmParseError, parse_diag
-from gpusweep_agent.health.gpus import GpuReadError, evaluate, parse_gpu_query
+from gpusweep_agent.health.gpus import GpuReadError, GpusCheck, evaluate, parse_gpu_query, read_nvml
 from gpusweep_agent.packages import parse_dpkg_installed, parse_rpm_installed
 
 NEW, OLD = "570.195.03", "570.86.15"
@@ -134,3 +140,26 @@ def test_a_failed_patch_is_rolled_back_to_the_recorded_packages(tmp_path: Path) 
         assert nothing["state"] == "failed" and "nothing recorded" in nothing["error"]
     finally:
         agent.stop()
+
+
+def test_it_reads_gpus_through_nvml_by_ctypes_against_a_stand_in_library(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """libnvidia-ml is a stand-in compiled here (data/libnvml_standin.c) with NVML's documented signatures."""
+    need(shutil.which("gcc") is not None, "needs gcc (apt-get install build-essential)")
+    library = tmp_path / "libnvml-standin.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(DATA / "libnvml_standin.c")], check=True)
+    monkeypatch.setenv("NVML_STANDIN_COUNT", "4")
+    gpus = read_nvml(str(library))
+    assert gpus is not None and [g.index for g in gpus] == [0, 1, 2, 3]
+    assert gpus[3].uuid == "GPU-00000000-0000-4000-8000-000000000003" and gpus[0].driver == NEW
+    assert read_nvml(str(tmp_path / "absent.so")) is None
+    config = load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path)})
+    check = GpusCheck(config, {"libnvidia_ml": str(library), "nvidia_smi": "absent-nvidia-smi"})
+    [passed] = check.run(HealthRequest(expected={"driver": NEW}, gpu_count=4), {})
+    assert passed.status == "passed" and passed.detail["source"] == "nvml"
+    monkeypatch.setenv("NVML_STANDIN_COUNT", "3")  # a GPU fell off the bus
+    [missing] = check.run(HealthRequest(expected={"driver": NEW}, gpu_count=4), {})
+    assert missing.status == "failed" and "3 of 4 GPUs visible" in missing.summary
+    monkeypatch.setenv("NVML_STANDIN_FAIL_INIT", "1")
+    [broken] = check.run(HealthRequest(expected={"driver": NEW}, gpu_count=4), {})
+    assert broken.status == "failed" and "nvmlInit_v2 returned 9" in broken.summary
