@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import DATA, FACTS, AgentProcess
-from conftest import need
 from gpusweep_agent.config import load_config
 from gpusweep_agent.health import HealthRequest
 from gpusweep_agent.health.dcgm import DcgmParseError, parse_diag
 from gpusweep_agent.health.gpus import GpuReadError, GpusCheck, evaluate, parse_gpu_query, read_nvml
 from gpusweep_agent.packages import parse_dpkg_installed, parse_rpm_installed
+
+from conftest import need
 
 NEW, OLD = "570.195.03", "570.86.15"
 
