@@ -46,10 +46,11 @@ class CampaignSerializer(serializers.ModelSerializer):
             "node_selector", "last_group", "target_versions", "parallelism_per_cluster", "parallelism_per_pool",
             "windows", "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed",
             "workload_placement", "held_nodes", "workload_overrides", "approvals_required", "deadline",
-            "step_timeout_s", "node_estimate_s",
+            "step_timeout_s", "node_estimate_s", "dcgm_level", "site_checks", "after_rollback", "rollback_of",
             "approved_plan", "approvals", "started_at", "finished_at", "evidence_seq", "evidence_head", "created_at",
         ]
         read_only_fields = ["status", "status_reason", "approved_plan", "started_at", "finished_at", "soak_started_at",
+                            "rollback_of",
                             "evidence_seq", "evidence_head", "created_at"]
         # Bounded: a larger duration overflows SQLite's integer column, and the planner's times
         # must stay dates (a server error either way).
@@ -277,6 +278,18 @@ class CampaignViewSet(viewsets.ModelViewSet):
     @action(detail=True, methods=["post"])
     def abort(self, request: Request, pk: str | None = None) -> Response:
         return self._lifecycle(request, pk, "abort")
+
+    @extend_schema(request=None, responses={201: CampaignSerializer(many=True)})
+    @action(detail=True, methods=["post"], url_path="rollback-completed")
+    def rollback_completed(self, request: Request, pk: str | None = None) -> Response:
+        """New draft campaigns taking this halted campaign's completed nodes back to their previous versions."""
+        self.get_object()
+        try:
+            created = services.rollback_completed(int(pk or 0), _user(request))
+        except services.CampaignError as exc:
+            return _error(exc)
+        return Response(self.get_serializer(Campaign.objects.filter(pk__in=[c.pk for c in created]).order_by("pk"),
+                                            many=True).data, status=201)
 
     @extend_schema(responses=inline_serializer("EvidenceExport", {
         "format": serializers.CharField(), "campaign": serializers.DictField(),

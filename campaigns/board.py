@@ -29,6 +29,7 @@ ACTION_ROLES: dict[str, Role] = {
     "resume": Role.OPERATOR,
     "abort": Role.OPERATOR,
     "add_last_group": Role.OPERATOR,
+    "rollback_completed": Role.OPERATOR,
 }
 
 # Which actions each status allows (campaigns.services refuses the others).
@@ -39,14 +40,15 @@ STATE_ACTIONS: dict[str, tuple[str, ...]] = {
     CampaignStatus.RUNNING: ("pause", "abort"),
     CampaignStatus.WAITING: ("pause", "abort"),
     CampaignStatus.PAUSED: ("resume", "abort"),
-    CampaignStatus.HALTED: ("resume", "abort"),
+    CampaignStatus.HALTED: ("resume", "abort", "rollback_completed"),
     CampaignStatus.COMPLETED: (),
-    CampaignStatus.ABORTED: (),
+    CampaignStatus.ABORTED: ("rollback_completed",),
 }
 
 ACTION_LABELS = {
     "plan": "Make a new plan", "approve": "Approve", "start": "Start", "pause": "Pause", "resume": "Resume",
     "abort": "Abort", "add_last_group": "Add exposed receivers as a last group",
+    "rollback_completed": "Roll back completed nodes",
 }
 
 
@@ -63,6 +65,8 @@ def valid_actions(campaign: Campaign, plan: Plan | None, user: AbstractBaseUser 
             continue  # authors never approve; an approved plan needs no more approvals
         if action == "add_last_group" and not (plan and plan.content.get("exposed_receivers")):
             continue
+        if action == "rollback_completed" and not campaign.sweeps.filter(state=SweepState.DONE).exists():
+            continue  # nothing was patched, so nothing to roll back
         found.append(action)
     return found
 
@@ -248,6 +252,15 @@ def plan_view(content: dict[str, Any], deadline: datetime | None, advisories: li
     for item in content.get("held") or []:
         warnings.append(f"Held by someone else, not swept: {item.get('cluster')}/{item.get('name')}: "
                         f"{item.get('hold')}")
+    for entry in content.get("unreported_gpu_users") or []:
+        for user in entry.get("users") or []:
+            if user.get("error"):
+                warnings.append(f"GPU users of {entry.get('name')} unknown: {user['error']}")
+                continue
+            owner = user.get("owner") or {}
+            warnings.append(f"GPU user the scheduler did not report on {entry.get('name')}: pid {user.get('pid')} "
+                            f"{user.get('name', '')} ({owner.get('kind', 'process')}"
+                            f"{' ' + str(owner['id']) if owner.get('id') else ''}): {user.get('action', '')}")
     for node in nodes.values():
         for risk in node.get("risks") or []:
             if risk.startswith("past deadline") or risk.startswith("no window"):

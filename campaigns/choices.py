@@ -115,6 +115,17 @@ class HeldNodes(ChoiceSet):
     ]
 
 
+class AfterRollback(ChoiceSet):
+    """Where a node goes once a failed patch or health gate was reverted and its old versions verified."""
+
+    STAY_OUT = "stay_out"
+    RETURN = "return"
+    CHOICES = [
+        (STAY_OUT, "Stay out of service for an operator to look at"),
+        (RETURN, "Return to service when its health gates pass on the old versions"),
+    ]
+
+
 class WaveGrowth(ChoiceSet):
     """How waves after the canary grow, capped by the parallelism limits."""
 
@@ -164,6 +175,12 @@ class EvidenceKind(ChoiceSet):
     FAILED = "failed"
     ROLLED_BACK = "rolled_back"
     SKIPPED = "skipped"
+    # Health gates and reverting a patch (not ROLLED_BACK: that is an unpatched node unwound).
+    HEALTH_CHECKED = "health_checked"
+    REVERTED = "reverted"
+    REVERT_VERIFIED = "revert_verified"
+    REVERT_FAILED = "revert_failed"
+    ROLLBACK_CAMPAIGN = "rollback_campaign"
     CHOICES = [
         (CREATED, "Created"),
         (EDITED, "Edited"),
@@ -197,8 +214,13 @@ class EvidenceKind(ChoiceSet):
         (FAILED, "Node failed"),
         (ROLLED_BACK, "Node rolled back"),
         (SKIPPED, "Node skipped"),
+        (HEALTH_CHECKED, "Health gates run"),
+        (REVERTED, "Patch reverted: previous packages reinstalled"),
+        (REVERT_VERIFIED, "Previous versions verified after the revert"),
+        (REVERT_FAILED, "Revert failed"),
+        (ROLLBACK_CAMPAIGN, "Rollback campaign created"),
     ]
     CAMPAIGN = frozenset({CREATED, EDITED, PLANNED, APPROVED, FULLY_APPROVED, STARTED, WAITING_FOR_WINDOW,
                           WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED, SOAKING, SOAKED,
-                          CANARY_FAILED})
+                          CANARY_FAILED, ROLLBACK_CAMPAIGN})
     NODE = frozenset(set(dict(CHOICES)) - CAMPAIGN)

@@ -16,7 +16,10 @@ the transition and its event are committed together, or neither is.
 Failure is final: a permanent error (or a temporary one past MAX_ATTEMPTS) fails the node once.
 A node not yet patched is first put back as it was (maintenance off, its checkpoints restored on
 it); an error during that unwind is recorded too, the node stays as the evidence says (drained),
-and the step is never run again. Each failed node is charged to the campaign's error budget.
+and the step is never run again. A node whose patch or health gate failed is reverted instead
+(``_revert``: the back end reinstalls what it recorded before the patch, reboots, the old versions
+are verified), then stays out of service or returns per ``Campaign.after_rollback``. Each failed
+node is charged to the campaign's error budget.
 No step takes the campaign row lock; only campaign-level work does (admission, halting, sealing).
 """
 
@@ -36,7 +39,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
+from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
 from campaigns.queue import enqueue, enqueue_now
@@ -45,6 +48,8 @@ from executors.base import (
     CheckpointResult,
     Executor,
     ExecutorError,
+    HealthGates,
+    HealthResult,
     InterruptedOperation,
     NodeRef,
     PermanentExecutorError,
@@ -60,6 +65,14 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 RETRY_BACKOFF_S = 2.0
 WAIT_POLL_S = 30.0
+
+
+class NotPatched(PermanentExecutorError):
+    """The patch step refused before anything changed on the node: there is nothing to revert."""
+
+
+class HealthGateFailed(PermanentExecutorError):
+    """The node's health gates failed after its reboot (the checks' outputs are in the evidence)."""
 
 
 class WaitMore(Exception):
@@ -465,20 +478,23 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
             return sweep.state, False
         return _fail(sweep, worker, ex, f"gave up after {sweep.attempt} attempts: {exc}"), False
     except PermanentExecutorError as exc:
-        return _fail(sweep, worker, ex, str(exc)), False
+        return _fail(sweep, worker, ex, str(exc), revert=not isinstance(exc, NotPatched)), False
     except IntegrityError:
         return None, False  # another worker wrote this node's chain: the lease was lost
     following = _finish(sweep, worker, result)
     return following, following in SweepState.WORKING
 
 
-def _fail(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | None:
-    """Fail the node once: unwind it if it was not patched, record every error, never run it again."""
+def _fail(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool = True) -> str | None:
+    """Fail the node once: unwind it if it was not patched, revert a failed patch or health gate,
+    record every error, never run it again."""
     with transaction.atomic():
         _write(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000]},
                error=error[:4000])
     if sweep.state in SweepState.BEFORE_PATCH:
         return _unwind(sweep, worker, ex, SweepState.FAILED, error)
+    if revert and sweep.state in (SweepState.PATCHING, SweepState.VERIFYING):
+        return _revert(sweep, worker, ex, error)
     # Patched (or partly): the node stays out of service for a human to look at.
     parked = list(WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED).values_list(
         "workload_ref", "checkpoint_id"))
@@ -518,6 +534,67 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str)
     if kept:
         data["foreign_hold_kept"] = kept
     return final if _end(sweep, worker, final, data, in_service=not kept) else None
+
+
+def _record(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any]) -> None:
+    with transaction.atomic():
+        _write(sweep, worker, kind, data)
+
+
+def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | None:
+    """Put a node whose patch or health gate failed back on the versions it had: the back end
+    reinstalls what it recorded before the patch, the node reboots, the old versions are verified.
+    Then it stays out of service, or (``after_rollback`` "return") returns once its health gates
+    pass on the old versions. Tried once, every step in the evidence; the sweep fails either way
+    (charged to the budget)."""
+    ref = node_ref(sweep.node)
+    campaign = sweep.campaign
+    data: dict[str, Any] = {"error": error}
+    in_service = False
+    try:
+        result = ex.rollback(ref, op_id(sweep, "revert"))
+        _record(sweep, worker, EvidenceKind.REVERTED, {"components": result.components,
+                                                       "reinstalled": result.reinstalled,
+                                                       "output": result.output[:2000]})
+        if not result.components:
+            # Nothing was reinstalled (e.g. the GPU Operator's node keeps its skip label): it stays out.
+            data["left"] = f"out of service: nothing reinstalled ({result.output[:500]})"
+            return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
+        if result.reboot_required:
+            ex.reboot(ref, op_id(sweep, "revert-reboot"))
+        facts = ex.facts(ref)
+        wrong = {c: {"want": v, "got": facts.get(c)} for c, v in result.components.items() if facts.get(c) != v}
+        if wrong:
+            raise PermanentExecutorError(f"after the revert the node does not report its previous versions: {wrong}")
+        back = {c: facts[c] for c in result.components}
+        _record(sweep, worker, EvidenceKind.REVERT_VERIFIED, {"versions": back, "rebooted": result.reboot_required})
+        data["reverted_to"] = back
+        if campaign.after_rollback == AfterRollback.RETURN:
+            gate = _gate(sweep, worker, ex, ref, back, "revert-health")
+            if gate.passed:
+                ex.return_to_service(ref, op_id(sweep, "revert-return"))
+                kept = _foreign_hold(sweep, ex, ref)
+                in_service = not kept
+                if kept:
+                    data["foreign_hold_kept"] = kept
+        data["left"] = ("in service on its previous versions" if in_service
+                        else "out of service on its previous versions")
+    except ExecutorError as exc:
+        _record(sweep, worker, EvidenceKind.REVERT_FAILED, {"error": str(exc)[:4000]})
+        data.update(revert_error=str(exc)[:4000], left="out of service: the revert failed")
+    return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=in_service) else None
+
+
+def gates_of(campaign: Campaign) -> HealthGates:
+    return HealthGates(dcgm_level=int(campaign.dcgm_level), site_checks=tuple(campaign.site_checks or ()) or None)
+
+
+def _gate(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, expected: dict[str, str],
+          step: str) -> HealthResult:
+    """Run the node's health gates and keep every check with its output in the evidence."""
+    result = ex.health(ref, expected, gates_of(sweep.campaign), op_id(sweep, step))
+    _record(sweep, worker, EvidenceKind.HEALTH_CHECKED, {"expected": expected, **result.as_dict()})
+    return result
 
 
 def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move: WorkloadMove) -> dict[str, Any]:
@@ -808,7 +885,7 @@ def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     # A failed or unfinished checkpoint never leads to a patch.
     left = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.PLANNED, MoveState.CHECKPOINTED]).count()
     if left:
-        raise PermanentExecutorError(f"refusing to patch: {left} workload(s) not moved off the node")
+        raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
     results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
                for component, version in sorted(sweep.target.items())]
     patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000]}
@@ -828,13 +905,19 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     if wrong or not result.healthy:
         raise PermanentExecutorError(f"verification failed: healthy={result.healthy} versions={wrong}")
     verified = {c: result.versions[c] for c in sweep.target}
+    # The health gates, before the node may return to service: a failing one keeps it out.
+    gate = _gate(sweep, sweep.lease_owner, ex, ref, dict(sweep.target), "health")
+    if not gate.passed:
+        summaries = "; ".join(f"{c.name}: {c.summary}" for c in gate.checks if c.status == "failed")
+        raise HealthGateFailed(f"health gate failed: {summaries}"[:4000])
 
     def record() -> None:
         # The inventory learns the new versions from the campaign, and the node's exposures are
         # remediated with this sweep as their evidence (node_versions_changed, on commit).
         inventory.record_versions(sweep.node_id, verified, ChangeSource.CAMPAIGN, reference(sweep))
 
-    data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000]}
+    data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000],
+            "health_gates": {c.name: c.status for c in gate.checks}}
     return StepResult(data, {"versions_after": result.versions}, after=record)
 
 

@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from campaigns.choices import (
+    AfterRollback,
     CampaignStatus,
     EvidenceKind,
     HeldNodes,
@@ -68,6 +69,15 @@ class Campaign(models.Model):
     cold_restart_allowed = models.BooleanField(default=False)
     workload_placement = models.CharField(max_length=10, choices=Placement.choices(), default=Placement.MOVE)
     held_nodes = models.CharField(max_length=10, choices=HeldNodes.choices(), default=HeldNodes.SKIP)
+    # Health gates after the reboot (agent/src/gpusweep_agent/health/): DCGM diagnostics level, and
+    # the nodes' configured site checks by name (empty: every one a node has).
+    dcgm_level = models.PositiveSmallIntegerField(default=1, help_text="dcgmi diag -r LEVEL (0 none, 1-4)")
+    site_checks = models.JSONField(default=list, blank=True, help_text="names of the nodes' site checks; [] all")
+    # A failed patch or health gate is reverted; then the node stays out, or returns if healthy.
+    after_rollback = models.CharField(max_length=10, choices=AfterRollback.choices(), default=AfterRollback.STAY_OUT)
+    # The campaign this one rolls back ("roll back completed nodes"), if any.
+    rollback_of = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True,
+                                    related_name="rollbacks")
     workload_overrides = models.JSONField(default=dict, blank=True, help_text="{workload id or name: policy}")
     approvals_required = models.PositiveSmallIntegerField(default=1)
     deadline = models.DateTimeField(null=True, blank=True)

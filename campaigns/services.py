@@ -14,11 +14,11 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.choices import CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
+from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -33,10 +33,13 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
-from executors.base import Executor, ExecutorError, NodeRef, get_executor
-from inventory.choices import ServiceState
-from inventory.models import Cluster, Node
+from executors.base import Executor, ExecutorError, GpuUser, NodeRef, get_executor
+from inventory.choices import ServiceState, WorkloadKind
+from inventory.models import Cluster, Node, Workload
 from inventory.versions import DRIVER, parse_version
+
+# A site check's name as a node agent's health_options.site.commands holds it.
+SITE_CHECK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class CampaignError(Exception):
@@ -71,7 +74,7 @@ def node_ref(node: Node) -> NodeRef:
 # -- the campaign's definition -----------------------------------------------------------
 DEFINITION_FIELDS = (
     "name", "description", "clusters", "pools", "node_selector", "last_group", "target_versions", "canary", "soak_s",
-    "wave_growth", "growth_step",
+    "wave_growth", "growth_step", "dcgm_level", "site_checks", "after_rollback",
     "parallelism_per_cluster", "parallelism_per_pool", "windows", "blackouts", "error_budget", "workload_policy",
     "wait_limit", "cold_restart_allowed", "workload_placement", "held_nodes", "workload_overrides",
     "approvals_required",
@@ -133,6 +136,13 @@ def _check_policy_fields(values: dict[str, Any], errors: dict[str, str]) -> None
         errors["soak_s"] = "seconds between 0 and 604800 (a week)"
     if "growth_step" in values and not (isinstance(values["growth_step"], int) and 1 <= values["growth_step"] <= 100):
         errors["growth_step"] = "a whole number between 1 and 100"
+    if "dcgm_level" in values and not (isinstance(values["dcgm_level"], int) and 0 <= values["dcgm_level"] <= 4):
+        errors["dcgm_level"] = "0 (no DCGM diagnostics) to 4 (dcgmi diag -r LEVEL)"
+    if "site_checks" in values and not (isinstance(values["site_checks"], list) and all(
+            isinstance(n, str) and SITE_CHECK_RE.match(n) for n in values["site_checks"])):
+        errors["site_checks"] = "a list of site check names as the nodes' agents configure them (letters, digits, ._-)"
+    if "after_rollback" in values and values["after_rollback"] not in AfterRollback.values():
+        errors["after_rollback"] = f"one of {', '.join(AfterRollback.values())}"
     if "approvals_required" in values and not (isinstance(values["approvals_required"], int)
                                                and 1 <= values["approvals_required"] <= 10):
         errors["approvals_required"] = "between 1 and 10: every campaign needs an approver who did not write it"
@@ -289,7 +299,9 @@ def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
         # A move to another driver branch is wanted even when the new branch number is lower.
         other_branch = component == DRIVER and bool(current) and (
             parse_version(DRIVER, version).branch != parse_version(DRIVER, current).branch)
-        if current != version and (other_branch or _newer(version, current, component)):
+        # A campaign rolling another back goes down to the recorded previous versions.
+        downgrade = campaign.rollback_of_id is not None
+        if current != version and (downgrade or other_branch or _newer(version, current, component)):
             needed[component] = version
     if not needed:
         return {}, "already at or above the target versions"
@@ -427,7 +439,59 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
             content["nodes"][str(node_id)]["held_by"] = hold  # swept, keeping the other hold
     content["summary"]["blocked"] = len(blocked)
     content["summary"]["held"] = len(held)
+    unreported = unreported_gpu_users(campaign, executors, [n for n in in_scope if str(n.pk) in content["nodes"]])
+    for node_id, users in unreported.items():
+        content["nodes"][str(node_id)]["unreported_gpu_users"] = users
+    content["unreported_gpu_users"] = [{"node": node_id, "name": content["nodes"][str(node_id)].get("name", ""),
+                                        "users": users} for node_id, users in unreported.items()]
+    content["summary"]["unreported_gpu_users"] = sum(len(u) for u in unreported.values())
     return content
+
+
+def _reported(user: GpuUser, known: list[tuple[str, str, int]]) -> str:
+    """Why the scheduler accounts for this GPU user ("" when it does not): it declared it with GPUs."""
+    if user.owner_kind == "slurm_job":
+        wanted = {(WorkloadKind.SLURM_JOB, user.owner_id)}
+    elif user.owner_kind == "k8s_pod":
+        wanted = {(WorkloadKind.K8S_POD, user.owner_id)}
+    else:  # a bare process: only a workload registered with the agent is known
+        wanted = {(WorkloadKind.PROCESS, user.workload_id)} if user.workload_id else set()
+    for kind, ref, gpus in known:
+        if (kind, ref) in wanted and gpus > 0:
+            return f"{kind} {ref} with {gpus} GPU(s)"
+    return ""
+
+
+def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
+                         nodes: list[Node]) -> dict[int, list[dict[str, Any]]]:
+    """node id -> the processes holding a GPU there that no scheduler reported as a GPU workload (a pod
+    without an nvidia.com/gpu request, a job that declared no GPUs, a process started by hand), each
+    with what the campaign's workload policy does with it (checkpoint, stop or wait)."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    for node in nodes:
+        try:
+            users = executors[node.cluster.name].gpu_users(node_ref(node))
+        except ExecutorError as exc:
+            found[node.pk] = [{"error": f"its GPU users could not be read: {exc}"}]
+            continue
+        if not users:
+            continue
+        known = list(Workload.objects.filter(Q(node=node) | Q(nodes=node), gone_at__isnull=True).distinct()
+                     .values_list("kind", "scheduler_id", "gpus"))
+        for user in users:
+            if _reported(user, known):
+                continue
+            ref = user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}"
+            chosen = policy.workload_policy(campaign, ref, user.name, "")
+            found.setdefault(node.pk, []).append({
+                "pid": user.pid, "name": user.name, "owner": {"kind": user.owner_kind, "id": user.owner_id},
+                "devices": list(user.devices), "cgroup": user.cgroup, "policy": chosen,
+                "action": POLICY_ACTIONS.get(chosen, chosen)})
+    return found
+
+
+# What the plan says happens to a GPU user under each workload policy.
+POLICY_ACTIONS = {"checkpoint": "checkpoint it", "cold_restart": "stop it", "wait": "wait for it to end"}
 
 
 STALE_MARK = re.compile(r"\bgs-(\d+)-\d+\b")
@@ -607,6 +671,55 @@ def abort(campaign_id: int, user: User | None, reason: str = "") -> Campaign:
             enqueue("advance", sweep_id)
         enqueue("dispatch", campaign.pk)  # seals the campaign once its last node has come to rest
         return campaign
+
+
+# What a rollback campaign takes over from the campaign it rolls back: how it rolls out, not what.
+ROLLBACK_COPIED = (
+    "canary", "soak_s", "wave_growth", "growth_step", "parallelism_per_cluster", "parallelism_per_pool", "windows",
+    "blackouts", "error_budget", "workload_policy", "wait_limit", "cold_restart_allowed", "workload_placement",
+    "held_nodes", "workload_overrides", "approvals_required", "step_timeout_s", "node_estimate_s", "dcgm_level",
+    "site_checks", "after_rollback",
+)
+
+
+def rollback_completed(campaign_id: int, user: User) -> list[Campaign]:
+    """"Roll back completed nodes" of a halted (or aborted) campaign: new draft campaigns taking each
+    node it finished back to the versions it recorded before its patch, one campaign per set of
+    previous versions, to be planned and approved like any other. Asking again returns the same ones."""
+    with transaction.atomic():
+        campaign = evidence.lock_campaign(campaign_id)
+        existing = list(campaign.rollbacks.order_by("pk"))
+        if existing:
+            return existing
+        if campaign.status not in (CampaignStatus.HALTED, CampaignStatus.ABORTED):
+            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}: only a halted or aborted campaign's "
+                                "completed nodes are rolled back")
+        groups: dict[tuple[tuple[str, str], ...], list[tuple[str, str]]] = {}
+        for cluster, name, target, before in NodeSweep.objects.filter(
+                campaign=campaign, state=SweepState.DONE).order_by("position").values_list(
+                "node__cluster__name", "node__name", "target", "versions_before"):
+            previous = tuple(sorted((c, str((before or {}).get(c))) for c in target if (before or {}).get(c)))
+            if previous:
+                groups.setdefault(previous, []).append((cluster, name))
+        if not groups:
+            raise CampaignError(f"campaign {campaign.pk} has no completed node with recorded previous versions")
+        created = []
+        for previous, nodes in groups.items():
+            versions = ", ".join(f"{c} {v}" for c, v in previous)
+            values: dict[str, Any] = {name: getattr(campaign, name) for name in ROLLBACK_COPIED}
+            values.update(
+                name=f"Roll back #{campaign.pk} to {versions}"[:200],
+                description=f"Rolls the nodes campaign #{campaign.pk} ({campaign.name}) completed back to the "
+                            f"versions they had before it: {versions}.",
+                clusters=sorted({c for c, _ in nodes}), node_selector={"names": [n for _, n in nodes]},
+                target_versions=dict(previous))
+            new = create_campaign(user, values)
+            Campaign.objects.filter(pk=new.pk).update(rollback_of=campaign)
+            new.rollback_of = campaign
+            created.append(new)
+        evidence.campaign_event(campaign, EvidenceKind.ROLLBACK_CAMPAIGN, actor_of(user), {
+            "campaigns": [c.pk for c in created], "nodes": sum(len(n) for n in groups.values())})
+        return created
 
 
 def seal_now(campaign_id: int, user: User | None) -> None:

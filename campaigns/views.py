@@ -148,6 +148,11 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             services.approve(pk, user, request.POST.get("comment", ""))
         elif action == "abort":
             services.abort(pk, user, request.POST.get("reason", ""))
+        elif action == "rollback_completed":
+            assert user is not None
+            created = services.rollback_completed(pk, user)
+            messages.success(request, "Rollback campaign(s) created: " + ", ".join(f"#{c.pk}" for c in created))
+            return redirect("campaigns-ui:campaign-detail", pk=created[0].pk)
         elif action == "add_last_group":
             assert user is not None
             newest = Campaign.objects.get(pk=pk).plans.order_by("-version").first()

@@ -17,6 +17,12 @@ A back end also says, before anything runs, whether it can reach a node at all (
 read by the planner) and who restarts a workload that is stopped for a cold start
 (``restarts_cold_starts``: a scheduler's requeue, a controller, or nobody).
 
+After the reboot, ``health`` runs the node's health gates (the expected versions, and where the
+back end has a node agent: every GPU on the expected driver, DCGM diagnostics, the site's own
+checks), each result with its output for the evidence; a failed gate keeps the node out of
+service. ``rollback`` reinstalls what the node recorded before its patch (the agent's package
+record, or the GPU Operator's previous driver); the engine then reboots and verifies the old versions.
+
 The shared contract every back end passes is ``tests/executors/contract.py``.
 """
 
@@ -131,6 +137,96 @@ class VerifyResult:
     output: str = ""
 
 
+@dataclass(frozen=True)
+class HealthGates:
+    """What a campaign asks of a node before it returns to service (besides the expected versions)."""
+
+    dcgm_level: int = 0  # `dcgmi diag -r LEVEL`; 0: none
+    site_checks: tuple[str, ...] | None = None  # the node's configured site checks by name; None: all
+
+
+@dataclass(frozen=True)
+class HealthCheckResult:
+    name: str
+    status: str  # passed | failed | skipped
+    summary: str = ""
+    output: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    checks: tuple[HealthCheckResult, ...] = ()
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "failed"]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def as_dict(self, output_limit: int = 8000) -> dict[str, Any]:
+        """For the evidence: every check with its (tail of) output."""
+        return {"passed": self.passed, "failed": self.failed, "checks": [
+            {"name": c.name, "status": c.status, "summary": c.summary, "output": c.output[-output_limit:],
+             "detail": c.detail} for c in self.checks]}
+
+
+def versions_check(expected: dict[str, str], versions: dict[str, str]) -> HealthCheckResult:
+    """The gate every back end has: each patched component reports the version it was patched to."""
+    wrong = {c: {"want": v, "got": versions.get(c, "")} for c, v in sorted(expected.items()) if versions.get(c) != v}
+    lines = "\n".join(f"{c}: want {v}, have {versions.get(c) or '(absent)'}" for c, v in sorted(expected.items()))
+    if wrong:
+        return HealthCheckResult("versions", "failed", f"{len(wrong)} component(s) not at the expected version",
+                                 lines, {"wrong": wrong})
+    return HealthCheckResult("versions", "passed", "every component at the expected version", lines)
+
+
+def health_result(answer: dict[str, Any]) -> HealthResult:
+    """A HealthResult from the agent's answer (docs/agent-wire-format.md, POST /v1/health-checks)."""
+    return HealthResult(tuple(
+        HealthCheckResult(name=str(c.get("name", "")), status=str(c.get("status", "failed")),
+                          summary=str(c.get("summary", "")), output=str(c.get("output", "")),
+                          detail=dict(c.get("detail") or {}))
+        for c in answer.get("checks") or []))
+
+
+@dataclass(frozen=True)
+class GpuUser:
+    """A process holding a GPU on the node, whoever started it, mapped to its owner by cgroup."""
+
+    pid: int
+    name: str = ""
+    owner_kind: str = "process"  # k8s_pod | slurm_job | process
+    owner_id: str = ""  # the pod (namespace/name where the back end knows it, else its UID), the Slurm job id
+    workload_id: str = ""  # the workload registered with the node's agent (gpusweep-run) it belongs to
+    devices: tuple[str, ...] = ()
+    cgroup: str = ""
+
+
+def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
+    """GpuUsers from the agent's answer (docs/agent-wire-format.md, GET /v1/gpu-users)."""
+    users = []
+    for item in answer.get("gpu_users") or []:
+        owner = item.get("owner") or {}
+        kind = str(owner.get("kind", "process"))
+        owner_id = str(owner.get("pod_uid") if kind == "k8s_pod" else owner.get("job_id", "") or "")
+        users.append(GpuUser(pid=int(item.get("pid") or 0), name=str(item.get("name", "")), owner_kind=kind,
+                             owner_id=owner_id, workload_id=str(item.get("workload_id", "")),
+                             devices=tuple(str(d) for d in item.get("devices") or ()),
+                             cgroup=str(owner.get("cgroup", ""))))
+    return users
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    components: dict[str, str]  # component -> the version it goes back to
+    reinstalled: dict[str, str] = field(default_factory=dict)  # package -> exact version
+    output: str = ""
+    reboot_required: bool = True
+
+
 class Executor:
     """Base class of every back end. Subclasses implement all operations."""
 
@@ -156,6 +252,11 @@ class Executor:
         return ""
 
     # -- reads -----------------------------------------------------------------------
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """Every process holding a GPU on the node, declared to a scheduler or not (read at planning
+        time, so the plan shows the ones the scheduler did not report). [] where the back end cannot see."""
+        return []
+
     def facts(self, node: NodeRef) -> dict[str, str]:
         """The node's current component versions as the node itself reports them."""
         raise NotImplementedError
@@ -194,6 +295,18 @@ class Executor:
 
     def verify(self, node: NodeRef) -> VerifyResult:
         raise NotImplementedError
+
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        """Run the node's health gates after its reboot; a failed check is a result, not an error.
+
+        The base gate is the expected versions only; back ends with a node agent run its checks.
+        """
+        return HealthResult((versions_check(expected, self.facts(node)),))
+
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        """Put back what the node recorded before this campaign's patch (a reboot follows)."""
+        raise PermanentExecutorError(f"the {self.name} back end cannot roll back {node.identity}")
 
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         raise NotImplementedError

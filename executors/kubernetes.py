@@ -55,6 +55,10 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   this node's skip label is lifted and its ``nvidia.com/gpu-driver-upgrade-state`` label followed
   to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). Nodes the campaign never
   patches keep gpusweep's skip label: the operator never upgrades a node whose work was not moved.
+- health gates: the node agent's checks (docs/agent-wire-format.md), after "the node is Ready";
+  without an agent, the expected versions as the node's labels show them. Rollback: the agent
+  reinstalls the packages it recorded; with gpu-operator the failed node gets gpusweep's skip
+  label back (so the operator leaves it alone, out of service) and the pool's version stays.
 - reboot through the agent (nothing with gpu-operator: the operator reloads the driver); verify:
   the node is Ready and GPU feature discovery's labels and the agent's facts show the versions;
   return to service and undo: gpusweep's taint, cordon, labels and annotations removed, the agent
@@ -88,13 +92,19 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
+    HealthCheckResult,
+    HealthGates,
+    HealthResult,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
     RestoreResult,
+    RollbackResult,
     TemporaryExecutorError,
     VerifyResult,
     WorkloadInfo,
+    versions_check,
 )
 from executors.local import LocalExecutor
 from inventory.sources.kubernetes import (
@@ -448,6 +458,16 @@ class KubernetesExecutor(Executor):
 
     def facts(self, node: NodeRef) -> dict[str, str]:
         return self._observed(node, self._node(node.name))[0]
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """The agent's GPU users, each pod named namespace/name (its UID is what the cgroup shows)."""
+        ref = self._agent(node)
+        if ref is None:
+            return []
+        users = self.agents.gpu_users(ref)
+        pods = {str(_meta(p).get("uid", "")): _pod_ref(p) for p in self._call(self.kube.pods, node=node.name)}
+        return [replace(u, owner_id=pods.get(u.owner_id, u.owner_id)) if u.owner_kind == "k8s_pod" else u
+                for u in users]
 
     def _portability_facts(self, node: NodeRef) -> dict[str, str]:
         obj = self._node(node.name)
@@ -854,6 +874,32 @@ class KubernetesExecutor(Executor):
             healthy = healthy and state in ("", "upgrade-done")
             output.append(f"{UPGRADE_STATE}={state}")
         return VerifyResult(healthy=healthy, versions=versions, output="; ".join(output))
+
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        obj = self._node(node.name)
+        ready = HealthCheckResult("node-ready", "passed" if _ready(obj) else "failed",
+                                  f"node {node.name} Ready={_ready(obj)}")
+        ref = self._agent(node, obj)
+        if ref is None:
+            return HealthResult((ready, versions_check(expected, self._observed(node, obj)[0])))
+        from_agent = self.agents.health(replace(ref, gpu_count=ref.gpu_count or node.gpu_count), expected, gates,
+                                        operation_id)
+        return HealthResult((ready, *from_agent.checks))
+
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        if self.mode != "gpu-operator":
+            return self.agents.rollback(self._need_agent(node), operation_id)
+
+        def skip(obj: dict[str, Any]) -> dict[str, Any] | None:
+            if _labels(obj).get(UPGRADE_SKIP) == "true":
+                return None
+            return {"metadata": {"labels": {UPGRADE_SKIP: "true"}, "annotations": {SKIP_SET_BY: operation_id}}}
+
+        self._update_node(node.name, skip)
+        return RollbackResult(components={}, reboot_required=False, output=(
+            f"gpu-operator: {node.name} keeps {UPGRADE_SKIP}=true (set by gpusweep), so the operator leaves it "
+            "alone; the pool's driver version is unchanged"))
 
     # -- the GPU Operator's driver upgrade -------------------------------------------
     def _operator_upgrade(self, node: NodeRef, version: str, operation_id: str) -> PatchResult:

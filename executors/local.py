@@ -13,12 +13,18 @@ from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
+    HealthGates,
+    HealthResult,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
     RestoreResult,
+    RollbackResult,
     VerifyResult,
     WorkloadInfo,
+    gpu_users_from,
+    health_result,
 )
 
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model_name", "model_version")
@@ -76,6 +82,9 @@ class LocalExecutor(Executor):
             ))
         return found
 
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        return gpu_users_from(self.client(node).get("/v1/gpu-users"))
+
     def maintenance_hold(self, node: NodeRef) -> str:
         holders = self.client(node).get("/v1/health").get("maintenance_holders") or {}
         held = [f"{owner} since {info.get('since', '?')}" + (f": {info['reason']}" if info.get("reason") else "")
@@ -122,8 +131,10 @@ class LocalExecutor(Executor):
 
     def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
         method = str(self.options.get("patch_method", "package"))
+        # The owner names the campaign and sweep: the agent keeps one rollback record per owner.
         result = self.client(node).operation(
-            "/v1/patch", operation_id, component=component, version=version, method=method, dry_run=False
+            "/v1/patch", operation_id, component=component, version=version, method=method, dry_run=False,
+            owner=owner_of(operation_id),
         )
         return PatchResult(
             component=component, before=str(result.get("before", "")), after=str(result.get("after", "")),
@@ -139,6 +150,20 @@ class LocalExecutor(Executor):
         facts = client.get("/v1/facts")
         versions = {str(k): str(v) for k, v in (facts.get("components") or {}).items()}
         return VerifyResult(healthy=health.get("status") == "ok", versions=versions, output=str(health))
+
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        extra = {"site_checks": list(gates.site_checks)} if gates.site_checks is not None else {}
+        answer = self.client(node).operation("/v1/health-checks", operation_id, expected=expected,
+                                             gpu_count=node.gpu_count, dcgm_level=gates.dcgm_level, **extra)
+        return health_result(answer)
+
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        result = self.client(node).operation("/v1/rollback", operation_id, owner=owner_of(operation_id))
+        return RollbackResult(components={str(k): str(v) for k, v in (result.get("components") or {}).items()},
+                              reinstalled={str(k): str(v) for k, v in (result.get("reinstalled") or {}).items()},
+                              output=str(result.get("output", ""))[:4000],
+                              reboot_required=bool(result.get("reboot_required", True)))
 
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         # Gives back gpusweep's own hold only: anyone else's stays.

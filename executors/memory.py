@@ -22,6 +22,7 @@ Faults are injected with ``inject(op, node, kind, times)``: the next `times` cal
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -38,13 +39,19 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
+    HealthCheckResult,
+    HealthGates,
+    HealthResult,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
     RestoreResult,
+    RollbackResult,
     TemporaryExecutorError,
     VerifyResult,
     WorkloadInfo,
+    versions_check,
 )
 
 _LOCK = threading.RLock()
@@ -206,6 +213,21 @@ class Fleet:
         with self.store.edit("nodes", node) as data:
             data.setdefault("holds", {}).pop(by, None)
 
+    def add_gpu_user(self, node: str, pid: int, name: str, owner_kind: str = "process", owner_id: str = "") -> None:
+        """A process holding a GPU on the node, as the node's agent would find it."""
+        with self.store.edit("nodes", node) as data:
+            data.setdefault("gpu_users", []).append({"pid": pid, "name": name, "owner_kind": owner_kind,
+                                                     "owner_id": owner_id})
+
+    def fail_check(self, node: str, check: str, output: str = "") -> None:
+        """The node's health check `check` fails from now on, printing `output` ("" clears it)."""
+        with self.store.edit("nodes", node) as data:
+            failing = data.setdefault("failing_checks", {})
+            if output:
+                failing[check] = output
+            else:
+                failing.pop(check, None)
+
     def set_healthy(self, node: str, healthy: bool) -> None:
         with self.store.edit("nodes", node) as data:
             data["healthy"] = healthy
@@ -286,6 +308,10 @@ class MemoryExecutor(Executor):
     def facts(self, node: NodeRef) -> dict[str, str]:
         with self._node(self.store, node) as data:
             return dict(data["versions"])
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        with self._node(self.store, node) as data:
+            return [GpuUser(**u) for u in data.get("gpu_users") or []]
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         now = time.time()
@@ -380,6 +406,8 @@ class MemoryExecutor(Executor):
                 if not data["maintenance"]:
                     raise PermanentExecutorError(f"{node.identity} is not in maintenance; refusing to patch")
                 before = data["versions"].get(component, "")
+                # What a rollback puts back (the first patch of a component in a campaign's sweep).
+                data.setdefault("previous", {}).setdefault(component, before)
                 data["installed"][component] = version
                 data["patches"][component] = data["patches"].get(component, 0) + 1
                 return {"before": before, "after": version}
@@ -407,6 +435,34 @@ class MemoryExecutor(Executor):
         if fault is not None:
             raise fault
         return result
+
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        def body(store: Store) -> list[dict[str, Any]]:
+            with self._node(store, node) as data:
+                checks = [dataclasses.asdict(versions_check(expected, data["versions"]))]
+                names = ["gpus", *(["dcgm"] if gates.dcgm_level else []),
+                         *(f"site:{n}" for n in (gates.site_checks or ()))]
+                failing = dict(data.get("failing_checks") or {})
+                for name in dict.fromkeys([*names, *failing]):
+                    bad = failing.get(name)
+                    checks.append({"name": name, "status": "failed" if bad else "passed",
+                                   "summary": (bad or "memory: passed").splitlines()[0][:300], "output": bad or "",
+                                   "detail": {}})
+                return checks
+
+        checks = self._run("health", node, operation_id, body)
+        return HealthResult(tuple(HealthCheckResult(**c) for c in checks))
+
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        def body(store: Store) -> dict[str, str]:
+            with self._node(store, node) as data:
+                previous = dict(data.pop("previous", {}) or {})
+                data["installed"] = dict(previous)  # back at the next reboot
+                return previous
+
+        previous = self._run("rollback", node, operation_id, body)
+        return RollbackResult(components=previous, output="memory: previous versions reinstalled")
 
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         self._set_maintenance("return", node, operation_id, False)

@@ -109,6 +109,20 @@ class AgentProcess:
         return {**self.env, "GPUSWEEP_AGENT_ENDPOINT": f"http://127.0.0.1:{self.port}"}
 
 
+def site_check(root: Path) -> tuple[str, Callable[[str, str], None]]:
+    """A real site health check for the agents under `root` (their `health_options`): it passes
+    until `fail(node, output)`, then prints `output` and exits 1 on that node."""
+    script = root / "site-check"
+    script.write_text(f'#!/bin/sh\nflag="{root}/health-flag-$GPUSWEEP_AGENT_NODE"\n'
+                      'if [ -s "$flag" ]; then cat "$flag"; exit 1; fi\necho "site check: ok"\n')
+    script.chmod(0o755)
+
+    def fail(node: str, output: str) -> None:
+        (root / f"health-flag-{node}").write_text(output)
+
+    return json.dumps({"site": {"commands": {"site": str(script)}}, "gpus": {"libnvidia_ml": ""}}), fail
+
+
 def start_workload(agent: AgentProcess, workload_id: str, log: Path, megabytes: int, engine: str = "criu",
                    extra_env: dict[str, str] | None = None, signal_name: str = "SIGUSR1",
                    extra_args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:

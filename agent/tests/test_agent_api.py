@@ -128,9 +128,12 @@ def test_it_patches_with_a_dry_run_then_simulated_package_and_reboot(agent: Agen
     assert dry["result"]["after"] == "570.86.15" and "dry run" in dry["result"]["output"]
 
     patched = agent.client.call("/v1/patch", "patch-1", component="driver", version="580.65.06", method="package")
-    assert patched["result"] | {"output": ""} == {
+    # What a rollback would put back: the version, and the driver's packages on this machine (none here).
+    previous = patched["result"]["previous"]
+    assert previous["version"] == "570.86.15" and isinstance(previous["packages"], dict)
+    assert patched["result"] | {"output": "", "previous": None} == {
         "before": "570.86.15", "after": "580.65.06", "method": "package", "dry_run": False, "output": "",
-        "reboot_required": True, "command": dry["result"]["command"],
+        "reboot_required": True, "command": dry["result"]["command"], "previous": None,
     }
     assert agent.client.get("/v1/facts")["components"]["driver"] == "570.86.15", "takes effect at reboot"
 

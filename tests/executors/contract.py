@@ -15,7 +15,10 @@ which workloads run where?). The tests here then check, through the executor alo
   error, never a second copy;
 - `reachable` says why an unknown node cannot be driven;
 - a node someone else took out of service is reported by `maintenance_hold`, and gpusweep's own
-  drain and undo (or return to service) leave that hold as it was: only its own marks go.
+  drain and undo (or return to service) leave that hold as it was: only its own marks go;
+- after the reboot the health gates pass on a healthy node, and fail, with the failing check's
+  output, on a wrong version or a check the node fails (`fail_check`); a rollback after the patch
+  brings the versions from before it back at the next reboot.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from executors.base import Executor, NodeRef, PermanentExecutorError
+from executors.base import Executor, HealthGates, NodeRef, PermanentExecutorError
 
 
 def op(step: str) -> str:
@@ -52,6 +55,8 @@ class Harness:
     progress: Callable[[str], int | None] = field(default=lambda _workload: None)
     # Someone other than gpusweep takes the node out of service, with a reason (a repair, an admin).
     hold: Callable[[NodeRef, str], None] | None = None
+    # One of the node's health checks fails from now on, printing this output.
+    fail_check: Callable[[NodeRef, str], None] | None = None
 
 
 class ExecutorContract:
@@ -136,3 +141,37 @@ class ExecutorContract:
         ex.drain(harness.b, op("held-drain-2"))
         ex.return_to_service(harness.b, op("held-return"))
         assert not harness.takes_work(harness.b) and ex.maintenance_hold(harness.b) == held
+
+    def test_health_gates_pass_and_a_failing_check_fails_them_with_its_output(self, harness: Harness) -> None:
+        assert harness.fail_check is not None, "the harness must say how one of a node's checks fails"
+        ex, node, want = harness.executor, harness.b, {harness.component: harness.version}
+        ex.drain(node, op("gate-drain"))
+        ex.patch(node, harness.component, harness.version, op("gate-patch"))
+        ex.reboot(node, op("gate-reboot"))
+        first = ex.health(node, want, HealthGates(), op("gate-1"))
+        assert first.passed, first.as_dict()
+        assert "versions" in [c.name for c in first.checks]
+        wrong = ex.health(node, {harness.component: "1.2.3"}, HealthGates(), op("gate-2"))
+        assert not wrong.passed and "versions" in wrong.failed
+        harness.fail_check(node, "GPU 2: 17 uncorrectable ECC errors")
+        failed = ex.health(node, want, HealthGates(), op("gate-3"))
+        assert not failed.passed
+        assert any("17 uncorrectable ECC errors" in c.output for c in failed.checks if c.status == "failed")
+        # The same operation id again: the first answer (a retried step finds what it found).
+        assert ex.health(node, want, HealthGates(), op("gate-1")).passed
+        ex.undo(node, op("gate-undo"))
+
+    def test_a_rollback_after_the_patch_brings_back_the_versions_from_before_it(self, harness: Harness) -> None:
+        ex, node = harness.executor, harness.b
+        before = ex.facts(node).get(harness.component)
+        assert before and before != harness.version
+        ex.drain(node, op("rb-drain"))
+        ex.patch(node, harness.component, harness.version, op("rb-patch"))
+        ex.reboot(node, op("rb-reboot"))
+        assert ex.facts(node).get(harness.component) == harness.version
+        result = ex.rollback(node, op("rb-rollback"))
+        assert result.components.get(harness.component) == before
+        assert ex.rollback(node, op("rb-rollback")) == result
+        ex.reboot(node, op("rb-reboot-back"))
+        assert ex.facts(node).get(harness.component) == before
+        ex.undo(node, op("rb-undo"))

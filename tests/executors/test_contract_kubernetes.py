@@ -21,7 +21,7 @@ from executors.base import Executor, NodeRef, PermanentExecutorError, get_execut
 from executors.kubernetes import DRAINED_BY, TAINT
 from inventory.models import Cluster
 from tests.executors.contract import ExecutorContract, Harness, op
-from tests.kube.fleet import KubeFleet
+from tests.kube.fleet import KubeFleet, agent_helpers
 
 NAMESPACE, POD = "ml", "trainer"
 RUNNING = ("running", "restored")
@@ -58,9 +58,14 @@ def _cordon_by_hand(api: Any, name: str, reason: str) -> None:
 
 class TestKubernetesExecutor(ExecutorContract):
     @pytest.fixture
-    def fleet(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeFleet]:
+    def site_check(self, tmp_path: Path) -> tuple[str, Any]:
+        return agent_helpers().site_check(tmp_path)
+
+    @pytest.fixture
+    def fleet(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              site_check: tuple[str, Any]) -> Iterator[KubeFleet]:
         monkeypatch.setenv("GPUSWEEP_TEST_KUBE_TOKEN", "test-token")
-        with KubeFleet(tmp_path, ["n0", "n1"]) as fleet:
+        with KubeFleet(tmp_path, ["n0", "n1"], agent_settings={"health_options": site_check[0]}) as fleet:
             yield fleet
 
     @pytest.fixture
@@ -70,7 +75,7 @@ class TestKubernetesExecutor(ExecutorContract):
         return get_executor(cluster, secret=fleet.helpers.FLEET_SECRET, operation_timeout=60)
 
     @pytest.fixture
-    def harness(self, fleet: KubeFleet, executor: Executor, tmp_path: Path) -> Harness:
+    def harness(self, fleet: KubeFleet, executor: Executor, tmp_path: Path, site_check: tuple[str, Any]) -> Harness:
         helpers, api = fleet.helpers, fleet.api
         log = tmp_path / "counter.log"
         fleet.counter_pod(NAMESPACE, POD, "n0", "signal", log)
@@ -94,6 +99,8 @@ class TestKubernetesExecutor(ExecutorContract):
             unknown=NodeRef(helpers.CLUSTER, "nowhere"), takes_work=takes_work, running=running,
             progress=lambda _workload: _unbroken(helpers.steps(log)) if log.exists() else None,
             hold=lambda node, reason: _cordon_by_hand(api, node.name, reason),
+            # The node agents' real site check script fails on this node from now on.
+            fail_check=lambda node, output: site_check[1](node.name, output),
         )
 
     def test_a_drain_is_a_cordon_and_a_taint_on_the_node_and_undo_removes_both(

@@ -22,7 +22,9 @@ class TestLocalExecutor(ExecutorContract):
     @pytest.fixture
     def harness(self, tmp_path: Path) -> Iterator[Harness]:
         store = tmp_path / "artifacts"
-        simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
+        health_options, fail = agents.site_check(tmp_path)
+        simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}',
+                    "health_options": health_options}
         started = {name: agents.AgentProcess(tmp_path, name, store, **simulate).start() for name in ("a", "b")}
         log = tmp_path / "counter.log"
         proc = agents.start_workload(started["a"], "wl-1", log, megabytes=1, engine="signal")
@@ -47,6 +49,8 @@ class TestLocalExecutor(ExecutorContract):
                 # An operator's own hold, through the agent's API with the node's key.
                 hold=lambda node, reason: by_ref[node.identity].client.call(
                     "/v1/maintenance", "operator-hold", enabled=True, owner="operator", reason=reason),
+                # The agents' real site check script fails on this node from now on.
+                fail_check=lambda node, output: fail(node.name, output),
             )
         finally:
             for agent in started.values():

@@ -36,4 +36,5 @@ class TestMemoryExecutor(ExecutorContract):
                                          or fleet.snapshot()["nodes"][node.identity].get("holds")),
             running=running, progress=lambda _workload: progress("trainer"),
             hold=lambda node, reason: fleet.hold(node.identity, "admin", reason),
+            fail_check=lambda node, output: fleet.fail_check(node.identity, "site:ecc", output),
         )

@@ -193,6 +193,13 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
     # A retry of the same operation reads what the first did and waits for nothing more.
     assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
     assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
+    # Reverted (its health gate failed): the node keeps gpusweep's skip label, the pool's version stays.
+    reverted = ex.rollback(ref("a1"), "gs-7-11-revert")
+    assert reverted.components == {} and not reverted.reboot_required
+    a1 = kube.get("nodes", "a1")["metadata"]
+    assert a1["labels"]["nvidia.com/gpu-driver-upgrade.skip"] == "true"
+    assert a1["annotations"]["gpusweep.io/upgrade-skip-set-by"] == "gs-7-11-revert"
+    assert kube.get("nvidiadrivers", "pool-a")["spec"]["version"] == "570.195.03"
     # A skip label an administrator set is theirs: the node is held, not upgraded.
     kube.mutate("nodes", "b1", "", lambda n: n["metadata"]["labels"].update({
         "nvidia.com/gpu-driver-upgrade.skip": "true"}))

@@ -27,8 +27,10 @@ def agent_helpers() -> Any:
 
 class KubeFleet:
     def __init__(self, root: Path, names: list[str], *, agents: bool = True, driver: str = "570.86.15",
-                 connection: dict[str, Any] | None = None, options: dict[str, Any] | None = None) -> None:
+                 connection: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
+                 agent_settings: dict[str, str] | None = None) -> None:
         self.root, self.names, self.with_agents = root, names, agents
+        self.agent_settings = agent_settings or {}
         self.helpers = agent_helpers()
         self.api = KubeApiServer()
         self.agents: dict[str, Any] = {}
@@ -48,7 +50,7 @@ class KubeFleet:
                 if self.with_agents:
                     agent = self.helpers.AgentProcess(
                         self.root, name, store, reboot_command="simulate",
-                        patch_methods='{"package": {"simulate": true}}').start()
+                        patch_methods='{"package": {"simulate": true}}', **self.agent_settings).start()
                     self.agents[name] = agent
                     notes["gpusweep.io/agent-endpoint"] = f"http://127.0.0.1:{agent.port}"
                 self.api.put("nodes", gpu_node(name, driver=self.driver, annotations=notes))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -29,11 +30,13 @@ from .engines import CheckpointEngine, EngineError, get_engine
 from .engines.base import SECRET_WORDS
 from .engines.criu import CriuEngine, processes_mentioning
 from .facts import Facts, gather
+from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
+from .packages import PackageError, get_package_manager, patterns_for
 from .patch import PatchError, get_patch_method, validate
 from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
-from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, discover_gpu_processes, public
+from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, gpu_users, public
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +94,32 @@ class Agent:
         registered = self.workloads.refreshed()
         known_pids = {int(w.get("pid") or 0) for w in registered}
         out = [{**public(w), "id": w["id"]} for w in registered]
-        for found in discover_cgroup_workloads() + discover_gpu_processes():
+        for found in discover_cgroup_workloads() + self._gpu_processes():
             if found["pid"] not in known_pids:
                 out.append({**public(found), "id": found["id"]})
         return out
 
+    def gpu_users(self) -> list[dict[str, Any]]:
+        """Every process holding a GPU on this node, with its owner (workloads.gpu_users)."""
+        return gpu_users(self.config.gpu_devices, list(self.workloads.all().values()))
+
+    def _gpu_processes(self) -> list[dict[str, Any]]:
+        """Bare processes holding a GPU that no scheduler and no registration accounts for, as workloads:
+        the campaign's workload policy then checkpoints (cuda), stops or waits for them."""
+        found = []
+        for user in self.gpu_users():
+            if user["owner"]["kind"] != "process" or user["workload_id"]:
+                continue
+            gpus = sum(1 for d in user["devices"] if re.fullmatch(r".*/nvidia\d+", d)) or 1
+            found.append({"id": f"gpu-pid-{user['pid']}", "kind": "gpu_process", "scheduler_id": str(user["pid"]),
+                          "name": user["name"], "pid": user["pid"], "gpus": gpus, "state": "running",
+                          "checkpoint_engine": "cuda"})
+        return found
+
     def find_workload(self, workload_id: str) -> dict[str, Any]:
         workload = self.workloads.get(workload_id)
         if workload is None:
-            for found in discover_cgroup_workloads() + discover_gpu_processes():
+            for found in discover_cgroup_workloads() + self._gpu_processes():
                 if found["id"] == workload_id:
                     return found
             raise OperationError(f"unknown workload {workload_id!r} on {self.config.identity}")
@@ -123,7 +143,8 @@ class Agent:
         """Reject a malformed request before anything is written (the caller answers 400)."""
         required = {"checkpoint": ("workload_id",), "restore": ("checkpoint_id",), "maintenance": ("enabled",),
                     "share": ("checkpoint_id", "to"), "fetch": ("checkpoint_id", "source", "token", "sha256"),
-                    "patch": ("component", "version", "method"), "reboot": (), "register": ("workload_id", "pid")}
+                    "patch": ("component", "version", "method"), "reboot": (), "register": ("workload_id", "pid"),
+                    "health_check": (), "rollback": ()}
         missing = [k for k in required[kind] if params.get(k) in (None, "")]
         if missing:
             raise ValueError(f"{kind}: missing {', '.join(missing)}")
@@ -140,6 +161,10 @@ class Agent:
             raise ValueError("maintenance: owner and reason must be text")
         if kind == "register" and not WORKLOAD_ID_RE.match(str(params["workload_id"])):
             raise ValueError(f"register: bad workload_id {params['workload_id']!r}")
+        if kind == "health_check":
+            health_request(params)
+        if kind in ("patch", "rollback") and not isinstance(params.get("owner", ""), str):
+            raise ValueError(f"{kind}: owner must be text")
 
     def run_maintenance(self, record: dict[str, Any]) -> dict[str, Any]:
         """Take or give back a hold on the node. Each owner holds and releases only its own: the node
@@ -409,6 +434,8 @@ class Agent:
             return {**base, "after": before, "output": f"dry run: would run {command or 'nothing'}"}
         if method.name == "noop":
             return {**base, "after": before, "output": f"noop: {component} is managed outside this node's agent"}
+        previous = self._record_previous(record, component, before, method.simulate)
+        base["previous"] = {"version": previous["version_before"], "packages": previous["packages"]}
         if method.simulate:
             pending_path = self.config.state_dir / "pending_facts.json"
             pending = read_json(pending_path, {}) or {}
@@ -418,9 +445,75 @@ class Agent:
         try:
             output = method.apply(component, version)
         except PatchError as exc:
+            self._facts = None  # a failed install may have changed some packages: read them again
             raise OperationError(str(exc), base) from None
         after = self.facts(fresh=True).get("components", {}).get(component, "")
         return {**base, "after": after, "output": output, "reboot_required": component in ("driver", "kernel")}
+
+    # ----- rollback -----
+
+    def _rollback_records(self) -> dict[str, dict[str, Any]]:
+        return dict(read_json(self.config.state_dir / "rollback.json", {}) or {})
+
+    def _record_previous(self, record: dict[str, Any], component: str, before: str, simulated: bool) -> dict[str, Any]:
+        """What a rollback puts back: the component's version and its exact installed packages, read
+        before anything changes. A retry of the same owner's patch keeps the first record (by then
+        the packages may be half upgraded)."""
+        owner = str(record["params"].get("owner") or record["id"])
+        records = self._rollback_records()
+        kept = records.get(component)
+        if kept and kept.get("owner") == owner:
+            return kept
+        try:
+            manager = get_package_manager(self.config)
+            packages = manager.matching(patterns_for(self.config, component)) if manager else {}
+        except PackageError as exc:
+            raise OperationError(f"refusing to patch {component}: its installed packages cannot be recorded "
+                                 f"for a rollback ({exc})") from None
+        entry = {"owner": owner, "operation_id": record["id"], "component": component, "version_before": before,
+                 "packages": packages, "package_manager": manager.name if manager else "", "simulated": simulated,
+                 "recorded_at": utcnow()}
+        write_json_atomic(self.config.state_dir / "rollback.json", {**records, component: entry})
+        return entry
+
+    def run_rollback(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Reinstall what the owner's patches recorded; the versions come back at the next reboot."""
+        owner = str(record["params"].get("owner") or "")
+        chosen = {c: r for c, r in self._rollback_records().items() if not owner or r.get("owner") == owner}
+        if not chosen:
+            raise OperationError(f"nothing recorded to roll back{' for ' + owner if owner else ''} on "
+                                 f"{self.config.identity}")
+        reinstalled: dict[str, str] = {}
+        outputs = []
+        wanted = {n: v for r in chosen.values() for n, v in (r.get("packages") or {}).items()}
+        if wanted:
+            try:
+                manager = get_package_manager(self.config)
+                if manager is None:
+                    raise PackageError("no package manager on this node")
+                outputs.append(manager.install(wanted))
+            except PackageError as exc:
+                raise OperationError(f"rollback: reinstalling {wanted} failed: {exc}",
+                                     {"packages": wanted}) from None
+            reinstalled = wanted
+            self._facts = None
+        # A simulated node's versions live in its static facts: they come back at the (simulated) reboot.
+        static = read_json(Path(self.config.static_facts), {}) if self.config.static_facts else {}
+        pinned = set((static or {}).get("components") or {})
+        pending_path = self.config.state_dir / "pending_facts.json"
+        back = {c: str(r.get("version_before") or "") for c, r in chosen.items()}
+        simulated = {c: v for c, v in back.items() if v and (c in pinned or chosen[c].get("simulated"))}
+        if simulated:
+            write_json_atomic(pending_path, {**(read_json(pending_path, {}) or {}), **simulated})
+        return {"components": back, "reinstalled": reinstalled, "reboot_required": True,
+                "output": "\n".join(outputs) or "no packages recorded; versions restored at reboot"}
+
+    # ----- health gates -----
+
+    def run_health_check(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Run the configured checks; the operation succeeds either way and says whether they passed."""
+        request = health_request(record["params"])
+        return {**run_checks(self.config, request, self.facts(fresh=True)), "node": self.config.identity}
 
     def run_reboot(self, record: dict[str, Any]) -> dict[str, Any]:
         command = self.config.reboot_command
@@ -567,6 +660,24 @@ class Agent:
     def reexec(self) -> None:
         log.info("restarting the agent (simulated reboot)")
         os.execv(sys.executable, [sys.executable, "-m", "gpusweep_agent.main", *self.argv])
+
+
+def health_request(params: dict[str, Any]) -> HealthRequest:
+    """The health gate's parameters, checked (ValueError names the bad one)."""
+    expected = params.get("expected") or {}
+    if not isinstance(expected, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in expected.items()):
+        raise ValueError("health_check: expected must be an object of component -> version")
+    level = params.get("dcgm_level") or 0
+    if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 4:
+        raise ValueError("health_check: dcgm_level must be 0 (none) to 4")
+    count = params.get("gpu_count") or 0
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise ValueError("health_check: gpu_count must be a whole number")
+    site = params.get("site_checks")
+    if site is not None and not (isinstance(site, list) and all(isinstance(n, str) and n for n in site)):
+        raise ValueError("health_check: site_checks must be a list of names (or absent: all configured)")
+    return HealthRequest(expected=dict(expected), gpu_count=count, dcgm_level=level, site_checks=site)
 
 
 def current_boot_id() -> str:

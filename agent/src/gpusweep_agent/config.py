@@ -16,6 +16,9 @@ from typing import Any
 
 ENV_PREFIX = "GPUSWEEP_AGENT_"
 DEFAULT_PROBES = ["kernel", "packages", "nvidia_smi", "nvml"]
+DEFAULT_HEALTH_CHECKS = ["versions", "gpus", "dcgm", "site"]
+# Device files whose open descriptors mark a process as a GPU user (workloads.gpu_users).
+DEFAULT_GPU_DEVICES = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm"]
 
 
 class ConfigError(Exception):
@@ -55,6 +58,16 @@ class AgentConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
+    # Health gates (health/): the checks to run, in order, and each one's options by name.
+    health_checks: list[str] = field(default_factory=lambda: list(DEFAULT_HEALTH_CHECKS))
+    health_options: dict[str, Any] = field(default_factory=dict)
+    # Rollback (packages.py): "auto" (dpkg or rpm, whichever is here), "dpkg", "rpm", or "recording"
+    # (the test stand-in, its database in package_db); component -> package name patterns.
+    package_manager: str = "auto"
+    package_db: str = ""
+    packages: dict[str, Any] = field(default_factory=dict)
+    # GPU users beyond the scheduler: glob patterns of the device files that mean "holds a GPU".
+    gpu_devices: list[str] = field(default_factory=lambda: list(DEFAULT_GPU_DEVICES))
 
     @property
     def identity(self) -> str:

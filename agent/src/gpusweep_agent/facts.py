@@ -68,14 +68,21 @@ PACKAGE_COMPONENTS = {
     "nvidia-fabricmanager": "fabric_manager",
 }
 _FABRIC_RE = re.compile(r"^nvidia-fabricmanager(-\d+)?$")
+_DRIVER_RE_PKG = re.compile(r"^nvidia-driver-\d+(-server)?$")
 
 
 class PackagesProbe(Probe):
-    """Installed component packages through dpkg-query (container toolkit, DCGM, fabric manager)."""
+    """Installed component packages through dpkg-query (driver, container toolkit, DCGM, fabric
+    manager); on a node configured with the recording package manager (tests), from its database."""
 
     name = "packages"
 
     def probe(self) -> Facts:
+        if self.config.package_manager == "recording" and self.config.package_db:
+            from .packages import RecordingPackageManager
+
+            installed = RecordingPackageManager(Path(self.config.package_db)).installed()
+            return {"components": components_of(installed)}
         if not shutil.which("dpkg-query"):
             return {}
         out = subprocess.run(
@@ -86,15 +93,22 @@ class PackagesProbe(Probe):
 
 
 def parse_dpkg_query(output: str) -> dict[str, str]:
-    components: dict[str, str] = {}
+    installed = {}
     for line in output.splitlines():
         parts = line.split("\t")
-        if len(parts) < 3 or parts[2] != "installed":
-            continue
-        package, version = parts[0].split(":")[0], parts[1]
+        if len(parts) >= 3 and parts[2] == "installed":
+            installed[parts[0].split(":")[0]] = parts[1]
+    return components_of(installed)
+
+
+def components_of(installed: dict[str, str]) -> dict[str, str]:
+    """Component versions from installed packages (name -> Debian version)."""
+    components: dict[str, str] = {}
+    for package, version in installed.items():
         # Debian versions carry epoch and revision; bulletins speak upstream versions.
         upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
-        name = PACKAGE_COMPONENTS.get(package) or ("fabric_manager" if _FABRIC_RE.match(package) else None)
+        name = PACKAGE_COMPONENTS.get(package) or ("fabric_manager" if _FABRIC_RE.match(package) else None) or (
+            "driver" if _DRIVER_RE_PKG.match(package) else None)
         if name:
             components[name] = upstream
     return components

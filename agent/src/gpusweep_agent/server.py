@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 MAX_BODY = 1024 * 1024
 POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/patch": "patch",
               "/v1/reboot": "reboot", "/v1/maintenance": "maintenance", "/v1/workloads": "register",
-              "/v1/share": "share", "/v1/fetch": "fetch"}
+              "/v1/share": "share", "/v1/fetch": "fetch",
+              "/v1/health-checks": "health_check", "/v1/rollback": "rollback"}
 OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
 CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
 TRANSFER_RE = re.compile(r"^/v1/transfer/([^/]+)/(.+)$")
@@ -122,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(HTTPStatus.OK, agent.facts())
             elif path == "/v1/workloads":
                 self._send(HTTPStatus.OK, {"workloads": agent.list_workloads()})
+            elif path == "/v1/gpu-users":
+                self._send(HTTPStatus.OK, {"gpu_users": agent.gpu_users()})
             elif match := OPERATION_RE.match(path):
                 record = agent.operations.get(match.group(1))
                 if record is None:

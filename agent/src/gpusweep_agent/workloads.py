@@ -3,10 +3,19 @@
 Processes started through ``gpusweep-run`` are registered (persisted in
 ``<state>/workloads.json``). Slurm job steps and Kubernetes pods are discovered from the cgroup
 of every process in /proc, and GPU processes through NVML when it is present.
+
+GPU users (``gpu_users``): every process holding a GPU, whether or not a scheduler declared it:
+NVML's compute processes, and every process with an open descriptor on a GPU device file
+(``gpu_devices`` globs, ``/dev/nvidia*`` by default) under ``/proc/<pid>/fd``. Each is mapped to
+its owner from its cgroup path: a Kubernetes pod (its UID and container), a Slurm job (and step),
+or a bare process; a process registered through ``gpusweep-run`` (or a child of one) names its
+workload.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -23,6 +32,10 @@ WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 SLURM_RE = re.compile(r"/job_(\d+)/step_([A-Za-z0-9_.]+)")
 # kubelet's cgroups: kubepods.slice/kubepods-burstable-pod<uid with _>.slice or kubepods/besteffort/pod<uid>
 K8S_RE = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+# The container of a pod: cri-containerd-<id>.scope, crio-<id>.scope, docker-<id>.scope or a bare 64-hex id.
+CONTAINER_RE = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$")
+SLURM_JOB_RE = re.compile(r"/job_(\d+)(?:/step_([A-Za-z0-9_.]+))?")
 
 PUBLIC_FIELDS = ("id", "kind", "scheduler_id", "name", "gpus", "started_at", "checkpoint_engine", "engine",
                  "engine_version", "model_name", "model_version", "pid", "state")
@@ -133,3 +146,96 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+# ----- GPU users beyond the scheduler's view -----
+
+def cgroup_path(text: str) -> str:
+    """The process's cgroup path from /proc/<pid>/cgroup: the v2 entry ("0::"), else the first v1 one."""
+    lines = [line.split(":", 2) for line in text.splitlines() if line.count(":") >= 2]
+    unified = [parts[2] for parts in lines if parts[0] == "0" and parts[1] == ""]
+    if unified and unified[0] not in ("", "/"):
+        return unified[0]
+    named = [parts[2] for parts in lines if parts[2] not in ("", "/")]
+    return named[0] if named else (unified[0] if unified else "")
+
+
+def owner_of_cgroup(path: str) -> dict[str, str]:
+    """Who a process belongs to, by its cgroup path: {"kind": "k8s_pod", "pod_uid", "container_id"},
+    {"kind": "slurm_job", "job_id", "step"} or {"kind": "process"}; always with "cgroup"."""
+    if match := K8S_RE.search(path):
+        container = CONTAINER_RE.search(path.rstrip("/"))
+        return {"kind": "k8s_pod", "pod_uid": match.group(1).replace("_", "-"),
+                "container_id": container.group(1) if container else "", "cgroup": path}
+    if match := SLURM_JOB_RE.search(path):
+        return {"kind": "slurm_job", "job_id": match.group(1), "step": match.group(2) or "", "cgroup": path}
+    return {"kind": "process", "cgroup": path}
+
+
+def device_holders(patterns: list[str], proc_root: Path = Path("/proc")) -> dict[int, list[str]]:
+    """pid -> the GPU device files (matching `patterns`) it holds open, from /proc/<pid>/fd."""
+    found: dict[int, list[str]] = {}
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        held: set[str] = set()
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if any(fnmatch.fnmatchcase(target, p) for p in patterns):
+                held.add(target)
+        if held:
+            found[int(entry.name)] = sorted(held)
+    return found
+
+
+def nvml_compute_pids() -> set[int]:
+    """Processes NVML lists as computing on a GPU; none when NVML (nvidia-ml-py) is absent."""
+    return {int(w["pid"]) for w in discover_gpu_processes()}
+
+
+def _ancestors(pid: int, proc_root: Path, limit: int = 64) -> list[int]:
+    chain = []
+    for _ in range(limit):
+        try:
+            stat = (proc_root / str(pid) / "stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            break
+        chain.append(pid)
+    return chain
+
+
+def gpu_users(patterns: list[str], registered: list[dict[str, Any]],
+              proc_root: Path = Path("/proc")) -> list[dict[str, Any]]:
+    """Every process holding a GPU, mapped to its pod, Slurm job or bare process."""
+    holders = device_holders(patterns, proc_root)
+    nvml = nvml_compute_pids()
+    by_pid = {int(w.get("pid") or 0): str(w["id"]) for w in registered
+              if w.get("state") in LIVE_STATES and w.get("pid")}
+    users = []
+    for pid in sorted(set(holders) | nvml):
+        try:
+            cgroup = (proc_root / str(pid) / "cgroup").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        workload = next((by_pid[p] for p in [pid, *_ancestors(pid, proc_root)] if p in by_pid), "")
+        users.append({"pid": pid, "name": _comm(pid), "uid": _uid(proc_root / str(pid)),
+                      "devices": holders.get(pid, []), "nvml": pid in nvml,
+                      "owner": owner_of_cgroup(cgroup_path(cgroup)), "workload_id": workload})
+    return users
+
+
+def _uid(proc: Path) -> int | None:
+    try:
+        return proc.stat().st_uid
+    except OSError:
+        return None
