@@ -50,7 +50,8 @@ UNLABELLED = """() => [...document.querySelectorAll('input, select, textarea')]
 
 
 def _accessible(tab: Any) -> None:
-    """What a screen reader and a keyboard need on every page: labelled fields, landmarks, a skip link."""
+    """What a screen reader and a keyboard need on every page: labelled fields, landmarks, a skip link;
+    and on a phone, no page wider than the screen."""
     assert tab.evaluate(UNLABELLED) == [], tab.url
     assert tab.locator("main#main").count() == 1 and tab.locator("nav[aria-label=Main]").count() == 1
     assert tab.locator("h1").count() == 1
@@ -58,6 +59,10 @@ def _accessible(tab: Any) -> None:
     assert tab.evaluate("document.activeElement.className") == "skip"  # the first stop skips to the content
     tab.keyboard.press("Enter")
     assert tab.evaluate("document.activeElement.id") == "main"
+    size = tab.viewport_size
+    tab.set_viewport_size({"width": 390, "height": 844})  # a phone: wide tables scroll in their own box
+    assert tab.evaluate("document.documentElement.scrollWidth") <= 391, tab.url
+    tab.set_viewport_size(size)
 
 
 def _driver(stop: threading.Event) -> None:
