@@ -99,8 +99,9 @@ def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "cves": cves,
         "max_cvss": max((c.base_score for c in cves if c.base_score is not None), default=None),
         "by_cluster": by_cluster,
-        "exposed_total": active.values("node").distinct().count(),
-        "deadline": active.aggregate(d=Min("deadline"))["d"],
+        # A node is in one cluster: the per-cluster counts add up, and the earliest deadline is theirs.
+        "exposed_total": sum(row["nodes"] for row in by_cluster),
+        "deadline": min((row["earliest"] for row in by_cluster if row["earliest"]), default=None),
         "policy_days": DeadlinePolicy.current().days_for(advisory.severity),
         "ranges": [(r, display.range_text(r)) for r in ranges],
         "exposures": advisory.exposures.select_related("node__cluster", "affected_range", "risk_approver").order_by(

@@ -43,12 +43,15 @@ def main() -> int:
     from django.db import connection
     from django.test import Client
     from django.test.utils import setup_test_environment
+    from django.utils import timezone
 
+    from advisories import counts
     from advisories.exposure import recompute
     from advisories.ingest import ingest_documents
     from advisories.models import Advisory, Exposure
     from advisories.sources import FolderSource
     from bench.exposure import build_fleet
+    from gpusweep import overview
     from inventory.models import Node
 
     corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
@@ -72,6 +75,12 @@ def main() -> int:
         advisory = Advisory.objects.filter(publisher_id="5703").first() or Advisory.objects.first()
         node = Node.objects.first()
         assert advisory is not None and node is not None
+        for label, compute in (("overview's figures", lambda: overview.figures(timezone.now())),
+                               ("exposed counts per advisory", counts.per_advisory)):
+            started = time.perf_counter()
+            compute()
+            print(f"{label}, computed (served from the cache for GPUSWEEP_CONSOLE_FIGURES_S="
+                  f"{settings.GPUSWEEP_CONSOLE_FIGURES_S}): {1000 * (time.perf_counter() - started):.0f} ms")
         cache.clear()
         started = time.perf_counter()
         assert client.get("/").status_code == 200

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from django.core.cache import cache
 from django.core.paginator import Page, Paginator
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import Resolver404, resolve
@@ -47,30 +48,40 @@ _guard = threading.Lock()
 
 
 def cached_figures(key: str, compute: Callable[[], T], max_age_s: float) -> tuple[T, float]:
-    """`compute()`'s result, at most `max_age_s` old, and when it was computed (epoch seconds).
+    """`compute()`'s result and when it was computed (epoch seconds), from the cache.
 
-    Fleet-wide figures take a second or two on 100,000 nodes; pages show them from the cache.
-    A stale value is served while one thread of the process recomputes it (the others do not wait);
-    only the very first computation is waited for.
+    Fleet-wide figures take a second or more on 100,000 nodes. Only the first request of a process
+    waits for them; afterwards a value older than `max_age_s` is still served while one background
+    thread of the process computes the next. `max_age_s` 0 computes every time (no cache).
     """
+    if max_age_s <= 0:
+        return compute(), time.time()
     entry = cache.get(key)
-    now = time.time()
-    if entry is not None and now - entry[0] <= max_age_s:
+    if entry is not None and time.time() - entry[0] <= max_age_s:
         return entry[1], entry[0]
     with _guard:
         lock = _refreshing.setdefault(key, threading.Lock())
-    if entry is not None and not lock.acquire(blocking=False):
-        return entry[1], entry[0]  # another thread is recomputing it
-    if entry is None:
-        lock.acquire()
+    if entry is not None:
+        if lock.acquire(blocking=False):
+            threading.Thread(target=_refresh, args=(key, compute, max_age_s, lock), daemon=True).start()
+        return entry[1], entry[0]
+    with lock:  # the first computation of this process: the others wait for it rather than repeat it
         entry = cache.get(key)
-        if entry is not None and time.time() - entry[0] <= max_age_s:
-            lock.release()
-            return entry[1], entry[0]
+        if entry is None:
+            entry = _store(key, compute, max_age_s)
+    return entry[1], entry[0]
+
+
+def _store(key: str, compute: Callable[[], T], max_age_s: float) -> tuple[float, T]:
+    started = time.time()
+    entry = (started, compute())
+    cache.set(key, entry, timeout=max(600, 10 * max_age_s))
+    return entry
+
+
+def _refresh(key: str, compute: Callable[[], Any], max_age_s: float, lock: threading.Lock) -> None:
     try:
-        started = time.time()
-        value = compute()
-        cache.set(key, (started, value), timeout=max(600, 10 * max_age_s))
-        return value, started
+        _store(key, compute, max_age_s)
     finally:
         lock.release()
+        connections.close_all()  # this thread's own database connection

@@ -43,6 +43,28 @@ def _demo_fleet() -> None:
     recompute()
 
 
+UNLABELLED = """() => [...document.querySelectorAll('input, select, textarea')]
+  .filter(el => el.type !== 'hidden' && !(el.labels && el.labels.length) && !el.getAttribute('aria-label')
+                && !el.getAttribute('aria-labelledby'))
+  .map(el => el.name || el.id || el.outerHTML.slice(0, 80))"""
+
+
+def _accessible(tab: Any) -> None:
+    """What a screen reader and a keyboard need on every page: labelled fields, landmarks, a skip link;
+    and on a phone, no page wider than the screen."""
+    assert tab.evaluate(UNLABELLED) == [], tab.url
+    assert tab.locator("main#main").count() == 1 and tab.locator("nav[aria-label=Main]").count() == 1
+    assert tab.locator("h1").count() == 1
+    tab.keyboard.press("Tab")
+    assert tab.evaluate("document.activeElement.className") == "skip"  # the first stop skips to the content
+    tab.keyboard.press("Enter")
+    assert tab.evaluate("document.activeElement.id") == "main"
+    size = tab.viewport_size
+    tab.set_viewport_size({"width": 390, "height": 844})  # a phone: wide tables scroll in their own box
+    assert tab.evaluate("document.documentElement.scrollWidth") <= 391, tab.url
+    tab.set_viewport_size(size)
+
+
 def _driver(stop: threading.Event) -> None:
     """What a Celery worker does: run dispatch and each node's steps until the campaign rests."""
     try:
@@ -77,17 +99,21 @@ def test_a_new_user_plans_approves_and_watches_a_campaign_finish(page: Any, live
         page.wait_for_selector("h1:has-text('Overview')")
 
     login("otto")
+    page.wait_for_selector("[data-chart='chart-burn-down'][data-rendered='true'] canvas")
+    _accessible(page)
     shot("1-overview")
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Advisories").click()
     page.get_by_role("link", name="NVIDIA 5703").click()
     assert "R570 (Linux, Tesla): below 570.195.03, fixed in 570.195.03" in page.inner_text("#ranges")
     assert "Expected (published)" in page.inner_text("#integrity-detail")
+    _accessible(page)
     shot("2-advisory")
     page.click("#plan-campaign")
 
     # The wizard: the advisory is chosen; pick the cluster and watch the count follow.
     advisory = Advisory.objects.get(publisher_id="5703")
     assert page.is_checked(f"#adv-{advisory.pk}")
+    _accessible(page)
     page.wait_for_selector("#match-count[data-nodes='6']")
     page.fill("#id_node_names", "gpu00,gpu01,gpu02,gpu03")
     page.wait_for_selector("#match-count[data-nodes='4']")
@@ -111,6 +137,7 @@ def test_a_new_user_plans_approves_and_watches_a_campaign_finish(page: Any, live
     page.fill("#approve-comment", "matches the bulletin")
     page.get_by_role("button", name="Approve").click()
     page.wait_for_selector("#campaign-status:has-text('Approved')")
+    _accessible(page)
 
     login("otto")
     page.goto(campaign_url)
