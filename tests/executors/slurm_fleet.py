@@ -17,6 +17,7 @@ import json
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,11 +43,12 @@ PATCH_METHODS = json.dumps({"package": {"simulate": True, "commands": {
 
 class SlurmFleet:
     def __init__(self, root: Path, nodes: list[str], shared_artifacts: bool = True,
-                 features: dict[str, str] | None = None, accounting: bool = False) -> None:
+                 features: dict[str, str] | None = None, accounting: bool = False,
+                 cluster_class: type[SlurmCluster] = SlurmCluster) -> None:
         self.root = root
         self.names = list(nodes)
         root.mkdir(parents=True, exist_ok=True)
-        self.cluster = SlurmCluster(root / "slurm", nodes=nodes, accounting=accounting,
+        self.cluster = cluster_class(root / "slurm", nodes=nodes, accounting=accounting,
                                     features=features or dict.fromkeys(nodes, FEATURES))
         self.shared = root / "shared-artifacts" if shared_artifacts else None
         self.agents: dict[str, agents.AgentProcess] = {}
@@ -197,3 +199,18 @@ def unbroken(steps: list[int]) -> int:
             break
         count = step
     return count
+
+
+def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
+    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
+    from campaigns.choices import CampaignStatus, SweepState
+    from campaigns.models import NodeSweep
+    from tests.campaigns.fleet import drive
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = drive(campaign_id)
+        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
+        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)
