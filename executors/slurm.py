@@ -492,6 +492,9 @@ class SlurmExecutor(Executor):
                                              f"({_job_state(job).lower() if job else 'gone'})")
             if _held(job):  # requeued and held (a requeue takes a moment to land): now it may start
                 self._slurm(f"release job {job_id}", self.slurm.release, job_id)
+            elif _job_state(job) == "PENDING" and job.get("state_reason") == "BeginTime":
+                # A requeue that landed after the constraint delays the begin time again; the image is ready now.
+                self._slurm(f"start job {job_id}", self.slurm.update_job, job_id, starttime="now")
             on_target = _job_state(job) == "RUNNING" and target.name in _nodes(job)
             if on_target:
                 state = client.get(f"/v1/checkpoints/{checkpoint_id}")

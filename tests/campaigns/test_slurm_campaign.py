@@ -85,6 +85,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
     for log in logs.values():
         agents.wait_steps(log, 5)
     fleet.make_cluster()
+    booted = {node: fleet.node(node)["slurmd_start_time"] for node in logs}
 
     done = drive(start_campaign(["gpu01", "gpu02"]).pk)
     assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
@@ -111,6 +112,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
         info = fleet.node(node)
         assert info["state"] == "idle" and not info["state_flags"], info
         assert f"nvdriver_{FIXED}" in info["active_features"].split(",")
+        assert info["slurmd_start_time"] > booted[node], "slurmd registered again after the (modelled) reboot"
         assert fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
         # No job started on a swept node once the campaign began (sacct has every run of every job).
         assert done.started_at is not None

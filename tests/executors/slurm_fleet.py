@@ -94,6 +94,20 @@ class SlurmFleet:
             self.agents[name].stop()
             self.start_agent(name)
 
+    def _fresh(self, name: str) -> bool:
+        """The node's agent runs with the old versions and no workload, maintenance or patch of before."""
+        agent = self.agents[name]
+        if agent.proc is None or agent.proc.poll() is not None:
+            return False
+        try:
+            facts = agent.client.get("/v1/facts")
+            workloads = agent.client.get("/v1/workloads")["workloads"]
+            health = agent.client.get("/v1/health")
+        except Exception:  # noqa: BLE001 - not answering: start it again
+            return False
+        return (facts.get("components") == FACTS["components"] and not workloads and not health["maintenance"]
+                and not (agent.state / "pending_facts.json").exists())
+
     def stop(self) -> None:
         try:
             self.cluster.stop()
@@ -172,12 +186,15 @@ class SlurmFleet:
                  "OUT_OF_MEMORY")
         assert wait_for(lambda: all(_state(j) in ended for j in self.jobs()), 60, interval=0.5), self.jobs()
         for name in self.names:
-            self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
+            if not self.takes_work(name):
+                self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
             features = self.cluster.features[name]
-            self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
-                             f"activefeatures={features}")
-            self.agents[name].stop()
-            self.start_agent(name)
+            if self.node(name).get("active_features") != features:
+                self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
+                                 f"activefeatures={features}")
+            if not self._fresh(name):
+                self.agents[name].stop()
+                self.start_agent(name)
         for reservation in self.cluster.run("scontrol", "show", "reservation", "-o", check=False).splitlines():
             if reservation.startswith("ReservationName="):
                 name = reservation.split()[0].split("=", 1)[1]
