@@ -160,6 +160,7 @@ class SlurmExecutor(Executor):
         if self.reboot_via not in REBOOT_VIA:
             raise ImproperlyConfigured(f"reboot_via {self.reboot_via!r}: one of {', '.join(REBOOT_VIA)}")
         self.features = dict(self.connection.get("component_features") or DEFAULT_COMPONENT_FEATURES)
+        self._known: set[str] | None = None
 
     def option(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
@@ -202,10 +203,14 @@ class SlurmExecutor(Executor):
 
     # -- planning ----------------------------------------------------------------------
     def reachable(self, node: NodeRef) -> str:
+        # The planner asks for every node in scope: one sinfo per executor serves them all.
         try:
-            self._node(node.name)
+            if self._known is None:
+                self._known = {str(n.get("name")) for n in self._slurm("sinfo", self.slurm.nodes)}
         except (PermanentExecutorError, TemporaryExecutorError) as exc:
             return str(exc)
+        if node.name not in self._known:
+            return f"no node {node.name!r} in Slurm"
         if self.connection.get("agents") is not False:
             ref = self._agent(node)
             if ref is None:
