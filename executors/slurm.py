@@ -160,6 +160,7 @@ class SlurmExecutor(Executor):
         if self.reboot_via not in REBOOT_VIA:
             raise ImproperlyConfigured(f"reboot_via {self.reboot_via!r}: one of {', '.join(REBOOT_VIA)}")
         self.features = dict(self.connection.get("component_features") or DEFAULT_COMPONENT_FEATURES)
+        self._known: set[str] | None = None
 
     def option(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
@@ -202,10 +203,14 @@ class SlurmExecutor(Executor):
 
     # -- planning ----------------------------------------------------------------------
     def reachable(self, node: NodeRef) -> str:
+        # The planner asks for every node in scope: one sinfo per executor serves them all.
         try:
-            self._node(node.name)
+            if self._known is None:
+                self._known = {str(n.get("name")) for n in self._slurm("sinfo", self.slurm.nodes)}
         except (PermanentExecutorError, TemporaryExecutorError) as exc:
             return str(exc)
+        if node.name not in self._known:
+            return f"no node {node.name!r} in Slurm"
         if self.connection.get("agents") is not False:
             ref = self._agent(node)
             if ref is None:
@@ -492,6 +497,9 @@ class SlurmExecutor(Executor):
                                              f"({_job_state(job).lower() if job else 'gone'})")
             if _held(job):  # requeued and held (a requeue takes a moment to land): now it may start
                 self._slurm(f"release job {job_id}", self.slurm.release, job_id)
+            elif _job_state(job) == "PENDING" and job.get("state_reason") == "BeginTime":
+                # A requeue that landed after the constraint delays the begin time again; the image is ready now.
+                self._slurm(f"start job {job_id}", self.slurm.update_job, job_id, starttime="now")
             on_target = _job_state(job) == "RUNNING" and target.name in _nodes(job)
             if on_target:
                 state = client.get(f"/v1/checkpoints/{checkpoint_id}")

@@ -10,9 +10,9 @@ One cluster for the module; each test resumes every node and starts its own jobs
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +21,7 @@ from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from tests.campaigns.fleet import FIXED, drive, user
-from tests.executors.slurm_fleet import SlurmFleet, agents, unbroken
+from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest, unbroken
 from tests.helpers import wait_for
 from tests.slurm_cluster import can_run_slurm
 
@@ -40,7 +40,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmFleet]:
 
 
 @pytest.fixture(autouse=True)
-def synchronous(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+def synchronous(settings: Any) -> Iterator[None]:
     """drive() runs every step itself: nothing goes to a broker."""
     settings.GPUSWEEP_AGENT_FLEET_SECRET = agents.FLEET_SECRET
     queue.ENQUEUE.insert(0, lambda task, object_id, countdown: None)
@@ -85,6 +85,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
     for log in logs.values():
         agents.wait_steps(log, 5)
     fleet.make_cluster()
+    booted = {node: fleet.node(node)["slurmd_start_time"] for node in logs}
 
     done = drive(start_campaign(["gpu01", "gpu02"]).pk)
     assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
@@ -94,6 +95,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
     assert sorted(moves) == sorted(f"slurm-{j}" for j in jobs.values())
     for node, job_id in jobs.items():
         move = moves[f"slurm-{job_id}"]
+        assert move.target_node is not None
         assert move.state == MoveState.RESTORED and move.target_node.name in ("gpu03", "gpu04")
         assert move.new_workload_ref == f"slurm-{job_id}", "the job id is kept"
         job = fleet.job(job_id)
@@ -110,6 +112,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
         info = fleet.node(node)
         assert info["state"] == "idle" and not info["state_flags"], info
         assert f"nvdriver_{FIXED}" in info["active_features"].split(",")
+        assert info["slurmd_start_time"] > booted[node], "slurmd registered again after the (modelled) reboot"
         assert fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
         # No job started on a swept node once the campaign began (sacct has every run of every job).
         assert done.started_at is not None
@@ -142,6 +145,7 @@ def test_without_a_shared_folder_the_images_travel_between_agents_and_scancel_st
         assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
             NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
         move = WorkloadMove.objects.select_related("target_node").get(sweep__campaign=done)
+        assert move.target_node is not None
         target = move.target_node.name
         assert move.state == MoveState.RESTORED and target != "gpu01"
         # The image now lies in both nodes' own stores, identical file by file.
@@ -160,17 +164,6 @@ def test_without_a_shared_folder_the_images_travel_between_agents_and_scancel_st
         fleet.share_artifacts(True)
 
 
-def drive_until_rest(campaign_id: int, timeout: float = 120) -> Campaign:
-    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done = drive(campaign_id)
-        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
-        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
-            return done
-        time.sleep(0.5)
-
-
 def test_a_kernel_only_patch_brings_the_job_back_to_its_own_node_after_the_reboot(
         fleet: SlurmFleet, tmp_path: Path) -> None:
     """Done-when 2: no spare (the other nodes are held by an administrator); the signal checkpoint stays
@@ -187,7 +180,7 @@ def test_a_kernel_only_patch_brings_the_job_back_to_its_own_node_after_the_reboo
     assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
         NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
     move = WorkloadMove.objects.select_related("target_node").get(sweep__campaign=done)
-    assert move.state == MoveState.RESTORED and move.target_node.name == "gpu01"
+    assert move.target_node is not None and move.state == MoveState.RESTORED and move.target_node.name == "gpu01"
     job = fleet.job(job_id)
     assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)

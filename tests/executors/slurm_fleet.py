@@ -17,6 +17,7 @@ import json
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,11 +43,12 @@ PATCH_METHODS = json.dumps({"package": {"simulate": True, "commands": {
 
 class SlurmFleet:
     def __init__(self, root: Path, nodes: list[str], shared_artifacts: bool = True,
-                 features: dict[str, str] | None = None, accounting: bool = False) -> None:
+                 features: dict[str, str] | None = None, accounting: bool = False,
+                 cluster_class: type[SlurmCluster] = SlurmCluster) -> None:
         self.root = root
         self.names = list(nodes)
         root.mkdir(parents=True, exist_ok=True)
-        self.cluster = SlurmCluster(root / "slurm", nodes=nodes, accounting=accounting,
+        self.cluster = cluster_class(root / "slurm", nodes=nodes, accounting=accounting,
                                     features=features or dict.fromkeys(nodes, FEATURES))
         self.shared = root / "shared-artifacts" if shared_artifacts else None
         self.agents: dict[str, agents.AgentProcess] = {}
@@ -91,6 +93,20 @@ class SlurmFleet:
         for name in self.names:
             self.agents[name].stop()
             self.start_agent(name)
+
+    def _fresh(self, name: str) -> bool:
+        """The node's agent runs with the old versions and no workload, maintenance or patch of before."""
+        agent = self.agents[name]
+        if agent.proc is None or agent.proc.poll() is not None:
+            return False
+        try:
+            facts = agent.client.get("/v1/facts")
+            workloads = agent.client.get("/v1/workloads")["workloads"]
+            health = agent.client.get("/v1/health")
+        except Exception:  # noqa: BLE001 - not answering: start it again
+            return False
+        return (facts.get("components") == FACTS["components"] and not workloads and not health["maintenance"]
+                and not (agent.state / "pending_facts.json").exists())
 
     def stop(self) -> None:
         try:
@@ -170,12 +186,15 @@ class SlurmFleet:
                  "OUT_OF_MEMORY")
         assert wait_for(lambda: all(_state(j) in ended for j in self.jobs()), 60, interval=0.5), self.jobs()
         for name in self.names:
-            self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
+            if not self.takes_work(name):
+                self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
             features = self.cluster.features[name]
-            self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
-                             f"activefeatures={features}")
-            self.agents[name].stop()
-            self.start_agent(name)
+            if self.node(name).get("active_features") != features:
+                self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
+                                 f"activefeatures={features}")
+            if not self._fresh(name):
+                self.agents[name].stop()
+                self.start_agent(name)
         for reservation in self.cluster.run("scontrol", "show", "reservation", "-o", check=False).splitlines():
             if reservation.startswith("ReservationName="):
                 name = reservation.split()[0].split("=", 1)[1]
@@ -197,3 +216,18 @@ def unbroken(steps: list[int]) -> int:
             break
         count = step
     return count
+
+
+def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
+    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
+    from campaigns.choices import CampaignStatus, SweepState
+    from campaigns.models import NodeSweep
+    from tests.campaigns.fleet import drive
+
+    deadline = time.monotonic() + timeout
+    while True:
+        done = drive(campaign_id)
+        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
+        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)

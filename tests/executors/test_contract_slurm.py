@@ -91,20 +91,6 @@ class TestSlurmExecutor(ExecutorContract):
             ex.restore(a, taken.checkpoint_id, op("mv-elsewhere"))
         ex.undo(a, op("mv-undo"))
 
-    def test_verify_publishes_the_patched_version_as_the_nodes_feature(self, harness: Harness,
-                                                                         fleet: SlurmFleet) -> None:
-        ex, b = harness.executor, harness.b
-        ex.drain(b, op("feat-drain"))
-        ex.patch(b, "driver", "570.195.03", op("feat-patch"))
-        started = fleet.node("gpu02")["slurmd_start_time"]
-        ex.reboot(b, op("feat-reboot"))
-        assert fleet.node("gpu02")["slurmd_start_time"] > started, "the modelled reboot restarted slurmd"
-        result = ex.verify(b)
-        assert result.healthy and result.versions["driver"] == "570.195.03"
-        assert "nvdriver_570.195.03" in fleet.node("gpu02")["active_features"].split(",")
-        ex.return_to_service(b, op("feat-return"))
-        assert fleet.takes_work("gpu02")
-
     def test_a_just_in_time_reservation_covers_the_drained_node_and_only_someone_elses_is_a_hold(
             self, harness: Harness, fleet: SlurmFleet) -> None:
         cluster = Cluster(name=agents.CLUSTER, kind="slurm",

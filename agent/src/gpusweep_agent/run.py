@@ -99,10 +99,12 @@ class NamespacedChild:
         return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
     ended = False
+    signalled = False  # told to stop (scancel, the time limit): the payload's end is no checkpoint
 
     def _forward(self, signum: int, frame: Any) -> None:
         if self.ended:  # the payload is gone (checkpointed): the job's end is ours alone
             os._exit(128 + signum)
+        self.signalled = True
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -206,7 +208,7 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
     if child:
         code = child.run(command, env)
         # A checkpoint stops the payload with a signal; any other end is the job's own.
-        if env.get("SLURM_JOB_ID") and code >= 128 and _checkpointed(client, workload_id):
+        if env.get("SLURM_JOB_ID") and code >= 128 and not child.signalled and _checkpointed(client, workload_id):
             # Keep the job until gpusweep requeues it; silent, so no output file grows after the checkpoint.
             time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
         return code
