@@ -43,6 +43,8 @@ class CampaignForm(forms.ModelForm):
     # The scope as comma-separated names; the model keeps lists (empty means all).
     cluster_names = forms.CharField(required=False, label="Clusters", help_text="comma separated; empty for all")
     pool_names = forms.CharField(required=False, label="Pools", help_text="comma separated; empty for all")
+    site_check_names = forms.CharField(required=False, label="Site health checks",
+                                       help_text="the agents' configured checks, comma separated; empty for all")
 
     class Meta:
         model = Campaign
@@ -50,32 +52,35 @@ class CampaignForm(forms.ModelForm):
             "name", "description", "advisories", "cluster_names", "pool_names",
             "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
             "workload_policy", "workload_placement", "held_nodes", "cold_restart_allowed", "canary", "soak_s",
-            "wave_growth", "growth_step", "approvals_required", "deadline",
+            "wave_growth", "growth_step", "dcgm_level", "site_check_names", "after_rollback", "approvals_required",
+            "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Left out of a form post, these take the model's defaults.
-        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step",
+                     "dcgm_level", "after_rollback"):
             self.fields[name].required = False
 
     def definition(self) -> dict[str, Any]:
         values = {k: v for k, v in self.cleaned_data.items() if k in services.DEFINITION_FIELDS}
         values["workload_placement"] = values.get("workload_placement") or Placement.MOVE
-        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step", "dcgm_level", "after_rollback"):
             if values.get(name) in (None, ""):
                 values[name] = Campaign._meta.get_field(name).get_default()  # type: ignore[union-attr]
         values["clusters"] = _names(self.cleaned_data.get("cluster_names", ""))
         values["pools"] = _names(self.cleaned_data.get("pool_names", ""))
+        values["site_checks"] = _names(self.cleaned_data.get("site_check_names", ""))
         return values
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         if not self.errors:
             for name, message in services.definition_errors(self.definition()).items():
-                self.add_error(name if name in self.fields else {"clusters": "cluster_names",
-                                                                 "pools": "pool_names"}.get(name), message)
+                self.add_error(name if name in self.fields else {"clusters": "cluster_names", "pools": "pool_names",
+                                                                 "site_checks": "site_check_names"}.get(name), message)
         return cleaned
 
 
