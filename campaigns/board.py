@@ -258,7 +258,7 @@ def plan_view(content: dict[str, Any], deadline: datetime | None, advisories: li
                 warnings.append(f"GPU users of {entry.get('name')} unknown: {user['error']}")
                 continue
             owner = user.get("owner") or {}
-            warnings.append(f"GPU user the scheduler did not report on {entry.get('name')}: pid {user.get('pid')} "
+            warnings.append(f"GPU users the scheduler did not report: {entry.get('name')}, pid {user.get('pid')} "
                             f"{user.get('name', '')} ({owner.get('kind', 'process')}"
                             f"{' ' + str(owner['id']) if owner.get('id') else ''}): {user.get('action', '')}")
     for node in nodes.values():

@@ -496,10 +496,7 @@ def _fail(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool 
     if revert and sweep.state in (SweepState.PATCHING, SweepState.VERIFYING):
         return _revert(sweep, worker, ex, error)
     # Patched (or partly): the node stays out of service for a human to look at.
-    parked = list(WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED).values_list(
-        "workload_ref", "checkpoint_id"))
-    data = {"error": error, "left": "out of service after its patch",
-            "parked_checkpoints": [{"workload": w, "checkpoint_id": c} for w, c in parked]}
+    data = {"error": error, "left": "out of service after its patch", "parked_checkpoints": _parked(sweep)}
     return SweepState.FAILED if _end(sweep, worker, SweepState.FAILED, data, in_service=False) else None
 
 
@@ -536,6 +533,12 @@ def _unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str)
     return final if _end(sweep, worker, final, data, in_service=not kept) else None
 
 
+def _parked(sweep: NodeSweep) -> list[dict[str, str]]:
+    """Checkpoints parked for this node's return that a failed sweep leaves for an operator."""
+    return [{"workload": w, "checkpoint_id": c} for w, c in WorkloadMove.objects.filter(
+        sweep=sweep, state=MoveState.PARKED).values_list("workload_ref", "checkpoint_id")]
+
+
 def _record(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any]) -> None:
     with transaction.atomic():
         _write(sweep, worker, kind, data)
@@ -549,7 +552,7 @@ def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> str | No
     (charged to the budget)."""
     ref = node_ref(sweep.node)
     campaign = sweep.campaign
-    data: dict[str, Any] = {"error": error}
+    data: dict[str, Any] = {"error": error, "parked_checkpoints": _parked(sweep)}
     in_service = False
     try:
         result = ex.rollback(ref, op_id(sweep, "revert"))

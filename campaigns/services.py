@@ -479,7 +479,7 @@ def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
         known = list(Workload.objects.filter(Q(node=node) | Q(nodes=node), gone_at__isnull=True).distinct()
                      .values_list("kind", "scheduler_id", "gpus"))
         for user in users:
-            if _reported(user, known):
+            if user.system or _reported(user, known):
                 continue
             ref = user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}"
             chosen = policy.workload_policy(campaign, ref, user.name, "")

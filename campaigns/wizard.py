@@ -72,6 +72,8 @@ class CampaignForm(forms.ModelForm):
                                  help_text="Optional, comma separated node names (from the exposure list's selection).")
     advisories = forms.ModelMultipleChoiceField(queryset=Advisory.objects.all(), required=False,
                                                 widget=forms.CheckboxSelectMultiple)
+    site_check_names = forms.CharField(required=False, label="Site health checks",
+                                       help_text="The agents' configured checks, comma separated; empty for all.")
 
     class Meta:
         model = Campaign
@@ -79,7 +81,7 @@ class CampaignForm(forms.ModelForm):
             "name", "description", "advisories",
             "parallelism_per_cluster", "parallelism_per_pool", "error_budget",
             "workload_policy", "workload_placement", "held_nodes", "cold_restart_allowed", "canary", "soak_s",
-            "wave_growth", "growth_step", "approvals_required", "deadline",
+            "wave_growth", "growth_step", "dcgm_level", "after_rollback", "approvals_required", "deadline",
         ]
         widgets = {"deadline": forms.DateTimeInput(attrs={"type": "datetime-local"}),
                    "description": forms.Textarea(attrs={"rows": 2})}
@@ -91,7 +93,8 @@ class CampaignForm(forms.ModelForm):
         clusters.choices = [(c, c) for c in Cluster.objects.values_list("name", flat=True)]
         pools.choices = pool_choices()
         # Left out of a form post, these take the model's defaults.
-        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("workload_placement", "held_nodes", "canary", "soak_s", "wave_growth", "growth_step",
+                     "dcgm_level", "after_rollback"):
             self.fields[name].required = False
         for name, text in HELP.items():
             self.fields[name].help_text = text
@@ -117,11 +120,13 @@ class CampaignForm(forms.ModelForm):
     def definition(self) -> dict[str, Any]:
         values = {k: v for k, v in self.cleaned_data.items() if k in services.DEFINITION_FIELDS}
         values["workload_placement"] = values.get("workload_placement") or Placement.MOVE
-        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step"):
+        for name in ("held_nodes", "canary", "soak_s", "wave_growth", "growth_step", "dcgm_level", "after_rollback"):
             if values.get(name) in (None, ""):
                 values[name] = Campaign._meta.get_field(name).get_default()  # type: ignore[union-attr]
         values["clusters"] = list(self.cleaned_data.get("clusters") or [])
         values["pools"] = list(self.cleaned_data.get("pools") or [])
+        values["site_checks"] = [n.strip() for n in (self.cleaned_data.get("site_check_names") or "").split(",")
+                                 if n.strip()]
         names = [n.strip() for n in (self.cleaned_data.get("node_names") or "").split(",") if n.strip()]
         values["node_selector"] = {"names": names} if names else {}
         values["windows"], values["blackouts"] = self._rows()
@@ -138,7 +143,8 @@ class CampaignForm(forms.ModelForm):
                     self.window_errors.append(message)
                     self.add_error(None, f"{name}: {message}")
                 else:
-                    self.add_error(name if name in self.fields else None, message)
+                    field = {"site_checks": "site_check_names"}.get(name, name)
+                    self.add_error(field if field in self.fields else None, message)
         return cleaned
 
 

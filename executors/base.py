@@ -203,6 +203,7 @@ class GpuUser:
     workload_id: str = ""  # the workload registered with the node's agent (gpusweep-run) it belongs to
     devices: tuple[str, ...] = ()
     cgroup: str = ""
+    system: bool = False  # a node daemon holding GPUs by design (nvidia-persistenced, nv-hostengine)
 
 
 def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
@@ -215,7 +216,7 @@ def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
         users.append(GpuUser(pid=int(item.get("pid") or 0), name=str(item.get("name", "")), owner_kind=kind,
                              owner_id=owner_id, workload_id=str(item.get("workload_id", "")),
                              devices=tuple(str(d) for d in item.get("devices") or ()),
-                             cgroup=str(owner.get("cgroup", ""))))
+                             cgroup=str(owner.get("cgroup", "")), system=bool(item.get("system"))))
     return users
 
 

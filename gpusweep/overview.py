@@ -153,4 +153,5 @@ def figures(now: dt.datetime) -> dict[str, Any]:
     """Everything fleet-wide the overview shows, computed together (the page caches it)."""
     return {"by_severity": exposed_by_severity(), "summary": deadlines(now), "compliance": compliance_by_cluster(),
             "charts": charts(now), "review": needing_review(),
+            "needs_review": ReviewItem.objects.filter(state=ReviewState.OPEN).values("advisory").distinct().count(),
             "presumed_nodes": Exposure.objects.filter(state=ExposureState.PRESUMED).values("node").distinct().count()}

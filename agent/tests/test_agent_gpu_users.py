@@ -63,6 +63,15 @@ def test_it_finds_a_real_process_holding_a_stand_in_gpu_device(tmp_path: Path) -
                 assert (entry["id"], entry["kind"], entry["gpus"]) == (f"gpu-pid-{holder.pid}", "gpu_process", 1)
         finally:
             agent.stop()
+        # A node daemon that holds GPUs by design (nvidia-persistenced, nv-hostengine) is listed, never moved.
+        daemon = AgentProcess(tmp_path, "u2", tmp_path / "artifacts", gpu_devices=pattern,
+                              gpu_system_processes=user["name"]).start()
+        try:
+            [seen] = [u for u in daemon.client.get("/v1/gpu-users")["gpu_users"] if u["pid"] == holder.pid]
+            assert seen["system"] is True
+            assert holder.pid not in [w.get("pid") for w in daemon.client.get("/v1/workloads")["workloads"]]
+        finally:
+            daemon.stop()
     finally:
         holder.kill()
         holder.wait()

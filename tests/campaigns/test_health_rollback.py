@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from campaigns import services
@@ -135,6 +136,7 @@ def test_a_canary_failing_its_health_gate_halts_the_campaign_with_no_other_node_
     assert nodes.in_maintenance(canary), "a node that failed its health gate stays out of service"
     assert Node.objects.get(pk=canary_id).service_state != ServiceState.IN_SERVICE
     assert _events(sweep, EvidenceKind.FAILED)[0]["left"] == "out of service on its previous versions"
+    call_command("verify_evidence", campaign=campaign.pk)  # the new events are in the signed chains
 
 
 def test_a_failing_patch_is_rolled_back_and_the_node_reports_its_previous_versions(nodes, people):
@@ -241,3 +243,21 @@ def test_the_console_offers_roll_back_completed_nodes_on_a_halted_campaign(peopl
     created = Campaign.objects.get(rollback_of=campaign)
     assert answer.status_code == 302 and answer["Location"].endswith(f"/campaigns/{created.pk}/")
     assert created.target_versions == {"driver": OLD}
+
+
+def test_the_console_form_sets_the_health_gates_and_the_rollback_policy(people, client):
+    requester, _ = people
+    make_fleet(nodes=1, spares=0, workloads=0)
+    client.force_login(requester)
+    answer = client.post("/campaigns/new/", {"name": "gated", "parallelism_per_cluster": "1", "error_budget": "1",
+                                             "workload_policy": "checkpoint", "approvals_required": "1",
+                                             "dcgm_level": "3", "site_check_names": "nhc, ib",
+                                             "after_rollback": "return"})
+    assert answer.status_code == 302, answer.content.decode()[-2000:]
+    campaign = Campaign.objects.get(name="gated")
+    assert (campaign.dcgm_level, campaign.site_checks, campaign.after_rollback) == (3, ["nhc", "ib"], "return")
+    refused = client.post("/campaigns/new/", {"name": "bad", "parallelism_per_cluster": "1", "error_budget": "1",
+                                              "workload_policy": "checkpoint", "approvals_required": "1",
+                                              "site_check_names": "nhc;reboot"})
+    assert refused.status_code == 200 and "site check names" in refused.content.decode()
+    assert not Campaign.objects.filter(name="bad").exists()

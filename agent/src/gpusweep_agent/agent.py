@@ -101,14 +101,19 @@ class Agent:
 
     def gpu_users(self) -> list[dict[str, Any]]:
         """Every process holding a GPU on this node, with its owner (workloads.gpu_users)."""
-        return gpu_users(self.config.gpu_devices, list(self.workloads.all().values()))
+        users = gpu_users(self.config.gpu_devices, list(self.workloads.all().values()))
+        for user in users:
+            # Names as /proc/<pid>/comm gives them (15 characters at most).
+            user["system"] = user["name"] in self.config.gpu_system_processes
+        # The agent itself may hold a device while a health check reads NVML.
+        return [u for u in users if u["pid"] != os.getpid()]
 
     def _gpu_processes(self) -> list[dict[str, Any]]:
         """Bare processes holding a GPU that no scheduler and no registration accounts for, as workloads:
         the campaign's workload policy then checkpoints (cuda), stops or waits for them."""
         found = []
         for user in self.gpu_users():
-            if user["owner"]["kind"] != "process" or user["workload_id"]:
+            if user["owner"]["kind"] != "process" or user["workload_id"] or user["system"]:
                 continue
             gpus = sum(1 for d in user["devices"] if re.fullmatch(r".*/nvidia\d+", d)) or 1
             found.append({"id": f"gpu-pid-{user['pid']}", "kind": "gpu_process", "scheduler_id": str(user["pid"]),

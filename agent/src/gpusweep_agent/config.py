@@ -19,6 +19,7 @@ DEFAULT_PROBES = ["kernel", "packages", "nvidia_smi", "nvml"]
 DEFAULT_HEALTH_CHECKS = ["versions", "gpus", "dcgm", "site"]
 # Device files whose open descriptors mark a process as a GPU user (workloads.gpu_users).
 DEFAULT_GPU_DEVICES = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+DEFAULT_GPU_SYSTEM_PROCESSES = ["nvidia-persiste", "nv-hostengine", "nv-fabricmanage", "nvidia-smi", "dcgmi"]
 
 
 class ConfigError(Exception):
@@ -68,6 +69,8 @@ class AgentConfig:
     packages: dict[str, Any] = field(default_factory=dict)
     # GPU users beyond the scheduler: glob patterns of the device files that mean "holds a GPU".
     gpu_devices: list[str] = field(default_factory=lambda: list(DEFAULT_GPU_DEVICES))
+    # Node daemons that hold GPUs by design: listed as GPU users, never moved or stopped as workloads.
+    gpu_system_processes: list[str] = field(default_factory=lambda: list(DEFAULT_GPU_SYSTEM_PROCESSES))
 
     @property
     def identity(self) -> str:
