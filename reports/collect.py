@@ -25,7 +25,9 @@ from campaigns.models import Campaign, EvidenceEvent, NodeSweep
 VERIFY_EVIDENCE = ("Download the evidence export (GET /campaigns/{id}/evidence.json, or manage.py export_evidence "
                    "{id}) and the public key (manage.py evidence_key), then run `python -m campaigns.verify "
                    "EXPORT.json --public-key KEY.pem`: it recomputes every hash chain and checks the signed seal. "
-                   "The seal's campaign head and Merkle root printed here must equal the export's.")
+                   "The signed seal printed here (its number, campaign head and Merkle root) must be in the export "
+                   "with the same values; the campaign head now is one event later, the 'sealed' event that records "
+                   "the seal in the chain itself.")
 
 
 def _iso(value: datetime | None) -> str | None:
