@@ -27,7 +27,7 @@ from gpusweep.routers import ApiRouter
 from gpusweep.schema import ERROR
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class ApiTokenSerializer(serializers.ModelSerializer):
     active = serializers.SerializerMethodField()
 
     class Meta:
@@ -41,14 +41,14 @@ class TokenSerializer(serializers.ModelSerializer):
         return obj.revoked_at is None and (obj.expires_at is None or obj.expires_at > timezone.now())
 
 
-class IssuedTokenSerializer(TokenSerializer):
+class IssuedApiTokenSerializer(ApiTokenSerializer):
     key = serializers.CharField(read_only=True, help_text="shown once: store it now")
 
-    class Meta(TokenSerializer.Meta):
-        fields = [*TokenSerializer.Meta.fields, "key"]
+    class Meta(ApiTokenSerializer.Meta):
+        fields = [*ApiTokenSerializer.Meta.fields, "key"]
 
 
-class ObtainSerializer(serializers.Serializer):
+class ObtainTokenSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     password = serializers.CharField(max_length=256, style={"input_type": "password"})
     name = serializers.CharField(max_length=100, required=False, default="api")
@@ -56,7 +56,7 @@ class ObtainSerializer(serializers.Serializer):
 
 
 def _issued(token: ApiToken, key: str) -> dict[str, Any]:
-    data: dict[str, Any] = dict(IssuedTokenSerializer(token).data)
+    data: dict[str, Any] = dict(IssuedApiTokenSerializer(token).data)
     data["key"] = key
     return data
 
@@ -74,8 +74,8 @@ class ObtainThrottle(AnonRateThrottle):
     rate = "30/min"  # password guessing stays slow
 
 
-@extend_schema(request=ObtainSerializer, responses={
-    201: IssuedTokenSerializer, 429: OpenApiResponse(response=ERROR, description="Too Many Requests")})
+@extend_schema(request=ObtainTokenSerializer, responses={
+    201: IssuedApiTokenSerializer, 429: OpenApiResponse(response=ERROR, description="Too Many Requests")})
 @api_view(["POST"])
 # No session (so no CSRF check on a login by password); a 401 carries the Bearer challenge.
 @authentication_classes([ApiTokenAuthentication])
@@ -83,7 +83,7 @@ class ObtainThrottle(AnonRateThrottle):
 @throttle_classes([ObtainThrottle])
 def obtain_token(request: Request) -> Response:
     """A new named token for the user whose username and password are given (the key, once)."""
-    body = ObtainSerializer(data=request.data)
+    body = ObtainTokenSerializer(data=request.data)
     body.is_valid(raise_exception=True)
     user = authenticate(request._request, username=body.validated_data["username"],
                         password=body.validated_data["password"])
@@ -96,7 +96,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
                    mixins.DestroyModelMixin, viewsets.GenericViewSet):
     """The caller's own tokens. DELETE revokes (the row stays, with when it was revoked)."""
 
-    serializer_class = TokenSerializer
+    serializer_class = ApiTokenSerializer
     permission_classes = [IsAuthenticated]
     ordering_fields = ["created_at", "last_used_at", "name"]
 
@@ -105,7 +105,7 @@ class TokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Crea
             return ApiToken.objects.none()
         return ApiToken.objects.filter(user=self.request.user)
 
-    @extend_schema(responses={201: IssuedTokenSerializer})
+    @extend_schema(responses={201: IssuedApiTokenSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = self.get_serializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -206,7 +206,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Fields named "policy" in several serializers: one enum, named after its one choice set.
-    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices"},
+    "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices",
+                            "WebhookEventTypeEnum": "webhooks.choices.EventType.choices"},
 }
 
 LOGGING = {

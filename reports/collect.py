@@ -14,18 +14,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from advisories.choices import ExposureState
-from advisories.models import Advisory, Exposure
+from advisories.models import Advisory, AffectedRange, Exposure
 from campaigns import evidence
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
+from inventory.models import Cluster
 
 VERIFY_EVIDENCE = ("Download the evidence export (GET /campaigns/{id}/evidence.json, or manage.py export_evidence "
                    "{id}) and the public key (manage.py evidence_key), then run `python -m campaigns.verify "
                    "EXPORT.json --public-key KEY.pem`: it recomputes every hash chain and checks the signed seal. "
-                   "The seal's campaign head and Merkle root printed here must equal the export's.")
+                   "The signed seal printed here (its number, campaign head and Merkle root) must be in the export "
+                   "with the same values; the campaign head now is one event later, the 'sealed' event that records "
+                   "the seal in the chain itself.")
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -173,19 +177,28 @@ def campaign_report(campaign_id: int, actor: str) -> dict[str, Any]:
 def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
     advisory = Advisory.objects.prefetch_related("cves").get(pk=advisory_id)
     rows: list[dict[str, Any]] = []
-    exposures = (Exposure.objects.filter(advisory=advisory)
-                 .select_related("node__cluster", "affected_range", "risk_approver").order_by("node__name", "pk"))
-    for e in exposures:
+    fixed = dict(AffectedRange.objects.filter(advisory=advisory).values_list("pk", "fixed_version"))
+    clusters = dict(Cluster.objects.values_list("pk", "name"))
+    approvers = dict(User.objects.values_list("pk", "username"))
+    columns = ("node__name", "node__cluster_id", "component", "detected_version", "affected_range_id", "state",
+               "first_seen", "deadline", "fixed_by_version", "remediated_at", "remediated_by", "risk_reason",
+               "risk_approver_id", "risk_expires_at", "justification")
+    now = timezone.now()
+    # Tuples, not model instances: one bulletin can hit most of a fleet (see pending_report).
+    found = Exposure.objects.filter(advisory=advisory).order_by("node__name", "pk").values(*columns)
+    for row in found.iterator(10_000):
+        state = row["state"]
         rows.append({
-            "node": e.node.name, "cluster": e.node.cluster.name, "component": e.component,
-            "detected_version": e.detected_version, "fixed_version": e.affected_range.fixed_version,
-            "state": e.state, "first_seen": _iso(e.first_seen), "deadline": _iso(e.deadline),
-            "overdue": e.state == ExposureState.OPEN and e.deadline is not None and e.deadline < timezone.now(),
-            "fixed_by_version": e.fixed_by_version, "remediated_at": _iso(e.remediated_at),
-            "remediated_by": e.remediated_by,
-            "risk": f"{e.risk_reason} (by {e.risk_approver}, until {_iso(e.risk_expires_at)})"
-            if e.state == ExposureState.RISK_ACCEPTED else "",
-            "justification": e.justification,
+            "node": row["node__name"], "cluster": clusters.get(row["node__cluster_id"], ""),
+            "component": row["component"], "detected_version": row["detected_version"],
+            "fixed_version": fixed.get(row["affected_range_id"], ""), "state": state,
+            "first_seen": _iso(row["first_seen"]), "deadline": _iso(row["deadline"]),
+            "overdue": state == ExposureState.OPEN and row["deadline"] is not None and row["deadline"] < now,
+            "fixed_by_version": row["fixed_by_version"], "remediated_at": _iso(row["remediated_at"]),
+            "remediated_by": row["remediated_by"],
+            "risk": f"{row['risk_reason']} (by {approvers.get(row['risk_approver_id'], '?')}, until "
+                    f"{_iso(row['risk_expires_at'])})" if state == ExposureState.RISK_ACCEPTED else "",
+            "justification": row["justification"],
         })
     counts: dict[str, int] = {}
     for row in rows:
@@ -245,20 +258,26 @@ def _covering(entries: list[dict[str, Any]], advisory_id: int, component: str) -
 
 def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
     scheduled = _scheduled()
-    exposures = (Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
-                 .select_related("node__cluster", "advisory", "affected_range")
-                 .order_by("deadline", "node__name", "pk"))
+    exposures = Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
     if cluster:
         exposures = exposures.filter(node__cluster__name=cluster)
+    # Plain tuples and small lookup tables: a fleet has hundreds of thousands of pending rows, and
+    # building a model instance (with its node, advisory and range) for each took minutes.
+    advisories = dict(Advisory.objects.values_list("pk", "publisher_id"))
+    fixed = dict(AffectedRange.objects.values_list("pk", "fixed_version"))
+    clusters = dict(Cluster.objects.values_list("pk", "name"))
     now = timezone.now()
     rows: list[dict[str, Any]] = []
-    for e in exposures.iterator(chunk_size=5000):
-        plan = _covering(scheduled.get(e.node_id, []), e.advisory_id, e.component)
+    columns = ("node_id", "node__name", "node__cluster_id", "advisory_id", "affected_range_id", "severity",
+               "component", "detected_version", "state", "deadline")
+    for (node_id, node, cluster_id, advisory_id, range_id, severity, component, version, state,
+         deadline) in exposures.order_by("deadline", "node__name", "pk").values_list(*columns).iterator(10_000):
+        plan = _covering(scheduled.get(node_id, []), advisory_id, component) if scheduled else None
         rows.append({
-            "node": e.node.name, "cluster": e.node.cluster.name, "advisory": e.advisory.publisher_id,
-            "severity": e.severity, "component": e.component, "detected_version": e.detected_version,
-            "fixed_version": e.affected_range.fixed_version, "state": e.state, "deadline": _iso(e.deadline),
-            "overdue": e.deadline is not None and e.deadline < now,
+            "node": node, "cluster": clusters.get(cluster_id, ""), "advisory": advisories.get(advisory_id, ""),
+            "severity": severity, "component": component, "detected_version": version,
+            "fixed_version": fixed.get(range_id, ""), "state": state, "deadline": _iso(deadline),
+            "overdue": deadline is not None and deadline < now,
             "campaign": plan["campaign"] if plan else None, "campaign_name": plan["campaign_name"] if plan else "",
             "campaign_status": plan["campaign_status"] if plan else "",
             "scheduled_for": plan["scheduled_for"] if plan else None,

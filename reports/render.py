@@ -10,6 +10,7 @@ import csv
 import io
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.template.loader import render_to_string
@@ -28,11 +29,36 @@ class Section:
     note: str = ""
 
 
-def _text(value: Any) -> str:
+def _moment(value: str) -> str | None:
+    """An ISO 8601 time as 'YYYY-MM-DD HH:MM:SS UTC' (the PDF's form), else None."""
+    if len(value) < 19 or value[4] != "-" or value[10] not in "T ":
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(UTC)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if parsed.tzinfo is not None else "")
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ").capitalize() if name.islower() else name
+
+
+def _text(value: Any, readable: bool = False) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if readable and isinstance(value, str):
+        return _moment(value) or value
+    if readable and isinstance(value, float):
+        return f"{value:.1f}"
+    if readable and isinstance(value, dict):
+        return ", ".join(f"{k}: {_text(v, True)}" for k, v in value.items()) or "-"
+    if readable and isinstance(value, list):
+        return ", ".join(_text(v, True) for v in value) or "-"
     if isinstance(value, dict):
         return ", ".join(f"{k}: {_text(v)}" for k, v in value.items()) or "-"
     if isinstance(value, list):
@@ -66,7 +92,9 @@ def campaign_sections(data: dict[str, Any]) -> list[Section]:
         _fields("Evidence verification", {
             "result": "INTACT: every chain and signature checks" if verification["intact"]
             else "PROBLEMS FOUND: " + "; ".join(verification["problems"]),
-            "events": verification["events"], "campaign head": verification["campaign_head"],
+            "events": verification["events"],
+            "campaign head now": f"{verification['campaign_head']} (event {verification['campaign_seq']}: the seal's "
+                                 "own 'sealed' event)",
             "signed seal": f"#{seal.get('number')} at {seal.get('at')}" if seal else "none",
             "sealed campaign head": seal.get("campaign_head"), "Merkle root of node heads": seal.get("root"),
             "signature (Ed25519)": seal.get("signature"), "key id": seal.get("key_id"),
@@ -140,10 +168,11 @@ def to_pdf(title: str, sections: list[Section]) -> bytes:
 
     shown = []
     for section in sections:
-        rows = [[_text(v) for v in row] for row in section.rows[:PDF_MAX_ROWS]]
+        rows = [[_text(v, True) for v in row] for row in section.rows[:PDF_MAX_ROWS]]
         more = len(section.rows) - len(rows)
-        shown.append({"title": section.title, "columns": section.columns, "rows": rows,
-                      "fields": [(name, _text(value)) for name, value in section.fields],
+        shown.append({"title": section.title, "columns": [_label(c) for c in section.columns], "rows": rows,
+                      "wide": len(section.columns) > 8,
+                      "fields": [(_label(name), _text(value, True)) for name, value in section.fields],
                       "note": section.note or (f"... {more} more rows in the CSV and JSON" if more > 0 else "")})
     html = render_to_string("reports/report.html", {"title": title, "sections": shown})
     pdf: bytes = HTML(string=html).write_pdf()

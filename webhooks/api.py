@@ -24,7 +24,7 @@ from webhooks.choices import DeliveryState, EventType
 from webhooks.models import Delivery, Event, Subscription
 
 
-class SubscriptionSerializer(serializers.ModelSerializer):
+class WebhookSubscriptionSerializer(serializers.ModelSerializer):
     events = serializers.ListField(child=serializers.ChoiceField(choices=EventType.choices()), required=False,
                                    help_text="event types; empty for all")
     secret = serializers.CharField(write_only=True, min_length=16, max_length=200,
@@ -45,13 +45,13 @@ class SubscriptionSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class EventSerializer(serializers.ModelSerializer):
+class WebhookEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = Event
         fields = ["id", "kind", "key", "subject", "summary", "data", "at"]
 
 
-class DeliverySerializer(serializers.ModelSerializer):
+class WebhookDeliverySerializer(serializers.ModelSerializer):
     subscription_name = serializers.CharField(source="subscription.name", read_only=True)
     event_kind = serializers.CharField(source="event.kind", read_only=True)
     event_summary = serializers.CharField(source="event.summary", read_only=True)
@@ -64,7 +64,7 @@ class DeliverySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeliveryFilter(FilterSet):
+class WebhookDeliveryFilter(FilterSet):
     state = MultipleChoiceFilter(choices=DeliveryState.choices())
     kind = django_filters.ChoiceFilter(field_name="event__kind", choices=EventType.choices())
 
@@ -73,7 +73,7 @@ class DeliveryFilter(FilterSet):
         fields = ["subscription", "event", "state", "kind"]
 
 
-class EventFilter(FilterSet):
+class WebhookEventFilter(FilterSet):
     kind = MultipleChoiceFilter(choices=EventType.choices())
 
     class Meta:
@@ -83,7 +83,7 @@ class EventFilter(FilterSet):
 
 class SubscriptionViewSet(viewsets.ModelViewSet):
     queryset = Subscription.objects.all()
-    serializer_class = SubscriptionSerializer
+    serializer_class = WebhookSubscriptionSerializer
     write_roles = {Role.ADMIN}
     action_roles = {"test": {Role.OPERATOR}}
     search_fields = ["name", "url"]
@@ -92,7 +92,7 @@ class SubscriptionViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: serializers.BaseSerializer[Subscription]) -> None:
         serializer.save(created_by=cast(User, self.request.user))
 
-    @extend_schema(request=None, responses={202: EventSerializer})
+    @extend_schema(request=None, responses={202: WebhookEventSerializer})
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: str | None = None) -> Response:
         """Send a test event to this subscription only (it shows in the delivery log)."""
@@ -100,24 +100,24 @@ class SubscriptionViewSet(viewsets.ModelViewSet):
         if not subscription.active:
             return Response({"detail": "the subscription is inactive"}, status=status.HTTP_409_CONFLICT)
         event = services.send_test(subscription, cast(User, request.user))
-        return Response(EventSerializer(event).data, status=status.HTTP_202_ACCEPTED)
+        return Response(WebhookEventSerializer(event).data, status=status.HTTP_202_ACCEPTED)
 
 
 class EventViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Event.objects.all()
-    serializer_class = EventSerializer
-    filterset_class = EventFilter
+    serializer_class = WebhookEventSerializer
+    filterset_class = WebhookEventFilter
     ordering_fields = ["id", "at"]
 
 
 class DeliveryViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Delivery.objects.select_related("subscription", "event")
-    serializer_class = DeliverySerializer
-    filterset_class = DeliveryFilter
+    serializer_class = WebhookDeliverySerializer
+    filterset_class = WebhookDeliveryFilter
     ordering_fields = ["id", "created_at", "last_attempt_at"]
     action_roles = {"replay": {Role.OPERATOR}}
 
-    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @extend_schema(request=None, responses={202: WebhookDeliverySerializer})
     @action(detail=True, methods=["post"])
     def replay(self, request: Request, pk: str | None = None) -> Response:
         """Send this delivery's event again (a new delivery at the end of the subscription's line)."""
@@ -126,8 +126,8 @@ class DeliveryViewSet(viewsets.ReadOnlyModelViewSet):
             again = services.replay(delivery.pk, cast(User, request.user))
         except services.WebhookError as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
-        return Response(DeliverySerializer(Delivery.objects.select_related("subscription", "event").get(pk=again.pk))
-                        .data, status=status.HTTP_202_ACCEPTED)
+        again = Delivery.objects.select_related("subscription", "event").get(pk=again.pk)
+        return Response(WebhookDeliverySerializer(again).data, status=status.HTTP_202_ACCEPTED)
 
 
 router = ApiRouter()

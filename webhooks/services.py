@@ -166,6 +166,8 @@ def _send_some(subscription: Subscription) -> float | None:
         now = timezone.now()
         if delivery.next_attempt_at and delivery.next_attempt_at > now:
             return (delivery.next_attempt_at - now).total_seconds()
+        # Renew the claim before each send: a batch of slow receivers outlasts one lease.
+        Subscription.objects.filter(pk=subscription.pk).update(lease_until=now + LEASE)
         status, excerpt, error = _post(subscription, delivery)
         attempts = delivery.attempts + 1
         done = status is not None and 200 <= status < 300

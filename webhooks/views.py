@@ -67,6 +67,11 @@ def _reader(request: HttpRequest) -> None:
         raise PermissionDenied("the webhook settings need a role")
 
 
+def _require(request: HttpRequest, role: Role, what: str) -> None:
+    if not has_role(request.user, role):
+        raise PermissionDenied(f"{role.value}s {what}")
+
+
 def webhook_settings(request: HttpRequest) -> HttpResponse:
     _reader(request)
     is_admin = has_role(request.user, Role.ADMIN)
@@ -95,8 +100,7 @@ def webhook_settings(request: HttpRequest) -> HttpResponse:
 
 
 def subscription_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, Role.ADMIN):
-        raise PermissionDenied("admins manage webhook subscriptions")
+    _require(request, Role.ADMIN, "manage webhook subscriptions")
     subscription = get_object_or_404(Subscription, pk=pk)
     form = SubscriptionForm(request.POST or None, instance=subscription)
     if request.method == "POST" and form.is_valid():
@@ -108,8 +112,7 @@ def subscription_edit(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def subscription_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, Role.ADMIN):
-        raise PermissionDenied("admins manage webhook subscriptions")
+    _require(request, Role.ADMIN, "manage webhook subscriptions")
     subscription = get_object_or_404(Subscription, pk=pk)
     subscription.delete()
     messages.success(request, f"Subscription {subscription.name} deleted with its delivery log.")
@@ -118,8 +121,7 @@ def subscription_delete(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def subscription_test(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, Role.OPERATOR):
-        raise PermissionDenied("operators send test events")
+    _require(request, Role.OPERATOR, "send test events")
     subscription = get_object_or_404(Subscription, pk=pk, active=True)
     services.send_test(subscription, cast(User, request.user))
     messages.success(request, f"Test event queued for {subscription.name}.")
@@ -128,8 +130,7 @@ def subscription_test(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def delivery_replay(request: HttpRequest, pk: int) -> HttpResponse:
-    if not has_role(request.user, Role.OPERATOR):
-        raise PermissionDenied("operators replay deliveries")
+    _require(request, Role.OPERATOR, "replay deliveries")
     try:
         again = services.replay(pk, cast(User, request.user))
     except services.WebhookError as exc:

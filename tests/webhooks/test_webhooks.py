@@ -205,3 +205,30 @@ def test_tokens_page_makes_shows_once_and_revokes_your_own(make_user):
     client.post(f"/settings/tokens/{token.pk}/revoke/")
     token.refresh_from_db()
     assert token.revoked_at is not None
+
+
+def test_a_failed_node_and_each_campaign_state_become_events(enqueued, django_capture_on_commit_callbacks):
+    from campaigns import queue as campaign_queue
+    from campaigns import services as campaigns
+    from tests.campaigns.fleet import approved_campaign, drive, make_fleet, user
+
+    Subscription.objects.create(name="ops", url="http://127.0.0.1:9/", secret=SECRET, template=Template.GENERIC,
+                                events=[EventType.NODE_FAILED, EventType.CAMPAIGN_STATE,
+                                        EventType.APPROVAL_REQUESTED])
+    fleet, _cluster = make_fleet(nodes=2, spares=1)
+    fleet.inject("patch", "local/gpu00", "permanent", times=10)
+    operator, approver = user("olga", "operator"), user("abe", "approver")
+    campaign_queue.ENQUEUE.insert(0, lambda *args: None)
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            campaign = approved_campaign(operator, approver, name="failing sweep", error_budget="5")
+            campaigns.start(campaign.pk, operator)
+            drive(campaign.pk)
+    finally:
+        campaign_queue.ENQUEUE.pop(0)
+    failed = Event.objects.get(kind=EventType.NODE_FAILED)
+    assert failed.data["node"] == "gpu00" and failed.data["campaign"] == campaign.pk and failed.data["error"]
+    states = list(Event.objects.filter(kind=EventType.CAMPAIGN_STATE).order_by("id")
+                  .values_list("data__state", flat=True))
+    assert states[0] == "planned" and "running" in states and states[-1] in ("completed", "halted")
+    assert Event.objects.filter(kind=EventType.APPROVAL_REQUESTED).count() == 1
