@@ -69,10 +69,13 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    HealthGates,
+    HealthResult,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
     RestoreResult,
+    RollbackResult,
     TemporaryExecutorError,
     VerifyResult,
     WorkloadInfo,
@@ -520,6 +523,13 @@ class SlurmExecutor(Executor):
     # -- patch, reboot, verify ---------------------------------------------------------
     def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
         return self.agents.patch(self._need_agent(node), component, version, operation_id)
+
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        return self.agents.health(self._need_agent(node), expected, gates, operation_id)
+
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        return self.agents.rollback(self._need_agent(node), operation_id)
 
     def reboot(self, node: NodeRef, operation_id: str) -> None:
         info = self._node(node.name)

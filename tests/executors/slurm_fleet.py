@@ -52,6 +52,8 @@ class SlurmFleet:
                                     features=features or dict.fromkeys(nodes, FEATURES))
         self.shared = root / "shared-artifacts" if shared_artifacts else None
         self.agents: dict[str, agents.AgentProcess] = {}
+        # A real site health check in every agent, failed on a node by fail_check(node, output).
+        self.health_options, self.fail_check = agents.site_check(root)
 
     # -- life -------------------------------------------------------------------------
     def start(self) -> SlurmFleet:
@@ -73,7 +75,8 @@ class SlurmFleet:
         shutil.rmtree(self.root / f"state-{name}", ignore_errors=True)
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
         agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
-                                    patch_methods=PATCH_METHODS, simulated_reboot_hook=hook)
+                                    patch_methods=PATCH_METHODS, simulated_reboot_hook=hook,
+                                    health_options=self.health_options)
         agent.start()
         self.agents[name] = agent
         key_file = self.root / f"key-{name}"
@@ -182,6 +185,8 @@ class SlurmFleet:
     def reset(self) -> None:
         """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
         self.cluster.run("scancel", "--full", "-u", "root", check=False)
+        for flag in self.root.glob("health-flag-*"):
+            flag.unlink()
         ended = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE",
                  "OUT_OF_MEMORY")
         assert wait_for(lambda: all(_state(j) in ended for j in self.jobs()), 60, interval=0.5), self.jobs()

@@ -58,6 +58,7 @@ class TestSlurmExecutor(ExecutorContract):
             component="driver", version="570.195.03", unknown=NodeRef(agents.CLUSTER, "nowhere"),
             takes_work=lambda node: fleet.takes_work(node.name), running=lambda node: fleet.running(node.name),
             progress=lambda _workload: unbroken(agents.steps(log)) if log.exists() else None, hold=hold,
+            fail_check=lambda node, output: fleet.fail_check(node.name, output),
         )
         fleet.reset()
 
