@@ -9,8 +9,8 @@ import pytest
 from campaigns import policy
 from campaigns.models import Campaign
 from costs import planning
-from costs.inputs import InputError, campaign_params
 from costs.fleet import SimNode
+from costs.inputs import InputError, campaign_params
 from costs.model import CADENCE_DAYS, ModelError, Params
 from costs.simulate import simulate
 from costs.trace import Task, Trace, from_openb

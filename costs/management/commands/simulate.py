@@ -1,5 +1,6 @@
 """python manage.py simulate (--fleet FILE [--mapping NAME] | --cluster NAME) --trace FILE
-[--severity high | --advisory ID] [--release DAYS|DATETIME] [--campaign ID] [--<parameter> VALUE ...] [--format table|csv|json]"""
+[--severity high | --advisory ID] [--release DAYS|DATETIME] [--campaign ID] [--<parameter> VALUE ...]
+[--format table|csv|json]"""
 
 from __future__ import annotations
 
