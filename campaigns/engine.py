@@ -64,7 +64,6 @@ from inventory.models import Node, NodeComponent, Workload
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 RETRY_BACKOFF_S = 2.0
-WAIT_POLL_S = 30.0
 
 
 class NotPatched(PermanentExecutorError):
@@ -724,7 +723,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         if move.policy == WorkloadPolicy.WAIT:
             waited = timezone.now() - move.created_at
             if campaign.wait_limit is None or waited < campaign.wait_limit:
-                raise WaitMore(WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish")
+                raise WaitMore(policy.WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish")
             if not campaign.cold_restart_allowed:
                 raise PermanentExecutorError(
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "

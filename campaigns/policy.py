@@ -3,6 +3,7 @@
 - The error budget: how many failed nodes a campaign tolerates; one more halts it.
 - The workload policy: what happens to a workload on a node being drained.
 - The step deadline: when a step that has not finished is re-driven.
+- The wait: how often the engine looks again at a workload it waits for.
 - Admission: which pending node may start now (the engine runs it; the simulator of
   costs/ replays it, so what it predicts is what a campaign does).
 """
@@ -17,6 +18,10 @@ from inventory.choices import WorkloadPolicy
 
 if TYPE_CHECKING:
     from campaigns.models import Campaign
+
+# Seconds between two looks at a workload the engine waits for (policy "wait"): the engine sees it
+# end at the first look after its end, and the simulator (costs/strategies.py) counts the same.
+WAIT_POLL_S = 30.0
 
 
 def allowed_failures(error_budget: str, total: int) -> int:

@@ -153,19 +153,57 @@ def advisory(publisher_id: str) -> tuple[str, str, datetime | None]:
 
 def prepare(trace_text: str, values: Mapping[str, str], *, severity: str = "", advisory_id: str = "",
             release: str = "", origin: datetime = trace.DEFAULT_ORIGIN, zone: tzinfo = UTC,
-            source: str = "trace") -> tuple[trace.Trace, Params, str]:
+            source: str = "trace", campaign_id: int | None = None) -> tuple[trace.Trace, Params, str]:
     """The trace, the parameters and a label of the advisory, from what a user handed in.
 
     A real advisory gives the severity and, when it falls inside the trace and no release is
-    given, the release time."""
+    given, the release time. A campaign gives its policy (`campaign_policy`); a parameter the user
+    sets explicitly still wins."""
     published = None
     label = severity or "high"
     if advisory_id:
         label, severity, published = advisory(advisory_id)
     severity = severity or "high"
-    base = params_from(values, severity=severity, deadline_days=deadline_days(severity))
+    policy = campaign_policy(campaign_id) if campaign_id is not None else {}
+    base = params_from(values, severity=severity, deadline_days=deadline_days(severity), **policy)
     tr = read_trace(trace_text, base, origin=origin, zone=zone, source=source)
     at = release_at(release, tr, zone)
     if at is None and published is not None and 0 <= tr.clock(published) <= tr.end:
         at = tr.clock(published)
     return tr, base.with_(release_s=at), label
+
+
+
+def campaign_policy(campaign_id: int) -> dict[str, Any]:
+    """The simulator's parameters that a campaign's policy sets, so the sweep simulated is the one it runs.
+
+    The planner's part comes from `campaigns.services.policy_of` (parallelism, canary, soak, wave
+    growth, the node estimate, cold restarts), the rest from the campaign as the engine reads it: its
+    workload policy (a campaign that waits or cold-restarts checkpoints nothing), its wait limit,
+    and the engine's look interval for waited jobs (`campaigns.policy.WAIT_POLL_S`)."""
+    from campaigns import policy
+    from campaigns.models import Campaign
+    from campaigns.services import policy_of
+    from inventory.choices import WorkloadPolicy
+
+    campaign = Campaign.objects.filter(pk=campaign_id).first()
+    if campaign is None:
+        raise InputError(f"no campaign {campaign_id} in the database")
+    planned = policy_of(campaign)
+    changes: dict[str, Any] = {
+        "parallelism": (planned.per_cluster,), "canary": planned.canary, "soak_minutes": planned.soak_s / 60,
+        "wave_growth": planned.growth, "growth_step": planned.growth_step,
+        "patch_minutes": planned.node_seconds / 60,
+        "last_group": "cold_restart" if planned.cold_restart_allowed else "wait",
+        "not_checkpointable": "wait" if campaign.workload_policy == WorkloadPolicy.WAIT else "cold_restart",
+        "wait_limit_h": campaign.wait_limit.total_seconds() / 3600 if campaign.wait_limit else None,
+        "wait_poll_s": policy.WAIT_POLL_S,
+    }
+    if campaign.workload_policy != WorkloadPolicy.CHECKPOINT:
+        changes["checkpointable_share"] = 0.0
+    return changes
+
+
+def campaign_params(campaign_id: int, base: Params | None = None) -> Params:
+    """`base` (the defaults) with the campaign's policy (`campaign_policy`)."""
+    return (base or Params()).with_(**campaign_policy(campaign_id))

@@ -25,6 +25,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from campaigns import policy
 from campaigns.choices import WaveGrowth
 from campaigns.planner import PlanError, canary_nodes
 from executors import portability
@@ -71,6 +72,7 @@ HELP = {
                          "where its image is valid, so which nodes, patched ones too, may receive it",
     "canary": "the first wave as a campaign's canary: auto (one node per driver group and cluster), N nodes, or 0",
     "soak_minutes": "minutes the canary soaks before any other node drains",
+    "wait_poll_s": "seconds between the engine's looks at a job a sweep waits for (it sees the end at the next look)",
     "wave_growth": "how waves after the canary grow: fixed, linear or exponential",
     "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
@@ -118,6 +120,8 @@ class Params:
     # its soak before any other node drains, and how the waves after it grow.
     canary: str = "auto"
     soak_minutes: float = 10.0
+    # The engine looks at a job it waits for this often (campaigns.policy.WAIT_POLL_S).
+    wait_poll_s: float = policy.WAIT_POLL_S
     wave_growth: str = "fixed"
     growth_step: int = 2
 
@@ -146,6 +150,7 @@ class Params:
              f"one of {', '.join(CHECKPOINT_ENGINES)}"),
             ("canary", _canary_ok(self.canary), "'auto', a whole number of nodes, or 0 for none"),
             ("soak_minutes", self.soak_minutes >= 0, ">= 0"),
+            ("wait_poll_s", self.wait_poll_s >= 0, ">= 0 (0: the end is seen at once)"),
             ("wave_growth", self.wave_growth in WaveGrowth.values(), f"one of {', '.join(WaveGrowth.values())}"),
             ("growth_step", self.growth_step >= 1, ">= 1"),
         ]

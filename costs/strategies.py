@@ -138,14 +138,24 @@ def _per_cluster(scenario: Scenario, parallelism: str) -> dict[str, int]:
     return {c: parse_limit(parallelism, size, "parallelism") for c, size in sizes.items()}
 
 
-def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: float, node: SimNode) -> float:
-    """Wait for `tasks` to end (killing them at the wait limit); the moment the node is empty.
+def _seen(since: float, moment: float, poll: float) -> float:
+    """When a watcher that looks at `since` and every `poll` seconds after sees `moment` pass."""
+    if poll <= 0 or moment <= since or moment == INF:
+        return moment
+    return since + math.ceil((moment - since) / poll - 1e-9) * poll
 
-    Adds the node's free GPUs over the wait to the idle hours."""
-    until = max((t.ends() for t in tasks), default=since)
+
+def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: float, node: SimNode,
+              poll: float = 0.0) -> float:
+    """Wait for `tasks` to end (killing them at the wait limit); the moment the node is seen empty.
+
+    With `poll`, the waiter looks every `poll` seconds (the engine's WAIT_POLL_S): an end, or the
+    wait limit, counts at the first look after it. Adds the node's free GPUs over the wait to the
+    idle hours."""
+    until = _seen(since, max((t.ends() for t in tasks), default=since), poll)
     limit = scenario.params.wait_limit_h
     if limit is not None and until > since + limit * HOUR:
-        until = since + limit * HOUR
+        until = _seen(since, since + limit * HOUR, poll)
         for task in tasks:
             if task.alive(until):
                 ledger.kill(task, until)
@@ -231,7 +241,7 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
             ledger.kill(task, begins)
         else:  # finish first, or no capacity to move it: it runs to its end
             waiting.append(task)
-    empty = _wait_for(scenario, ledger, waiting, begins, node)
+    empty = _wait_for(scenario, ledger, waiting, begins, node, p.wait_poll_s)
     if empty == INF:
         return INF
     done = max(begins + moving, empty) + scenario.patch_s

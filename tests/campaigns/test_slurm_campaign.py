@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from campaigns import engine, queue, services
+from campaigns import engine, policy, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
@@ -198,7 +198,7 @@ def test_a_down_agent_fails_its_node_untouched_a_waited_job_keeps_its_node_drain
     resumed with its job running as before; gpu02's job (not under gpusweep-run, policy wait) keeps gpu02
     drained until it ends, then gpu02 is patched; gpu03's job (cold_restart) is requeued by Slurm, which
     runs it again from its first line, and the plan and the evidence say so."""
-    monkeypatch.setattr(engine, "WAIT_POLL_S", 1.0)  # the engine looks again every second, not every 30 s
+    monkeypatch.setattr(policy, "WAIT_POLL_S", 1.0)  # the engine looks again every second, not every 30 s
     fleet.reset()
     log = tmp_path / "signal.log"
     untouched = fleet.counter_job(log, "gpu01", engine="signal", name="trainer")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from campaigns.models import Campaign
 from inventory.models import Cluster
 from tests.advisories.conftest import add_node
 from tests.costs.test_drain import HAND, SACCT
@@ -86,6 +87,24 @@ def test_simulate_reads_a_cluster_of_the_inventory_and_sacct_output(tmp_path: Pa
     assert data["facts"]["nodes"] == 2
     assert data["facts"]["release"] == "2025-03-09T12:00:00+00:00"
     assert {r["strategy"] for r in data["rows"]} == {"window", "drain_wait", "sweep"}
+
+
+@pytest.mark.django_db
+def test_simulate_takes_a_campaigns_policy_and_an_explicit_parameter_still_wins(tmp_path: Path):
+    (tmp_path / "nodes.csv").write_text(NODES_CSV)
+    (tmp_path / "pods.csv").write_text(TRACE)
+    campaign = Campaign.objects.create(name="c", canary="0", soak_s=60, parallelism_per_cluster="3",
+                                       workload_policy="wait", node_estimate_s=120)
+    data = json.loads(run("simulate", "--fleet", str(tmp_path / "nodes.csv"), "--trace", str(tmp_path / "pods.csv"),
+                          "--release", "10", "--campaign", str(campaign.pk), "--patch-minutes", "5",
+                          "--format", "json"))
+    params = data["params"]
+    assert (params["canary"], params["soak_minutes"], params["parallelism"]) == ("0", 1, ["3"])
+    assert (params["not_checkpointable"], params["checkpointable_share"]) == ("wait", 0.0)
+    assert params["patch_minutes"] == 5  # given on the command line: beats the campaign's 2 minutes
+    with pytest.raises(CommandError, match="no campaign 999999"):
+        call_command("simulate", "--fleet", str(tmp_path / "nodes.csv"), "--trace", str(tmp_path / "pods.csv"),
+                     "--campaign", "999999")
 
 
 @pytest.mark.django_db

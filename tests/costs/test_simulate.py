@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from campaigns import policy
+from campaigns.models import Campaign
 from costs import planning
 from costs.fleet import SimNode
+from costs.inputs import InputError, campaign_params
 from costs.model import CADENCE_DAYS, ModelError, Params
 from costs.simulate import simulate
-from costs.trace import from_openb
+from costs.trace import Task, Trace, from_openb
 
 H, D = 3600, 86400
 R = 10 * D  # the release
@@ -117,3 +122,51 @@ def test_a_canary_soaks_before_the_other_nodes_and_the_sweep_takes_that_much_lon
     soaked, _ = run(canary="auto", soak_minutes=120)
     # The canary (one node here: one driver group) soaks two hours before the next node drains.
     assert soaked["sweep"].days_to_patched == pytest.approx(plain["sweep"].days_to_patched + 120 / 1440)
+
+
+# Issue #17, done-when 2 at small scale: three jobs of 20, 40 and 60 s that cannot be checkpointed
+# on three of four nodes, a sweep that waits for them, two nodes at a time, 10 s per node.
+WAITED = [SimNode(index=i, name=f"gpu0{i + 1}", gpus=1, gpu_model="H100", versions={"driver": "570.86.15"})
+          for i in range(4)]
+WAITED_TRACE = Trace(tasks=[Task(name=f"job{i}", submit=0, start=0, end=float(s), milli=1000, limit=300,
+                                 node=f"gpu0{i + 1}") for i, s in enumerate([20, 40, 60])],
+                     origin=datetime(2026, 1, 1, tzinfo=UTC), end=120, kind="sacct")
+
+
+def waited_sweep(params: Params) -> float:
+    [row] = simulate(WAITED, WAITED_TRACE, params.with_(release_s=0), strategies=("sweep",)).rows
+    return (row.days_to_patched or 0) * D
+
+
+def test_a_waited_job_is_seen_to_end_at_the_engines_next_look():
+    params = Params(parallelism=("2",), patch_minutes=10 / 60, checkpointable_share=0.0, not_checkpointable="wait",
+                    wait_limit_h=None, canary="0")
+    # Waves gpu01+gpu02, then gpu03+gpu04 as a slot frees. Looking every second: gpu01 is done at
+    # 20 + 10, gpu03 starts then and waits for its job (60), done at 70; gpu02 at 50, gpu04 at 60.
+    assert waited_sweep(params.with_(wait_poll_s=1)) == pytest.approx(70)
+    # The engine's 30 s: gpu01 sees its end at 30 (done 40), gpu02 at 60 (done 70); gpu03 starts at
+    # 40 and sees its job's end at 70 (done 80), gpu04 starts at 70 (done 80).
+    assert waited_sweep(params.with_(wait_poll_s=30)) == pytest.approx(80)
+    assert Params().wait_poll_s == policy.WAIT_POLL_S
+
+
+@pytest.mark.django_db
+def test_the_simulator_takes_the_policy_of_the_campaign_it_predicts():
+    """What made #17's real campaign (77 s) and the simulator (645 s) disagree: the simulator was given
+    the model's defaults (a canary soaking 10 minutes) for a campaign without a canary."""
+    quick = Campaign.objects.create(name="quick", canary="0", parallelism_per_cluster="2", workload_policy="wait",
+                                    node_estimate_s=10)
+    params = campaign_params(quick.pk)
+    assert (params.canary, params.parallelism, params.patch_minutes * 60) == ("0", ("2",), pytest.approx(10))
+    assert (params.not_checkpointable, params.checkpointable_share, params.last_group) == ("wait", 0.0, "wait")
+    assert (params.wait_limit_h, params.wait_poll_s) == (None, policy.WAIT_POLL_S)
+    assert waited_sweep(params) == pytest.approx(80)  # as worked out above
+    # A campaign with its defaults soaks its canary (gpu01 here: done at 30 + 10 after its look at 30)
+    # 600 s, then gpu02 and gpu03 (their jobs ended long ago), then gpu04: 10 s each.
+    soaked = Campaign.objects.create(name="soaked", parallelism_per_cluster="2", workload_policy="wait",
+                                     node_estimate_s=10, wait_limit=timedelta(hours=2))
+    params = campaign_params(soaked.pk)
+    assert (params.canary, params.soak_minutes, params.wait_limit_h) == ("auto", 10, 2)
+    assert waited_sweep(params) == pytest.approx(40 + 600 + 10 + 10)
+    with pytest.raises(InputError, match="no campaign 0"):
+        campaign_params(0)

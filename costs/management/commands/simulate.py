@@ -1,5 +1,6 @@
 """python manage.py simulate (--fleet FILE [--mapping NAME] | --cluster NAME) --trace FILE
-[--severity high | --advisory ID] [--release DAYS|DATETIME] [--<parameter> VALUE ...] [--format table|csv|json]"""
+[--severity high | --advisory ID] [--release DAYS|DATETIME] [--campaign ID] [--<parameter> VALUE ...]
+[--format table|csv|json]"""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class Command(BaseCommand):
                             help="days after the trace's start, or a moment (default: the middle of the trace)")
         parser.add_argument("--trace-start", default=DEFAULT_ORIGIN.isoformat(),
                             help="the moment a pod/task file's clock starts at (its times are seconds from it)")
+        parser.add_argument("--campaign", type=int,
+                            help="simulate with this campaign's policy (parallelism, canary, soak, workload policy, "
+                                 "wait limit, node estimate); --<parameter> options still win")
         parser.add_argument("--tz", default="UTC", help="time zone of sacct times and of naive moments")
         for name, text, default in tunable():
             parser.add_argument(f"--{name.replace('_', '-')}", dest=f"p_{name}", default=None,
@@ -52,7 +56,7 @@ class Command(BaseCommand):
             tr, params, _label = prepare(
                 text, values, severity=options["severity"] or "", advisory_id=options["advisory"] or "",
                 release=options["release"], origin=parse_moment(options["trace_start"], zone, "--trace-start"),
-                zone=zone, source=options["trace"].name)
+                zone=zone, source=options["trace"].name, campaign_id=options["campaign"])
             result = simulate(nodes, tr, params)
         except SacctError as exc:
             raise CommandError(f"{options['trace']}: {exc}") from None
