@@ -38,8 +38,8 @@ did and undo removes only gpusweep's own marks:
   ``release_wave``, driven by the engine): when a wave is admitted, ``scontrol create reservation
   gpusweep-c<C>-w<W> nodes=<the wave's nodes on this cluster> starttime=now duration=<the plan's
   time for the wave, plus a margin> flags=maint,ignore_jobs``; a node back in service leaves it
-  (``scontrol update reservation nodes=...``), and the engine deletes it when the wave's last sweep
-  ends or the campaign is aborted. "node" (or the older ``connection["maintenance_reservations"]``):
+  (``scontrol update reservation nodes=...``; the last one deletes it), and the engine deletes what
+  is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is aborted. "node" (or the older ``connection["maintenance_reservations"]``):
   the drain creates ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120),
   deleted by return to service and undo. Only reservations named gpusweep- are ever deleted, and
   gpusweep's own reservations never count as someone else's maintenance hold.
@@ -344,23 +344,28 @@ class SlurmExecutor(Executor):
 
     def _leave_wave(self, node: NodeRef, operation_id: str) -> None:
         """A node back in service leaves its wave's reservation, so work (a job coming home after a
-        kernel patch, a move onto it) may start there while the rest of the wave goes on. The last node
-        of a wave is left in it: the engine deletes the reservation when the wave ends."""
+        kernel patch, a move onto it) may start there while the rest of the wave goes on; the last
+        node leaving deletes it (Slurm has no empty reservation). The engine deletes what is left
+        (nodes that failed and stay out) when the wave ends."""
         if self.reservation_kind != "wave":
             return
         prefix = f"{RESERVATION_PREFIX}c{campaign_of(operation_id)}-w"
         for reservation in self._slurm("scontrol show reservation", self.slurm.reservations):
             name = str(reservation.get("ReservationName", ""))
             nodes = expand_hostlist(reservation.get("Nodes", ""))
-            if name.startswith(prefix) and node.name in nodes and len(nodes) > 1:
-                try:
+            if not name.startswith(prefix) or node.name not in nodes:
+                continue
+            try:
+                if len(nodes) > 1:
                     self._slurm(f"update reservation {name}", self.slurm.update_reservation, name,
                                 [n for n in nodes if n != node.name])
-                except PermanentExecutorError:
-                    # Deleted meanwhile (the wave ended, or an abort): there is nothing to leave.
-                    if any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
-                                                                                 self.slurm.reservations)):
-                        raise
+                else:
+                    self._slurm(f"delete reservation {name}", self.slurm.delete_reservation, name)
+            except PermanentExecutorError:
+                # Deleted meanwhile (the wave ended, or an abort): there is nothing to leave.
+                if any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                             self.slurm.reservations)):
+                    raise
 
     @staticmethod
     def _sweep_reservation(operation_id: str) -> str:
