@@ -336,3 +336,26 @@ def test_an_abort_deletes_the_running_waves_reservation(fleet: SlurmFleet) -> No
     assert all(fleet.takes_work(n) for n in ("gpu01", "gpu02"))
     deleted = EvidenceEvent.objects.get(campaign=done, kind="reservation_deleted")
     assert deleted.data["name"] == f"gpusweep-c{made.pk}-w1" and deleted.data["why"] == "campaign aborted"
+
+
+def test_under_a_wave_reservation_a_kernel_patched_nodes_job_still_comes_home(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The node leaves its wave's reservation when it returns to service, so its held job (checkpoint
+    still valid after a kernel patch) can start there again before the wave is over."""
+    fleet.reset()
+    log = tmp_path / "signal.log"
+    job_id = fleet.counter_job(log, "gpu01", engine="signal")
+    assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    for other in ("gpu02", "gpu03", "gpu04"):
+        fleet.cluster.run("scontrol", "update", f"nodename={other}", "state=DRAIN", "reason=RMA 4711")
+    fleet.make_cluster(executor_options={"operation_timeout": 60, "restore_wait_s": 60,
+                                         "maintenance_reservation": "wave"})
+    done = drive_until_rest(start_campaign(["gpu01"], target_versions={"kernel": NEW_KERNEL}).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    job = fleet.job(job_id)
+    assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
+    assert unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
+    assert EvidenceEvent.objects.filter(campaign=done, kind="reservation_created").count() == 1
+    assert wave_reservations(fleet) == {}
