@@ -39,10 +39,11 @@ did and undo removes only gpusweep's own marks:
   gpusweep-c<C>-w<W> nodes=<the wave's nodes on this cluster> starttime=now duration=<the plan's
   time for the wave, plus a margin> flags=maint,ignore_jobs``; a node back in service leaves it
   (``scontrol update reservation nodes=...``; the last one deletes it), and the engine deletes what
-  is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is aborted. "node" (or the older ``connection["maintenance_reservations"]``):
-  the drain creates ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120),
-  deleted by return to service and undo. Only reservations named gpusweep- are ever deleted, and
-  gpusweep's own reservations never count as someone else's maintenance hold.
+  is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is
+  aborted. "node" (or the older ``connection["maintenance_reservations"]``): the drain creates
+  ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120), deleted by return to
+  service and undo. Only reservations named gpusweep- are ever deleted, and gpusweep's own
+  reservations never count as someone else's maintenance hold.
 
 Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
 uses as ``artifact_dir``, a site's parallel file system) the target reads them there; without it,
