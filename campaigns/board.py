@@ -230,7 +230,8 @@ def plan_view(content: dict[str, Any], deadline: datetime | None, advisories: li
             deadline_placed = True
         members = [nodes[str(n)] for n in wave.get("nodes", []) if str(n) in nodes]
         waves.append({"wave": wave.get("wave"), "start": start, "end": end, "canary": wave.get("canary"),
-                      "nodes": members, "late": bool(deadline and end and end > deadline)})
+                      "nodes": members, "late": bool(deadline and end and end > deadline),
+                      "reservations": wave.get("reservations") or []})
     if not deadline_placed:
         waves.append({"deadline": deadline})
     warnings: list[str] = []

@@ -181,6 +181,9 @@ class EvidenceKind(ChoiceSet):
     REVERT_VERIFIED = "revert_verified"
     REVERT_FAILED = "revert_failed"
     ROLLBACK_CAMPAIGN = "rollback_campaign"
+    # A wave's maintenance reservation (executors.base.Executor.wave_reservation).
+    RESERVATION_CREATED = "reservation_created"
+    RESERVATION_DELETED = "reservation_deleted"
     CHOICES = [
         (CREATED, "Created"),
         (EDITED, "Edited"),
@@ -219,8 +222,10 @@ class EvidenceKind(ChoiceSet):
         (REVERT_VERIFIED, "Previous versions verified after the revert"),
         (REVERT_FAILED, "Revert failed"),
         (ROLLBACK_CAMPAIGN, "Rollback campaign created"),
+        (RESERVATION_CREATED, "Wave's maintenance reservation created"),
+        (RESERVATION_DELETED, "Wave's maintenance reservation deleted"),
     ]
     CAMPAIGN = frozenset({CREATED, EDITED, PLANNED, APPROVED, FULLY_APPROVED, STARTED, WAITING_FOR_WINDOW,
                           WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED, SOAKING, SOAKED,
-                          CANARY_FAILED, ROLLBACK_CAMPAIGN})
+                          CANARY_FAILED, ROLLBACK_CAMPAIGN, RESERVATION_CREATED, RESERVATION_DELETED})
     NODE = frozenset(set(dict(CHOICES)) - CAMPAIGN)

@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from campaigns import evidence, policy
 from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState
-from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, WorkloadMove
+from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep, Plan, WorkloadMove
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
 from campaigns.queue import enqueue, enqueue_now
 from executors import portability
@@ -59,7 +59,7 @@ from executors.base import (
 )
 from inventory import services as inventory
 from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
-from inventory.models import Node, NodeComponent, Workload
+from inventory.models import Cluster, Node, NodeComponent, Workload
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
@@ -132,6 +132,14 @@ def _load(sweep_id: int) -> NodeSweep | None:
 def dispatch(campaign_id: int) -> list[int]:
     """Admit pending nodes within the window, the parallelism limits and the wave order."""
     now = timezone.now()
+    sync_reservations(campaign_id)  # a wave that ended (or an abort) gives its reservation back first
+    admitted = _dispatch(campaign_id, now)
+    if admitted:
+        sync_reservations(campaign_id)  # the waves admitted now get theirs
+    return admitted
+
+
+def _dispatch(campaign_id: int, now: Any) -> list[int]:
     with transaction.atomic():
         campaign = evidence.lock_campaign(campaign_id)
         sweeps = NodeSweep.objects.filter(campaign=campaign)
@@ -154,6 +162,94 @@ def dispatch(campaign_id: int) -> list[int]:
         for sweep_id in admitted:
             enqueue("advance", sweep_id)
         return admitted
+
+
+# -- maintenance reservations per wave --------------------------------------------------------
+def sync_reservations(campaign_id: int) -> None:
+    """Each wave's maintenance reservation, per cluster whose back end holds one (``wave_reservation``):
+    created once the wave has a working sweep, for the wave's nodes on that cluster and the plan's time
+    for it; deleted once none of its sweeps is working any more, or the campaign is aborted.
+
+    The back end's calls run outside any transaction and are idempotent; each creation and deletion is
+    recorded once in the campaign's chain. A call that fails is logged and tried again by the next
+    dispatch (the periodic re-drive dispatches every running campaign); the wave goes on meanwhile.
+    """
+    status = Campaign.objects.filter(pk=campaign_id).values_list("status", flat=True).first()
+    if status is None:
+        return
+    created: dict[tuple[int, int], dict[str, Any]] = {}
+    deleted: set[tuple[int, int]] = set()
+    for kind, data in EvidenceEvent.objects.filter(
+            campaign_id=campaign_id, sweep__isnull=True,
+            kind__in=[EvidenceKind.RESERVATION_CREATED, EvidenceKind.RESERVATION_DELETED]).values_list("kind", "data"):
+        key = (int(data["cluster_id"]), int(data["wave"]))
+        if kind == EvidenceKind.RESERVATION_CREATED:
+            created[key] = data
+        else:
+            deleted.add(key)
+    active = set(NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.WORKING).values_list(
+        "node__cluster_id", "wave").distinct())
+    aborted = status == CampaignStatus.ABORTED
+    ending = [key for key in created if key not in deleted and (aborted or key not in active)]
+    starting = [] if status not in (CampaignStatus.RUNNING, CampaignStatus.WAITING) else sorted(
+        key for key in active if key not in created)
+    if not ending and not starting:
+        return
+    clusters = Cluster.objects.in_bulk({key[0] for key in [*ending, *starting]})
+    for cluster_id, wave in ending:
+        data = created[(cluster_id, wave)]
+        try:
+            get_executor(clusters[cluster_id]).release_wave(data["name"])
+        except ExecutorError as exc:
+            log.warning("campaign %s: deleting reservation %s failed: %s", campaign_id, data["name"], exc)
+            continue
+        _record_reservation(campaign_id, EvidenceKind.RESERVATION_DELETED, {
+            "cluster_id": cluster_id, "cluster": data.get("cluster"), "wave": wave, "name": data["name"],
+            "why": "campaign aborted" if aborted else "the wave ended"})
+    for cluster_id, wave in starting:
+        _reserve_wave(campaign_id, clusters[cluster_id], wave)
+
+
+def _reserve_wave(campaign_id: int, cluster: Cluster, wave: int) -> None:
+    try:
+        ex = get_executor(cluster)
+        name = ex.wave_reservation(campaign_id, wave)
+        if not name:
+            return  # this back end holds none (the default)
+        nodes = [node_ref(s.node) for s in NodeSweep.objects.filter(
+            campaign_id=campaign_id, wave=wave, node__cluster=cluster).exclude(state=SweepState.SKIPPED)
+            .select_related("node__cluster").order_by("node__name")]
+        start, end = planned_wave_times(campaign_id, wave)
+        now = timezone.now()
+        minutes = policy.reservation_minutes(start, end, now)
+        ex.reserve_wave(name, nodes, minutes)
+    except ExecutorError as exc:
+        log.warning("campaign %s: reserving wave %s on %s failed: %s", campaign_id, wave, cluster.name, exc)
+        return
+    _record_reservation(campaign_id, EvidenceKind.RESERVATION_CREATED, {
+        "cluster_id": cluster.pk, "cluster": cluster.name, "wave": wave, "name": name,
+        "nodes": [n.name for n in nodes], "minutes": minutes, "start": now.isoformat(),
+        "end": (now + timedelta(minutes=minutes)).isoformat()})
+
+
+def planned_wave_times(campaign_id: int, wave: int) -> tuple[Any, Any]:
+    """The approved plan's start and end of `wave` (None, None when it has none)."""
+    from django.utils.dateparse import parse_datetime
+
+    plan_id = Campaign.objects.filter(pk=campaign_id).values_list("approved_plan_id", flat=True).first()
+    waves = Plan.objects.filter(pk=plan_id).values_list("content__waves", flat=True).first() if plan_id else None
+    entry: dict[str, Any] = next((w for w in waves or [] if w.get("wave") == wave), {})
+    start, end = entry.get("start"), entry.get("end")
+    return (parse_datetime(start) if start else None, parse_datetime(end) if end else None)
+
+
+def _record_reservation(campaign_id: int, kind: str, data: dict[str, Any]) -> None:
+    """The event, once: a dispatch running at the same time may have recorded it already."""
+    with transaction.atomic():
+        campaign = evidence.lock_campaign(campaign_id)
+        if not EvidenceEvent.objects.filter(campaign_id=campaign_id, sweep__isnull=True, kind=kind,
+                                            data__cluster_id=data["cluster_id"], data__wave=data["wave"]).exists():
+            evidence.campaign_event(campaign, kind, "system", data)
 
 
 def _complete(campaign: Campaign, sweeps: Any, now: Any) -> None:

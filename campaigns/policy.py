@@ -4,6 +4,7 @@
 - The workload policy: what happens to a workload on a node being drained.
 - The step deadline: when a step that has not finished is re-driven.
 - The wait: how often the engine looks again at a workload it waits for.
+- Reservations: how long a wave's maintenance reservation lasts.
 - Admission: which pending node may start now (the engine runs it; the simulator of
   costs/ replays it, so what it predicts is what a campaign does).
 """
@@ -61,6 +62,19 @@ def check_overrides(overrides: object) -> None:
 def step_deadline(step_timeout_s: int, now: datetime) -> datetime:
     """A step still running after this is taken to be lost (its worker died) and re-driven."""
     return now + timedelta(seconds=step_timeout_s)
+
+
+# A wave's maintenance reservation lasts its planned time plus this margin (a late step, a slow reboot).
+RESERVATION_MARGIN = timedelta(minutes=30)
+
+
+def reservation_minutes(start: datetime | None, end: datetime | None, now: datetime) -> int:
+    """How long a wave's reservation made at `now` lasts: to the plan's end of the wave (or for the wave's
+    planned duration, when it starts late), plus the margin; the margin alone without a planned time."""
+    left = timedelta(0)
+    if end is not None:
+        left = max(end - now, end - start if start is not None else timedelta(0), timedelta(0))
+    return int((left + RESERVATION_MARGIN).total_seconds() + 59) // 60
 
 
 def admits(wave: int, lowest: int, in_cluster: int, cluster_limit: int, in_pool: int = 0,

@@ -16,6 +16,7 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from campaigns import evidence, policy
 from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
@@ -445,7 +446,33 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
     content["unreported_gpu_users"] = [{"node": node_id, "name": content["nodes"][str(node_id)].get("name", ""),
                                         "users": users} for node_id, users in unreported.items()]
     content["summary"]["unreported_gpu_users"] = sum(len(u) for u in unreported.values())
+    add_reservations(content, campaign.pk, {n.pk: n for n in in_scope}, executors)
     return content
+
+
+def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int, Node],
+                     executors: dict[str, Executor]) -> None:
+    """List under each wave the maintenance reservations the engine will create when it is admitted
+    (one per cluster whose back end holds one: Executor.wave_reservation), with their nodes and time."""
+    total = 0
+    for wave in content.get("waves") or []:
+        by_cluster: dict[str, list[str]] = {}
+        for node_id in wave.get("nodes") or []:
+            node = nodes.get(int(node_id))
+            if node is not None:
+                by_cluster.setdefault(node.cluster.name, []).append(node.name)
+        start = parse_datetime(wave["start"]) if wave.get("start") else None
+        end = parse_datetime(wave["end"]) if wave.get("end") else None
+        minutes = policy.reservation_minutes(start, end, start or timezone.now())
+        listed = []
+        for cluster, names in sorted(by_cluster.items()):
+            name = executors[cluster].wave_reservation(campaign_id, int(wave["wave"]))
+            if name:
+                listed.append({"cluster": cluster, "name": name, "nodes": sorted(names), "start": wave.get("start"),
+                               "minutes": minutes})
+        wave["reservations"] = listed
+        total += len(listed)
+    content["summary"]["reservations"] = total
 
 
 def _reported(user: GpuUser, known: list[tuple[str, str, int]]) -> str:

@@ -23,6 +23,9 @@ checks), each result with its output for the evidence; a failed gate keeps the n
 service. ``rollback`` reinstalls what the node recorded before its patch (the agent's package
 record, or the GPU Operator's previous driver); the engine then reboots and verifies the old versions.
 
+A back end may hold a maintenance reservation per wave (``wave_reservation``, ``reserve_wave``,
+``release_wave``; Slurm's ``flags=maint``): by default it holds none.
+
 The shared contract every back end passes is ``tests/executors/contract.py``.
 """
 
@@ -315,6 +318,20 @@ class Executor:
     def undo(self, node: NodeRef, operation_id: str) -> None:
         """Leave maintenance without patching (abort, or a failure before the patch)."""
         raise NotImplementedError
+
+    # -- maintenance reservations per wave (optional; the default holds none) -----------
+    def wave_reservation(self, campaign_id: int, wave: int) -> str:
+        """The name of the maintenance reservation this back end holds for a campaign's wave while it
+        runs, "" where it holds none (the default). The plan lists it; the engine calls ``reserve_wave``
+        when the wave is admitted and ``release_wave`` when its last sweep ends or the campaign is aborted."""
+        return ""
+
+    def reserve_wave(self, name: str, nodes: list[NodeRef], minutes: int) -> None:
+        """Reserve `nodes` for maintenance from now for `minutes` under `name`; idempotent (a reservation
+        of that name already there is kept)."""
+
+    def release_wave(self, name: str) -> None:
+        """Delete the reservation `name`; idempotent (none there is fine)."""
 
 
 def executor_name(cluster: Cluster | None) -> str:

@@ -33,12 +33,17 @@ did and undo removes only gpusweep's own marks:
   same reboot). verify reads the agent's facts and Slurm's features; where the site publishes
   versions as features (``component_features``) gpusweep rewrites those features to what the
   agent reports.
-- maintenance reservations just in time (``connection["maintenance_reservations"]``): the drain
-  also creates ``scontrol create reservation gpusweep-c<C>-s<sweep> nodes=N starttime=now
-  duration=<reservation_minutes, 120> flags=maint,ignore_jobs`` for that node alone, deleted by
-  return to service and undo, instead of one reservation set weeks ahead. ``reserve`` and
-  ``release_reservation`` make and delete one for a whole wave (``reservation_name``); only
-  reservations named gpusweep- are ever deleted.
+- maintenance reservations just in time, instead of one reservation set weeks ahead
+  (``executor_options["maintenance_reservation"]``): "wave" (``wave_reservation``, ``reserve_wave``,
+  ``release_wave``, driven by the engine): when a wave is admitted, ``scontrol create reservation
+  gpusweep-c<C>-w<W> nodes=<the wave's nodes on this cluster> starttime=now duration=<the plan's
+  time for the wave, plus a margin> flags=maint,ignore_jobs``; a node back in service leaves it
+  (``scontrol update reservation nodes=...``; the last one deletes it), and the engine deletes what
+  is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is
+  aborted. "node" (or the older ``connection["maintenance_reservations"]``): the drain creates
+  ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120), deleted by return to
+  service and undo. Only reservations named gpusweep- are ever deleted, and gpusweep's own
+  reservations never count as someone else's maintenance hold.
 
 Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
 uses as ``artifact_dir``, a site's parallel file system) the target reads them there; without it,
@@ -95,6 +100,7 @@ MARK = "gpusweep:"  # how every reason and admin comment of gpusweep's begins
 RESERVATION_PREFIX = "gpusweep-"
 AGENT_OPTIONS = ("secret", "request_timeout", "operation_timeout", "patch_method")
 REBOOT_VIA = ("agent", "slurm")
+RESERVATION_KINDS = ("", "node", "wave")  # executor_options.maintenance_reservation
 HELD_STATES = ("down", "fail", "failing", "not_responding", "maintenance", "reboot_requested", "reboot_issued",
                "power_down", "powered_down", "powering_down")
 
@@ -164,6 +170,10 @@ class SlurmExecutor(Executor):
             raise ImproperlyConfigured(f"reboot_via {self.reboot_via!r}: one of {', '.join(REBOOT_VIA)}")
         self.features = dict(self.connection.get("component_features") or DEFAULT_COMPONENT_FEATURES)
         self._known: set[str] | None = None
+        self.reservation_kind = str(self.options.get("maintenance_reservation") or "")
+        if self.reservation_kind not in RESERVATION_KINDS:
+            raise ImproperlyConfigured(f"maintenance_reservation {self.reservation_kind!r}: one of "
+                                       f"{', '.join(k for k in RESERVATION_KINDS if k)} (or none)")
 
     def option(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
@@ -231,6 +241,11 @@ class SlurmExecutor(Executor):
         if words & {"drain", "drained", "draining"} and not ours:
             return f"Slurm: drained by {by or 'someone other than gpusweep'}{said}"
         held = sorted(words & set(HELD_STATES))
+        if "maintenance" in held and not ours:
+            # A MAINT reservation shows as the node's state: ours (gpusweep-...) holds nothing back.
+            mine = self._reservations_of(node.name)
+            if mine and all(r.get("ReservationName", "").startswith(RESERVATION_PREFIX) for r in mine):
+                held.remove("maintenance")
         if held and not ours:
             return f"Slurm: node is {'+'.join(held)}{said}"
         for reservation in self._reservations_of(node.name):
@@ -297,7 +312,7 @@ class SlurmExecutor(Executor):
         ours = reason.startswith(MARK) and bool(_state_words(info) & {"drain", "drained", "draining", "down"})
         if not ours and self.maintenance_hold(node):
             return  # out of service for someone else: takes no work, and their reason stays theirs
-        if self.connection.get("maintenance_reservations"):
+        if self.connection.get("maintenance_reservations") or self.reservation_kind == "node":
             # Just in time: this node, from now for the sweep's time, instead of one reservation weeks ahead.
             self.reserve(self._sweep_reservation(operation_id), [node.name], "now",
                          int(self.connection.get("reservation_minutes", 120)))
@@ -324,10 +339,37 @@ class SlurmExecutor(Executor):
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         self._resume(node, operation_id)
         self._unreserve(node, operation_id)
+        self._leave_wave(node, operation_id)
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
         self._resume(node, operation_id)
         self._unreserve(node, operation_id)
+        self._leave_wave(node, operation_id)
+
+    def _leave_wave(self, node: NodeRef, operation_id: str) -> None:
+        """A node back in service leaves its wave's reservation, so work (a job coming home after a
+        kernel patch, a move onto it) may start there while the rest of the wave goes on; the last
+        node leaving deletes it (Slurm has no empty reservation). The engine deletes what is left
+        (nodes that failed and stay out) when the wave ends."""
+        if self.reservation_kind != "wave":
+            return
+        prefix = f"{RESERVATION_PREFIX}c{campaign_of(operation_id)}-w"
+        for reservation in self._slurm("scontrol show reservation", self.slurm.reservations):
+            name = str(reservation.get("ReservationName", ""))
+            nodes = expand_hostlist(reservation.get("Nodes", ""))
+            if not name.startswith(prefix) or node.name not in nodes:
+                continue
+            try:
+                if len(nodes) > 1:
+                    self._slurm(f"update reservation {name}", self.slurm.update_reservation, name,
+                                [n for n in nodes if n != node.name])
+                else:
+                    self._slurm(f"delete reservation {name}", self.slurm.delete_reservation, name)
+            except PermanentExecutorError:
+                # Deleted meanwhile (the wave ended, or an abort): there is nothing to leave.
+                if any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                             self.slurm.reservations)):
+                    raise
 
     @staticmethod
     def _sweep_reservation(operation_id: str) -> str:
@@ -612,6 +654,21 @@ class SlurmExecutor(Executor):
             return
         self._slurm(f"create reservation {name}", self.slurm.create_reservation, name, nodes, start, minutes,
                     "maint,ignore_jobs")
+
+    def wave_reservation(self, campaign_id: int, wave: int) -> str:
+        return self.reservation_name(campaign_id, wave) if self.reservation_kind == "wave" else ""
+
+    def reserve_wave(self, name: str, nodes: list[NodeRef], minutes: int) -> None:
+        try:
+            self.reserve(name, [n.name for n in nodes], "now", minutes)
+        except PermanentExecutorError:
+            # Two admissions at once: the other one's create won, and that reservation serves.
+            if not any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                             self.slurm.reservations)):
+                raise
+
+    def release_wave(self, name: str) -> None:
+        self.release_reservation(name)
 
     def release_reservation(self, name: str) -> None:
         if not name.startswith(RESERVATION_PREFIX):

@@ -75,6 +75,9 @@ class SlurmClient(Protocol):
 
     def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None: ...
 
+    def update_reservation(self, name: str, nodes: list[str]) -> None:
+        """`scontrol update reservationname=NAME nodes=...` (a node leaves a wave's reservation)."""
+
     def delete_reservation(self, name: str) -> None: ...
 
 
@@ -161,6 +164,9 @@ class CliSlurmClient:
     def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None:
         self._run("scontrol", "create", "reservation", f"reservationname={name}", "users=root",
                   f"nodes={','.join(nodes)}", f"starttime={start}", f"duration={max(1, minutes)}", f"flags={flags}")
+
+    def update_reservation(self, name: str, nodes: list[str]) -> None:
+        self._run("scontrol", "update", f"reservationname={name}", f"nodes={','.join(nodes)}")
 
     def delete_reservation(self, name: str) -> None:
         self._run("scontrol", "delete", f"reservationname={name}")

@@ -10,6 +10,7 @@ One cluster for the module; each test resumes every node and starts its own jobs
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from campaigns import engine, policy, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
+from inventory.sources.slurm import expand_hostlist, parse_key_values
 from tests.campaigns.fleet import FIXED, drive, user
 from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest, unbroken
 from tests.helpers import wait_for
@@ -257,3 +259,103 @@ def test_an_abort_leaves_no_node_drained_and_no_reservation(fleet: SlurmFleet, t
     assert all(fleet.takes_work(n) for n in ("gpu01", "gpu03", "gpu04"))
     assert fleet.node("gpu02")["reason"] == "RMA 4711"
     assert "ReservationName" not in fleet.cluster.run("scontrol", "show", "reservation", "-o", check=False)
+
+
+def wave_reservations(fleet: SlurmFleet) -> dict[str, list[str]]:
+    """Every maintenance reservation Slurm holds (`scontrol show reservation`): name -> its nodes."""
+    found = {}
+    for line in fleet.cluster.run("scontrol", "show", "reservation", "-o", check=False).splitlines():
+        if line.startswith("ReservationName="):
+            fields = parse_key_values(line)
+            assert "MAINT" in fields["Flags"].split(","), fields
+            found[fields["ReservationName"]] = expand_hostlist(fields["Nodes"])
+    return found
+
+
+def test_each_wave_holds_a_maintenance_reservation_of_its_own_nodes_only_while_it_runs(fleet: SlurmFleet) -> None:
+    """Issue 12's just-in-time reservations: a 2-node campaign in 2 waves. The plan lists one reservation
+    per wave; while a wave runs Slurm holds exactly that wave's reservation, over that wave's node alone;
+    none before the campaign, none after it; the evidence records each creation and deletion."""
+    fleet.reset()
+    fleet.make_cluster(executor_options={"operation_timeout": 60, "restore_wait_s": 60,
+                                         "maintenance_reservation": "wave"})
+    made = start_campaign(["gpu01", "gpu02"], parallelism_per_cluster="1")
+    made.refresh_from_db()
+    assert made.approved_plan is not None
+    content = made.approved_plan.content
+    planned = {w["wave"]: [(r["name"], r["nodes"]) for r in w["reservations"]] for w in content["waves"]}
+    order = [content["nodes"][str(w["nodes"][0])]["name"] for w in content["waves"]]
+    assert sorted(order) == ["gpu01", "gpu02"]
+    assert planned == {1: [(f"gpusweep-c{made.pk}-w1", [order[0]])], 2: [(f"gpusweep-c{made.pk}-w2", [order[1]])]}
+    assert wave_reservations(fleet) == {}, "nothing is reserved ahead"
+
+    seen: list[tuple[list[tuple[int, str]], dict[str, list[str]]]] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        engine.dispatch(made.pk)
+        working = sorted(NodeSweep.objects.filter(campaign=made, state__in=SweepState.WORKING).values_list(
+            "wave", "node__name"))
+        if not working:
+            break
+        now = (working, wave_reservations(fleet))
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        for sweep_id in NodeSweep.objects.filter(campaign=made, state__in=SweepState.WORKING).values_list(
+                "pk", flat=True):
+            engine.advance(sweep_id)
+    done = Campaign.objects.get(pk=made.pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    assert seen == [([(1, order[0])], {f"gpusweep-c{made.pk}-w1": [order[0]]}),
+                    ([(2, order[1])], {f"gpusweep-c{made.pk}-w2": [order[1]]})], seen
+    assert wave_reservations(fleet) == {}, "none left after the campaign"
+    events = list(EvidenceEvent.objects.filter(campaign=done, kind__startswith="reservation_").order_by("seq")
+                  .values_list("kind", "data__name", "data__nodes"))
+    assert events == [("reservation_created", f"gpusweep-c{made.pk}-w1", [order[0]]),
+                      ("reservation_deleted", f"gpusweep-c{made.pk}-w1", None),
+                      ("reservation_created", f"gpusweep-c{made.pk}-w2", [order[1]]),
+                      ("reservation_deleted", f"gpusweep-c{made.pk}-w2", None)], events
+    assert all(fleet.takes_work(n) for n in ("gpu01", "gpu02"))
+
+
+def test_an_abort_deletes_the_running_waves_reservation(fleet: SlurmFleet) -> None:
+    """Abort after the first wave's drain: its reservation goes with the abort, and the unwound node
+    takes work again."""
+    fleet.reset()
+    fleet.make_cluster(executor_options={"operation_timeout": 60, "maintenance_reservation": "wave"})
+    made = start_campaign(["gpu01", "gpu02"], parallelism_per_cluster="1")
+    engine.dispatch(made.pk)
+    [sweep] = NodeSweep.objects.filter(campaign=made, state=SweepState.DRAINING)
+    engine.advance(sweep.pk, max_steps=1)
+    assert wave_reservations(fleet) == {f"gpusweep-c{made.pk}-w1": [sweep.node.name]}
+    assert not fleet.takes_work(sweep.node.name)
+    services.abort(made.pk, None, "operator changed their mind")
+    done = drive_until_rest(made.pk)
+    assert done.status == CampaignStatus.ABORTED
+    assert wave_reservations(fleet) == {}, "no reservation left after the abort"
+    assert all(fleet.takes_work(n) for n in ("gpu01", "gpu02"))
+    deleted = EvidenceEvent.objects.get(campaign=done, kind="reservation_deleted")
+    assert deleted.data["name"] == f"gpusweep-c{made.pk}-w1" and deleted.data["why"] == "campaign aborted"
+
+
+def test_under_a_wave_reservation_a_kernel_patched_nodes_job_still_comes_home(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """The node leaves its wave's reservation when it returns to service, so its held job (checkpoint
+    still valid after a kernel patch) can start there again before the wave is over."""
+    fleet.reset()
+    log = tmp_path / "signal.log"
+    job_id = fleet.counter_job(log, "gpu01", engine="signal")
+    assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    for other in ("gpu02", "gpu03", "gpu04"):
+        fleet.cluster.run("scontrol", "update", f"nodename={other}", "state=DRAIN", "reason=RMA 4711")
+    fleet.make_cluster(executor_options={"operation_timeout": 60, "restore_wait_s": 60,
+                                         "maintenance_reservation": "wave"})
+    done = drive_until_rest(start_campaign(["gpu01"], target_versions={"kernel": NEW_KERNEL}).pk)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    job = fleet.job(job_id)
+    assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
+    assert unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
+    assert EvidenceEvent.objects.filter(campaign=done, kind="reservation_created").count() == 1
+    assert wave_reservations(fleet) == {}
