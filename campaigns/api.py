@@ -18,14 +18,13 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from campaigns import evidence, services
+from campaigns import board, evidence, services
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
 from gpusweep.filters import FilterSet, MultipleChoiceFilter
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
-LIFECYCLE = ("plan", "start", "pause", "resume", "abort")
 WEEK_S = 7 * 24 * 3600
 
 APPROVAL_SUMMARY = inline_serializer("ApprovalSummary", {
@@ -152,8 +151,8 @@ class CampaignViewSet(viewsets.ModelViewSet):
     search_fields = ["name", "description"]
     extra_query_params = {"compare": {"old", "new"}}
     write_roles = {Role.OPERATOR}
-    action_roles = {"approve": {Role.APPROVER}, "add_last_group": {Role.OPERATOR}, "seal": {Role.OPERATOR},
-                    **{name: {Role.OPERATOR} for name in LIFECYCLE}}
+    # The console's table of who may do what (campaigns.board), so the UI and the API agree.
+    action_roles = {**{name: {role} for name, role in board.ACTION_ROLES.items()}, "seal": {Role.OPERATOR}}
     http_method_names = ["get", "post", "patch", "put", "head", "options"]
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -18,9 +18,6 @@ from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, installed, paginate
 from gpusweep.roles import Role, has_role
 
-# Which role each button needs; the service functions enforce the state rules themselves.
-ACTIONS = board.ACTION_ROLES
-
 
 def campaign_list(request: HttpRequest) -> HttpResponse:
     campaigns = Campaign.objects.select_related("requested_by").order_by("-created_at")
@@ -134,7 +131,7 @@ def campaign_board(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
-    role = ACTIONS.get(action)
+    role = board.ACTION_ROLES.get(action)
     if role is None:
         return HttpResponse(status=404)
     if not has_role(request.user, role):
