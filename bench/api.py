@@ -139,12 +139,12 @@ def main() -> int:
     from advisories.ingest import ingest_documents
     from advisories.models import Exposure
     from advisories.sources import FolderSource
+    from bench.boot import corpus_folder
     from bench.exposure import build_fleet
     from inventory.models import Node
 
-    corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
-    if not corpus.is_dir():
-        print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
+    corpus = corpus_folder(args.corpus)
+    if corpus is None:
         return 2
     setup_test_environment(debug=False)
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=not args.keep, serialize=False,

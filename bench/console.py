@@ -13,7 +13,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,13 +29,9 @@ def main() -> int:
     parser.add_argument("--corpus", default="")
     args = parser.parse_args()
 
-    tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-")
-    os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp.name}/bench.sqlite3"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
-    os.environ.setdefault("GPUSWEEP_VAR_DIR", tmp.name)
-    import django
+    from bench.boot import boot, corpus_folder
 
-    django.setup()
+    _tmp = boot(args.database_url)  # kept alive (deleted when collected) while the bench runs
     from django.conf import settings
     from django.contrib.auth.models import User
     from django.core.cache import cache
@@ -54,9 +49,8 @@ def main() -> int:
     from gpusweep import overview
     from inventory.models import Node
 
-    corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
-    if not corpus.is_dir():
-        print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
+    corpus = corpus_folder(args.corpus)
+    if corpus is None:
         return 2
     setup_test_environment(debug=False)
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)

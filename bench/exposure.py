@@ -19,7 +19,6 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -125,14 +124,9 @@ def main() -> int:
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
     args = parser.parse_args()
 
-    tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-")
-    os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp.name}/bench.sqlite3"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
-    os.environ.setdefault("GPUSWEEP_VAR_DIR", tmp.name)
-    import django
+    from bench.boot import boot, corpus_folder
 
-    django.setup()
-    from django.conf import settings
+    _tmp = boot(args.database_url)  # kept alive (deleted when collected) while the bench runs
     from django.db import connection
     from django.test.utils import setup_test_environment
 
@@ -145,9 +139,8 @@ def main() -> int:
 
     # The shared folder holds the CSAF bulletins and NVIDIA's CVE index (bulletins known only
     # from it are ingested with their products to review, and have no ranges).
-    corpus = Path(args.corpus or Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")
-    if not corpus.is_dir():
-        print(f"no CSAF corpus at {corpus}: pass --corpus or set GPUSWEEP_SHARED_DATA_DIR", file=sys.stderr)
+    corpus = corpus_folder(args.corpus)
+    if corpus is None:
         return 2
     setup_test_environment(debug=False)
     engine = connection.vendor

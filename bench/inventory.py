@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,13 +60,9 @@ def main() -> int:
     parser.add_argument("--database-url", default="", help="default: a temporary SQLite file")
     args = parser.parse_args()
 
-    tmp = tempfile.TemporaryDirectory(prefix="gpusweep-bench-")
-    os.environ["DATABASE_URL"] = args.database_url or f"sqlite:///{tmp.name}/bench.sqlite3"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
-    os.environ.setdefault("GPUSWEEP_VAR_DIR", tmp.name)
-    import django
+    from bench.boot import boot
 
-    django.setup()
+    tmp = boot(args.database_url)  # kept alive while the bench runs
     from django.conf import settings
     from django.db import connection
     from django.test.utils import setup_test_environment
