@@ -144,6 +144,16 @@ def steps(log: Path) -> list[int]:
     return [int(parts[0]) for parts in lines]
 
 
+def unbroken(steps: list[int]) -> int:
+    """The counter's step as long as its count runs from 1 without a gap or a repeat (a cold start breaks it)."""
+    count = 0
+    for step in steps:
+        if step != count + 1:
+            break
+        count = step
+    return count
+
+
 def wait_steps(log: Path, at_least: int, timeout: float = 30) -> list[int]:
     return wait_for(lambda: log.exists() and len(steps(log)) >= at_least and steps(log), timeout,
                     what=f"{at_least} steps in {log}")

@@ -23,7 +23,7 @@ from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from inventory.sources.slurm import expand_hostlist, parse_key_values
 from tests.campaigns.fleet import FIXED, drive, user
-from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest, unbroken
+from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest
 from tests.helpers import wait_for
 from tests.slurm_cluster import can_run_slurm
 
@@ -105,7 +105,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
         # Its log goes on from where it stopped: no restart from step 1, no gap, no repeat.
         at_end = len(agents.steps(logs[node]))
         after = agents.wait_steps(logs[node], at_end + 5)
-        assert unbroken(after) == len(after), f"the counter of {node} restarted, skipped or repeated a step"
+        assert agents.unbroken(after) == len(after), f"the counter of {node} restarted, skipped or repeated a step"
         # sacct: the first run on the swept node ended REQUEUED, the second runs on the spare.
         runs = fleet.cluster.sacct("-j", job_id)
         assert [(r["State"], r["NodeList"]) for r in runs] == [("REQUEUED", node), ("RUNNING",
@@ -156,7 +156,7 @@ def test_without_a_shared_folder_the_images_travel_between_agents_and_scancel_st
         listed = sorted(p.name for p in source_dir.iterdir() if p.suffix == ".img")
         assert listed and listed == sorted(p.name for p in target_dir.iterdir() if p.suffix == ".img")
         after = agents.wait_steps(log, len(agents.steps(log)) + 5)
-        assert unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+        assert agents.unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
         assert fleet.job(job_id)["batch_host"] == target  # type: ignore[index]
         assert counter_pids(log)
         fleet.cluster.run("scancel", job_id)
@@ -186,7 +186,7 @@ def test_a_kernel_only_patch_brings_the_job_back_to_its_own_node_after_the_reboo
     job = fleet.job(job_id)
     assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)
-    assert unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+    assert agents.unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
     assert [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", job_id)] == [
         ("REQUEUED", "gpu01"), ("RUNNING", "gpu01")]
     assert fleet.agents["gpu01"].client.get("/v1/facts")["components"]["kernel"] == NEW_KERNEL
@@ -224,7 +224,7 @@ def test_a_down_agent_fails_its_node_untouched_a_waited_job_keeps_its_node_drain
     assert fleet.takes_work("gpu01")
     job = fleet.job(untouched)
     assert job is not None and job["job_state"] == "RUNNING" and job["restart_cnt"] == 0
-    assert unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
+    assert agents.unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
     # gpu02: the waited job ran to its end there, and gpu02 was patched only after it.
     [run] = fleet.cluster.sacct("-j", waited)
     sweep = NodeSweep.objects.get(campaign=done, node__name="gpu02")
@@ -356,6 +356,6 @@ def test_under_a_wave_reservation_a_kernel_patched_nodes_job_still_comes_home(
         NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
     job = fleet.job(job_id)
     assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
-    assert unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
+    assert agents.unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
     assert EvidenceEvent.objects.filter(campaign=done, kind="reservation_created").count() == 1
     assert wave_reservations(fleet) == {}

@@ -213,16 +213,6 @@ def _state(job: dict[str, Any]) -> str:
     return str(state[0] if isinstance(state, list) and state else state).upper()
 
 
-def unbroken(steps: list[int]) -> int:
-    """The counter's step as long as its count runs from 1 without a gap or a repeat (a cold start breaks it)."""
-    count = 0
-    for step in steps:
-        if step != count + 1:
-            break
-        count = step
-    return count
-
-
 def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
     """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
     from campaigns.choices import CampaignStatus, SweepState

@@ -32,16 +32,6 @@ def _ready(pod: dict[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _unbroken(steps: list[int]) -> int:
-    """The counter's step as long as its count runs from 1 without a gap or a repeat (a cold start breaks it)."""
-    count = 0
-    for step in steps:
-        if step != count + 1:
-            break
-        count = step
-    return count
-
-
 def _workload_id(pod: dict[str, Any]) -> str:
     return next((e["value"] for c in pod["spec"]["containers"] for e in c.get("env") or []
                  if e["name"] == "GPUSWEEP_WORKLOAD_ID"), "")
@@ -97,7 +87,7 @@ class TestKubernetesExecutor(ExecutorContract):
             executor=executor, a=NodeRef(helpers.CLUSTER, "n0"), b=NodeRef(helpers.CLUSTER, "n1"),
             workload=f"{NAMESPACE}/{POD}", engine="signal", component="driver", version="570.195.03",
             unknown=NodeRef(helpers.CLUSTER, "nowhere"), takes_work=takes_work, running=running,
-            progress=lambda _workload: _unbroken(helpers.steps(log)) if log.exists() else None,
+            progress=lambda _workload: helpers.unbroken(helpers.steps(log)) if log.exists() else None,
             hold=lambda node, reason: _cordon_by_hand(api, node.name, reason),
             # The node agents' real site check script fails on this node from now on.
             fail_check=lambda node, output: site_check[1](node.name, output),

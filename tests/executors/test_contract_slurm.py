@@ -20,7 +20,7 @@ from executors.base import Executor, NodeRef, PermanentExecutorError, get_execut
 from executors.slurm import read_record
 from inventory.models import Cluster
 from tests.executors.contract import ExecutorContract, Harness, op
-from tests.executors.slurm_fleet import SlurmFleet, agents, unbroken
+from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.slurm_cluster import can_run_slurm
 
 pytestmark = [pytest.mark.slurm]
@@ -57,7 +57,7 @@ class TestSlurmExecutor(ExecutorContract):
             executor=executor, a=fleet.ref("gpu01"), b=fleet.ref("gpu02"), workload=f"slurm-{job}", engine="signal",
             component="driver", version="570.195.03", unknown=NodeRef(agents.CLUSTER, "nowhere"),
             takes_work=lambda node: fleet.takes_work(node.name), running=lambda node: fleet.running(node.name),
-            progress=lambda _workload: unbroken(agents.steps(log)) if log.exists() else None, hold=hold,
+            progress=lambda _workload: agents.unbroken(agents.steps(log)) if log.exists() else None, hold=hold,
             fail_check=lambda node, output: fleet.fail_check(node.name, output),
         )
         fleet.reset()
