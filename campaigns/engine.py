@@ -77,9 +77,10 @@ class HealthGateFailed(PermanentExecutorError):
 class WaitMore(Exception):
     """The step is not done yet and not failing (a workload we wait for is still running)."""
 
-    def __init__(self, seconds: float, reason: str) -> None:
+    def __init__(self, seconds: float, reason: str, detail: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.seconds = seconds
+        self.detail = detail or {}
 
 
 def node_ref(node: Node, versions: dict[str, str] | None = None) -> NodeRef:
@@ -564,7 +565,7 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
             return _unwind(sweep, worker, ex, SweepState.ROLLED_BACK, ""), False
         result = STEPS[sweep.state](sweep, ex, node_ref(sweep.node))
     except WaitMore as wait:
-        _release(sweep, worker, wait.seconds, EvidenceKind.WAITING, {"reason": str(wait)})
+        _release(sweep, worker, wait.seconds, EvidenceKind.WAITING, {"reason": str(wait), **wait.detail})
         return sweep.state, False
     except TemporaryExecutorError as exc:
         if sweep.attempt < MAX_ATTEMPTS:
@@ -796,7 +797,8 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
             sweep=sweep, workload=row, workload_ref=ref, workload_name=info.name, gpus=gpus,
             policy=policy.workload_policy(campaign, ref, info.name, row.policy if row else ""),
             detail={"engine": engine, "requires": needed.as_dict(),
-                    "planned": (planned.get(ref) or {}).get("action", "")}))
+                    "planned": (planned.get(ref) or {}).get("action", ""),
+                    **({"origin": info.origin} if info.origin else {})}))
     WorkloadMove.objects.bulk_create(moves, ignore_conflicts=True)
 
 
@@ -819,7 +821,8 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         if move.policy == WorkloadPolicy.WAIT:
             waited = timezone.now() - move.created_at
             if campaign.wait_limit is None or waited < campaign.wait_limit:
-                raise WaitMore(policy.WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish")
+                raise WaitMore(policy.WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish",
+                               _origin(move))
             if not campaign.cold_restart_allowed:
                 raise PermanentExecutorError(
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
@@ -841,10 +844,17 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     return StepResult({"workloads": done})
 
 
+def _origin(move: WorkloadMove) -> dict[str, str]:
+    """For the evidence: {"origin": "undeclared-found-by-agent"} when no scheduler declared the workload's
+    GPUs and the node's agent found it holding some (WorkloadInfo.origin); {} for a declared one."""
+    origin = move.detail.get("origin")
+    return {"origin": str(origin)} if origin else {}
+
+
 def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
     who = ex.restarts_cold_starts
     entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
-             "restarted_by": who or "nobody: its owner must start it again"}
+             "restarted_by": who or "nobody: its owner must start it again", **_origin(move)}
     _move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
     return entry
 
@@ -852,7 +862,7 @@ def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, An
 def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
              "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
-             "requires": move.detail.get("requires")}
+             "requires": move.detail.get("requires"), **_origin(move)}
     home = move.detail.get("planned") == "return_home"
     fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
                               "steps_before": result.steps}
@@ -888,7 +898,8 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
         else:
             return _stopped(sweep, ex, move)
     _move(sweep, sweep.lease_owner, move, EvidenceKind.FINISHED,
-          {"workload": name, "action": "ended by itself before it was moved"}, state=MoveState.FINISHED)
+          {"workload": name, "action": "ended by itself before it was moved", **_origin(move)},
+          state=MoveState.FINISHED)
     return None
 
 

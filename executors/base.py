@@ -32,7 +32,9 @@ The shared contract every back end passes is ``tests/executors/contract.py``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +109,13 @@ class WorkloadInfo:
     fingerprint: dict[str, str] = field(default_factory=dict)
     # Facts the workload declares its checkpoint needs on top of its engine's (executors.portability).
     requires: dict[str, str] = field(default_factory=dict)
+    # "" when its scheduler declared it a GPU workload; UNDECLARED when the node's agent found it holding
+    # GPUs it never asked for (the engine records that in the evidence of what it did with it).
+    origin: str = ""
+
+
+# A workload's origin when no scheduler declared its GPUs and the node's agent found it holding some.
+UNDECLARED = "undeclared-found-by-agent"
 
 
 @dataclass(frozen=True)
@@ -221,6 +230,34 @@ def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
                              devices=tuple(str(d) for d in item.get("devices") or ()),
                              cgroup=str(owner.get("cgroup", "")), system=bool(item.get("system"))))
     return users
+
+
+# The device file of one GPU (/dev/nvidia0, a stand-in path in tests); nvidiactl and nvidia-uvm are not GPUs.
+# The agent counts a bare process's GPUs with the same rule (gpusweep_agent.agent, which cannot import this).
+GPU_DEVICE = re.compile(r".*/nvidia\d+")
+
+
+def held_gpus(users: Iterable[GpuUser], owner_kind: str, owner_id: str, workload_id: str = "") -> int:
+    """How many GPUs the agent's `users` show a scheduler's workload holding (0: none), found by its cgroup
+    (`owner_kind` k8s_pod with the pod's UID, slurm_job with the job id) or by the id it registered with the
+    agent through gpusweep-run (`workload_id`). Node daemons (``system``) never count."""
+    mine = [u for u in users if not u.system and ((u.owner_kind == owner_kind and u.owner_id == owner_id)
+                                                  or (workload_id and u.workload_id == workload_id))]
+    if not mine:
+        return 0
+    return len({d for u in mine for d in u.devices if GPU_DEVICE.fullmatch(d)}) or 1
+
+
+def as_gpu_workload(info: WorkloadInfo, users: Iterable[GpuUser], owner_kind: str, owner_id: str,
+                    workload_id: str = "") -> WorkloadInfo | None:
+    """`info` as the node's GPU workload: unchanged when its scheduler declared GPUs; with the GPUs the
+    agent sees it hold and origin UNDECLARED when it declared none (a pod without an nvidia.com/gpu request,
+    a Slurm job without GPU gres), so drain, checkpoint, move, cold restart and wait treat it as a declared
+    one; None when it declared none and holds none (not a GPU workload). One rule for every back end."""
+    if info.gpus > 0:
+        return info
+    found = held_gpus(users, owner_kind, owner_id, workload_id)
+    return replace(info, gpus=found, origin=UNDECLARED) if found else None
 
 
 @dataclass(frozen=True)

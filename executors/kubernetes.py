@@ -104,6 +104,8 @@ from executors.base import (
     TemporaryExecutorError,
     VerifyResult,
     WorkloadInfo,
+    as_gpu_workload,
+    held_gpus,
     versions_check,
 )
 from executors.local import LocalExecutor
@@ -474,25 +476,46 @@ class KubernetesExecutor(Executor):
         return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
                                       self._observed(node, obj)[0])
 
+    def _held_by(self, node: NodeRef, pods: list[dict[str, Any]]) -> list[GpuUser]:
+        """The agent's GPU users when some of `pods` requests no nvidia.com/gpu (such a pod may hold GPUs all
+        the same: a runtime class, a device mounted by hand); [] when none does or the node runs no agent."""
+        if all(pod_gpus(p) for p in pods):
+            return []
+        ref = self._agent(node)
+        return self.agents.gpu_users(ref) if ref is not None else []
+
+    def _pod_gpus(self, node: NodeRef, pod: dict[str, Any], users: list[GpuUser] | None = None) -> int:
+        """The GPUs the pod requests, else those the agent sees it hold (by its cgroup's pod UID, or the
+        workload id its gpusweep-run registered)."""
+        requested = pod_gpus(pod)
+        if requested:
+            return requested
+        users = self._held_by(node, [pod]) if users is None else users
+        return held_gpus(users, "k8s_pod", str(_meta(pod).get("uid", "")), self._workload_id(pod))
+
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         found = []
+        pods = []
         for pod in self._call(self.kube.pods, node=node.name):
             meta, notes = _meta(pod), _annotations(pod)
             controller = pod_controller(pod) or {}
             if meta.get("deletionTimestamp") or controller.get("kind") == "DaemonSet" or MIRROR in notes \
                     or CHECKPOINT_ID in _labels(pod) or (pod.get("status") or {}).get("phase") != "Running":
                 continue
-            gpus = pod_gpus(pod)
-            if not gpus:
-                continue
-            found.append(WorkloadInfo(
-                id=_pod_ref(pod), name=meta["name"], gpus=gpus, checkpoint_engine=pod_checkpoint_engine(pod),
+            pods.append(pod)
+        users = self._held_by(node, pods)
+        for pod in pods:
+            meta, notes = _meta(pod), _annotations(pod)
+            info = as_gpu_workload(WorkloadInfo(
+                id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod), checkpoint_engine=pod_checkpoint_engine(pod),
                 fingerprint={"engine": notes.get("gpusweep.io/engine", ""),
                              "engine_version": notes.get("gpusweep.io/engine-version", ""),
                              "model_name": notes.get("gpusweep.io/model", ""),
                              "model_version": notes.get("gpusweep.io/model-version", "")},
                 requires=_declared(pod),
-            ))
+            ), users, "k8s_pod", str(meta.get("uid", "")), self._workload_id(pod))
+            if info is not None:  # a pod that neither requests nor holds a GPU is no GPU workload
+                found.append(info)
         return found
 
     # -- drain, return, undo ---------------------------------------------------------
@@ -613,8 +636,9 @@ class KubernetesExecutor(Executor):
             raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
                                          "its controller restarts it (policy cold_restart) or it is waited for")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
+        gpus = self._pod_gpus(node, pod)
         if requires is None:
-            requires = self._requirements(pod, engine, self._portability_facts(node)).as_dict()
+            requires = self._requirements(pod, engine, self._portability_facts(node), gpus).as_dict()
         via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
         if via == "kubelet":
             taken = self._kubelet_checkpoint(node, pod)
@@ -623,7 +647,8 @@ class KubernetesExecutor(Executor):
             # The agent checks a restore against its own facts, so it gets the rule applied to its own.
             own = self.agents.client(ref).get("/v1/facts")
             mine = self._requirements(pod, engine, portability.node_facts(
-                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}))
+                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
+                gpus)
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
@@ -643,11 +668,13 @@ class KubernetesExecutor(Executor):
         return {}
 
     @staticmethod
-    def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str]) -> portability.Requirements:
-        """The portability rule for this pod's image, from its annotations, on a node with `facts`."""
+    def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str],
+                      gpus: int) -> portability.Requirements:
+        """The portability rule for this pod's image, from its annotations, on a node with `facts`, holding
+        `gpus` (requested, or found by the agent)."""
         notes = _annotations(pod)
         return portability.requirements(
-            engine, facts, gpus=pod_gpus(pod), inference_engine=notes.get("gpusweep.io/engine", ""),
+            engine, facts, gpus=gpus, inference_engine=notes.get("gpusweep.io/engine", ""),
             engine_version=notes.get("gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
             model_version=notes.get("gpusweep.io/model-version", ""),
             requires=_declared(pod))

@@ -11,6 +11,7 @@ from typing import Any
 
 from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
+    UNDECLARED,
     CheckpointResult,
     Executor,
     GpuUser,
@@ -79,6 +80,8 @@ class LocalExecutor(Executor):
                 fingerprint={k: str(item.get(k, "")) for k in FINGERPRINT_FIELDS},
                 requires={str(k): str(v) for k, v in (item.get("requires") or {}).items()}
                 if isinstance(item.get("requires"), dict) else {},
+                # A bare process the agent found holding a GPU (its gpu_process entries): nobody declared it.
+                origin=UNDECLARED if item.get("kind") == "gpu_process" else "",
             ))
         return found
 

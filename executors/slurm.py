@@ -84,6 +84,8 @@ from executors.base import (
     TemporaryExecutorError,
     VerifyResult,
     WorkloadInfo,
+    as_gpu_workload,
+    held_gpus,
 )
 from executors.local import LocalExecutor
 from inventory.sources.slurm import (
@@ -287,6 +289,10 @@ class SlurmExecutor(Executor):
         ref = self._agent(node)
         registered = {str(w.get("id")): w for w in (self.agents.client(ref).get("/v1/workloads").get("workloads", [])
                                                      if ref is not None else [])}
+        # A job that declared no GPU gres may hold GPUs all the same: the agent sees it (by cgroup, or by its
+        # gpusweep-run registration), and it is then the node's GPU workload like a declared one.
+        users = self.agents.gpu_users(ref) if ref is not None and any(
+            not getattr(workload_from_slurm(j), "gpus", 0) for j in here) else []
         found = []
         for job in here:
             observed = workload_from_slurm(job)
@@ -297,12 +303,14 @@ class SlurmExecutor(Executor):
                 continue  # checkpointed: its job is being requeued
             single = len(observed.nodes) <= 1
             steps = agent.get("steps")
-            found.append(WorkloadInfo(
+            info = WorkloadInfo(
                 id=workload_id, name=observed.name, gpus=observed.gpus,
                 checkpoint_engine=str(agent.get("checkpoint_engine") or "none") if single else "none",
                 state=observed.state, steps=int(steps) if steps is not None else None,
                 fingerprint={k: str(agent.get(k, "")) for k in ("engine", "engine_version", "model_name",
-                                                               "model_version")}))
+                                                               "model_version")})
+            # A job without GPUs is still the node's workload (the reboot ends it too): Slurm's rule.
+            found.append(as_gpu_workload(info, users, "slurm_job", observed.scheduler_id, workload_id) or info)
         return found
 
     # -- drain, return, undo -----------------------------------------------------------
@@ -404,13 +412,15 @@ class SlurmExecutor(Executor):
             raise PermanentExecutorError(f"job {job_id} runs on {len(observed.nodes)} nodes; gpusweep checkpoints "
                                          "single-node jobs only (the campaign's policy applies)")
         ref = self._need_agent(node)
+        # GPUs it holds without having declared them count as its own (executors.base.held_gpus).
+        gpus = observed.gpus or held_gpus(self.agents.gpu_users(ref), "slurm_job", job_id, workload_id)
         if requires is None:
-            requires = portability.requirements(engine, self._portability_facts(node), gpus=observed.gpus).as_dict()
+            requires = portability.requirements(engine, self._portability_facts(node), gpus=gpus).as_dict()
         # The agent checks a restore against what it reads itself, so it gets the rule applied to its own facts.
         own = self.agents.client(ref).get("/v1/facts")
         mine = portability.requirements(engine, portability.node_facts(
             str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
-            gpus=observed.gpus)
+            gpus=gpus)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
                   "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
