@@ -508,8 +508,9 @@ def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
         for user in users:
             if user.system or _reported(user, known):
                 continue
-            ref = user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}"
-            chosen = policy.workload_policy(campaign, ref, user.name, "")
+            # Looked up as the engine will: by the workload the back end acts on (WorkloadInfo id and name).
+            ref = user.workload_ref or (user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}")
+            chosen = policy.workload_policy(campaign, ref, user.workload_name or user.name, "")
             found.setdefault(node.pk, []).append({
                 "pid": user.pid, "name": user.name, "owner": {"kind": user.owner_kind, "id": user.owner_id},
                 "devices": list(user.devices), "cgroup": user.cgroup, "policy": chosen,

@@ -216,6 +216,10 @@ class GpuUser:
     devices: tuple[str, ...] = ()
     cgroup: str = ""
     system: bool = False  # a node daemon holding GPUs by design (nvidia-persistenced, nv-hostengine)
+    # The workload the back end acts on for it, as its list_workloads names it (WorkloadInfo id and name):
+    # the plan looks up its policy as the engine will. "" where the back end knows of none.
+    workload_ref: str = ""
+    workload_name: str = ""
 
 
 def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
@@ -237,12 +241,18 @@ def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
 GPU_DEVICE = re.compile(r".*/nvidia\d+")
 
 
+def owned_by(user: GpuUser, owner_kind: str, owner_id: str, workload_id: str = "") -> bool:
+    """Whether `user` belongs to the scheduler's workload `owner_id` of `owner_kind` (its cgroup says so, or it
+    runs under the gpusweep-run registration `workload_id`). A node daemon (``system``) belongs to no workload."""
+    return not user.system and ((user.owner_kind == owner_kind and user.owner_id == owner_id)
+                                or bool(workload_id and user.workload_id == workload_id))
+
+
 def held_gpus(users: Iterable[GpuUser], owner_kind: str, owner_id: str, workload_id: str = "") -> int:
     """How many GPUs the agent's `users` show a scheduler's workload holding (0: none), found by its cgroup
     (`owner_kind` k8s_pod with the pod's UID, slurm_job with the job id) or by the id it registered with the
     agent through gpusweep-run (`workload_id`). Node daemons (``system``) never count."""
-    mine = [u for u in users if not u.system and ((u.owner_kind == owner_kind and u.owner_id == owner_id)
-                                                  or (workload_id and u.workload_id == workload_id))]
+    mine = [u for u in users if owned_by(u, owner_kind, owner_id, workload_id)]
     if not mine:
         return 0
     return len({d for u in mine for d in u.devices if GPU_DEVICE.fullmatch(d)}) or 1

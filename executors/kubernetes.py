@@ -106,6 +106,7 @@ from executors.base import (
     WorkloadInfo,
     as_gpu_workload,
     held_gpus,
+    owned_by,
     versions_check,
 )
 from executors.local import LocalExecutor
@@ -462,14 +463,21 @@ class KubernetesExecutor(Executor):
         return self._observed(node, self._node(node.name))[0]
 
     def gpu_users(self, node: NodeRef) -> list[GpuUser]:
-        """The agent's GPU users, each pod named namespace/name (its UID is what the cgroup shows)."""
+        """The agent's GPU users, each of a pod of this node named namespace/name (its cgroup shows its UID, or
+        its gpusweep-run registered the pod's workload id), with the pod as the workload acted on."""
         ref = self._agent(node)
         if ref is None:
             return []
-        users = self.agents.gpu_users(ref)
-        pods = {str(_meta(p).get("uid", "")): _pod_ref(p) for p in self._call(self.kube.pods, node=node.name)}
-        return [replace(u, owner_id=pods.get(u.owner_id, u.owner_id)) if u.owner_kind == "k8s_pod" else u
-                for u in users]
+        pods = self._call(self.kube.pods, node=node.name)
+        found = []
+        for user in self.agents.gpu_users(ref):
+            pod = next((p for p in pods if owned_by(user, "k8s_pod", str(_meta(p).get("uid", "")),
+                                                    self._workload_id(p))), None)
+            if pod is not None:
+                user = replace(user, owner_kind="k8s_pod", owner_id=_pod_ref(pod), workload_ref=_pod_ref(pod),
+                               workload_name=_meta(pod)["name"])
+            found.append(user)
+        return found
 
     def _portability_facts(self, node: NodeRef) -> dict[str, str]:
         obj = self._node(node.name)

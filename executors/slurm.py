@@ -74,6 +74,7 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    GpuUser,
     HealthGates,
     HealthResult,
     NodeRef,
@@ -86,6 +87,7 @@ from executors.base import (
     WorkloadInfo,
     as_gpu_workload,
     held_gpus,
+    owned_by,
 )
 from executors.local import LocalExecutor
 from inventory.sources.slurm import (
@@ -281,9 +283,29 @@ class SlurmExecutor(Executor):
         versions = {**self._published(info), **{str(k): str(v) for k, v in (agent.get("components") or {}).items()}}
         return portability.node_facts(str(agent.get("gpu_model") or model), versions)
 
-    def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
+    def _running_here(self, node: NodeRef) -> list[dict[str, Any]]:
         jobs = [j for j in self._slurm("squeue", self.slurm.jobs) if _job_state(j) == "RUNNING"]
-        here = [j for j in jobs if node.name in _nodes(j)]
+        return [j for j in jobs if node.name in _nodes(j)]
+
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """The agent's GPU users, each of a job running here with that job (its cgroup shows the job id, or its
+        gpusweep-run registered slurm-<jobid>) as the workload acted on."""
+        ref = self._agent(node)
+        if ref is None:
+            return []
+        jobs = [o for o in (workload_from_slurm(j) for j in self._running_here(node)) if o is not None]
+        found = []
+        for user in self.agents.gpu_users(ref):
+            job = next((o for o in jobs if owned_by(user, "slurm_job", o.scheduler_id, f"slurm-{o.scheduler_id}")),
+                       None)
+            if job is not None:
+                user = replace(user, owner_kind="slurm_job", owner_id=job.scheduler_id,
+                               workload_ref=f"slurm-{job.scheduler_id}", workload_name=job.name)
+            found.append(user)
+        return found
+
+    def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
+        here = self._running_here(node)
         if not here:
             return []
         ref = self._agent(node)

@@ -6,6 +6,7 @@ synchronously, as Celery would run its tasks (tests/campaigns/fleet.py ``drive``
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,13 +16,14 @@ from campaigns import engine, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
+from executors.base import UNDECLARED
 from executors.kubernetes import TAINT
 from inventory.models import Node, Workload
 from tests.campaigns.fleet import FIXED, OLD, drive, user
-from tests.helpers import wait_for
+from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
 from tests.kube.fleet import KubeFleet, agent_helpers
 from tests.kube.gpu_operator import SKIP, STATE, GpuOperator
-from tests.kube.objects import cluster_policy, pdb
+from tests.kube.objects import cluster_policy, gpu_pod, pdb
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -222,3 +224,69 @@ def test_the_gpu_operator_upgrades_only_the_nodes_gpusweep_releases_in_plan_orde
         n4 = fleet.api.get("nodes", "n4")
         assert n4["metadata"]["labels"][SKIP] == "true" and n4["metadata"]["labels"][STATE] == "upgrade-required"
         assert "n4" not in operator.started("")
+
+
+def test_pods_without_a_gpu_request_that_the_agent_finds_holding_a_gpu_are_moved_or_stopped_by_the_policy(
+        tmp_path: Path) -> None:
+    """Issue 19, item 6: neither pod asks for nvidia.com/gpu, so the scheduler never reports them; each
+    node's agent finds it holding the node's (stand-in) GPU, ml/sneaky by the workload id its gpusweep-run
+    registered, ml/bystander by its cgroup's pod UID, as kubelet places a container. The engine treats them
+    as it treats declared GPU pods: sneaky (policy checkpoint, signal engine) is checkpointed through the
+    agent and goes on in its replacement on the spare; bystander (cold_restart, no engine) is stopped, a
+    fresh copy started by gpusweep (a bare pod has no controller). The evidence says who found them."""
+    ok, reason = cgroups_writable()
+    need(ok, reason)
+    python = sys.executable
+    with KubeFleet(tmp_path, ["n0", "n1", "n2"],
+                   agent_settings={"gpu_devices": str(tmp_path / "dev-{node}" / "nvidia[0-9]*")}) as fleet:
+        devices = {}
+        for name in ("n0", "n1", "n2"):
+            devices[name] = tmp_path / f"dev-{name}" / "nvidia0"
+            devices[name].parent.mkdir()
+            devices[name].write_text("")
+        log = tmp_path / "sneaky.log"
+        fleet.counter_pod("ml", "sneaky", "n0", "signal", log, gpus=0, holds=devices["n0"])
+        fleet.api.put("pods", gpu_pod("ml", "bystander", "n1", 0,
+                                      command=[python, str(HOLDER), str(devices["n1"]), "sleep", "600"]))
+        fleet.helpers.wait_steps(log, 3)
+        uid = fleet.api.get("pods", "bystander", "ml")["metadata"]["uid"]
+        container = wait_for(lambda: fleet.kubelets["n1"].containers.get((uid, "main")), 10, 0.1)
+        assert container is not None and container.proc is not None
+        with in_cgroup(container.proc.pid, f"/kubepods/besteffort/pod{uid}/{'ab' * 32}"):
+            fleet.make_cluster()
+            assert not Workload.objects.filter(scheduler_id__in=["ml/sneaky", "ml/bystander"]).exists(), \
+                "the scheduler reports neither as a GPU workload"
+            made = campaign(["n0", "n1"], workload_overrides={"bystander": "cold_restart"})
+            made.refresh_from_db()
+            assert made.approved_plan is not None
+            shown = {e["name"]: {u["owner"]["id"] or u["name"]: u for u in e["users"]}
+                     for e in made.approved_plan.content["unreported_gpu_users"]}
+            assert shown["n1"]["ml/bystander"]["action"] == "stop it", shown
+            assert shown["n0"]["ml/sneaky"]["action"] == "checkpoint it", shown
+            done = drive(made.pk)
+        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+        moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+            "target_node")}
+        assert sorted(moves) == ["ml/bystander", "ml/sneaky"]
+        # sneaky: checkpointed and restored on the spare, where its counter goes on from its step.
+        sneaky = moves["ml/sneaky"]
+        assert sneaky.state == MoveState.RESTORED and sneaky.target_node is not None
+        assert sneaky.target_node.name == "n2" and sneaky.gpus == 1
+        namespace, name = sneaky.new_workload_ref.split("/")
+        assert fleet.api.get("pods", name, namespace)["spec"]["nodeName"] == "n2"
+        assert fleet.api.get("pods", "sneaky", "ml") is None
+        after = fleet.helpers.wait_steps(log, len(fleet.helpers.steps(log)) + 5)
+        assert after == list(range(1, len(after) + 1)), "the counter restarted, skipped or repeated a step"
+        # bystander: stopped (evicted), its fresh copy started by gpusweep.
+        assert moves["ml/bystander"].state == MoveState.STOPPED
+        assert fleet.api.get("pods", "bystander", "ml") is None and fleet.api.happened("evicted", "ml/bystander")
+        [copy] = [p for p in fleet.api.objects("pods", "ml")
+                  if p["metadata"]["annotations"].get("gpusweep.io/replaces") == "ml/bystander"]
+        assert copy["spec"].get("nodeName") == "n2"
+        events = {e.kind: e.data for e in EvidenceEvent.objects.filter(campaign=done,
+                                                                       kind__in=["checkpointed", "stopped"])}
+        assert events["checkpointed"]["workload"] == "sneaky" and events["stopped"]["workload"] == "bystander"
+        assert events["checkpointed"]["origin"] == events["stopped"]["origin"] == UNDECLARED
+        for node in ("n0", "n1"):
+            assert untouched(fleet, node)

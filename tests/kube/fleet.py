@@ -11,7 +11,7 @@ from typing import Any
 
 from inventory.models import Cluster
 from inventory.sync import sync_cluster
-from tests.helpers import REPO
+from tests.helpers import HOLDER, REPO
 from tests.kube.apiserver import KubeApiServer
 from tests.kube.kubelet import Kubelet
 from tests.kube.objects import gpu_node, gpu_pod
@@ -48,9 +48,11 @@ class KubeFleet:
             for name in self.names:
                 notes = {}
                 if self.with_agents:
+                    # "{node}" in a setting is the node's name (each node's own stand-in GPU device).
                     agent = self.helpers.AgentProcess(
                         self.root, name, store, reboot_command="simulate",
-                        patch_methods='{"package": {"simulate": true}}', **self.agent_settings).start()
+                        patch_methods='{"package": {"simulate": true}}',
+                        **{k: v.replace("{node}", name) for k, v in self.agent_settings.items()}).start()
                     self.agents[name] = agent
                     notes["gpusweep.io/agent-endpoint"] = f"http://127.0.0.1:{agent.port}"
                 self.api.put("nodes", gpu_node(name, driver=self.driver, annotations=notes))
@@ -69,13 +71,16 @@ class KubeFleet:
         sync_cluster(self.cluster)
         return self.cluster
 
-    def counter_pod(self, namespace: str, name: str, node: str, engine: str, log: Path,
-                    **kwargs: Any) -> dict[str, Any]:
-        """A pod whose container runs the step counter under gpusweep-run, with a stable workload id."""
+    def counter_pod(self, namespace: str, name: str, node: str, engine: str, log: Path, gpus: int = 1,
+                    holds: Path | None = None, **kwargs: Any) -> dict[str, Any]:
+        """A pod whose container runs the step counter under gpusweep-run, with a stable workload id; asking
+        for `gpus` GPUs, and with `holds` the counter keeps that stand-in GPU device open (tests/gpu_holder.py)."""
         wrapper = shutil.which("gpusweep-run", path=str(Path(sys.executable).parent)) or "gpusweep-run"
         extra = ["--pid-namespace"] if engine == "criu" else []
-        command = [wrapper, "--engine", engine, *extra, "--", sys.executable, str(self.helpers.COUNTER), str(log), "1"]
-        pod = gpu_pod(namespace, name, node, 1, command=command, annotations={"gpusweep.io/checkpoint": engine},
+        holder = [sys.executable, str(HOLDER), str(holds)] if holds is not None else []
+        command = [wrapper, "--engine", engine, *extra, "--", *holder, sys.executable, str(self.helpers.COUNTER),
+                   str(log), "1"]
+        pod = gpu_pod(namespace, name, node, gpus, command=command, annotations={"gpusweep.io/checkpoint": engine},
                       env={"GPUSWEEP_WORKLOAD_ID": f"{namespace}.{name}"}, **kwargs)
         return self.api.put("pods", pod)
 
