@@ -10,21 +10,24 @@ One cluster for the module; each test resumes every node and starts its own jobs
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from gpusweep_agent.workloads import device_holders
 
 from campaigns import engine, policy, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
+from executors.base import UNDECLARED
 from inventory.sources.slurm import expand_hostlist, parse_key_values
 from tests.campaigns.fleet import FIXED, drive, user
 from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest
-from tests.helpers import wait_for
+from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
 from tests.slurm_cluster import can_run_slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.django_db(transaction=True)]
@@ -359,3 +362,66 @@ def test_under_a_wave_reservation_a_kernel_patched_nodes_job_still_comes_home(
     assert agents.unbroken(agents.wait_steps(log, len(agents.steps(log)) + 5)) == len(agents.steps(log))
     assert EvidenceEvent.objects.filter(campaign=done, kind="reservation_created").count() == 1
     assert wave_reservations(fleet) == {}
+
+
+def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpointed_or_waited_for(
+        fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, item 6: neither job asks for GPU gres, so Slurm never reports them as GPU jobs; each node's
+    agent finds it holding the node's (stand-in) GPU: "sneaky" by the slurm-<jobid> its gpusweep-run
+    registered, "waiter" by its cgroup (slurmstepd's /slurm/uid_0/job_<id>/step_batch, made here by hand:
+    the test cluster tracks jobs by process, not cgroup). The engine treats them as GPU jobs: sneaky
+    (policy checkpoint) is checkpointed by the agent, requeued held and continues on a spare with its job id
+    and one GPU reserved for it; gpu02 stays drained while waiter (policy wait) runs and is patched after it
+    ends. The plan shows both with their policy, the evidence says the agent found them."""
+    ok, reason = cgroups_writable()
+    need(ok, reason)
+    monkeypatch.setattr(policy, "WAIT_POLL_S", 1.0)
+    fleet.reset()
+    log = tmp_path / "sneaky.log"
+    sneaky = fleet.counter_job(log, "gpu01", engine="signal", name="sneaky", gpus=0, holds=fleet.gpu_device("gpu01"))
+    waiter = fleet.cluster.sbatch(f"{sys.executable} {HOLDER} {fleet.gpu_device('gpu02')} sleep 25",
+                                  nodelist="gpu02", name="waiter")
+    assert fleet.cluster.wait_running([sneaky, waiter]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    pattern = str(fleet.gpu_device("gpu02").parent / "nvidia[0-9]*")
+    [pid] = wait_for(lambda: list(device_holders([pattern])), 10, interval=0.2)
+    with in_cgroup(pid, f"/slurm/uid_0/job_{waiter}/step_batch"):
+        fleet.make_cluster()
+        made = start_campaign(["gpu01", "gpu02"], workload_overrides={"waiter": "wait"})
+        made.refresh_from_db()
+        assert made.approved_plan is not None
+        shown = {e["name"]: [(u["owner"], u["action"]) for u in e["users"]]
+                 for e in made.approved_plan.content["unreported_gpu_users"]}
+        assert shown == {"gpu01": [({"kind": "slurm_job", "id": sneaky}, "checkpoint it")],
+                         "gpu02": [({"kind": "slurm_job", "id": waiter}, "wait for it to end")]}, shown
+        done = drive_until_rest(made.pk, timeout=150)
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+        "target_node")}
+    assert sorted(moves) == sorted([f"slurm-{sneaky}", f"slurm-{waiter}"])
+    # sneaky: checkpointed, requeued, running on a spare from its step, as one job.
+    move = moves[f"slurm-{sneaky}"]
+    assert move.state == MoveState.RESTORED and move.target_node is not None and move.gpus == 1
+    assert move.target_node.name in ("gpu03", "gpu04") and move.new_workload_ref == f"slurm-{sneaky}"
+    job = fleet.job(sneaky)
+    assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == move.target_node.name
+    after = agents.wait_steps(log, len(agents.steps(log)) + 5)
+    assert agents.unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
+    assert [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", sneaky)] == [
+        ("REQUEUED", "gpu01"), ("RUNNING", move.target_node.name)]
+    # waiter: ran to its end on gpu02, which was patched only after it, having waited for it.
+    assert moves[f"slurm-{waiter}"].state == MoveState.FINISHED
+    [run] = fleet.cluster.sacct("-j", waiter)
+    sweep = NodeSweep.objects.get(campaign=done, node__name="gpu02")
+    assert run["State"] == "COMPLETED" and run["NodeList"] == "gpu02"
+    assert sweep.patched_at is not None and run["End"] <= sweep.patched_at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    evidence = EvidenceEvent.objects.filter(campaign=done)
+    [checkpointed] = [e.data for e in evidence.filter(kind="checkpointed")]
+    waited = [e.data for e in evidence.filter(kind="waiting", sweep=sweep)]
+    [finished] = [e.data for e in evidence.filter(kind="finished")]
+    assert checkpointed["workload"] == "sneaky" and checkpointed["origin"] == UNDECLARED
+    assert waited and all(w["origin"] == UNDECLARED and "waiter" in w["reason"] for w in waited)
+    assert finished["workload"] == "waiter" and finished["origin"] == UNDECLARED
+    for node in ("gpu01", "gpu02"):
+        assert fleet.takes_work(node) and fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED

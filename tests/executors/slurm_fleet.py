@@ -24,7 +24,7 @@ from typing import Any
 
 from executors.base import NodeRef
 from inventory.sources.slurm import CliSlurmClient
-from tests.helpers import REPO, wait_for
+from tests.helpers import HOLDER, REPO, wait_for
 from tests.slurm_cluster import SlurmCluster
 
 sys.path.insert(0, str(REPO / "agent" / "tests"))
@@ -74,9 +74,12 @@ class SlurmFleet:
         store = self.shared or self.root / f"artifacts-{name}"
         shutil.rmtree(self.root / f"state-{name}", ignore_errors=True)
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
+        self.gpu_device(name).parent.mkdir(exist_ok=True)
+        self.gpu_device(name).touch()
         agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
                                     patch_methods=PATCH_METHODS, simulated_reboot_hook=hook,
-                                    health_options=self.health_options)
+                                    health_options=self.health_options,
+                                    gpu_devices=str(self.gpu_device(name).parent / "nvidia[0-9]*"))
         agent.start()
         self.agents[name] = agent
         key_file = self.root / f"key-{name}"
@@ -86,6 +89,10 @@ class SlurmFleet:
             "cluster": agents.CLUSTER, "node": name, "endpoint": f"http://127.0.0.1:{agent.port}",
             "key_file": str(key_file)}))
         return agent
+
+    def gpu_device(self, name: str) -> Path:
+        """The node's stand-in GPU device: a file its agent treats as one (``gpu_devices``; no GPU here)."""
+        return self.root / f"dev-{name}" / "nvidia0"
 
     def share_artifacts(self, shared: bool) -> None:
         """Restart every agent with one shared artifact folder, or each with its own (images then travel
@@ -175,12 +182,14 @@ class SlurmFleet:
 
     # -- jobs -------------------------------------------------------------------------
     def counter_job(self, log: Path, node: str, engine: str = "signal", name: str = "counter",
-                    interval: float = 0.05, extra: str = "") -> str:
-        """A batch job on `node` whose payload counts steps into `log` under gpusweep-run."""
+                    interval: float = 0.05, extra: str = "", gpus: int = 1, holds: Path | None = None) -> str:
+        """A batch job on `node` asking for `gpus` GPUs whose payload counts steps into `log` under gpusweep-run;
+        with `holds` the counter keeps that stand-in GPU device open (tests/gpu_holder.py)."""
         run = Path(sys.executable).parent / "gpusweep-run"
+        holder = f"{sys.executable} {HOLDER} {holds} " if holds is not None else ""
         command = (f"GPUSWEEP_AGENT_CONFIG={self.root}/agent-$SLURMD_NODENAME.json exec {run} --engine {engine} "
-                   f"{extra} -- {sys.executable} {agents.COUNTER} {log} 1 {interval}")
-        return self.cluster.sbatch(command, nodelist=node, gpus=1, name=name)
+                   f"{extra} -- {holder}{sys.executable} {agents.COUNTER} {log} 1 {interval}")
+        return self.cluster.sbatch(command, nodelist=node, gpus=gpus, name=name)
 
     def reset(self) -> None:
         """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
