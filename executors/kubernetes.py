@@ -1,4 +1,6 @@
-"""The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs.
+"""The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs: one
+that requests ``nvidia.com/gpu``, or one its node's agent finds holding a GPU without asking (a
+runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others.
 
 It talks to the API server through the official client, built by the inventory sync's
 ``api_client_for`` (same ``connection`` and ``secret_env``), and to the node agent (a privileged

@@ -1,4 +1,6 @@
-"""The `slurm` back end: a node is a Slurm node, a workload is a batch job (`slurm-<jobid>`).
+"""The `slurm` back end: a node is a Slurm node, a workload is a batch job (`slurm-<jobid>`); a job
+without GPU gres that its node's agent finds holding GPUs counts those GPUs as its own
+(``executors.base.as_gpu_workload``).
 
 It drives Slurm through the inventory's ``SlurmClient`` (``scontrol``; ``sinfo --json`` and
 ``squeue --json`` to read; a pyslurm client returning the same dictionaries fits behind it), and
