@@ -494,14 +494,11 @@ class KubernetesExecutor(Executor):
         ref = self._agent(node)
         return self.agents.gpu_users(ref) if ref is not None else []
 
-    def _pod_gpus(self, node: NodeRef, pod: dict[str, Any], users: list[GpuUser] | None = None) -> int:
+    def _pod_gpus(self, node: NodeRef, pod: dict[str, Any]) -> int:
         """The GPUs the pod requests, else those the agent sees it hold (by its cgroup's pod UID, or the
         workload id its gpusweep-run registered)."""
-        requested = pod_gpus(pod)
-        if requested:
-            return requested
-        users = self._held_by(node, [pod]) if users is None else users
-        return held_gpus(users, "k8s_pod", str(_meta(pod).get("uid", "")), self._workload_id(pod))
+        return pod_gpus(pod) or held_gpus(self._held_by(node, [pod]), "k8s_pod", str(_meta(pod).get("uid", "")),
+                                          self._workload_id(pod))
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         found = []
