@@ -20,6 +20,12 @@ Phases, in one run:
    ChangeLog rows and recomputes that node's exposures;
 5. api: an API client's GET of one node (token authentication), for the API's per-core figure.
 
+`--in-process N` measures without gunicorn or the load generator, for iterating on the code: N
+changed heartbeats (and N short ones) through the whole URL stack in this process (Django's test
+client), printing this process's CPU (time.process_time), its PostgreSQL backend's CPU and the SQL
+statements per heartbeat; `--profile` adds a cProfile of the changed ones. `--keep` keeps the
+database NAME_heartbeat (built once, reused by the next run with --keep), so such runs take seconds.
+
 Per phase: heartbeats per second, latency p50/p95/p99, errors, the gunicorn processes' CPU time
 per heartbeat (utime + stime from /proc over the phase, divided by the heartbeats answered),
 PostgreSQL's CPU per heartbeat (its backends serving the workers), and SQL statements per
@@ -67,7 +73,9 @@ class Agent:
         self.components = components
         self.counter = 0
         self.digest = ""
-        self.flip = 0
+        # The first changed heartbeat moves the driver off what the node has (a kept database
+        # may hold either version from an earlier run).
+        self.flip = 1 if components.get("driver") == DRIVERS[1] else 0
 
     def payload(self, driver: str | None = None) -> dict[str, Any]:
         components = dict(self.components)
@@ -259,6 +267,11 @@ def main() -> int:
     parser.add_argument("--database-url", default="", help="postgres://... (default: a temporary SQLite file)")
     parser.add_argument("--broker-url", default="",
                         help="redis://... for the heartbeat counters (without it they are written per heartbeat)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database (and reuse one an earlier --keep run built) instead of dropping it")
+    parser.add_argument("--in-process", type=int, default=0, metavar="N",
+                        help="time N changed and N short heartbeats in this process instead of over HTTP")
+    parser.add_argument("--profile", action="store_true", help="with --in-process: cProfile the changed ones")
     args = parser.parse_args()
     if args.load:
         return run_load(args.load)
@@ -288,7 +301,7 @@ def main() -> int:
     setup_test_environment(debug=False)
     connection.settings_dict["TEST"]["NAME"] = (f"{tmp.name}/heartbeat.sqlite3" if sqlite
                                                 else f"{connection.settings_dict['NAME']}_heartbeat")
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False, keepdb=args.keep)
     web = None
     from inventory import heartbeats
 
@@ -296,15 +309,19 @@ def main() -> int:
         heartbeats._client(settings.GPUSWEEP_HEARTBEAT_REDIS_URL).delete(*heartbeats._keys())
     try:
         started = time.perf_counter()
-        if not args.no_exposures:
-            ingest_documents(FolderSource(str(Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")).items())
-        build_fleet(args.nodes, 10)
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
-        if not args.no_exposures:
-            recompute()
+        built = args.keep and Node.objects.exists()
+        if built:
+            print("fleet: kept from an earlier --keep run")
+        else:
+            if not args.no_exposures:
+                ingest_documents(FolderSource(str(Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "nvidia-csaf")).items())
+            build_fleet(args.nodes, 10)
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+            if not args.no_exposures:
+                recompute()
         print(f"fleet: {Node.objects.count()} nodes, {NodeComponent.objects.count()} components, "
-              f"{Exposure.objects.count()} exposures, built in {time.perf_counter() - started:.0f} s")
+              f"{Exposure.objects.count()} exposures, ready in {time.perf_counter() - started:.0f} s")
         step = max(1, args.nodes // args.agents)
         chosen = list(Node.objects.filter(id__in=list(Node.objects.values_list("id", flat=True)[::step][:args.agents]))
                       .values_list("id", "cluster__name", "name"))
@@ -313,9 +330,12 @@ def main() -> int:
                 node_id__in=[c[0] for c in chosen]).values_list("node_id", "component", "version"):
             components.setdefault(node_id, {})[component] = version
         agents = [(node_id, cluster, name, components.get(node_id, {})) for node_id, cluster, name in chosen]
+        if args.in_process:
+            return in_process([Agent(*a) for a in agents[:args.in_process]], args.profile)
         from django.contrib.auth.models import Group, User
         from rest_framework.authtoken.models import Token
 
+        User.objects.filter(username="bench-reader").delete()  # a kept database's earlier reader
         reader = User.objects.create_user("bench-reader")
         reader.groups.add(Group.objects.get(name="viewer"))
         token = Token.objects.create(user=reader).key
@@ -380,7 +400,65 @@ def main() -> int:
             os.killpg(web.pid, signal.SIGTERM)
             web.wait(timeout=30)
         connection.close()
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+        connection.creation.destroy_test_db(old_name, verbosity=0, keepdb=args.keep)
+
+
+def in_process(agents: list[Agent], profile: bool) -> int:
+    """Each agent's full heartbeat (not timed), then one changed and one short heartbeat per agent
+    through the URL stack in this process: CPU and SQL statements per heartbeat."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+    from django.test import Client
+
+    client = Client()
+    count = [0]
+
+    def counting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        count[0] += 1
+        return execute(sql, params, many, context)
+
+    def send(agent: Agent, mode: str) -> None:
+        body = agent.request(mode)
+        response = client.post(PATH, body, content_type="application/json", headers=agent.headers(body))
+        if response.status_code != 200:
+            raise SystemExit(f"{mode} heartbeat of {agent.node}: {response.status_code} {response.content[:300]!r}")
+        if mode != "short":
+            agent.digest = response.json()["digest"]
+            if mode == "changed" and response.json()["changed"] != ["driver"]:
+                raise SystemExit(f"changed heartbeat of {agent.node} changed {response.json()['changed']}")
+
+    for agent in agents:
+        send(agent, "prime")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT 0")
+        backend = [cursor.fetchone()[0]] if connection.vendor == "postgresql" else []
+    rows = []
+    for mode in ("changed", "short", "changed"):  # the second changed round: warm caches
+        profiler = cProfile.Profile() if profile and mode == "changed" and rows else None
+        pg0, sql0 = _cpu(backend), count[0]
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        with connection.execute_wrapper(counting):
+            if profiler:
+                profiler.enable()
+            for agent in agents:
+                send(agent, mode)
+            if profiler:
+                profiler.disable()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        pg, sql = _cpu_since(pg0, backend), count[0] - sql0
+        rows.append((mode, cpu, wall, pg, sql))
+        if profiler:
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+    n = len(agents)
+    with open("/proc/loadavg") as f:
+        loadavg = " ".join(f.read().split()[:3])
+    print(f"in process on {connection.vendor}, {n} agents, load average {loadavg}")
+    print(f"{'round':<10} {'cpu ms/hb':>9} {'wall ms/hb':>10} {'pg ms/hb':>8} {'sql/hb':>6}")
+    for mode, cpu, wall, pg, sql in rows:
+        print(f"{mode:<10} {cpu * 1000 / n:9.2f} {wall * 1000 / n:10.2f} {pg * 1000 / n:8.2f} {sql / n:6.1f}")
+    return 0
 
 
 def _free_port() -> int:
