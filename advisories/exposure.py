@@ -20,23 +20,30 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from advisories import components
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
-from advisories.models import Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
+from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
 from inventory.models import Cluster, Node, NodeComponent
 
+# Tables for the raw statements: a node's recompute runs on every changed heartbeat, where
+# compiling ORM queries would cost more than running them.
 E = Exposure._meta.db_table
 R = AffectedRange._meta.db_table
 N = Node._meta.db_table
 NC = NodeComponent._meta.db_table
+A = Advisory._meta.db_table
+RC = AffectedRange.cves.through._meta.db_table
+CV = CVE._meta.db_table
+KEV = KevEntry._meta.db_table
+P = DeadlinePolicy._meta.db_table
+OV = ClusterDeadlineOverride._meta.db_table
 
 # v is a distinct (component, branch, version_key, os_family, product_line, ...) seen in the fleet,
 # r a range; true when that version is inside the range. Empty range fields mean "any".
@@ -54,8 +61,10 @@ TUPLE = ("component", "branch", "version_key", "os_family", "product_line", "gpu
 MATCH_COLUMNS = ", ".join([*TUPLE, "range_id", "advisory_id", "severity", "state"])
 
 
-def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: str, r_params: list[int]) -> list[Any]:
-    """Distinct fleet tuples (in scope) inside a range, with the exposure's state: a few hundred rows.
+def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: str,
+                     r_params: list[int]) -> tuple[list[Any], set[int]]:
+    """Distinct fleet tuples (in scope) inside a range, with the exposure's state: a few hundred rows,
+    and the ids of the scoped ranges among them (the ones `_follow_scope` revisits).
 
     Matching runs here, on the distinct tuples of the fleet against the ranges; the statements
     below join the result back to every component by equality. Handing it over as a VALUES list
@@ -79,11 +88,27 @@ def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: st
         [*n_params, *r_params],
     )
     rows = []
+    scoped: set[int] = set()
     for *tuple_, range_id, advisory_id, severity, basis, scope, condition in cursor.fetchall():
-        state = match_state(tuple_[5], tuple_[6], basis, _json(scope), _json(condition))
+        scope = _json(scope)
+        state = match_state(tuple_[5], tuple_[6], basis, scope, _json(condition))
         if state:
             rows.append((*tuple_, range_id, advisory_id, severity, state))
-    return rows
+            if scope:
+                scoped.add(range_id)
+    return rows, scoped
+
+
+def _db_datetime(value: Any) -> Any:
+    """A DateTimeField read by a raw cursor: SQLite gives its text (UTC), PostgreSQL a datetime."""
+    if isinstance(value, str):
+        parsed = dt.datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+    return value
+
+
+def _db_date(value: Any) -> Any:
+    return dt.date.fromisoformat(value) if isinstance(value, str) else value
 
 
 def _json(value: Any) -> dict[str, Any]:
@@ -211,6 +236,16 @@ class _Run:
     m_params: list[Any]
     node_ids: list[int] | None
     advisory_ids: list[int] | None
+    scoped_ranges: set[int]
+    # The deadline rules, loaded once for the new rows and the reopened ones.
+    rules: DeadlineRules | None = None
+
+    def rules_for(self, range_ids: Iterable[int]) -> DeadlineRules:
+        if self.rules is None:
+            self.rules = DeadlineRules(range_ids)
+        else:
+            self.rules.load(range_ids)
+        return self.rules
 
     def scope(self) -> tuple[str, list[int]]:
         n_scope, n_params = _in(f"{E}.node_id", self.node_ids)
@@ -253,8 +288,8 @@ def recompute(
             _fleet_wide_settings(cursor)
         n_scope, n_params = _in("n.id", node_ids)
         r_scope, r_params = _in("r.advisory_id", advisory_ids)
-        matches = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
-        run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids)
+        matches, scoped = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
+        run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids, scoped)
         had_rows = _had_rows(run)
         result.opened = _insert_new(run, matches, now)
         if result.opened > 10_000 and connection.vendor == "postgresql":
@@ -264,7 +299,7 @@ def recompute(
             result.reopened = _reopen(run)
             result.remediated, result.withdrawn = _remediate(run, remediated_by)
             _follow_versions(run)
-            result.restated = _follow_scope(run, matches)
+            result.restated = _follow_scope(run)
             if node_ids is None and advisory_ids is None:
                 # References are not database constraints (see Exposure): a full run drops orphans.
                 cursor.execute(f"""
@@ -276,7 +311,7 @@ def recompute(
         if node_ids is None:
             advisories.update(exposures_at=now)
         result.expired_acceptances = expire_acceptances(now)
-        result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids)
+        result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids, rules=run.rules)
     return result
 
 
@@ -298,16 +333,18 @@ _FENCE = {False: "", True: "OFFSET 0"}
 
 def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
     """New exposures, each with its deadline (one per range and cluster) as it is inserted."""
+    range_ids = {row[7] for row in matches}
+    if not range_ids:  # no new exposure without a matching version
+        return 0
     if run.node_ids is None:
         cluster_ids = list(Cluster.objects.values_list("id", flat=True))
     else:
-        cluster_ids = list(
-            Node.objects.filter(id__in=run.node_ids).order_by().values_list("cluster_id", flat=True).distinct()
-        )
-    range_ids = {row[7] for row in matches}
-    if not range_ids or not cluster_ids:  # no new exposure without a matching version or a cluster
+        n_scope, n_params = _in("id", run.node_ids)
+        run.cursor.execute(f"SELECT DISTINCT cluster_id FROM {N} WHERE 1 = 1 {n_scope}", n_params)
+        cluster_ids = [row[0] for row in run.cursor.fetchall()]
+    if not cluster_ids:
         return 0
-    d_values, d_params = _deadline_values(DeadlineRules(range_ids), range_ids, cluster_ids, now)
+    d_values, d_params = _deadline_values(run.rules_for(range_ids), range_ids, cluster_ids, now)
     n_scope, n_params = _in("n.id", run.node_ids)
     insert = f"""
         {run.with_m}, {d_values}
@@ -402,13 +439,12 @@ def _follow_versions(run: _Run) -> None:
     )
 
 
-def _follow_scope(run: _Run, matches: list[Any]) -> int:
+def _follow_scope(run: _Run) -> int:
     """Open and presumed follow what the node's facts now tell (its platform became known, say).
 
     Only scoped ranges can change between the two, so only their exposures are revisited.
     """
-    scoped = sorted(set(AffectedRange.objects.filter(id__in={row[7] for row in matches}).exclude(
-        scope={}).values_list("id", flat=True)))
+    scoped = sorted(run.scoped_ranges)
     if not scoped:
         return 0
     scope, params = run.scope()
@@ -428,33 +464,83 @@ def _follow_scope(run: _Run, matches: list[Any]) -> int:
 def expire_acceptances(now: dt.datetime | None = None) -> int:
     """Accepted risks past their expiry are exposed again: presumed where the bulletin does not tell."""
     now = now or timezone.now()
-    expired = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED, risk_expires_at__lt=now)
-    presumed = expired.filter(affected_range__basis__in=RangeBasis.PRESUMED).update(
-        state=ExposureState.PRESUMED, updated_at=now)
-    return presumed + expired.update(state=ExposureState.OPEN, updated_at=now)
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    bases, b_params = _states(sorted(RangeBasis.PRESUMED))
+    with connection.cursor() as cursor:  # one plain statement: it runs with every recompute
+        cursor.execute(
+            f"""
+            UPDATE {E} SET state = CASE WHEN affected_range_id IN (SELECT id FROM {R} WHERE basis IN ({bases}))
+                                        THEN %s ELSE %s END, updated_at = %s
+            WHERE state = %s AND risk_expires_at < %s
+            """,
+            [*b_params, ExposureState.PRESUMED, ExposureState.OPEN, stamp, ExposureState.RISK_ACCEPTED, stamp],
+        )
+        return _rowcount(cursor)
 
 
 def _end_of_day(day: dt.date) -> dt.datetime:
     return dt.datetime.combine(day, dt.time(23, 59, 59), tzinfo=dt.UTC)
 
 
-class DeadlineRules:
-    """The policy, KEV due dates and cluster overrides, loaded once for a set of ranges."""
+class RangeTerms(NamedTuple):
+    """What a deadline needs of a range: its severity, its advisory's, and the publication date."""
 
-    def __init__(self, range_ids: set[int]) -> None:
-        self.policy = DeadlinePolicy.current()
-        self.ranges = {r.id: r for r in AffectedRange.objects.filter(id__in=range_ids).select_related("advisory")}
+    severity: str
+    advisory_severity: str
+    published: dt.datetime | None
+
+
+_POLICY_DAYS = ("critical_days", "high_days", "medium_days", "low_days")
+# The policy with every cluster override (a row each, or one with NULLs): one statement.
+_POLICY_AND_OVERRIDES = (f"SELECT {', '.join(f'p.{f}' for f in _POLICY_DAYS)}, p.basis, p.use_kev, "
+                         f"o.cluster_id, o.severity, o.days FROM {P} p LEFT JOIN {OV} o ON 1 = 1 WHERE p.id = 1")
+# Ranges with their advisory's terms and each CVE's KEV due date (NULL when not in KEV, or no CVE).
+_RANGE_TERMS = f"""
+    SELECT r.id, r.severity, a.severity, a.initial_release_date, c.cve_id, k.due_date
+    FROM {R} r JOIN {A} a ON a.id = r.advisory_id
+    LEFT JOIN {RC} rc ON rc.affectedrange_id = r.id LEFT JOIN {CV} c ON c.id = rc.cve_id
+    LEFT JOIN {KEV} k ON k.cve_id = c.cve_id
+    WHERE 1 = 1"""
+
+
+class DeadlineRules:
+    """The policy, KEV due dates and cluster overrides, loaded once for a set of ranges (plain
+    statements: a node's recompute on each changed heartbeat loads them)."""
+
+    def __init__(self, range_ids: Iterable[int] = ()) -> None:
+        self.overrides: dict[tuple[int, str], int] = {}
+        with connection.cursor() as cursor:
+            cursor.execute(_POLICY_AND_OVERRIDES)
+            rows = cursor.fetchall()
+        if not rows:  # no policy row yet: the defaults, stored
+            self.policy = DeadlinePolicy.current()
+            self.overrides = {(o.cluster_id, o.severity): o.days for o in ClusterDeadlineOverride.objects.all()}
+        else:
+            critical, high, medium, low, basis, use_kev = rows[0][:6]
+            self.policy = DeadlinePolicy(pk=1, critical_days=critical, high_days=high, medium_days=medium,
+                                         low_days=low, basis=basis, use_kev=bool(use_kev))
+            self.overrides = {(cluster_id, severity): days for *_p, cluster_id, severity, days in rows
+                              if cluster_id is not None}
+        self.ranges: dict[int, RangeTerms] = {}
         self.range_cves: dict[int, list[str]] = {}
         self.kev: dict[str, dt.date] = {}
-        # The ranges' CVEs with their KEV due date, if any, in one query.
-        kev_due = KevEntry.objects.filter(cve_id=OuterRef("cve__cve_id")).values("due_date")[:1]
-        for range_id, cve_id, due in AffectedRange.cves.through.objects.filter(
-            affectedrange_id__in=range_ids
-        ).values_list("affectedrange_id", "cve__cve_id", Subquery(kev_due)):
-            self.range_cves.setdefault(range_id, []).append(cve_id)
-            if due is not None and self.policy.use_kev:
-                self.kev[cve_id] = due
-        self.overrides = {(o.cluster_id, o.severity): o.days for o in ClusterDeadlineOverride.objects.all()}
+        self.load(range_ids)
+
+    def load(self, range_ids: Iterable[int]) -> None:
+        """Add the terms of the ranges not loaded yet."""
+        missing = sorted(set(range_ids) - self.ranges.keys())
+        if not missing:
+            return
+        scope, params = _in("r.id", missing)
+        with connection.cursor() as cursor:
+            cursor.execute(_RANGE_TERMS + scope, params)
+            rows = cursor.fetchall()
+        for range_id, severity, advisory_severity, published, cve_id, due in rows:
+            self.ranges[range_id] = RangeTerms(severity, advisory_severity, _db_datetime(published))
+            if cve_id is not None:
+                self.range_cves.setdefault(range_id, []).append(cve_id)
+                if due is not None and self.policy.use_kev:
+                    self.kev[cve_id] = _db_date(due)
 
     def deadline(self, range_id: int, cluster_id: int, first_seen: dt.datetime) -> tuple[dt.datetime, str]:
         return _deadline(self.policy, self.ranges[range_id], cluster_id, first_seen,
@@ -477,56 +563,61 @@ def _deadline_values(
 
 
 def assign_deadlines(
-    node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None, refresh: bool = False
+    node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None, refresh: bool = False,
+    rules: DeadlineRules | None = None,
 ) -> int:
     """Set the deadline of active exposures that have none (every active one with `refresh`).
 
     New exposures get theirs as they are inserted; this serves reopened ones and changes to the
     policy, overrides or KEV. Exposures sharing range, cluster and first_seen share a deadline:
-    those groups are computed here and applied by one UPDATE ... FROM (VALUES ...).
+    those groups are computed here and applied by one UPDATE ... FROM (VALUES ...). `rules` are
+    ones the caller loaded in the same transaction (recompute's, for its new rows).
     """
     if refresh and node_ids is None and advisory_ids is None and connection.vendor == "postgresql":
         return _refresh_all_deadlines()
-    with transaction.atomic():
-        active = Exposure.objects.filter(state__in=ExposureState.ACTIVE)
-        if node_ids is not None:
-            active = active.filter(node_id__in=node_ids)
-        if advisory_ids is not None:
-            active = active.filter(advisory_id__in=advisory_ids)
-        if not refresh:
-            active = active.filter(deadline__isnull=True)
-        groups = list(active.order_by().values_list("affected_range_id", "node__cluster_id", "first_seen").distinct())
+    n_scope, n_params = _in(f"{E}.node_id", node_ids)
+    a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
+    pending = "" if refresh else f"AND {E}.deadline IS NULL"
+    states, s_params = _states(sorted(ExposureState.ACTIVE))
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:  # part of the caller's, if any
+        cursor.execute(
+            f"""
+            SELECT DISTINCT {E}.affected_range_id, n.cluster_id, {E}.first_seen
+            FROM {E} JOIN {N} n ON n.id = {E}.node_id
+            WHERE {E}.state IN ({states}) {pending} {n_scope} {a_scope}
+            """,
+            [*s_params, *n_params, *a_params],
+        )
+        groups = [(range_id, cluster_id, _db_datetime(first_seen)) for range_id, cluster_id, first_seen
+                  in cursor.fetchall()]
         if not groups:
             return 0
-        rules = DeadlineRules({g[0] for g in groups})
+        if rules is None:
+            rules = DeadlineRules()
+        rules.load({g[0] for g in groups})
         adapt = connection.ops.adapt_datetimefield_value
         params: list[Any] = []
         for range_id, cluster_id, first_seen in groups:
             deadline, source = rules.deadline(range_id, cluster_id, first_seen)
             params += [range_id, cluster_id, adapt(first_seen), adapt(deadline), source]
         values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(groups))
-        n_scope, n_params = _in(f"{E}.node_id", node_ids)
-        a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
-        pending = "" if refresh else f"AND {E}.deadline IS NULL"
-        states, s_params = _states(sorted(ExposureState.ACTIVE))
-        with connection.cursor() as cursor:
-            if node_ids is None:
-                _fleet_wide_settings(cursor)
-            cursor.execute(
-                f"""
-                WITH d(range_id, cluster_id, first_seen, deadline, deadline_source) AS (VALUES {values})
-                UPDATE {E} SET deadline = d.deadline, deadline_source = d.deadline_source
-                FROM d, {N} n
-                WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
-                  AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
-                  AND ({E}.deadline IS NULL OR {E}.deadline <> d.deadline OR {E}.deadline_source <> d.deadline_source)
-                """,
-                [*params, *s_params, *n_params, *a_params],
-            )
-            updated = _rowcount(cursor)
-            if node_ids is None:
-                _fleet_wide_settings(cursor, reset=True)
-            return updated
+        if node_ids is None:
+            _fleet_wide_settings(cursor)
+        cursor.execute(
+            f"""
+            WITH d(range_id, cluster_id, first_seen, deadline, deadline_source) AS (VALUES {values})
+            UPDATE {E} SET deadline = d.deadline, deadline_source = d.deadline_source
+            FROM d, {N} n
+            WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
+              AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
+              AND ({E}.deadline IS NULL OR {E}.deadline <> d.deadline OR {E}.deadline_source <> d.deadline_source)
+            """,
+            [*params, *s_params, *n_params, *a_params],
+        )
+        updated = _rowcount(cursor)
+        if node_ids is None:
+            _fleet_wide_settings(cursor, reset=True)
+        return updated
 
 
 _EPOCHS = (dt.datetime(2000, 1, 1, tzinfo=dt.UTC), dt.datetime(2001, 1, 1, tzinfo=dt.UTC))
@@ -600,7 +691,7 @@ def refresh_deadlines(generation: int) -> int | None:
 
 def _deadline(
     policy: DeadlinePolicy,
-    rng: AffectedRange,
+    rng: RangeTerms,
     cluster_id: int,
     first_seen: dt.datetime,
     cve_ids: list[str],
@@ -611,12 +702,12 @@ def _deadline(
     if in_kev:
         due, cve = in_kev[0]
         return _end_of_day(due), f"CISA KEV due date for {cve}"
-    severity = rng.severity or rng.advisory.severity
+    severity = rng.severity or rng.advisory_severity
     if (cluster_id, severity) in overrides:
         days, why = overrides[(cluster_id, severity)], "cluster override"
     else:
         days, why = policy.days_for(severity), "policy"
-    published = rng.advisory.initial_release_date
+    published = rng.published
     if policy.basis == DeadlineBasis.PUBLICATION and published is not None:
         base, basis = published, "publication"
     else:

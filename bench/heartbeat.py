@@ -436,7 +436,7 @@ def in_process(agents: list[Agent], profile: bool) -> int:
         backend = [cursor.fetchone()[0]] if connection.vendor == "postgresql" else []
     rows = []
     for mode in ("changed", "short", "changed"):  # the second changed round: warm caches
-        profiler = cProfile.Profile() if profile and mode == "changed" and rows else None
+        profiler = cProfile.Profile(time.process_time) if profile and mode == "changed" and rows else None
         pg0, sql0 = _cpu(backend), count[0]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with connection.execute_wrapper(counting):
@@ -450,7 +450,18 @@ def in_process(agents: list[Agent], profile: bool) -> int:
         pg, sql = _cpu_since(pg0, backend), count[0] - sql0
         rows.append((mode, cpu, wall, pg, sql))
         if profiler:
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(60)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            dump = Path(tempfile.gettempdir()) / "gpusweep-heartbeat.prof"
+            profiler.dump_stats(dump)
+            print(f"profile of the changed heartbeats: {dump} (python -m pstats)")
+    if profile:  # the statements of one more changed heartbeat
+        from django.test.utils import CaptureQueriesContext
+
+        with CaptureQueriesContext(connection) as queries:
+            send(agents[0], "changed")
+        for query in queries.captured_queries:
+            print(f"{query['time']:>6} {' '.join(query['sql'].split())[:300]}")
     n = len(agents)
     with open("/proc/loadavg") as f:
         loadavg = " ".join(f.read().split()[:3])
