@@ -214,13 +214,31 @@ def _stale(newest: int) -> JsonResponse:
     return JsonResponse({**error_body(detail), "newest_counter": newest}, status=409)
 
 
+_NODE, _CLUSTER = Node._meta.db_table, Cluster._meta.db_table
+# The node's row, locked: two heartbeats of one node arriving together are applied in turn.
+_LOCK_NODE = (f'SELECT id, heartbeat_counter FROM "{_NODE}" WHERE cluster_id = %s AND name = %s'
+              + (" FOR UPDATE" if connection.features.has_select_for_update else ""))
+_TAKE_COUNTER = (f'UPDATE "{_NODE}" SET heartbeat_counter = %s, heartbeat_digest = %s '
+                 "WHERE cluster_id = %s AND name = %s AND heartbeat_counter < %s")
+
+
+def _cluster(name: str) -> Cluster | None:
+    """The cluster by name, with only id and name loaded (the rest deferred): one plain statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT id, name FROM "{_CLUSTER}" WHERE name = %s', [name])
+        row = cursor.fetchone()
+    return None if row is None else Cluster.from_db(connection.alias, ["id", "name"], row)
+
+
 def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int,
            digest: str) -> tuple[SyncResult, int | None]:
     """Apply the heartbeat and take its counter, in one transaction: a heartbeat whose counter is
     not above the node's newest changes nothing (the row lock orders two arriving together)."""
-    with transaction.atomic():
-        row = (Node.objects.select_for_update().filter(cluster=cluster, name=node.name)
-               .values_list("id", "heartbeat_counter").first())
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Plain statements here and in apply_snapshot: compiling ORM queries cost a changed
+        # heartbeat more CPU than running them.
+        cursor.execute(_LOCK_NODE, [cluster.pk, node.name])
+        row = cursor.fetchone()
         if row is not None:
             node_id, newest = row
             if counter <= newest:
@@ -231,9 +249,8 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
             workload_kinds=frozenset({WorkloadKind.PROCESS}),
         )
         result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
-        taken = Node.objects.filter(cluster=cluster, name=node.name, heartbeat_counter__lt=counter).update(
-            heartbeat_counter=counter, heartbeat_digest=digest)
-        if not taken:  # a concurrent first heartbeat of a new node took a larger counter
+        cursor.execute(_TAKE_COUNTER, [counter, digest, cluster.pk, node.name, counter])
+        if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))
         return result, row[0] if row is not None else None
@@ -263,7 +280,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _errors("the heartbeat is not accepted JSON", {"body": str(exc)})
     if isinstance(payload, dict) and "facts" not in payload and "digest" in payload:
         return _short(payload, cluster_name, node_name, counter)
-    cluster = Cluster.objects.filter(name=cluster_name).first()
+    cluster = _cluster(cluster_name)
     if cluster is None:
         return _errors("unknown cluster", {"cluster": f"no cluster named {cluster_name!r}"})
     try:
@@ -286,7 +303,6 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     })
 
 
-_NODE, _CLUSTER = Node._meta.db_table, Cluster._meta.db_table
 _SHORT_READ = (f'SELECT n.id, n.heartbeat_digest, n.heartbeat_counter, n.gone_at FROM "{_NODE}" n '
                f'JOIN "{_CLUSTER}" c ON c.id = n.cluster_id WHERE c.name = %s AND n.name = %s')
 

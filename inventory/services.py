@@ -31,7 +31,7 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Q, Subquery
 from django.utils import timezone
 
-from inventory.bulk import db_datetime, db_json, insert_rows
+from inventory.bulk import db_datetime, db_json, insert_rows, marks, select_rows
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
@@ -342,8 +342,14 @@ def apply_snapshot(
             ).update(last_seen=now)
         elif node_ids:
             # An agent's heartbeat is its node's own word: stamped in the same statement, so free.
-            heard = {"heartbeat_at": now} if source == ChangeSource.AGENT else {}
-            Node.objects.filter(pk__in=list(node_ids.values())).update(last_seen=now, **heard)
+            heard = ", heartbeat_at = %s" if source == ChangeSource.AGENT else ""
+            stamp = db_datetime(now)
+            ids = list(node_ids.values())
+            with connection.cursor() as cursor:
+                for start in range(0, len(ids), BATCH):
+                    batch = ids[start:start + BATCH]
+                    cursor.execute(f"UPDATE {_NODE} SET last_seen = %s{heard} WHERE id IN ({marks(batch)})",
+                                   [stamp, *([stamp] if heard else []), *batch])
         started = result.lap("last_seen", started)
         if source != ChangeSource.AGENT and result.versions_changed:
             _forget_digests(sorted(result.versions_changed))
@@ -379,22 +385,25 @@ def _apply_nodes(
     started = time.perf_counter()
     columns = ("id", "name", "gone_at", *NODE_FIELDS)
     observed_names = {node.name for node in snapshot.nodes}
-    queries = [Node.objects.filter(cluster=cluster)]
-    if not snapshot.complete:  # a partial snapshot needs only its own nodes
+    # Plain statements (inventory.bulk.select_rows): compiling ORM queries costs a heartbeat more
+    # than running them, and the ORM's per-row work would dominate a 600,000-row read.
+    if snapshot.complete:
+        rows = select_rows(Node, columns, "cluster_id = %s", [cluster.pk])
+    else:  # a partial snapshot needs only its own nodes
         names = sorted(observed_names)
-        queries = [queries[0].filter(name__in=names[i:i + BATCH]) for i in range(0, len(names), BATCH)]
-    existing: dict[str, dict[str, Any]] = {
-        row[1]: dict(zip(columns, row, strict=True)) for query in queries for row in query.values_list(*columns)
-    }
+        rows = [row for i in range(0, len(names), BATCH) for row in select_rows(
+            Node, columns, f"cluster_id = %s AND name IN ({marks(names[i:i + BATCH])})",
+            [cluster.pk, *names[i:i + BATCH]])]
+    existing: dict[str, dict[str, Any]] = {row[1]: dict(zip(columns, row, strict=True)) for row in rows}
     started = result.lap("load_nodes", started)
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
     current_components: dict[int, dict[str, tuple[int, str, str]]] = {}
     if relevant_ids:
-        query = NodeComponent.objects.filter(node__cluster=cluster)
-        if not snapshot.complete:
-            query = NodeComponent.objects.filter(node_id__in=relevant_ids)
-        # Plain cursor rows: the ORM's per-row work would dominate a 600,000-row read.
-        sql, params = query.values_list("id", "node_id", "component", "version", "source").query.sql_with_params()
+        select = f"SELECT nc.id, nc.node_id, nc.component, nc.version, nc.source FROM {_COMPONENT} nc"
+        if snapshot.complete:
+            sql, params = f"{select} JOIN {_NODE} n ON n.id = nc.node_id WHERE n.cluster_id = %s", [cluster.pk]
+        else:
+            sql, params = f"{select} WHERE nc.node_id IN ({marks(relevant_ids)})", relevant_ids
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             for comp_id, node_id, component, version, set_by in cursor.fetchall():
@@ -483,8 +492,9 @@ def _apply_components(
     logs: list[_Log],
 ) -> None:
     creates: list[tuple[int, str, ParsedVersion]] = []
-    updates: list[NodeComponent] = []
+    updates: list[tuple[Any, ...]] = []
     deletes: list[int] = []
+    stamp = db_datetime(now)
     for name, components in parsed.items():
         node_id = node_ids[name]
         have = current.get(node_id, {})
@@ -495,9 +505,7 @@ def _apply_components(
                 creates.append((node_id, component, version))
                 diff[component] = [None, version.raw]
             elif before[1] != version.raw and source not in OUTRANKED_BY.get(before[2], ()):
-                updates.append(NodeComponent(id=before[0], node_id=node_id, component=component,
-                                             version=version.raw, version_key=version.key, branch=version.branch,
-                                             source=source, updated_at=now))
+                updates.append((version.raw, version.key, version.branch, source, stamp, before[0]))
                 diff[component] = [before[1], version.raw]
         if snapshot.replace_components:
             for component, (comp_id, version_raw, _set_by) in have.items():
@@ -510,12 +518,12 @@ def _apply_components(
             if have:  # a new node's components are in its create entry already
                 logs.append(_log(source, ChangeAction.UPDATE, "node", node_id, _node_repr(cluster, name),
                                  {f"component:{c}": v for c, v in diff.items()}, user_id))
-    stamp = db_datetime(now)
     insert_rows(NodeComponent, ("node_id", "component", "version", "version_key", "branch", "source", "updated_at"),
                 ((node_id, c, v.raw, v.key, v.branch, source, stamp) for node_id, c, v in creates))
-    if updates:
-        NodeComponent.objects.bulk_update(updates, ["version", "version_key", "branch", "source", "updated_at"],
-                                          batch_size=BATCH)
+    if updates:  # one plain statement, executed per row (pipelined by psycopg): no CASE to compile
+        with connection.cursor() as cursor:
+            cursor.executemany(f"UPDATE {_COMPONENT} SET version = %s, version_key = %s, branch = %s, source = %s, "
+                               "updated_at = %s WHERE id = %s", updates)
     for start in range(0, len(deletes), BATCH):
         NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()
 
@@ -535,19 +543,26 @@ def _apply_workloads(
     if missing_nodes:
         node_ids = {**node_ids, **dict(
             Node.objects.filter(cluster=cluster, name__in=missing_nodes).values_list("name", "id"))}
-    kinds = snapshot.workload_kinds | {w.kind for w in snapshot.workloads}
+    kinds = sorted(snapshot.workload_kinds | {w.kind for w in snapshot.workloads})
     columns = ("id", "kind", "scheduler_id", "gone_at", *WORKLOAD_FIELDS)
-    base = Workload.objects.filter(cluster=cluster, kind__in=kinds)
+    base, b_params = f"cluster_id = %s AND kind IN ({marks(kinds)})", [cluster.pk, *kinds]
+
+    def load(where: str, params: list[Any]) -> list[dict[str, Any]]:
+        return [dict(zip(columns, row, strict=True)) for row in select_rows(Workload, columns, where, params)]
+
     # Active workloads (in scope), then any finished ones the snapshot reports again; finished
     # history is never loaded wholesale (a cluster ends millions of jobs).
-    active = base.filter(gone_at__isnull=True)
+    active, a_params = f"{base} AND gone_at IS NULL", b_params
+    scope = list(node_ids.values())
     if not snapshot.complete:
-        active = active.filter(node_id__in=list(node_ids.values()))
-    existing = {(row["kind"], row["scheduler_id"]): row for row in active.values(*columns)}
+        active, a_params = f"{active} AND node_id IN ({marks(scope)})", [*a_params, *scope]
+    rows = load(active, a_params) if snapshot.complete or scope else []  # no node: no workload of one
+    existing = {(found["kind"], found["scheduler_id"]): found for found in rows}
     returning = sorted({w.scheduler_id for w in snapshot.workloads if (w.kind, w.scheduler_id) not in existing})
     for start in range(0, len(returning), BATCH):
-        for row in base.filter(scheduler_id__in=returning[start:start + BATCH]).values(*columns):
-            existing.setdefault((row["kind"], row["scheduler_id"]), row)
+        batch = returning[start:start + BATCH]
+        for found in load(f"{base} AND scheduler_id IN ({marks(batch)})", [*b_params, *batch]):
+            existing.setdefault((found["kind"], found["scheduler_id"]), found)
     creates: list[Workload] = []
     updates: list[Workload] = []
     fields: set[str] = set()
@@ -639,6 +654,7 @@ def _apply_workload_nodes(
     return changed
 
 
+_NODE, _COMPONENT = Node._meta.db_table, NodeComponent._meta.db_table
 _NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "agent_token_sha256", "last_seen", "gone_at", "created_at",
                 "updated_at")
 
