@@ -30,6 +30,7 @@ from django.utils import timezone
 from advisories import components
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
+from inventory.bulk import read_date, read_datetime
 from inventory.models import Cluster, Node, NodeComponent
 
 # Tables for the raw statements: a node's recompute runs on every changed heartbeat, where
@@ -97,18 +98,6 @@ def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: st
             if scope:
                 scoped.add(range_id)
     return rows, scoped
-
-
-def _db_datetime(value: Any) -> Any:
-    """A DateTimeField read by a raw cursor: SQLite gives its text (UTC), PostgreSQL a datetime."""
-    if isinstance(value, str):
-        parsed = dt.datetime.fromisoformat(value)
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-    return value
-
-
-def _db_date(value: Any) -> Any:
-    return dt.date.fromisoformat(value) if isinstance(value, str) else value
 
 
 def _json(value: Any) -> dict[str, Any]:
@@ -536,11 +525,11 @@ class DeadlineRules:
             cursor.execute(_RANGE_TERMS + scope, params)
             rows = cursor.fetchall()
         for range_id, severity, advisory_severity, published, cve_id, due in rows:
-            self.ranges[range_id] = RangeTerms(severity, advisory_severity, _db_datetime(published))
+            self.ranges[range_id] = RangeTerms(severity, advisory_severity, read_datetime(published))
             if cve_id is not None:
                 self.range_cves.setdefault(range_id, []).append(cve_id)
                 if due is not None and self.policy.use_kev:
-                    self.kev[cve_id] = _db_date(due)
+                    self.kev[cve_id] = read_date(due)
 
     def deadline(self, range_id: int, cluster_id: int, first_seen: dt.datetime) -> tuple[dt.datetime, str]:
         return _deadline(self.policy, self.ranges[range_id], cluster_id, first_seen,
@@ -588,7 +577,7 @@ def assign_deadlines(
             """,
             [*s_params, *n_params, *a_params],
         )
-        groups = [(range_id, cluster_id, _db_datetime(first_seen)) for range_id, cluster_id, first_seen
+        groups = [(range_id, cluster_id, read_datetime(first_seen)) for range_id, cluster_id, first_seen
                   in cursor.fetchall()]
         if not groups:
             return 0

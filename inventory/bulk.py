@@ -36,10 +36,12 @@ def db_json(value: Any) -> str:
 
 
 def read_datetime(value: Any) -> Any:
-    """A DateTimeField from a raw cursor: SQLite gives its text (UTC), PostgreSQL a datetime."""
+    """A DateTimeField from a raw cursor, aware as the ORM's: SQLite gives a naive datetime in UTC
+    (Django's converter for the declared type) or, for an expression, its text."""
     if isinstance(value, str):
-        parsed = dt.datetime.fromisoformat(value)
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+        value = dt.datetime.fromisoformat(value)
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
     return value
 
 
