@@ -497,7 +497,7 @@ class DeadlineRules:
     statements: a node's recompute on each changed heartbeat loads them)."""
 
     def __init__(self, range_ids: Iterable[int] = ()) -> None:
-        self.overrides: dict[tuple[int, str], int] = {}
+        self.overrides: dict[tuple[int, str], int]
         with connection.cursor() as cursor:
             cursor.execute(_POLICY_AND_OVERRIDES)
             rows = cursor.fetchall()
