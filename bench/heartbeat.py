@@ -434,7 +434,7 @@ def in_process(agents: list[Agent], profile: bool) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT 0")
         backend = [cursor.fetchone()[0]] if connection.vendor == "postgresql" else []
-    rows = []
+    rows: list[tuple[str, float, float, float, int]] = []
     for mode in ("changed", "short", "changed"):  # the second changed round: warm caches
         profiler = cProfile.Profile(time.process_time) if profile and mode == "changed" and rows else None
         pg0, sql0 = _cpu(backend), count[0]
