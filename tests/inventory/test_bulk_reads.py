@@ -1,0 +1,38 @@
+"""inventory.bulk.select_rows reads what the ORM's values_list reads, on every engine."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from inventory.bulk import select_rows
+from inventory.choices import ClusterKind, WorkloadKind
+from inventory.models import Cluster, Node, Workload
+
+pytestmark = pytest.mark.django_db
+
+# Every kind of column the raw readers convert: JSON, times, durations, booleans, nulls.
+CLUSTER = ("id", "name", "connection", "sync_enabled", "last_synced_at", "created_at")
+NODE = ("id", "name", "labels", "facts", "gpu_count", "memory_mib", "cpu_milli", "gone_at", "last_seen")
+WORKLOAD = ("id", "node_id", "kind", "user", "gpus", "started_at", "time_limit", "requires", "gone_at")
+
+
+def test_select_rows_converts_as_values_list_does():
+    when = dt.datetime(2026, 11, 30, 7, 0, 0, 123456, tzinfo=dt.UTC)
+    cluster = Cluster.objects.create(name="lab", kind=ClusterKind.STATIC, connection={"url": "x", "n": [1, 2]},
+                                     sync_enabled=False, last_synced_at=when)
+    node = Node.objects.create(cluster=cluster, name="gpu01", labels={"pool": "a/b"}, facts={"os": "ubuntu"},
+                               gpu_count=8, memory_mib=2**40, gone_at=when.replace(microsecond=0))
+    Node.objects.create(cluster=cluster, name="gpu02")  # defaults and NULLs
+    Workload.objects.create(cluster=cluster, node=node, kind=WorkloadKind.PROCESS, scheduler_id="w1", user="ann",
+                            gpus=2, started_at=when, time_limit=dt.timedelta(hours=3, microseconds=5),
+                            requires={"driver": "570.86.15"})
+    Workload.objects.create(cluster=cluster, kind=WorkloadKind.PROCESS, scheduler_id="w2")
+    for model, columns in ((Cluster, CLUSTER), (Node, NODE), (Workload, WORKLOAD)):
+        expected = sorted(model.objects.values_list(*columns))
+        got = sorted(select_rows(model, columns, "cluster_id = %s" if model is not Cluster else "id = %s",
+                                 [cluster.pk]))
+        assert got == expected
+        assert [[type(v) for v in row] for row in got] == [[type(v) for v in row] for row in expected]
+    assert select_rows(Node, ("name",), "name = %s", ["none"]) == []
