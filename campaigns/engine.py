@@ -25,6 +25,7 @@ No step takes the campaign row lock; only campaign-level work does (admission, h
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections import Counter
@@ -34,8 +35,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, Exists, F, Min, OuterRef, Q, Subquery, Sum, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Min
 from django.utils import timezone
 
 from campaigns import evidence, policy
@@ -125,7 +125,7 @@ def _actor(worker: str) -> str:
 
 def _load(sweep_id: int) -> NodeSweep | None:
     return (NodeSweep.objects.select_related("campaign", "node__cluster")
-            .defer("planned", "versions_before", "versions_after", "node__labels", "campaign__name")
+            .defer("versions_before", "versions_after", "campaign__name")
             .filter(pk=sweep_id).first())
 
 
@@ -367,26 +367,80 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
 
 
 # -- the lease and transitions -------------------------------------------------------------
+# The statements of every step (claim, transition, evidence) are plain SQL: the ORM spent more CPU
+# compiling them than the database spends running them (issue 11). Values go through each field's
+# own get_db_prep_save, so what is stored is exactly what the ORM would store (JSON, times).
+_SWEEPS = NodeSweep._meta
+_EVENTS = EvidenceEvent._meta
+_EVENT_FIELDS = ("campaign_id", "sweep_id", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash")
+
+
+@functools.cache
+def _quoted(vendor: str, meta: Any, name: str) -> str:
+    return cast(str, connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name))
+
+
+def _column(meta: Any, name: str) -> str:
+    """The quoted column of field `name` (or, given the table's name, the quoted table)."""
+    return _quoted(connection.vendor, meta, name)
+
+
+def _value(meta: Any, name: str, value: Any) -> Any:
+    return meta.get_field(name).get_db_prep_save(value, connection)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The condition of a sweep's conditional UPDATE, as SQL after ``WHERE id = %s``."""
+
+    sql: str
+    params: tuple[Any, ...] = ()
+
+
+def _update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
+    """UPDATE the sweep's row where `guard` holds (with `also`, more SQL assignments); the number of
+    rows changed (0 or 1)."""
+    table, pk = _column(_SWEEPS, _SWEEPS.db_table), _column(_SWEEPS, "id")
+    sets = ", ".join([*(f"{_column(_SWEEPS, name)} = %s" for name in fields), *([also] if also else [])])
+    values = [_value(_SWEEPS, name, value) for name, value in fields.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {sets} WHERE {pk} = %s{guard.sql}", [*values, sweep_id, *guard.params])
+        return int(cursor.rowcount)
+
+
+def _insert_events(events: list[EvidenceEvent]) -> None:
+    """INSERT node events in one statement (append-only: nothing else writes these rows)."""
+    table = _column(_EVENTS, _EVENTS.db_table)
+    columns = ", ".join(_column(_EVENTS, name) for name in _EVENT_FIELDS)
+    row = "(" + ", ".join(["%s"] * len(_EVENT_FIELDS)) + ")"
+    values = [_value(_EVENTS, name, getattr(event, name)) for event in events for name in _EVENT_FIELDS]
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * len(events))}", values)
+
+
 def _claim(sweep: NodeSweep, worker: str) -> bool:
     """Take the step's lease: one conditional UPDATE (the lease holder is the step's only writer)."""
     now = timezone.now()
-    rows = NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state).filter(
-        Q(lease_owner="") | Q(step_deadline__lt=now)
-    ).update(lease_owner=worker, attempt=F("attempt") + 1, step_started_at=now,
-             step_deadline=policy.step_deadline(sweep.campaign.step_timeout_s, now))
-    if not rows:
+    attempt = _column(_SWEEPS, "attempt")
+    guard = Guard(f" AND {_column(_SWEEPS, 'state')} = %s AND ({_column(_SWEEPS, 'lease_owner')} = %s"
+                  f" OR {_column(_SWEEPS, 'step_deadline')} < %s)",
+                  (sweep.state, "", _value(_SWEEPS, "step_deadline", now)))
+    fields = {"lease_owner": worker, "step_started_at": now,
+              "step_deadline": policy.step_deadline(sweep.campaign.step_timeout_s, now)}
+    if not _update_sweep(sweep.pk, fields, guard, also=f"{attempt} = {attempt} + 1"):
         return False
     sweep.attempt += 1
     sweep.lease_owner, sweep.step_started_at = worker, now
     return True
 
 
-def _guarded(sweep: NodeSweep, worker: str, **extra: Any) -> Any:
+def _guarded(sweep: NodeSweep, worker: str) -> Guard:
     """The sweep's row, only while `worker` holds the lease of its current step."""
-    return NodeSweep.objects.filter(pk=sweep.pk, state=sweep.state, lease_owner=worker, **extra)
+    return Guard(f" AND {_column(_SWEEPS, 'state')} = %s AND {_column(_SWEEPS, 'lease_owner')} = %s",
+                 (sweep.state, worker))
 
 
-def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], query: Any = None,
+def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], guard: Guard | None = None,
            then: tuple[str, dict[str, Any]] | None = None, sign: bool = False, **fields: Any) -> bool:
     """One conditional UPDATE of the sweep (with its chain's new head) and its event (and a second,
     `then`), in the caller's transaction; with `sign` the new head is signed in the same UPDATE."""
@@ -399,11 +453,10 @@ def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], query
     if sign:
         fields.update(signed_seq=head.node_seq, head_signature=evidence.head_signature(
             sweep.campaign_id, sweep.pk, head.node_seq or 0, head.hash))
-    rows = (query if query is not None else _guarded(sweep, worker)).update(
-        evidence_seq=head.node_seq, evidence_head=head.hash, **fields)
-    if not rows:
+    if not _update_sweep(sweep.pk, {"evidence_seq": head.node_seq, "evidence_head": head.hash, **fields},
+                         guard if guard is not None else _guarded(sweep, worker)):
         return False
-    EvidenceEvent.objects.bulk_create(events)
+    _insert_events(events)
     sweep.evidence_seq, sweep.evidence_head = head.node_seq or 0, head.hash
     return True
 
@@ -428,11 +481,13 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
     now = timezone.now()
     current, following = sweep.state, SweepState.next(sweep.state)
     chain = following != SweepState.DONE
-    query = _guarded(sweep, worker)
+    guard = _guarded(sweep, worker)
     if following == SweepState.PATCHING:
         # Aborted meanwhile: no patch; the next step unwinds instead.
-        query = query.exclude(Exists(Campaign.objects.filter(pk=OuterRef("campaign_id"),
-                                                             status=CampaignStatus.ABORTED)))
+        campaigns = _column(Campaign._meta, Campaign._meta.db_table)
+        guard = Guard(f"{guard.sql} AND NOT EXISTS (SELECT 1 FROM {campaigns} WHERE {campaigns}."
+                      f"{_column(Campaign._meta, 'id')} = %s AND {campaigns}.{_column(Campaign._meta, 'status')} = %s)",
+                      (*guard.params, sweep.campaign_id, CampaignStatus.ABORTED))
     with transaction.atomic():
         fields: dict[str, Any] = {
             "state": following, "attempt": 1 if chain else 0, "lease_owner": worker if chain else "",
@@ -444,7 +499,7 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
                 **result.data}
         done = None if chain else (EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
                                                        or sweep.versions_after})
-        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, query=query, then=done, sign=not chain, **fields):
+        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, guard=guard, then=done, sign=not chain, **fields):
             if following == SweepState.PATCHING:
                 # Lost to an abort (or the lease expired): hand the step over to the unwind.
                 NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
@@ -523,8 +578,10 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
             return state
         if not go_on:
             return state
-        # The sweep in hand is current (this worker wrote it); only an abort can have come meanwhile.
-        sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
+        # The sweep in hand is current (this worker wrote it); only an abort can have come meanwhile,
+        # and it matters only before the patch (the move into patching checks it in its UPDATE).
+        if sweep.state in SweepState.BEFORE_PATCH:
+            sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
 
 
 class _Unpinned:
@@ -729,10 +786,10 @@ def _move(sweep: NodeSweep, worker: str, move: WorkloadMove, kind: str, data: di
             return False
         event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head,
                                             kind, _actor(worker), data)
-        if not NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(
-                evidence_seq=event.node_seq, evidence_head=event.hash):
+        if not _update_sweep(sweep.pk, {"evidence_seq": event.node_seq, "evidence_head": event.hash},
+                             Guard(f" AND {_column(_SWEEPS, 'lease_owner')} = %s", (worker,))):
             raise TemporaryExecutorError(f"node sweep {sweep.pk}: the lease was lost while recording {kind}")
-        event.save(force_insert=True)
+        _insert_events([event])
         sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
         if inventory_to is not None and move.workload_id is not None and fields.get("new_workload_ref"):
             inventory.move_workload(move.workload_id, inventory_to.pk, str(fields["new_workload_ref"]),
@@ -749,7 +806,7 @@ def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
 
 
 def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
-    planned = NodeSweep.objects.values_list("planned", flat=True).get(pk=sweep.pk) or {}
+    planned = sweep.planned or {}  # loaded with the sweep: it is copied at start and never changes
     return {m["workload"]: m for m in planned.get("moves", []) if "arrived_from" not in m}
 
 
@@ -907,33 +964,46 @@ def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> 
     """A node where the checkpoint is valid (executors.portability), with room, not being drained soon.
 
     One query: the facts the image needs and free GPUs are matched in SQL, the planned target
-    first, then the emptiest.
+    first, then the emptiest. Written as SQL: compiling it through the ORM cost more CPU per node
+    than running it.
     """
     source = sweep.node
     needed = portability.from_dict(move.detail.get("requires") or {})
-    candidates = Node.objects.filter(cluster=source.cluster, service_state=ServiceState.IN_SERVICE,
-                                     gone_at__isnull=True).exclude(pk=source.pk)
+    q = connection.ops.quote_name
+    nodes, components = q(Node._meta.db_table), q(NodeComponent._meta.db_table)
+    sweeps, workloads = q(NodeSweep._meta.db_table), q(Workload._meta.db_table)
+    where = ["n.cluster_id = %s", "n.service_state = %s", "n.gone_at IS NULL", "n.id <> %s"]
+    params: list[Any] = [source.cluster_id, ServiceState.IN_SERVICE, source.pk]
     for fact, value in needed.must.items():
         if fact == portability.GPU_MODEL:
-            candidates = candidates.filter(gpu_model=value)
+            where.append("n.gpu_model = %s")
+            params.append(value)
         elif value:
-            candidates = candidates.filter(pk__in=NodeComponent.objects.filter(component=fact, version=value)
-                                           .values("node_id"))
+            where.append(f"n.id IN (SELECT node_id FROM {components} WHERE component = %s AND version = %s)")
+            params += [fact, value]
         else:
-            candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=fact).values("node_id"))
+            where.append(f"n.id NOT IN (SELECT node_id FROM {components} WHERE component = %s)")
+            params.append(fact)
     for fact, value in needed.if_reported.items():
-        candidates = candidates.exclude(pk__in=NodeComponent.objects.filter(component=fact).exclude(version=value)
-                                        .values("node_id"))
+        where.append(f"n.id NOT IN (SELECT node_id FROM {components} WHERE component = %s AND version <> %s)")
+        params += [fact, value]
     # Nodes being swept now, and nodes of this campaign in this or the next wave (drained before
     # the workload settles), do not receive work.
-    candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(state__in=SweepState.WORKING).values("node_id"))
-    candidates = candidates.exclude(pk__in=NodeSweep.objects.filter(
-        campaign_id=sweep.campaign_id, state=SweepState.PENDING, wave__lte=sweep.wave + 1).values("node_id"))
-    used = Workload.objects.filter(node=OuterRef("pk"), gone_at__isnull=True).values("node").annotate(
-        n=Sum("gpus")).values("n")
-    candidates = candidates.annotate(free=F("gpu_count") - Coalesce(Subquery(used), 0)).filter(free__gte=move.gpus)
-    first = Case(When(pk=planned, then=Value(0)), default=Value(1)) if planned else Value(1)
-    return candidates.select_related("cluster").order_by(first, "-free", "name").first()
+    working = sorted(SweepState.WORKING)
+    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE state IN ({', '.join(['%s'] * len(working))}))")
+    params += working
+    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE campaign_id = %s AND state = %s AND wave <= %s)")
+    params += [sweep.campaign_id, SweepState.PENDING, sweep.wave + 1]
+    free = (f"n.gpu_count - COALESCE((SELECT SUM(w.gpus) FROM {workloads} w WHERE w.node_id = n.id"
+            " AND w.gone_at IS NULL), 0)")
+    where.append(f"{free} >= %s")
+    params.append(move.gpus)
+    sql = (f"SELECT n.*, {free} AS free FROM {nodes} n WHERE {' AND '.join(where)}"
+           " ORDER BY CASE WHEN n.id = %s THEN 0 ELSE 1 END, free DESC, n.name LIMIT 1")
+    target = next(iter(Node.objects.raw(sql, [*params, planned or 0])), None)
+    if target is not None:
+        target.cluster = source.cluster  # the same cluster, already loaded
+    return target
 
 
 def _resumed(ex: Executor, ref: NodeRef, workload_id: str) -> WorkloadInfo | None:
@@ -1032,7 +1102,7 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
 
 def _foreign_hold(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> dict[str, Any]:
     """For a node swept while someone else held it: that hold, still there (it is theirs to lift)."""
-    planned = NodeSweep.objects.values_list("planned", flat=True).get(pk=sweep.pk) or {}
+    planned = sweep.planned or {}
     if not planned.get("held_by"):
         return {}
     return {"held_before": planned["held_by"].get("hold"), "held_now": ex.maintenance_hold(ref)}
