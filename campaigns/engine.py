@@ -175,9 +175,12 @@ def sync_reservations(campaign_id: int) -> None:
     recorded once in the campaign's chain. A call that fails is logged and tried again by the next
     dispatch (the periodic re-drive dispatches every running campaign); the wave goes on meanwhile.
     """
-    status = Campaign.objects.filter(pk=campaign_id).values_list("status", flat=True).first()
-    if status is None:
+    row = Campaign.objects.filter(pk=campaign_id).values_list("status", "limits").first()
+    if row is None:
         return
+    status, limits = row
+    if (limits or {}).get("reservations") is False:
+        return  # the approved plan lists none: nothing to create, so nothing to delete
     created: dict[tuple[int, int], dict[str, Any]] = {}
     deleted: set[tuple[int, int]] = set()
     for kind, data in EvidenceEvent.objects.filter(
@@ -188,8 +191,8 @@ def sync_reservations(campaign_id: int) -> None:
             created[key] = data
         else:
             deleted.add(key)
-    active = set(NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.WORKING).values_list(
-        "node__cluster_id", "wave").distinct())
+    active = set(NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.WORKING).order_by()
+                 .values_list("node__cluster_id", "wave").distinct())
     aborted = status == CampaignStatus.ABORTED
     ending = [key for key in created if key not in deleted and (aborted or key not in active)]
     starting = [] if status not in (CampaignStatus.RUNNING, CampaignStatus.WAITING) else sorted(

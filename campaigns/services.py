@@ -649,8 +649,12 @@ def start(campaign_id: int, user: User | None) -> Campaign:
             where = f"node {busy.node.name} is in active campaign {busy.campaign_id}" if busy else "a node is busy"
             raise CampaignError(f"campaign {campaign.pk} cannot start: {where}") from None
         canary = plan.content.get("canary") or {}
+        # "reservations": whether the approved plan lists any wave reservation; without one, no
+        # dispatch asks the back ends about them (engine.sync_reservations). A plan from before the
+        # count was kept says nothing, and the engine asks.
         limits = {**(plan.content.get("limits") or {}), "canary": bool(canary.get("nodes")),
-                  "soak_s": int(canary.get("soak_s") or 0)}
+                  "soak_s": int(canary.get("soak_s") or 0),
+                  "reservations": bool((plan.content.get("summary") or {}).get("reservations", True))}
         _set_status(campaign, {CampaignStatus.APPROVED}, CampaignStatus.RUNNING, started_at=timezone.now(),
                     limits=limits)
         # Versions before are recorded per node as the node reports them, when it is drained.
