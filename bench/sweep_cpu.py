@@ -114,8 +114,8 @@ def _run(args: argparse.Namespace, spares: int) -> int:
           f"evidence verifies: {not problems} {problems[:3]}")
     print(f"  steps: {cpu['advance'] * 1000 / nodes:.1f} ms CPU per node ({cpu['advance'] * 1000 / max(1, steps):.2f} "
           f"per step), {counts['advance'] / max(1, steps):.1f} statements per step; admission "
-          f"{cpu['dispatch'] * 1000 / nodes:.1f} ms CPU per node, {counts['dispatch'] / nodes:.1f} statements per node; "
-          f"wall {wall:.1f} s")
+          f"{cpu['dispatch'] * 1000 / nodes:.1f} ms CPU per node, {counts['dispatch'] / nodes:.1f} statements "
+          f"per node; wall {wall:.1f} s")
     if connection.vendor == "postgresql":
         print(f"  database server: {server * 1000 / nodes:.1f} ms CPU per node (its backends for this database, "
               "steps and admission together)")

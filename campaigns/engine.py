@@ -29,13 +29,13 @@ import functools
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from campaigns import evidence, policy
@@ -346,10 +346,7 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
         in_cluster[cluster] += count
         in_pool[f"{cluster}/{pool}"] += count
     admitted: list[int] = []
-    pending = sweeps.filter(state=SweepState.PENDING, wave__lte=min(lowest + 1, upto or lowest + 1)).order_by(
-        "wave", "position").values(
-        "id", "wave", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
-    for row in pending:
+    for row in _pending(sweeps, min(lowest + 1, upto or lowest + 1), cluster_limit, in_cluster):
         cluster, pool = row["node__cluster__name"], f"{row['node__cluster__name']}/{row['node__pool']}"
         if not policy.admits(row["wave"], lowest, in_cluster[cluster], cluster_limit.get(cluster, 1), in_pool[pool],
                              pool_limit.get(pool, 1) if pool_limit is not None else None):
@@ -369,6 +366,31 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
     return admitted
 
 
+ADMIT_PAGE = 200
+
+
+def _pending(sweeps: Any, upto: int, cluster_limit: dict[str, int],
+             in_cluster: Counter[str]) -> Iterator[dict[str, Any]]:
+    """Pending sweeps of waves up to `upto` in plan order, a page at a time, leaving out clusters
+    already at their limit (re-read after each page, as admission fills them): a dispatch reads
+    about as many rows as it may admit, not every pending row of two waves (10,000 nodes, issue 20)."""
+    after: tuple[int, int, int] | None = None
+    while True:
+        full = [c for c, limit in cluster_limit.items() if in_cluster[c] >= limit]
+        rows = sweeps.filter(state=SweepState.PENDING, wave__lte=upto).exclude(node__cluster__name__in=full)
+        if after is not None:
+            wave, position, pk = after
+            rows = rows.filter(Q(wave__gt=wave) | Q(wave=wave, position__gt=position)
+                               | Q(wave=wave, position=position, pk__gt=pk))
+        page = list(rows.order_by("wave", "position", "pk").values(
+            "id", "wave", "position", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
+            [:ADMIT_PAGE])
+        yield from page
+        if len(page) < ADMIT_PAGE:
+            return
+        after = (page[-1]["wave"], page[-1]["position"], page[-1]["id"])
+
+
 # -- the lease and transitions -------------------------------------------------------------
 # The statements of every step (claim, transition, evidence) are plain SQL: the ORM spent more CPU
 # compiling them than the database spends running them (issue 11). Values go through each field's
@@ -380,7 +402,7 @@ _EVENT_FIELDS = ("campaign_id", "sweep_id", "seq", "node_seq", "kind", "actor", 
 
 @functools.cache
 def _quoted(vendor: str, meta: Any, name: str) -> str:
-    return cast(str, connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name))
+    return connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name)
 
 
 def _column(meta: Any, name: str) -> str:
@@ -390,6 +412,21 @@ def _column(meta: Any, name: str) -> str:
 
 def _value(meta: Any, name: str, value: Any) -> Any:
     return meta.get_field(name).get_db_prep_save(value, connection)
+
+
+def _cursor() -> Any:
+    """A cursor for the statements below. On PostgreSQL a server-binding one whose statements the
+    server keeps prepared (parsed and planned once per connection): they run for every step of
+    every node. Django's own cursors bind on the client, so they never prepare (and are unchanged)."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.prepare_threshold = 0  # only server-binding cursors (these) prepare at all
+    cursor: Any = psycopg.Cursor(raw)  # Django wraps any DB-API cursor (its stubs say only its own)
+    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
 
 
 @dataclass(frozen=True)
@@ -406,7 +443,7 @@ def _update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str
     table, pk = _column(_SWEEPS, _SWEEPS.db_table), _column(_SWEEPS, "id")
     sets = ", ".join([*(f"{_column(_SWEEPS, name)} = %s" for name in fields), *([also] if also else [])])
     values = [_value(_SWEEPS, name, value) for name, value in fields.items()]
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET {sets} WHERE {pk} = %s{guard.sql}", [*values, sweep_id, *guard.params])
         return int(cursor.rowcount)
 
@@ -417,7 +454,7 @@ def _insert_events(events: list[EvidenceEvent]) -> None:
     columns = ", ".join(_column(_EVENTS, name) for name in _EVENT_FIELDS)
     row = "(" + ", ".join(["%s"] * len(_EVENT_FIELDS)) + ")"
     values = [_value(_EVENTS, name, getattr(event, name)) for event in events for name in _EVENT_FIELDS]
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * len(events))}", values)
 
 
