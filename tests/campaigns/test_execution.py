@@ -340,3 +340,37 @@ def test_a_workload_that_cannot_move_comes_home_and_its_node_returns_to_service(
     assert [w["state"] for w in node["workloads"].values()].count("running") == 1
     assert WorkloadMove.objects.get(sweep=sweep).state == MoveState.RETURNED
     assert Node.objects.get(name="gpu00").service_state == "in_service"
+
+
+def test_admission_reads_pending_nodes_a_page_at_a_time_in_plan_order(people, monkeypatch):
+    make_fleet(nodes=5, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, parallelism_per_cluster="3")
+    services.start(campaign.pk, requester)
+    monkeypatch.setattr(engine, "ADMIT_PAGE", 2)  # the three admitted take two pages
+    admitted = engine.dispatch(campaign.pk)
+    in_order = list(NodeSweep.objects.filter(campaign=campaign).order_by("wave", "position").values_list(
+        "pk", flat=True))
+    assert admitted == in_order[:3]
+    assert set(NodeSweep.objects.filter(pk__in=in_order[3:]).values_list("state", flat=True)) == {SweepState.PENDING}
+    # The cluster is at its limit: the next dispatch admits nobody.
+    assert engine.dispatch(campaign.pk) == []
+
+
+def test_the_worker_that_ends_a_sweep_admits_the_next_node(people, django_capture_on_commit_callbacks):
+    make_fleet(nodes=2, spares=2)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver, parallelism_per_cluster="1")
+    services.start(campaign.pk, requester)
+    sent = []
+    queue.ENQUEUE.insert(0, lambda task, object_id, countdown: sent.append((task, object_id)))
+    try:
+        [first] = engine.dispatch(campaign.pk)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert engine.advance(first) == SweepState.DONE
+    finally:
+        queue.ENQUEUE.pop(0)
+    second = NodeSweep.objects.exclude(pk=first).get(campaign=campaign)
+    assert second.state == SweepState.DRAINING, "admitted by the worker that finished the first"
+    assert [task for task in sent if task[0] == "dispatch"] == []
+    assert ("advance", second.pk) in sent
