@@ -437,15 +437,32 @@ class Guard:
     params: tuple[Any, ...] = ()
 
 
-def _update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
-    """UPDATE the sweep's row where `guard` holds (with `also`, more SQL assignments); the number of
-    rows changed (0 or 1)."""
+def _update_sql(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str) -> tuple[str, list[Any]]:
     table, pk = _column(_SWEEPS, _SWEEPS.db_table), _column(_SWEEPS, "id")
     sets = ", ".join([*(f"{_column(_SWEEPS, name)} = %s" for name in fields), *([also] if also else [])])
     values = [_value(_SWEEPS, name, value) for name, value in fields.items()]
+    return f"UPDATE {table} SET {sets} WHERE {pk} = %s{guard.sql}", [*values, sweep_id, *guard.params]
+
+
+def _update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
+    """UPDATE the sweep's row where `guard` holds (with `also`, more SQL assignments); the number of
+    rows changed (0 or 1)."""
     with _cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {sets} WHERE {pk} = %s{guard.sql}", [*values, sweep_id, *guard.params])
+        cursor.execute(*_update_sql(sweep_id, fields, guard, also))
         return int(cursor.rowcount)
+
+
+def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: Guard) -> str | None:
+    """_update_sweep that also reads its campaign's status in the same statement (RETURNING):
+    None when no row changed."""
+    campaigns, sweeps = _column(Campaign._meta, Campaign._meta.db_table), _column(_SWEEPS, _SWEEPS.db_table)
+    status = (f"(SELECT {campaigns}.{_column(Campaign._meta, 'status')} FROM {campaigns} WHERE {campaigns}."
+              f"{_column(Campaign._meta, 'id')} = {sweeps}.{_column(_SWEEPS, 'campaign_id')})")
+    sql, params = _update_sql(sweep_id, fields, guard, "")
+    with _cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {status}", params)
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 def _insert_events(events: list[EvidenceEvent]) -> None:
@@ -481,9 +498,11 @@ def _guarded(sweep: NodeSweep, worker: str) -> Guard:
 
 
 def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], guard: Guard | None = None,
-           then: tuple[str, dict[str, Any]] | None = None, sign: bool = False, **fields: Any) -> bool:
+           then: tuple[str, dict[str, Any]] | None = None, sign: bool = False, read_status: bool = False,
+           **fields: Any) -> bool:
     """One conditional UPDATE of the sweep (with its chain's new head) and its event (and a second,
-    `then`), in the caller's transaction; with `sign` the new head is signed in the same UPDATE."""
+    `then`), in the caller's transaction; with `sign` the new head is signed in the same UPDATE, with
+    `read_status` the campaign's status is read into ``sweep.campaign`` by it too."""
     events = [evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head, kind,
                                           _actor(worker), data)]
     if then is not None:
@@ -493,9 +512,17 @@ def _write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], guard
     if sign:
         fields.update(signed_seq=head.node_seq, head_signature=evidence.head_signature(
             sweep.campaign_id, sweep.pk, head.node_seq or 0, head.hash))
-    if not _update_sweep(sweep.pk, {"evidence_seq": head.node_seq, "evidence_head": head.hash, **fields},
-                         guard if guard is not None else _guarded(sweep, worker)):
+    fields = {"evidence_seq": head.node_seq, "evidence_head": head.hash, **fields}
+    guard = guard if guard is not None else _guarded(sweep, worker)
+    if read_status and connection.features.can_return_columns_from_insert:
+        status = _update_sweep_reading_status(sweep.pk, fields, guard)
+        if status is None:
+            return False
+        sweep.campaign.status = status
+    elif not _update_sweep(sweep.pk, fields, guard):
         return False
+    elif read_status:
+        sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
     _insert_events(events)
     sweep.evidence_seq, sweep.evidence_head = head.node_seq or 0, head.hash
     return True
@@ -539,7 +566,9 @@ def _finish(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
                 **result.data}
         done = None if chain else (EvidenceKind.DONE, {"versions_after": result.fields.get("versions_after")
                                                        or sweep.versions_after})
-        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, guard=guard, then=done, sign=not chain, **fields):
+        # Going on before the patch, the step needs the campaign's status (an abort unwinds instead).
+        if not _write(sweep, worker, EvidenceKind.STEP_DONE, data, guard=guard, then=done, sign=not chain,
+                      read_status=following in SweepState.BEFORE_PATCH, **fields):
             if following == SweepState.PATCHING:
                 # Lost to an abort (or the lease expired): hand the step over to the unwind.
                 NodeSweep.objects.filter(pk=sweep.pk, lease_owner=worker).update(lease_owner="", step_deadline=now)
@@ -618,9 +647,8 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
                 _dispatch_after(sweep.campaign_id)
             return state
         # The sweep in hand is current (this worker wrote it); only an abort can have come meanwhile,
-        # and it matters only before the patch (the move into patching checks it in its UPDATE).
-        if sweep.state in SweepState.BEFORE_PATCH:
-            sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
+        # and it matters only before the patch: the transition read the campaign's status then (and
+        # the move into patching checks it in its UPDATE).
 
 
 def _dispatch_after(campaign_id: int) -> None:
