@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -12,6 +13,7 @@ from campaigns import engine, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from campaigns.services import CampaignError
+from executors.memory import MemoryExecutor
 from inventory.models import Node, Workload
 from tests.campaigns.fleet import FIXED, approved_campaign, drive, make_fleet, user
 
@@ -374,3 +376,24 @@ def test_the_worker_that_ends_a_sweep_admits_the_next_node(people, django_captur
     assert second.state == SweepState.DRAINING, "admitted by the worker that finished the first"
     assert [task for task in sent if task[0] == "dispatch"] == []
     assert ("advance", second.pk) in sent
+
+
+def test_an_abort_during_a_step_unwinds_the_node_before_its_next_step(people, monkeypatch):
+    fleet, _ = make_fleet(nodes=1, spares=1)
+    requester, approver, _ = people
+    campaign = approved_campaign(requester, approver)
+    services.start(campaign.pk, requester)
+    [sweep_id] = engine.dispatch(campaign.pk)
+    drain = MemoryExecutor.drain
+
+    def drain_then_abort(self: MemoryExecutor, node: Any, operation_id: str) -> None:
+        drain(self, node, operation_id)
+        services.abort(campaign.pk, requester, reason="change freeze")
+
+    monkeypatch.setattr(MemoryExecutor, "drain", drain_then_abort)
+    # The same worker goes on after the drain: it learns of the abort with that transition.
+    assert engine.advance(sweep_id) == SweepState.ROLLED_BACK
+    kinds = list(EvidenceEvent.objects.filter(sweep_id=sweep_id).order_by("node_seq").values_list("kind", flat=True))
+    assert "checkpointed" not in kinds and kinds[-1] == SweepState.ROLLED_BACK
+    node = fleet.snapshot()["nodes"]["local/gpu00"]
+    assert node["patches"] == {} and node["maintenance"] is False
