@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Model, Q
 from django.utils import timezone
 
 from campaigns import evidence, policy
@@ -353,13 +353,13 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
             continue
         event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
                                             EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})
-        moved = NodeSweep.objects.filter(pk=row["id"], state=SweepState.PENDING).update(
-            state=SweepState.DRAINING, lease_owner="", attempt=0, step_started_at=now,
-            step_deadline=policy.step_deadline(campaign.step_timeout_s, now),
-            evidence_seq=event.node_seq, evidence_head=event.hash,
-        )
+        moved = _update_sweep(row["id"], {
+            "state": SweepState.DRAINING, "lease_owner": "", "attempt": 0, "step_started_at": now,
+            "step_deadline": policy.step_deadline(campaign.step_timeout_s, now),
+            "evidence_seq": event.node_seq, "evidence_head": event.hash,
+        }, Guard(f" AND {_column(_SWEEPS, 'state')} = %s", (SweepState.PENDING,)))
         if moved:
-            event.save(force_insert=True)
+            _insert_events([event])
             in_cluster[cluster] += 1
             in_pool[pool] += 1
             admitted.append(row["id"])
@@ -397,6 +397,7 @@ def _pending(sweeps: Any, upto: int, cluster_limit: dict[str, int],
 # own get_db_prep_save, so what is stored is exactly what the ORM would store (JSON, times).
 _SWEEPS = NodeSweep._meta
 _EVENTS = EvidenceEvent._meta
+_MOVES = WorkloadMove._meta
 _EVENT_FIELDS = ("campaign_id", "sweep_id", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash")
 
 
@@ -437,19 +438,24 @@ class Guard:
     params: tuple[Any, ...] = ()
 
 
-def _update_sql(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str) -> tuple[str, list[Any]]:
-    table, pk = _column(_SWEEPS, _SWEEPS.db_table), _column(_SWEEPS, "id")
-    sets = ", ".join([*(f"{_column(_SWEEPS, name)} = %s" for name in fields), *([also] if also else [])])
-    values = [_value(_SWEEPS, name, value) for name, value in fields.items()]
-    return f"UPDATE {table} SET {sets} WHERE {pk} = %s{guard.sql}", [*values, sweep_id, *guard.params]
+def _update_sql(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: str) -> tuple[str, list[Any]]:
+    table = _column(meta, meta.db_table)
+    sets = ", ".join([*(f"{_column(meta, name)} = %s" for name in fields), *([also] if also else [])])
+    # A related row stands for its primary key, as in QuerySet.update().
+    values = [_value(meta, name, value.pk if isinstance(value, Model) else value) for name, value in fields.items()]
+    return f"UPDATE {table} SET {sets} WHERE {_column(meta, 'id')} = %s{guard.sql}", [*values, pk, *guard.params]
+
+
+def _update_row(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
+    """UPDATE the row `pk` of `meta`'s table where `guard` holds (with `also`, more SQL assignments);
+    the number of rows changed (0 or 1)."""
+    with _cursor() as cursor:
+        cursor.execute(*_update_sql(meta, pk, fields, guard, also))
+        return int(cursor.rowcount)
 
 
 def _update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
-    """UPDATE the sweep's row where `guard` holds (with `also`, more SQL assignments); the number of
-    rows changed (0 or 1)."""
-    with _cursor() as cursor:
-        cursor.execute(*_update_sql(sweep_id, fields, guard, also))
-        return int(cursor.rowcount)
+    return _update_row(_SWEEPS, sweep_id, fields, guard, also)
 
 
 def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: Guard) -> str | None:
@@ -458,7 +464,7 @@ def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: G
     campaigns, sweeps = _column(Campaign._meta, Campaign._meta.db_table), _column(_SWEEPS, _SWEEPS.db_table)
     status = (f"(SELECT {campaigns}.{_column(Campaign._meta, 'status')} FROM {campaigns} WHERE {campaigns}."
               f"{_column(Campaign._meta, 'id')} = {sweeps}.{_column(_SWEEPS, 'campaign_id')})")
-    sql, params = _update_sql(sweep_id, fields, guard, "")
+    sql, params = _update_sql(_SWEEPS, sweep_id, fields, guard, "")
     with _cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {status}", params)
         row = cursor.fetchone()
@@ -860,7 +866,7 @@ def _move(sweep: NodeSweep, worker: str, move: WorkloadMove, kind: str, data: di
           inventory_to: Node | None = None, **fields: Any) -> bool:
     """A workload move's conditional state change, its evidence and its inventory placement, together."""
     with transaction.atomic():
-        if not WorkloadMove.objects.filter(pk=move.pk, state=move.state).update(**fields):
+        if not _update_row(_MOVES, move.pk, fields, Guard(f" AND {_column(_MOVES, 'state')} = %s", (move.state,))):
             return False
         event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head,
                                             kind, _actor(worker), data)
@@ -1104,7 +1110,8 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                 continue
             # Recorded before the restore: a retry after a crash goes to the same node with the same
             # operation id, so the workload is restored once, never on two nodes.
-            WorkloadMove.objects.filter(pk=move.pk, target_node__isnull=True).update(target_node=target)
+            _update_row(_MOVES, move.pk, {"target_node": target},
+                        Guard(f" AND {_column(_MOVES, 'target_node')} IS NULL"))
             move.target_node, move.target_node_id = target, target.pk
         assert move.target_node is not None
         target = move.target_node
