@@ -640,7 +640,7 @@ class KubernetesExecutor(Executor):
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
         if is_bare_process(workload_id):  # in no pod: the node's agent checkpoints it, as with the local back end
-            return self.agents.checkpoint(self._need_agent(node), workload_id, engine, operation_id, requires)
+            return self.agents.checkpoint_bare(self._need_agent(node), workload_id, engine, operation_id)
         namespace, name = _split(workload_id)
         pod = self._call(self.kube.pod, namespace, name)
         record = json.loads(_annotations(pod).get(CHECKPOINTED) or "{}") if pod is not None else {}
@@ -667,10 +667,7 @@ class KubernetesExecutor(Executor):
         else:
             ref = self._need_agent(node)
             # The agent checks a restore against its own facts, so it gets the rule applied to its own.
-            own = self.agents.client(ref).get("/v1/facts")
-            mine = self._requirements(pod, engine, portability.node_facts(
-                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
-                gpus)
+            mine = self._requirements(pod, engine, self.agents.own_facts(ref), gpus)
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,

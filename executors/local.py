@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from executors import portability
 from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
     UNDECLARED,
@@ -102,6 +103,20 @@ class LocalExecutor(Executor):
         """The bare processes holding a GPU that the node's agent lists as workloads (``gpu-pid-<pid>``: in no
         pod, job or registration; and those it restored after a move), acted on by policy like any other."""
         return bare_processes(self.client(node).get("/v1/workloads").get("workloads", []))
+
+    def own_facts(self, node: NodeRef) -> dict[str, str]:
+        """What portability reads of the node as its agent reads them: the agent checks a restore against
+        its own facts, so the requirements it records are the rule applied to these (executors.portability)."""
+        own = self.client(node).get("/v1/facts")
+        return portability.node_facts(str(own.get("gpu_model") or ""),
+                                      {str(k): str(v) for k, v in (own.get("components") or {}).items()})
+
+    def checkpoint_bare(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+        """A bare GPU process (``gpu-pid-<pid>``) on a scheduler's node, checkpointed by its agent with the
+        portability rule applied to the agent's own facts, for the GPUs the agent sees it hold."""
+        gpus = next((w.gpus for w in self.bare_processes(node) if w.id == workload_id), 0)
+        requires = portability.requirements(engine, self.own_facts(node), gpus=gpus).as_dict()
+        return self.checkpoint(node, workload_id, engine, operation_id, requires=requires)
 
     def holds_bare_checkpoint(self, node: NodeRef, checkpoint_id: str) -> bool:
         """Whether the node's agent reads `checkpoint_id` (its own store, or the one the agents share) as the

@@ -430,7 +430,7 @@ class SlurmExecutor(Executor):
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
         if is_bare_process(workload_id):  # in no job: the node's agent checkpoints it, as with the local back end
-            return self.agents.checkpoint(self._need_agent(node), workload_id, engine, operation_id, requires)
+            return self.agents.checkpoint_bare(self._need_agent(node), workload_id, engine, operation_id)
         job_id = job_of(workload_id)
         job = self._job(job_id)
         if job is None:
@@ -453,10 +453,7 @@ class SlurmExecutor(Executor):
         if requires is None:
             requires = portability.requirements(engine, self._portability_facts(node), gpus=gpus).as_dict()
         # The agent checks a restore against what it reads itself, so it gets the rule applied to its own facts.
-        own = self.agents.client(ref).get("/v1/facts")
-        mine = portability.requirements(engine, portability.node_facts(
-            str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
-            gpus=gpus)
+        mine = portability.requirements(engine, self.agents.own_facts(ref), gpus=gpus)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
                   "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,

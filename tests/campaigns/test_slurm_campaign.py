@@ -25,8 +25,8 @@ from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from executors.base import UNDECLARED
 from inventory.sources.slurm import expand_hostlist, parse_key_values
-from tests.campaigns.fleet import FIXED, drive, user
-from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest
+from tests.campaigns.fleet import FIXED, drive, drive_until_rest, user
+from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
 from tests.slurm_cluster import can_run_slurm
 

@@ -17,7 +17,6 @@ import json
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -220,18 +219,3 @@ class SlurmFleet:
 def _state(job: dict[str, Any]) -> str:
     state = job.get("job_state", "")
     return str(state[0] if isinstance(state, list) and state else state).upper()
-
-
-def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
-    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
-    from campaigns.choices import CampaignStatus, SweepState
-    from campaigns.models import NodeSweep
-    from tests.campaigns.fleet import drive
-
-    deadline = time.monotonic() + timeout
-    while True:
-        done = drive(campaign_id)
-        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
-        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
-            return done
-        time.sleep(0.5)
