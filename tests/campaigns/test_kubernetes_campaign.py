@@ -393,8 +393,10 @@ def test_gpu_processes_in_no_pod_are_checkpointed_stopped_or_waited_for_and_a_da
         assert checkpointed["engine"] == "cuda" and stop["restarted_by"] == "nobody: its owner must start it again"
         assert waits and all(w["origin"] == UNDECLARED for w in waits)
         assert checkpointed["origin"] == stop["origin"] == finished["origin"] == UNDECLARED
+        # n2 was patched only once the engine saw its process end, having waited for it.
         sweep = NodeSweep.objects.get(campaign=done, node__name="n2")
-        assert sweep.patched_at is not None and sweep.patched_at > min(w.created_at for w in events.filter(
-            kind="waiting", sweep=sweep))
+        ended = events.get(kind="finished", sweep=sweep).at
+        assert sweep.patched_at is not None and sweep.patched_at > ended > events.filter(
+            kind="waiting", sweep=sweep).earliest("at").at
         for node in ("n0", "n1", "n2"):
             assert untouched(fleet, node)
