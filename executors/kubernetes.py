@@ -1,6 +1,9 @@
 """The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs: one
 that requests ``nvidia.com/gpu``, or one its node's agent finds holding a GPU without asking (a
-runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others.
+runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others;
+and a process the agent finds holding a GPU in no pod (``gpu-pid-<pid>``), which the agents checkpoint,
+stop and restore themselves (``LocalExecutor``'s operations, the images in their shared store). A
+DaemonSet's or static pod stays on its node (``gpu_users`` says so, for the plan).
 
 It talks to the API server through the official client, built by the inventory sync's
 ``api_client_for`` (same ``connection`` and ``secret_env``), and to the node agent (a privileged

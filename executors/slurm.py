@@ -1,6 +1,8 @@
 """The `slurm` back end: a node is a Slurm node, a workload is a batch job (`slurm-<jobid>`); a job
 without GPU gres that its node's agent finds holding GPUs counts those GPUs as its own
-(``executors.base.as_gpu_workload``).
+(``executors.base.as_gpu_workload``); a process the agent finds holding a GPU in no job (``gpu-pid-<pid>``)
+is checkpointed, stopped and restored by the agents themselves (``LocalExecutor``'s operations; checkpointable
+only with ``shared_checkpoint_dir``, where the receiving agent reads the images).
 
 It drives Slurm through the inventory's ``SlurmClient`` (``scontrol``; ``sinfo --json`` and
 ``squeue --json`` to read; a pyslurm client returning the same dictionaries fits behind it), and

@@ -361,7 +361,9 @@ def test_gpu_processes_in_no_pod_are_checkpointed_stopped_or_waited_for_and_a_da
                     NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
                 moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done)
                          .select_related("target_node")}
-                assert set(moves) == bare, "the DaemonSet's pod is no workload gpusweep acts on"
+                assert set(moves) == bare, ("the DaemonSet's pod is no workload gpusweep acts on", {
+                    r: (m.sweep.node.name, m.workload_name, m.state) for r, m in moves.items()}, daemon.poll(),
+                    fleet.api.happened("container-started"))
                 # n0's process: checkpointed by the cuda engine, restored on the spare by its agent, still holding
                 # the descriptor it had (CRIU reopens the file).
                 move = moves[f"gpu-pid-{moved.pid}"]
@@ -377,8 +379,9 @@ def test_gpu_processes_in_no_pod_are_checkpointed_stopped_or_waited_for_and_a_da
                 assert moves[f"gpu-pid-{stopped.pid}"].state == MoveState.STOPPED and stopped.poll() is not None
                 assert moves[f"gpu-pid-{waited.pid}"].state == MoveState.FINISHED and waited.returncode == 0
                 # The DaemonSet's pod was left running on its node.
-                assert daemon.poll() is None and fleet.api.get("pods", "gpu-exporter-n1", "kube-system")[
-                    "spec"]["nodeName"] == "n1"
+                assert daemon.poll() is None, (daemon.returncode, fleet.api.happened("container-started"),
+                                               fleet.api.happened("evicted"))
+                assert fleet.api.get("pods", "gpu-exporter-n1", "kube-system")["spec"]["nodeName"] == "n1"
         finally:
             for proc in (moved, stopped, waited):
                 if proc.poll() is None:
