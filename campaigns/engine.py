@@ -993,7 +993,7 @@ def _origin(move: WorkloadMove) -> dict[str, str]:
 
 
 def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
-    who = ex.restarts_cold_starts
+    who = ex.restarted_by(move.workload_ref)
     entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
              "restarted_by": who or "nobody: its owner must start it again", **_origin(move)}
     _move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)

@@ -34,7 +34,7 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
-from executors.base import Executor, ExecutorError, GpuUser, NodeRef, get_executor
+from executors.base import BARE_PROCESS, Executor, ExecutorError, GpuUser, NodeRef, get_executor
 from inventory.choices import ServiceState, WorkloadKind
 from inventory.models import Cluster, Node, Workload
 from inventory.versions import DRIVER, parse_version
@@ -508,13 +508,17 @@ def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
         for user in users:
             if user.system or _reported(user, known):
                 continue
-            # Looked up as the engine will: by the workload the back end acts on (WorkloadInfo id and name).
-            ref = user.workload_ref or (user.owner_id if user.owner_kind != "process" else f"gpu-pid-{user.pid}")
-            chosen = policy.workload_policy(campaign, ref, user.workload_name or user.name, "")
+            if user.stays:  # a DaemonSet's or static pod: the back end leaves it on its node, whatever the policy
+                chosen, action = "", user.stays
+            else:
+                # Looked up as the engine will: by the workload the back end acts on (WorkloadInfo id and name).
+                ref = user.workload_ref or (user.owner_id if user.owner_kind != "process"
+                                            else f"{BARE_PROCESS}{user.pid}")
+                chosen = policy.workload_policy(campaign, ref, user.workload_name or user.name, "")
+                action = POLICY_ACTIONS.get(chosen, chosen)
             found.setdefault(node.pk, []).append({
                 "pid": user.pid, "name": user.name, "owner": {"kind": user.owner_kind, "id": user.owner_id},
-                "devices": list(user.devices), "cgroup": user.cgroup, "policy": chosen,
-                "action": POLICY_ACTIONS.get(chosen, chosen)})
+                "devices": list(user.devices), "cgroup": user.cgroup, "policy": chosen, "action": action})
     return found
 
 

@@ -116,6 +116,14 @@ class WorkloadInfo:
 
 # A workload's origin when no scheduler declared its GPUs and the node's agent found it holding some.
 UNDECLARED = "undeclared-found-by-agent"
+# The id the node's agent gives a bare process holding a GPU (in no pod, job or gpusweep-run registration):
+# gpu-pid-<pid>. Every back end with agents acts on it through the agent (LocalExecutor's operations).
+BARE_PROCESS = "gpu-pid-"
+
+
+def is_bare_process(workload_id: str) -> bool:
+    """Whether `workload_id` is a bare GPU process the node's agent found (BARE_PROCESS)."""
+    return workload_id.startswith(BARE_PROCESS)
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,9 @@ class GpuUser:
     # the plan looks up its policy as the engine will. "" where the back end knows of none.
     workload_ref: str = ""
     workload_name: str = ""
+    # Why the back end leaves it on its node whatever the policy says ("" when it acts on it by policy):
+    # a DaemonSet's or a static pod, which the reboot restarts there.
+    stays: str = ""
 
 
 def gpu_users_from(answer: dict[str, Any]) -> list[GpuUser]:
@@ -311,6 +322,11 @@ class Executor:
     def facts(self, node: NodeRef) -> dict[str, str]:
         """The node's current component versions as the node itself reports them."""
         raise NotImplementedError
+
+    def restarted_by(self, workload_id: str) -> str:
+        """Who starts `workload_id` again after a cold restart stopped it ("" nobody): restarts_cold_starts,
+        except for what the scheduler never ran (a bare process the agent found), which nobody restarts."""
+        return "" if is_bare_process(workload_id) else self.restarts_cold_starts
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         raise NotImplementedError

@@ -1,6 +1,9 @@
 """The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs: one
 that requests ``nvidia.com/gpu``, or one its node's agent finds holding a GPU without asking (a
-runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others.
+runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others;
+and a process the agent finds holding a GPU in no pod (``gpu-pid-<pid>``), which the agents checkpoint,
+stop and restore themselves (``LocalExecutor``'s operations, the images in their shared store). A
+DaemonSet's or static pod stays on its node (``gpu_users`` says so, for the plan).
 
 It talks to the API server through the official client, built by the inventory sync's
 ``api_client_for`` (same ``connection`` and ``secret_env``), and to the node agent (a privileged
@@ -108,6 +111,7 @@ from executors.base import (
     WorkloadInfo,
     as_gpu_workload,
     held_gpus,
+    is_bare_process,
     owned_by,
     versions_check,
 )
@@ -185,6 +189,14 @@ def _declared(pod: dict[str, Any]) -> dict[str, str]:
         raise PermanentExecutorError(f"pod {_pod_ref(pod)}: annotation gpusweep.io/requires is not a JSON object: "
                                      f"{text[:200]!r}")
     return {str(k): str(v) for k, v in value.items()}
+
+
+def _stays(pod: dict[str, Any]) -> str:
+    """What keeps the pod on its node whatever the workload policy says ("" for a pod gpusweep moves): a
+    DaemonSet's pod or a static pod (its mirror), which the kubelet runs there again after the reboot."""
+    if (pod_controller(pod) or {}).get("kind") == "DaemonSet":
+        return "a DaemonSet's pod"
+    return "a static pod" if MIRROR in _annotations(pod) else ""
 
 
 def _split(workload_id: str) -> tuple[str, str]:
@@ -476,8 +488,12 @@ class KubernetesExecutor(Executor):
             pod = next((p for p in pods if owned_by(user, "k8s_pod", str(_meta(p).get("uid", "")),
                                                     self._workload_id(p))), None)
             if pod is not None:
-                user = replace(user, owner_kind="k8s_pod", owner_id=_pod_ref(pod), workload_ref=_pod_ref(pod),
-                               workload_name=_meta(pod)["name"])
+                stays = _stays(pod)
+                # A pod that stays on its node is no workload gpusweep acts on: the plan says so, not a policy.
+                user = replace(user, owner_kind="k8s_pod", owner_id=_pod_ref(pod),
+                               workload_ref="" if stays else _pod_ref(pod),
+                               workload_name="" if stays else _meta(pod)["name"],
+                               stays=f"{stays}: stays on its node, and the reboot restarts it" if stays else "")
             found.append(user)
         return found
 
@@ -504,10 +520,8 @@ class KubernetesExecutor(Executor):
         found = []
         pods = []
         for pod in self._call(self.kube.pods, node=node.name):
-            meta, notes = _meta(pod), _annotations(pod)
-            controller = pod_controller(pod) or {}
-            if meta.get("deletionTimestamp") or controller.get("kind") == "DaemonSet" or MIRROR in notes \
-                    or CHECKPOINT_ID in _labels(pod) or (pod.get("status") or {}).get("phase") != "Running":
+            if _meta(pod).get("deletionTimestamp") or _stays(pod) or CHECKPOINT_ID in _labels(pod) \
+                    or (pod.get("status") or {}).get("phase") != "Running":
                 continue
             pods.append(pod)
         users = self._held_by(node, pods)
@@ -523,7 +537,9 @@ class KubernetesExecutor(Executor):
             ), users, "k8s_pod", str(meta.get("uid", "")), self._workload_id(pod))
             if info is not None:  # a pod that neither requests nor holds a GPU is no GPU workload
                 found.append(info)
-        return found
+        # Processes holding a GPU in no pod (started on the host by hand): the agent's, moved through it.
+        ref = self._agent(node)
+        return found + (self.agents.bare_processes(ref) if ref is not None else [])
 
     # -- drain, return, undo ---------------------------------------------------------
     def drain(self, node: NodeRef, operation_id: str) -> None:
@@ -626,6 +642,8 @@ class KubernetesExecutor(Executor):
 
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
+        if is_bare_process(workload_id):  # in no pod: the node's agent checkpoints it, as with the local back end
+            return self.agents.checkpoint_bare(self._need_agent(node), workload_id, engine, operation_id)
         namespace, name = _split(workload_id)
         pod = self._call(self.kube.pod, namespace, name)
         record = json.loads(_annotations(pod).get(CHECKPOINTED) or "{}") if pod is not None else {}
@@ -652,10 +670,7 @@ class KubernetesExecutor(Executor):
         else:
             ref = self._need_agent(node)
             # The agent checks a restore against its own facts, so it gets the rule applied to its own.
-            own = self.agents.client(ref).get("/v1/facts")
-            mine = self._requirements(pod, engine, portability.node_facts(
-                str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
-                gpus)
+            mine = self._requirements(pod, engine, self.agents.own_facts(ref), gpus)
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
@@ -721,7 +736,11 @@ class KubernetesExecutor(Executor):
                 "containers": containers, "bytes": 0, "steps": None}
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
-        """Cold restart: the pod's controller starts it again; a pod without one is copied, unpinned."""
+        """Cold restart: the pod's controller starts it again; a pod without one is copied, unpinned; a bare
+        process is stopped by its agent and nobody starts it again (``restarted_by``)."""
+        if is_bare_process(workload_id):
+            self.agents.stop(self._need_agent(node), workload_id, operation_id)
+            return
         namespace, name = _split(workload_id)
         pod = self._call(self.kube.pod, namespace, name)
         if pod is None:
@@ -749,6 +768,10 @@ class KubernetesExecutor(Executor):
         record = json.loads(_annotations(replacement).get(RESTORED_RECORD, "{}") if replacement else
                             _annotations(original).get(CHECKPOINTED, "{}") if original else "{}")
         if not record:
+            ref = self._agent(target)
+            if ref is not None and self.agents.holds_bare_checkpoint(ref, checkpoint_id):
+                # A bare process's (in no pod): the target's agent restores it from the agents' shared store.
+                return self.agents.restore(ref, checkpoint_id, operation_id)
             raise PermanentExecutorError(f"no pod carries checkpoint {checkpoint_id} (neither its original nor a "
                                          "replacement)")
         done_by = _annotations(replacement).get(OPERATION, operation_id) if replacement else operation_id

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from executors import portability
 from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
     UNDECLARED,
@@ -26,6 +27,7 @@ from executors.base import (
     WorkloadInfo,
     gpu_users_from,
     health_result,
+    is_bare_process,
 )
 
 FINGERPRINT_FIELDS = ("engine", "engine_version", "model_name", "model_version")
@@ -35,7 +37,32 @@ def owner_of(operation_id: str) -> str:
     """The maintenance owner an operation acts for: its campaign and sweep ("gs-12-34"), or itself."""
     parts = operation_id.split("-")
     return "-".join(parts[:3]) if operation_id.startswith("gs-") and len(parts) > 3 else operation_id
+
+
 RUNNING_STATES = ("running", "restored")
+# The kind of the agent's entry for a bare process holding a GPU (docs/agent-wire-format.md, GET /v1/workloads).
+GPU_PROCESS = "gpu_process"
+
+
+def workload_info(item: dict[str, Any]) -> WorkloadInfo:
+    """A WorkloadInfo from one entry of the agent's GET /v1/workloads."""
+    steps = item.get("steps")
+    return WorkloadInfo(
+        id=str(item.get("id") or item.get("scheduler_id")), name=str(item.get("name", "")),
+        gpus=int(item.get("gpus") or 0), checkpoint_engine=str(item.get("checkpoint_engine", "none")),
+        state=str(item.get("state", "running")), steps=int(steps) if steps is not None else None,
+        fingerprint={k: str(item.get(k, "")) for k in FINGERPRINT_FIELDS},
+        requires={str(k): str(v) for k, v in (item.get("requires") or {}).items()}
+        if isinstance(item.get("requires"), dict) else {},
+        # A bare process the agent found holding a GPU (its gpu_process entries): nobody declared it.
+        origin=UNDECLARED if item.get("kind") == GPU_PROCESS else "",
+    )
+
+
+def bare_processes(listed: list[dict[str, Any]]) -> list[WorkloadInfo]:
+    """The running bare GPU processes (``gpu_process``) among the agent's GET /v1/workloads entries `listed`."""
+    return [workload_info(item) for item in listed
+            if item.get("kind") == GPU_PROCESS and item.get("state", "running") in RUNNING_STATES]
 
 
 class LocalExecutor(Executor):
@@ -67,23 +94,38 @@ class LocalExecutor(Executor):
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         answer = self.client(node).get("/v1/workloads")
-        found = []
-        for item in answer.get("workloads", []):
-            # The agent marks a workload it restored "restored" while it runs.
-            if item.get("state", "running") not in RUNNING_STATES:
-                continue
-            steps = item.get("steps")
-            found.append(WorkloadInfo(
-                id=str(item.get("id") or item.get("scheduler_id")), name=str(item.get("name", "")),
-                gpus=int(item.get("gpus") or 0), checkpoint_engine=str(item.get("checkpoint_engine", "none")),
-                state=str(item.get("state", "running")), steps=int(steps) if steps is not None else None,
-                fingerprint={k: str(item.get(k, "")) for k in FINGERPRINT_FIELDS},
-                requires={str(k): str(v) for k, v in (item.get("requires") or {}).items()}
-                if isinstance(item.get("requires"), dict) else {},
-                # A bare process the agent found holding a GPU (its gpu_process entries): nobody declared it.
-                origin=UNDECLARED if item.get("kind") == "gpu_process" else "",
-            ))
-        return found
+        # The agent marks a workload it restored "restored" while it runs.
+        return [workload_info(item) for item in answer.get("workloads", [])
+                if item.get("state", "running") in RUNNING_STATES]
+
+    # -- bare GPU processes on a scheduler's node (the Kubernetes and Slurm back ends call these) --------
+    def bare_processes(self, node: NodeRef) -> list[WorkloadInfo]:
+        """The bare processes holding a GPU that the node's agent lists as workloads (``gpu-pid-<pid>``: in no
+        pod, job or registration; and those it restored after a move), acted on by policy like any other."""
+        return bare_processes(self.client(node).get("/v1/workloads").get("workloads", []))
+
+    def own_facts(self, node: NodeRef) -> dict[str, str]:
+        """What portability reads of the node as its agent reads them: the agent checks a restore against
+        its own facts, so the requirements it records are the rule applied to these (executors.portability)."""
+        own = self.client(node).get("/v1/facts")
+        return portability.node_facts(str(own.get("gpu_model") or ""),
+                                      {str(k): str(v) for k, v in (own.get("components") or {}).items()})
+
+    def checkpoint_bare(self, node: NodeRef, workload_id: str, engine: str, operation_id: str) -> CheckpointResult:
+        """A bare GPU process (``gpu-pid-<pid>``) on a scheduler's node, checkpointed by its agent with the
+        portability rule applied to the agent's own facts, for the GPUs the agent sees it hold."""
+        gpus = next((w.gpus for w in self.bare_processes(node) if w.id == workload_id), 0)
+        requires = portability.requirements(engine, self.own_facts(node), gpus=gpus).as_dict()
+        return self.checkpoint(node, workload_id, engine, operation_id, requires=requires)
+
+    def holds_bare_checkpoint(self, node: NodeRef, checkpoint_id: str) -> bool:
+        """Whether the node's agent reads `checkpoint_id` (its own store, or the one the agents share) as the
+        checkpoint of a bare GPU process, which that agent restores itself (``restore``)."""
+        try:
+            manifest = self.client(node).get(f"/v1/checkpoints/{checkpoint_id}")
+        except PermanentExecutorError:  # not in its store
+            return False
+        return is_bare_process(str((manifest.get("workload") or {}).get("id", "")))
 
     def gpu_users(self, node: NodeRef) -> list[GpuUser]:
         return gpu_users_from(self.client(node).get("/v1/gpu-users"))

@@ -1,6 +1,8 @@
 """The `slurm` back end: a node is a Slurm node, a workload is a batch job (`slurm-<jobid>`); a job
 without GPU gres that its node's agent finds holding GPUs counts those GPUs as its own
-(``executors.base.as_gpu_workload``).
+(``executors.base.as_gpu_workload``); a process the agent finds holding a GPU in no job (``gpu-pid-<pid>``)
+is checkpointed, stopped and restored by the agents themselves (``LocalExecutor``'s operations; checkpointable
+only with ``shared_checkpoint_dir``, where the receiving agent reads the images).
 
 It drives Slurm through the inventory's ``SlurmClient`` (``scontrol``; ``sinfo --json`` and
 ``squeue --json`` to read; a pyslurm client returning the same dictionaries fits behind it), and
@@ -89,9 +91,10 @@ from executors.base import (
     WorkloadInfo,
     as_gpu_workload,
     held_gpus,
+    is_bare_process,
     owned_by,
 )
-from executors.local import LocalExecutor
+from executors.local import LocalExecutor, bare_processes
 from inventory.sources.slurm import (
     DEFAULT_COMPONENT_FEATURES,
     CliSlurmClient,
@@ -306,13 +309,22 @@ class SlurmExecutor(Executor):
             found.append(user)
         return found
 
+    def _bare_processes(self, listed: list[dict[str, Any]]) -> list[WorkloadInfo]:
+        """The bare GPU processes (in no job) among the agent's workloads `listed`. Their checkpoint is restored
+        elsewhere by the target's agent from the checkpoint folder the nodes share; without one (no job's
+        record to fetch it by) they are not checkpointable: stopped or waited for by policy."""
+        found = bare_processes(listed)
+        return found if self.connection.get("shared_checkpoint_dir") else [
+            replace(w, checkpoint_engine="none") for w in found]
+
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         here = self._running_here(node)
-        if not here:
-            return []
         ref = self._agent(node)
-        registered = {str(w.get("id")): w for w in (self.agents.client(ref).get("/v1/workloads").get("workloads", [])
-                                                     if ref is not None else [])}
+        listed = self.agents.client(ref).get("/v1/workloads").get("workloads", []) if ref is not None else []
+        bare = self._bare_processes(listed)
+        if not here:
+            return bare
+        registered = {str(w.get("id")): w for w in listed}
         # A job that declared no GPU gres may hold GPUs all the same: the agent sees it (by cgroup, or by its
         # gpusweep-run registration), and it is then the node's GPU workload like a declared one.
         users = self.agents.gpu_users(ref) if ref is not None and any(
@@ -335,7 +347,7 @@ class SlurmExecutor(Executor):
                                                                "model_version")})
             # A job without GPUs is still the node's workload (the reboot ends it too): Slurm's rule.
             found.append(as_gpu_workload(info, users, "slurm_job", observed.scheduler_id, workload_id) or info)
-        return found
+        return found + bare
 
     # -- drain, return, undo -----------------------------------------------------------
     def drain(self, node: NodeRef, operation_id: str) -> None:
@@ -419,6 +431,8 @@ class SlurmExecutor(Executor):
     # -- checkpoint, stop, restore -----------------------------------------------------
     def checkpoint(self, node: NodeRef, workload_id: str, engine: str, operation_id: str,
                    requires: dict[str, Any] | None = None) -> CheckpointResult:
+        if is_bare_process(workload_id):  # in no job: the node's agent checkpoints it, as with the local back end
+            return self.agents.checkpoint_bare(self._need_agent(node), workload_id, engine, operation_id)
         job_id = job_of(workload_id)
         job = self._job(job_id)
         if job is None:
@@ -441,10 +455,7 @@ class SlurmExecutor(Executor):
         if requires is None:
             requires = portability.requirements(engine, self._portability_facts(node), gpus=gpus).as_dict()
         # The agent checks a restore against what it reads itself, so it gets the rule applied to its own facts.
-        own = self.agents.client(ref).get("/v1/facts")
-        mine = portability.requirements(engine, portability.node_facts(
-            str(own.get("gpu_model") or ""), {str(k): str(v) for k, v in (own.get("components") or {}).items()}),
-            gpus=gpus)
+        mine = portability.requirements(engine, self.agents.own_facts(ref), gpus=gpus)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
                   "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
@@ -479,7 +490,11 @@ class SlurmExecutor(Executor):
                       "requires": record.get("requires", {})})
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
-        """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere."""
+        """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process
+        is stopped by its agent and nobody starts it again (``restarted_by``)."""
+        if is_bare_process(workload_id):
+            self.agents.stop(self._need_agent(node), workload_id, operation_id)
+            return
         job_id = job_of(workload_id)
         job = self._job(job_id)
         if job is None:
@@ -501,7 +516,14 @@ class SlurmExecutor(Executor):
         raise PermanentExecutorError(f"no Slurm job carries checkpoint {checkpoint_id}")
 
     def restore(self, target: NodeRef, checkpoint_id: str, operation_id: str) -> RestoreResult:
-        job, record = self._job_with(checkpoint_id)
+        try:
+            job, record = self._job_with(checkpoint_id)
+        except PermanentExecutorError:
+            ref = self._agent(target)
+            if ref is not None and self.agents.holds_bare_checkpoint(ref, checkpoint_id):
+                # A bare process's (in no job): the target's agent restores it from the shared checkpoint folder.
+                return self.agents.restore(ref, checkpoint_id, operation_id)
+            raise
         job_id = str(job.get("job_id"))
         done_by = record.get("restore_op")
         if done_by and done_by != operation_id:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.contrib.auth.models import Group, User
@@ -79,3 +80,14 @@ def drive(campaign_id: int, rounds: int = 200) -> Campaign:
             engine.dispatch(campaign_id)
             return Campaign.objects.get(pk=campaign_id)
     return Campaign.objects.get(pk=campaign_id)
+
+
+def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
+    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = drive(campaign_id)
+        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
+        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
+            return done
+        time.sleep(0.5)

@@ -6,20 +6,24 @@ synchronously, as Celery would run its tasks (tests/campaigns/fleet.py ``drive``
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gpusweep_agent.workloads import device_holders
 
-from campaigns import engine, queue, services
+from campaigns import engine, policy, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from executors.base import UNDECLARED
 from executors.kubernetes import TAINT
 from inventory.models import Node, Workload
-from tests.campaigns.fleet import FIXED, OLD, drive, user
+from tests.campaigns.fleet import FIXED, OLD, drive, drive_until_rest, user
 from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
 from tests.kube.fleet import KubeFleet, agent_helpers
 from tests.kube.gpu_operator import SKIP, STATE, GpuOperator
@@ -289,4 +293,113 @@ def test_pods_without_a_gpu_request_that_the_agent_finds_holding_a_gpu_are_moved
         assert events["checkpointed"]["workload"] == "sneaky" and events["stopped"]["workload"] == "bystander"
         assert events["checkpointed"]["origin"] == events["stopped"]["origin"] == UNDECLARED
         for node in ("n0", "n1"):
+            assert untouched(fleet, node)
+
+
+def test_gpu_processes_in_no_pod_are_checkpointed_stopped_or_waited_for_and_a_daemonset_pod_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, item 6: three processes started on the host by hand, in no pod, each hold their node's
+    (stand-in) GPU; the agents list them as workloads (gpu-pid-<pid>) and the engine acts on each by policy
+    through the agent: on n0 (checkpoint) the cuda engine (a stand-in libcuda, real CRIU) saves it and n3's
+    agent restores it from the shared store, its GPU descriptor with it; on n1 (cold_restart) it is stopped
+    and nobody starts it again; n2 (wait) is patched after its process ends. A DaemonSet's pod holding n1's
+    GPU is planned as staying on its node (the reboot restarts it) and is left running there."""
+    ok, reason = cgroups_writable()
+    need(ok, reason)
+    helpers = agent_helpers()
+    need(helpers.criu_usable(), helpers.CRIU_HINT)
+    need(shutil.which("gcc") is not None, "needs gcc (apt-get install build-essential)")
+    standin = tmp_path / "libcuda-standin.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(standin), str(helpers.DATA / "libcuda_standin.c")],
+                   check=True)
+    monkeypatch.setattr(policy, "WAIT_POLL_S", 1.0)
+    python = sys.executable
+    devices = {name: tmp_path / f"dev-{name}" / "nvidia0" for name in ("n0", "n1", "n2", "n3")}
+    for device in devices.values():
+        device.parent.mkdir()
+        device.write_text("")
+
+    def hold(node: str, seconds: int) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([python, str(HOLDER), str(devices[node]), "sleep", str(seconds)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        # Reaped the moment it is stopped: CRIU restores a process under its own pid, which must be free.
+        threading.Thread(target=proc.wait, daemon=True).start()
+        return proc
+
+    with KubeFleet(tmp_path, ["n0", "n1", "n2", "n3"],
+                   agent_settings={"gpu_devices": str(tmp_path / "dev-{node}" / "nvidia[0-9]*"),
+                                   "libcuda": str(standin)}) as fleet:
+        moved, stopped, waited = hold("n0", 600), hold("n1", 600), hold("n2", 25)
+        owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "gpu-exporter",
+                 "uid": "5d1c9a5e-0000-4000-8000-00000000da05"}
+        fleet.api.put("pods", gpu_pod("kube-system", "gpu-exporter-n1", "n1", 0, owner=owner,
+                                      command=[python, str(HOLDER), str(devices["n1"]), "sleep", "600"]))
+        uid = fleet.api.get("pods", "gpu-exporter-n1", "kube-system")["metadata"]["uid"]
+        container = wait_for(lambda: fleet.kubelets["n1"].containers.get((uid, "main")), 10, 0.1)
+        assert container is not None and container.proc is not None
+        daemon = container.proc
+        expected = {moved.pid: "n0", stopped.pid: "n1", waited.pid: "n2", daemon.pid: "n1"}
+        wait_for(lambda: all(pid in device_holders([str(devices[node])]) for pid, node in expected.items()), 10, 0.1)
+        bare = {f"gpu-pid-{p.pid}" for p in (moved, stopped, waited)}
+        restored_pid = 0
+        try:
+            with in_cgroup(daemon.pid, f"/kubepods/besteffort/pod{uid}/{'cd' * 32}"):
+                fleet.make_cluster()
+                made = campaign(["n0", "n1", "n2"], parallelism_per_cluster="3", workload_overrides={
+                    f"gpu-pid-{stopped.pid}": "cold_restart", f"gpu-pid-{waited.pid}": "wait"})
+                made.refresh_from_db()
+                assert made.approved_plan is not None
+                shown = {(e["name"], u["pid"]): u["action"] for e in made.approved_plan.content["unreported_gpu_users"]
+                         for u in e["users"]}
+                assert shown == {
+                    ("n0", moved.pid): "checkpoint it", ("n1", stopped.pid): "stop it",
+                    ("n2", waited.pid): "wait for it to end",
+                    ("n1", daemon.pid): "a DaemonSet's pod: stays on its node, and the reboot restarts it"}, shown
+                done = drive_until_rest(made.pk, timeout=150)
+                assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+                    NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+                moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done)
+                         .select_related("target_node")}
+                assert set(moves) == bare, ("the DaemonSet's pod is no workload gpusweep acts on", {
+                    r: (m.sweep.node.name, m.workload_name, m.state) for r, m in moves.items()}, daemon.poll(),
+                    fleet.api.happened("container-started"))
+                # n0's process: checkpointed by the cuda engine, restored on the spare by its agent, still holding
+                # the descriptor it had (CRIU reopens the file).
+                move = moves[f"gpu-pid-{moved.pid}"]
+                assert move.state == MoveState.RESTORED and move.target_node is not None
+                assert move.target_node.name == "n3" and move.gpus == 1
+                assert move.new_workload_ref == f"gpu-pid-{moved.pid}" and moved.poll() is not None
+                [listed] = [w for w in fleet.workloads("n3") if w["id"] == move.new_workload_ref]
+                restored_pid = int(listed["pid"])
+                assert listed["state"] == "running" and listed["kind"] == "gpu_process"
+                assert restored_pid in device_holders([str(devices["n0"])])
+                assert Path(f"/proc/{restored_pid}").exists()
+                # n1's: stopped; n2's: ran to its end, which n2's patch came after.
+                assert moves[f"gpu-pid-{stopped.pid}"].state == MoveState.STOPPED and stopped.poll() is not None
+                assert moves[f"gpu-pid-{waited.pid}"].state == MoveState.FINISHED and waited.returncode == 0
+                # The DaemonSet's pod was left running on its node.
+                assert daemon.poll() is None, (daemon.returncode, fleet.api.happened("container-started"),
+                                               fleet.api.happened("evicted"))
+                assert fleet.api.get("pods", "gpu-exporter-n1", "kube-system")["spec"]["nodeName"] == "n1"
+        finally:
+            for proc in (moved, stopped, waited):
+                if proc.poll() is None:
+                    proc.kill()
+            if restored_pid:
+                helpers.kill_pid(restored_pid)
+        events = EvidenceEvent.objects.filter(campaign=done)
+        [checkpointed] = [e.data for e in events.filter(kind="checkpointed")]
+        [stop] = [e.data for e in events.filter(kind="stopped")]
+        [finished] = [e.data for e in events.filter(kind="finished")]
+        waits = [e.data for e in events.filter(kind="waiting")]
+        assert checkpointed["engine"] == "cuda" and stop["restarted_by"] == "nobody: its owner must start it again"
+        assert waits and all(w["origin"] == UNDECLARED for w in waits)
+        assert checkpointed["origin"] == stop["origin"] == finished["origin"] == UNDECLARED
+        # n2 was patched only once the engine saw its process end, having waited for it.
+        sweep = NodeSweep.objects.get(campaign=done, node__name="n2")
+        ended = events.get(kind="finished", sweep=sweep).at
+        assert sweep.patched_at is not None and sweep.patched_at > ended > events.filter(
+            kind="waiting", sweep=sweep).earliest("at").at
+        for node in ("n0", "n1", "n2"):
             assert untouched(fleet, node)

@@ -10,7 +10,10 @@ One cluster for the module; each test resumes every node and starts its own jobs
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +28,8 @@ from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
 from executors.base import UNDECLARED
 from inventory.sources.slurm import expand_hostlist, parse_key_values
-from tests.campaigns.fleet import FIXED, drive, user
-from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest
+from tests.campaigns.fleet import FIXED, drive, drive_until_rest, user
+from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
 from tests.slurm_cluster import can_run_slurm
 
@@ -425,3 +428,71 @@ def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpoint
     assert finished["workload"] == "waiter" and finished["origin"] == UNDECLARED
     for node in ("gpu01", "gpu02"):
         assert fleet.takes_work(node) and fleet.agents[node].client.get("/v1/facts")["components"]["driver"] == FIXED
+
+
+def test_gpu_processes_in_no_job_are_checkpointed_to_a_spare_or_stopped_by_the_policy(
+        fleet: SlurmFleet, tmp_path: Path) -> None:
+    """Issue 19, item 6: two processes started on the nodes by hand, in no job, each hold their node's
+    (stand-in) GPU; the agents list them as workloads (gpu-pid-<pid>) and the engine acts on each by policy
+    through the agent: gpu01's (checkpoint) is saved by the cuda engine (a stand-in libcuda, real CRIU) and
+    restored by a spare's agent from the shared checkpoint folder; gpu02's (cold_restart) is stopped, and
+    nobody starts it again (Slurm requeues jobs, not these)."""
+    need(shutil.which("gcc") is not None, "needs gcc (apt-get install build-essential)")
+    fleet.reset()
+    standin = tmp_path / "libcuda-standin.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(standin), str(agents.DATA / "libcuda_standin.c")],
+                   check=True)
+    fleet.use_libcuda(standin)
+    procs: list[subprocess.Popen[bytes]] = []
+    restored_pid = 0
+    try:
+        for node in ("gpu01", "gpu02"):
+            procs.append(subprocess.Popen([sys.executable, str(HOLDER), str(fleet.gpu_device(node)), "sleep", "600"],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+            # Reaped the moment it is stopped: CRIU restores a process under its own pid, which must be free.
+            threading.Thread(target=procs[-1].wait, daemon=True).start()
+        moved, stopped = procs
+        expected = {moved.pid: "gpu01", stopped.pid: "gpu02"}
+        wait_for(lambda: all(pid in device_holders([str(fleet.gpu_device(node))]) for pid, node in expected.items()),
+                 10, interval=0.1)
+        fleet.make_cluster()
+        made = start_campaign(["gpu01", "gpu02"], workload_overrides={f"gpu-pid-{stopped.pid}": "cold_restart"})
+        made.refresh_from_db()
+        assert made.approved_plan is not None
+        shown = {(e["name"], u["pid"]): (u["owner"]["kind"], u["action"])
+                 for e in made.approved_plan.content["unreported_gpu_users"] for u in e["users"]}
+        assert shown == {("gpu01", moved.pid): ("process", "checkpoint it"),
+                         ("gpu02", stopped.pid): ("process", "stop it")}, shown
+        done = drive_until_rest(made.pk, timeout=150)
+        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+        moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+            "target_node")}
+        assert sorted(moves) == sorted([f"gpu-pid-{moved.pid}", f"gpu-pid-{stopped.pid}"])
+        move = moves[f"gpu-pid-{moved.pid}"]
+        assert move.state == MoveState.RESTORED and move.target_node is not None and move.gpus == 1
+        target = move.target_node.name
+        assert target in ("gpu03", "gpu04") and move.new_workload_ref == f"gpu-pid-{moved.pid}"
+        [listed] = [w for w in fleet.agents[target].client.get("/v1/workloads")["workloads"]
+                    if w["id"] == move.new_workload_ref]
+        restored_pid = int(listed["pid"])
+        assert listed["state"] == "running" and moved.poll() is not None
+        # It came back holding the descriptor it had (CRIU reopens the file).
+        assert restored_pid in device_holders([str(fleet.gpu_device("gpu01"))])
+        assert moves[f"gpu-pid-{stopped.pid}"].state == MoveState.STOPPED and stopped.poll() is not None
+        events = EvidenceEvent.objects.filter(campaign=done)
+        [checkpointed] = [e.data for e in events.filter(kind="checkpointed")]
+        [stop] = [e.data for e in events.filter(kind="stopped")]
+        assert checkpointed["engine"] == "cuda" and checkpointed["origin"] == stop["origin"] == UNDECLARED
+        assert stop["restarted_by"] == "nobody: its owner must start it again"
+        for node in ("gpu01", "gpu02"):
+            facts = fleet.agents[node].client.get("/v1/facts")
+            assert fleet.takes_work(node) and facts["components"]["driver"] == FIXED
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        if restored_pid:
+            agents.kill_pid(restored_pid)
+        fleet.use_libcuda(None)

@@ -38,9 +38,9 @@ from costs.inputs import campaign_params, read_trace
 from costs.model import Params
 from costs.sacct import FIELDS
 from costs.simulate import simulate
-from tests.campaigns.fleet import approved_campaign, user
+from tests.campaigns.fleet import approved_campaign, drive_until_rest, user
 from tests.costs.test_slurm_accounting import GpuAccountingCluster
-from tests.executors.slurm_fleet import SlurmFleet, agents, drive_until_rest
+from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.slurm_cluster import can_run_slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.django_db(transaction=True)]

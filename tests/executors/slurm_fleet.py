@@ -17,7 +17,6 @@ import json
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -51,6 +50,7 @@ class SlurmFleet:
         self.cluster = cluster_class(root / "slurm", nodes=nodes, accounting=accounting,
                                     features=features or dict.fromkeys(nodes, FEATURES))
         self.shared = root / "shared-artifacts" if shared_artifacts else None
+        self.libcuda: Path | None = None  # the agents' libcuda (None: their default, absent here)
         self.agents: dict[str, agents.AgentProcess] = {}
         # A real site health check in every agent, failed on a node by fail_check(node, output).
         self.health_options, self.fail_check = agents.site_check(root)
@@ -79,7 +79,8 @@ class SlurmFleet:
         agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
                                     patch_methods=PATCH_METHODS, simulated_reboot_hook=hook,
                                     health_options=self.health_options,
-                                    gpu_devices=str(self.gpu_device(name).parent / "nvidia[0-9]*"))
+                                    gpu_devices=str(self.gpu_device(name).parent / "nvidia[0-9]*"),
+                                    **({"libcuda": str(self.libcuda)} if self.libcuda else {}))
         agent.start()
         self.agents[name] = agent
         key_file = self.root / f"key-{name}"
@@ -100,6 +101,15 @@ class SlurmFleet:
         if shared == (self.shared is not None):
             return
         self.shared = self.root / "shared-artifacts" if shared else None
+        for name in self.names:
+            self.agents[name].stop()
+            self.start_agent(name)
+
+    def use_libcuda(self, library: Path | None) -> None:
+        """Restart every agent with `library` as its libcuda (a stand-in, for the cuda engine), or the default."""
+        if library == self.libcuda:
+            return
+        self.libcuda = library
         for name in self.names:
             self.agents[name].stop()
             self.start_agent(name)
@@ -220,18 +230,3 @@ class SlurmFleet:
 def _state(job: dict[str, Any]) -> str:
     state = job.get("job_state", "")
     return str(state[0] if isinstance(state, list) and state else state).upper()
-
-
-def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
-    """drive() again while the engine waits (retry backoff, a workload it waits for) until the campaign rests."""
-    from campaigns.choices import CampaignStatus, SweepState
-    from campaigns.models import NodeSweep
-    from tests.campaigns.fleet import drive
-
-    deadline = time.monotonic() + timeout
-    while True:
-        done = drive(campaign_id)
-        busy = NodeSweep.objects.filter(campaign_id=campaign_id, state__in=SweepState.ACTIVE).exists()
-        if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
-            return done
-        time.sleep(0.5)
