@@ -1,0 +1,162 @@
+"""Data generations: one counter per table, raised after every commit that wrote the table.
+
+A cached answer (gpusweep.responses) is stored under the generations of the tables it read, read
+before its queries; a write raises them after its commit, so the next request misses and reads
+the new rows, while an answer computed from older rows lands under generations no one reads any
+more. Writes are seen where every statement passes: an execute wrapper on each database
+connection (ORM, `.update()`, bulk inserts, raw SQL, other processes with the same settings:
+Celery workers, management commands) classifies each statement and queues the bump with
+`on_commit`, so a rolled-back write raises nothing. COPY goes past Django's cursor wrapper, so its
+one caller (inventory.bulk) calls `written()` itself. A statement whose target it cannot tell
+(DDL, a writable CTE it cannot parse) raises every table at once (`ALL`). Writes from outside the
+application (psql) are not seen: they show once the answers expire (GPUSWEEP_RESPONSE_CACHE_S).
+
+The counters live in the configured cache, which must be shared by every process (Redis):
+`enabled()` is false on a per-process cache, and then nothing is cached.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+ALL = "*"
+SHARED_BACKENDS = ("django.core.cache.backends.redis.RedisCache",
+                   "django.core.cache.backends.memcached.PyMemcacheCache",
+                   "django.core.cache.backends.memcached.PyLibMCCache")
+
+_READ = re.compile(r"\s*(SELECT|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT|SET|SHOW|EXPLAIN|VALUES)\b", re.I)
+_WITH = re.compile(r"\s*WITH\b", re.I)
+_TARGET = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|COPY|MERGE\s+INTO)"
+                     r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
+# Words that follow UPDATE where it is not a target: ON CONFLICT DO UPDATE SET, FOR UPDATE OF/SKIP/NOWAIT.
+_NOT_TABLES = {"set", "of", "skip", "nowait"}
+
+
+def enabled() -> bool:
+    return settings.CACHES["default"]["BACKEND"] in SHARED_BACKENDS
+
+
+def tables_written(sql: str) -> set[str]:
+    """The tables a statement may write: empty for a read, {ALL} when it cannot tell."""
+    if _READ.match(sql) and ";" not in sql.rstrip().rstrip(";"):
+        return set()
+    found = {m.group(1).rsplit(".", 1)[-1].strip('"').lower() for m in _TARGET.finditer(sql)} - _NOT_TABLES
+    if _WITH.match(sql) and not found:
+        return set()  # a read with common table expressions
+    return found or {ALL}
+
+
+def _key(table: str, alias: str = DEFAULT_DB_ALIAS) -> str:
+    # Per database (host, port and name), so test databases and a bench's never share counters.
+    s = connections[alias].settings_dict
+    return f"gpusweep:gen:{s.get('HOST') or ''}:{s.get('PORT') or ''}:{s['NAME']}:{table}"
+
+
+def bump(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> None:
+    """Raise the generations of `tables` (after their commit)."""
+    for table in set(tables):
+        key = _key(table, alias)
+        try:
+            cache.incr(key)
+        except ValueError:
+            # Missing (first write, or the cache lost it): start from the clock, never from a value
+            # an older answer may have been stored under.
+            if not cache.add(key, time.time_ns(), timeout=None):
+                cache.incr(key)
+
+
+def current(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> tuple[int, ...]:
+    """The generations of `tables` (and of ALL), in the order given; read before the data."""
+    names = [*tables, ALL]
+    keys = [_key(t, alias) for t in names]
+    found = cache.get_many(keys)
+    missing = [k for k in keys if k not in found]
+    if missing:
+        start = time.time_ns()
+        for k in missing:
+            cache.add(k, start, timeout=None)
+        found = cache.get_many(keys)
+    return tuple(int(found.get(k, 0)) for k in keys)
+
+
+class _Pending:
+    """The tables written at one savepoint level of the open transaction, bumped on its commit."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.tables: set[str] = set()
+
+    def __call__(self) -> None:
+        bump(self.tables, self.alias)
+
+
+def _alive(connection: BaseDatabaseWrapper, pending: _Pending) -> bool:
+    return any(entry[1] is pending for entry in connection.run_on_commit)
+
+
+def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> None:
+    """Record a write of `tables` on `connection`: bumped once the transaction commits (now in autocommit)."""
+    tables = set(tables)
+    if not tables or not enabled():
+        return
+    connection = connection or connections[DEFAULT_DB_ALIAS]
+    if not connection.in_atomic_block:
+        # Autocommit: the statement has committed. (Manual transaction management, which nothing
+        # here uses, has no commit hook: bumped now, and its reads skip the cache: uncommitted().)
+        bump(tables, connection.alias)
+        return
+    registry: dict[tuple[str, ...], _Pending] = connection.__dict__.setdefault("_gpusweep_pending", {})
+    level = tuple(connection.savepoint_ids)
+    pending = registry.get(level)
+    if pending is None or not _alive(connection, pending):
+        # One callback per savepoint level and transaction: a rolled-back savepoint drops its own
+        # callback (and only its tables), the others commit with the transaction.
+        for stale in [k for k, p in registry.items() if not _alive(connection, p)]:
+            del registry[stale]
+        pending = registry[level] = _Pending(connection.alias)
+        connection.on_commit(pending)
+    pending.tables |= tables
+
+
+def uncommitted(connection: BaseDatabaseWrapper | None = None) -> bool:
+    """Whether this connection's open transaction wrote anything: its reads must not use the cache
+    (they see rows no other process sees yet)."""
+    connection = connection or connections[DEFAULT_DB_ALIAS]
+    if not connection.in_atomic_block:
+        return not connection.get_autocommit()
+    registry: dict[tuple[str, ...], _Pending] = connection.__dict__.get("_gpusweep_pending", {})
+    return any(_alive(connection, p) for p in registry.values())
+
+
+def _wrapper(connection: BaseDatabaseWrapper) -> Callable[..., Any]:
+    def watch(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        result = execute(sql, params, many, context)
+        if isinstance(sql, str):
+            written(tables_written(sql), connection)
+        return result
+
+    watch.gpusweep_datagen = True  # type: ignore[attr-defined]
+    return watch
+
+
+def watch_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    if not any(getattr(w, "gpusweep_datagen", False) for w in connection.execute_wrappers):
+        # First in the list, so the outermost: a wrapper another caller pushes and pops with
+        # `connection.execute_wrapper()` around this connect still pops its own.
+        connection.execute_wrappers.insert(0, _wrapper(connection))
+
+
+def install() -> None:
+    """Watch every connection (AppConfig.ready); connections made before are watched as well."""
+    connection_created.connect(watch_connection, dispatch_uid="gpusweep.datagen.watch")
+    for connection in connections.all(initialized_only=True):
+        watch_connection(None, connection)
