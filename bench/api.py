@@ -109,6 +109,9 @@ def main() -> int:
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
     parser.add_argument("--only", default="", help="comma-separated words picking some of the requests "
                         "(e.g. 'node,exposures' leaves the overview out)")
+    parser.add_argument("--cache-url", default=os.environ.get("GPUSWEEP_CACHE_URL", ""),
+                        help="GPUSWEEP_CACHE_URL for the server (default: $GPUSWEEP_CACHE_URL), e.g. "
+                        "redis://127.0.0.1:6379/10: the shared cache of the fleet-wide figures and the API answers")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (test_<name>) and reuse it next time instead of building it again")
     args = parser.parse_args()
@@ -124,7 +127,7 @@ def main() -> int:
     secret = secrets.token_urlsafe(40)
     os.environ.update(DATABASE_URL=args.database_url, DJANGO_SETTINGS_MODULE="gpusweep.settings",
                       GPUSWEEP_VAR_DIR=tmp.name, SECRET_KEY=secret, DEBUG="false", ALLOWED_HOSTS="127.0.0.1",
-                      CELERY_BROKER_URL="memory://")
+                      CELERY_BROKER_URL="memory://", GPUSWEEP_CACHE_URL=args.cache_url)
     import django
 
     django.setup()
@@ -209,7 +212,7 @@ def main() -> int:
         wall = time.perf_counter() - began
         print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} workers x {args.threads} "
               f"threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after")
+              f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
         ok = True
         for name in REQUESTS:
             times, failed = results[name], errors[name]

@@ -55,10 +55,15 @@ def tables_written(sql: str) -> set[str]:
     return found or {ALL}
 
 
-def _key(table: str, alias: str = DEFAULT_DB_ALIAS) -> str:
-    # Per database (host, port and name), so test databases and a bench's never share counters.
+def scope(alias: str = DEFAULT_DB_ALIAS) -> str:
+    """The database (host, port, name) as part of cache keys, so test databases and a bench's never
+    share counters or answers."""
     s = connections[alias].settings_dict
-    return f"gpusweep:gen:{s.get('HOST') or ''}:{s.get('PORT') or ''}:{s['NAME']}:{table}"
+    return f"{s.get('HOST') or ''}:{s.get('PORT') or ''}:{s['NAME']}"
+
+
+def _key(table: str, alias: str = DEFAULT_DB_ALIAS) -> str:
+    return f"gpusweep:gen:{scope(alias)}:{table}"
 
 
 def bump(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> None:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import hashlib
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.core.cache import cache
@@ -41,6 +41,8 @@ from gpusweep.roles import user_roles
 # Headers of the rendered answer that a hit repeats (the middleware after the view adds the rest).
 KEPT_HEADERS = ("Content-Type", "Vary", "Allow")
 
+T = TypeVar("T")
+
 
 class _Store:
     def __init__(self, key: str, generations: tuple[int, ...], started: dt.datetime) -> None:
@@ -49,8 +51,8 @@ class _Store:
 
 def _key(request: Request, view_name: str) -> str:
     roles = ",".join(sorted(user_roles(request.user)))
-    raw = "\n".join((view_name, roles, request.scheme or "", request.get_host(), request.get_full_path(),
-                     request.accepted_media_type or ""))
+    raw = "\n".join((datagen.scope(), view_name, roles, request.scheme or "", request.get_host(),
+                     request.get_full_path(), request.accepted_media_type or ""))
     return "gpusweep:answer:" + hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -111,3 +113,21 @@ class CachedListMixin:
             headers = [(name, response[name]) for name in KEPT_HEADERS if response.has_header(name)]
             cache.set(store.key, (store.generations, response.content, headers), timeout=int(ttl))
         return response
+
+
+def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.datetime | None]]) -> T:
+    """`compute()`'s value, kept under the generations of `tables` (all it reads) until one of them
+    is written or the moment `compute` returns with it (None: no such moment) passes."""
+    ttl: int = settings.GPUSWEEP_RESPONSE_CACHE_S
+    if ttl <= 0 or not datagen.enabled() or datagen.uncommitted():
+        return compute()[0]
+    key = f"gpusweep:value:{datagen.scope()}:{name}"
+    generations = datagen.current(tables)  # before compute() reads anything
+    entry = cache.get(key)
+    if entry is not None and entry[0] == generations and (entry[2] is None or entry[2] > timezone.now()):
+        return cast(T, entry[1])
+    value, until = compute()
+    life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
+    if life >= 1:
+        cache.set(key, (generations, value, until), timeout=int(life))
+    return value

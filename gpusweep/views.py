@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -19,6 +20,7 @@ from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign
 from gpusweep import overview
 from gpusweep.pages import cached_figures, installed
+from gpusweep.responses import cached
 from gpusweep.roles import Role, has_role, user_roles
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node
@@ -26,7 +28,6 @@ from inventory.models import Cluster, Node
 
 def home(request: HttpRequest) -> HttpResponse:
     """The landing page: how exposed the fleet is, what is overdue, and what is being done about it."""
-    now = timezone.now()
     active = list(Campaign.objects.filter(status__in=CampaignStatus.ACTIVE | {CampaignStatus.APPROVED})
                   .order_by("-started_at", "-id")[:10])
     # The fleet-wide figures take a second or two on 100,000 nodes: served from the cache, at most
@@ -35,15 +36,31 @@ def home(request: HttpRequest) -> HttpResponse:
                                           settings.GPUSWEEP_CONSOLE_FIGURES_S)
     return render(request, "home.html", {
         **figures,
+        **cached("overview-counts", OVERVIEW_COUNT_TABLES, overview_counts),
         "as_of": dt.datetime.fromtimestamp(computed_at, tz=dt.UTC),
         "roles": sorted(user_roles(request.user)),
+        "campaigns": [(c, board.board(c, c.plans.order_by("-version").first())) for c in active],
+    })
+
+
+OVERVIEW_COUNT_TABLES = ("inventory_node", "advisories_advisory", "advisories_exposure")
+EXPIRING_DAYS = 7
+
+
+def overview_counts() -> tuple[dict[str, Any], dt.datetime | None]:
+    """The overview's exact counts (read on every visit, so kept until their tables are written:
+    gpusweep.responses.cached), and when `expiring` next changes by itself: when the first risk
+    ending later than a week from now comes within the week."""
+    now = timezone.now()
+    soon = now + dt.timedelta(days=EXPIRING_DAYS)
+    accepted = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED)
+    later = accepted.filter(risk_expires_at__gte=soon).aggregate(first=Min("risk_expires_at"))["first"]
+    return {
         "nodes": Node.objects.exclude(service_state=ServiceState.GONE).count(),
         "advisories": Advisory.objects.count(),
         "mismatches": Advisory.objects.filter(integrity="mismatch").count(),
-        "accepted": Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED).aggregate(
-            n=Count("id"), expiring=Count("id", filter=Q(risk_expires_at__lt=now + dt.timedelta(days=7)))),
-        "campaigns": [(c, board.board(c, c.plans.order_by("-version").first())) for c in active],
-    })
+        "accepted": accepted.aggregate(n=Count("id"), expiring=Count("id", filter=Q(risk_expires_at__lt=soon))),
+    }, later - dt.timedelta(days=EXPIRING_DAYS) if later is not None else None
 
 
 class DeadlinePolicyForm(forms.ModelForm):
