@@ -65,6 +65,25 @@ def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, l
     raise RuntimeError("gunicorn did not answer /healthz: " + log.read_text()[-3000:])
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (their threads included), from /proc; a process gone counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+def server_pids(proc: subprocess.Popen[bytes]) -> list[int]:
+    """gunicorn's arbiter and its workers (children of the arbiter)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    return [proc.pid, *(int(p) for p in children.read_text().split())] if children.exists() else [proc.pid]
+
+
 def client(port: int, headers: dict[str, dict[str, str]], until: float, results: dict[str, list[float]],
            errors: dict[str, list[str]], lock: threading.Lock, offset: int) -> None:
     names = list(REQUESTS)
@@ -203,16 +222,36 @@ def main() -> int:
         until = time.monotonic() + args.seconds
         threads = [threading.Thread(target=client, args=(port, headers, until, results, errors, lock, i))
                    for i in range(args.clients)]
+        from django.db import connection as db
+
+        def database_backends() -> set[int]:
+            with db.cursor() as cursor:  # the server's PostgreSQL backends, for their CPU time
+                cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                               [bench_db])
+                pids = {row[0] for row in cursor.fetchall()}
+            db.close()
+            return pids
+
+        backends = list(database_backends())
+        servers = server_pids(proc)
         load_before = os.getloadavg()[0]
+        server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
         began = time.perf_counter()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
+        own_cpu = time.process_time() - own_cpu
+        server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
+        db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
         print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} workers x {args.threads} "
               f"threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
+        answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
+        print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
+              f"{1000 * db_cpu / answered:.2f} ms, clients "
+              f"{1000 * own_cpu / answered:.2f} ms; {answered / wall:.1f} requests/s in all")
         ok = True
         for name in REQUESTS:
             times, failed = results[name], errors[name]
