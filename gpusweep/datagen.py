@@ -29,7 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 ALL = "*"
-SHARED_BACKENDS = ("django.core.cache.backends.redis.RedisCache",
+SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
                    "django.core.cache.backends.memcached.PyMemcacheCache",
                    "django.core.cache.backends.memcached.PyLibMCCache")
 

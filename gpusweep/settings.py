@@ -134,7 +134,7 @@ if not DEBUG:
 GPUSWEEP_CACHE_URL = env_str("GPUSWEEP_CACHE_URL", "") and env_url("GPUSWEEP_CACHE_URL", "",
                                                                   schemes={"redis", "rediss"})
 if GPUSWEEP_CACHE_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": GPUSWEEP_CACHE_URL,
+    CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": GPUSWEEP_CACHE_URL,
                           "KEY_PREFIX": env_str("GPUSWEEP_CACHE_PREFIX", "gpusweep")}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

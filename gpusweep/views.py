@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any
 
 from django import forms
@@ -18,7 +19,7 @@ from advisories.models import Advisory, ClusterDeadlineOverride, DeadlinePolicy,
 from campaigns import board
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign
-from gpusweep import overview
+from gpusweep import datagen, overview
 from gpusweep.pages import cached_figures, installed
 from gpusweep.responses import cached
 from gpusweep.roles import Role, has_role, user_roles
@@ -34,12 +35,19 @@ def home(request: HttpRequest) -> HttpResponse:
     # GPUSWEEP_CONSOLE_FIGURES_S old (the page says as of when).
     figures, computed_at = cached_figures("console:overview", lambda: overview.figures(timezone.now()),
                                           settings.GPUSWEEP_CONSOLE_FIGURES_S)
+    counts = cached("overview-counts", OVERVIEW_COUNT_TABLES, overview_counts)
+    roles = sorted(user_roles(request.user))
+    # The page's sections but the campaigns (live, with their ETAs) are rendered once per figures,
+    # counts and roles: the key holds them all, so a cached section is the one this render makes.
+    fragment_key = hashlib.sha256(repr((datagen.scope(), computed_at, counts, roles)).encode()).hexdigest()
     return render(request, "home.html", {
         **figures,
-        **cached("overview-counts", OVERVIEW_COUNT_TABLES, overview_counts),
+        **counts,
         "as_of": dt.datetime.fromtimestamp(computed_at, tz=dt.UTC),
-        "roles": sorted(user_roles(request.user)),
+        "roles": roles,
         "campaigns": [(c, board.board(c, c.plans.order_by("-version").first())) for c in active],
+        "fragment_key": fragment_key,
+        "fragment_s": max(600, 10 * settings.GPUSWEEP_CONSOLE_FIGURES_S) if settings.GPUSWEEP_CONSOLE_FIGURES_S else 0,
     })
 
 
