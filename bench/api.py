@@ -44,11 +44,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
+def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, worker_class: str,
+                   log: Path) -> subprocess.Popen[bytes]:
     gunicorn = Path(sys.executable).with_name("gunicorn")
     with log.open("wb") as out:
         proc = subprocess.Popen([str(gunicorn), "gpusweep.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                                 "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                                 "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
                                  "--keep-alive", "30", "--timeout", "120", "--backlog", "512"],
                                 env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
@@ -123,6 +124,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run")
     parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    parser.add_argument("--worker-class", default="gthread", help="gunicorn worker class (gthread, sync)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
@@ -204,7 +206,7 @@ def main() -> int:
         url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
         env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
         log = Path(tmp.name) / "gunicorn.log"
-        proc = start_gunicorn(env, port, args.workers, args.threads, log)
+        proc = start_gunicorn(env, port, args.workers, args.threads, args.worker_class, log)
         for name, path in REQUESTS.items():  # warm up every worker's connection and caches
             for _ in range(args.workers * 2):
                 warm = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -245,8 +247,8 @@ def main() -> int:
         own_cpu = time.process_time() - own_cpu
         server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
         db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
-        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} workers x {args.threads} "
-              f"threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} {args.worker_class} workers "
+              f"x {args.threads} threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
         answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
         print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "

@@ -35,7 +35,8 @@ SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redi
 
 _READ = re.compile(r"\s*(SELECT|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT|SET|SHOW|EXPLAIN|VALUES)\b", re.I)
 _WITH = re.compile(r"\s*WITH\b", re.I)
-_TARGET = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|TRUNCATE(?:\s+TABLE)?|COPY|MERGE\s+INTO)"
+_TRUNCATE = re.compile(r"\bTRUNCATE\b", re.I)  # a list of tables (a test flush): every one, simply
+_TARGET = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|COPY|MERGE\s+INTO)"
                      r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
 # Words that follow UPDATE where it is not a target: ON CONFLICT DO UPDATE SET, FOR UPDATE OF/SKIP/NOWAIT.
 _NOT_TABLES = {"set", "of", "skip", "nowait"}
@@ -49,6 +50,8 @@ def tables_written(sql: str) -> set[str]:
     """The tables a statement may write: empty for a read, {ALL} when it cannot tell."""
     if _READ.match(sql) and ";" not in sql.rstrip().rstrip(";"):
         return set()
+    if _TRUNCATE.search(sql):
+        return {ALL}
     found = {m.group(1).rsplit(".", 1)[-1].strip('"').lower() for m in _TARGET.finditer(sql)} - _NOT_TABLES
     if _WITH.match(sql) and not found:
         return set()  # a read with common table expressions
