@@ -148,7 +148,7 @@ def uncommitted(connection: BaseDatabaseWrapper | None = None) -> bool:
 def _wrapper(connection: BaseDatabaseWrapper) -> Callable[..., Any]:
     def watch(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         result = execute(sql, params, many, context)
-        if isinstance(sql, str):
+        if isinstance(sql, str) and enabled():
             written(tables_written(sql), connection)
         return result
 
