@@ -5,11 +5,17 @@ Target (issue 16, done when 3): the node list, the exposure list (filtered and s
 overview page each answer with p95 <= 200 ms and no errors. The fleet is bench/exposure.py's
 (100,000 nodes over 10 clusters, the shared CSAF corpus, a full recompute: about 520,000
 exposures), in a throw-away database (Django's test-database machinery; dropped at the end).
-Clients are threads of this process, each with its own keep-alive connection, cycling through the
-three requests for `--seconds`; the node list and the exposure list authenticate with a Bearer
-token (accounts), the overview page with a session cookie.
+Clients are threads of this process, each with its own connection (kept alive where the server
+keeps it), cycling through the three requests for `--seconds` with no pause; the node list and
+the exposure list authenticate with a Bearer token (accounts), the overview page with a session
+cookie. The server is the deployment's (Dockerfile, deploy/kubernetes): `gunicorn --workers 3`,
+sync workers, with GPUSWEEP_CACHE_URL pointing at Redis (`--cache-url`) for the shared cache of
+the figures and the API answers (gpusweep.responses). It prints the CPU time per request of the
+gunicorn processes, of their PostgreSQL backends and of the clients, which other load on the
+machine barely changes.
 
-    .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api
+    .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api \
+        --cache-url redis://127.0.0.1:6379/0
 """
 
 from __future__ import annotations
@@ -122,9 +128,10 @@ def main() -> int:
     parser.add_argument("--clusters", type=int, default=10)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
-    parser.add_argument("--worker-class", default="gthread", help="gunicorn worker class (gthread, sync)")
+    # The server as the Dockerfile and deploy/kubernetes run it: `gunicorn --workers 3` (sync workers).
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="threads per gunicorn worker (gthread)")
+    parser.add_argument("--worker-class", default="sync", help="gunicorn worker class (sync, gthread)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
