@@ -17,6 +17,7 @@ The counters live in the configured cache, which must be shared by every process
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -27,6 +28,8 @@ from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
+
+log = logging.getLogger(__name__)
 
 ALL = "*"
 SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
@@ -69,17 +72,34 @@ def _key(table: str, alias: str = DEFAULT_DB_ALIAS) -> str:
     return f"gpusweep:gen:{scope(alias)}:{table}"
 
 
+def _cache_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from redis.exceptions import RedisError
+    except ImportError:  # pragma: no cover - redis is a dependency
+        return (OSError,)
+    return (OSError, RedisError)
+
+
+# What an unreachable cache raises: readers then answer uncached (gpusweep.responses).
+CACHE_ERRORS = _cache_errors()
+
+
 def bump(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> None:
     """Raise the generations of `tables` (after their commit)."""
-    for table in set(tables):
-        key = _key(table, alias)
-        try:
-            cache.incr(key)
-        except ValueError:
-            # Missing (first write, or the cache lost it): start from the clock, never from a value
-            # an older answer may have been stored under.
-            if not cache.add(key, time.time_ns(), timeout=None):
+    try:
+        for table in set(tables):
+            key = _key(table, alias)
+            try:
                 cache.incr(key)
+            except ValueError:
+                # Missing (first write, or the cache lost it): start from the clock, never from a
+                # value an older answer may have been stored under.
+                if not cache.add(key, time.time_ns(), timeout=None):
+                    cache.incr(key)
+    except CACHE_ERRORS:
+        # The write has committed; only the cache is away. Answers it still holds may be served
+        # until they expire (GPUSWEEP_RESPONSE_CACHE_S), which the log says.
+        log.exception("could not raise the data generations of %s", sorted(set(tables)))
 
 
 def current(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -42,6 +43,7 @@ from gpusweep.roles import user_roles
 KEPT_HEADERS = ("Content-Type", "Vary", "Allow")
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _Store:
@@ -83,8 +85,12 @@ class CachedListMixin:
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
         key = _key(request, type(self).__qualname__)
         started = timezone.now()
-        generations = datagen.current(self.cache_tables)  # before any query of the answer's rows
-        entry = cache.get(key)
+        try:
+            generations = datagen.current(self.cache_tables)  # before any query of the answer's rows
+            entry = cache.get(key)
+        except datagen.CACHE_ERRORS:
+            log.warning("cache unreachable: answering %s uncached", request.path, exc_info=True)
+            return super().list(request, *args, **kwargs)  # type: ignore[misc]
         if entry is not None and entry[0] == generations:
             hit = HttpResponse(entry[1], status=200)
             for name, value in entry[2]:
@@ -111,7 +117,10 @@ class CachedListMixin:
         response.render()
         if ttl >= 1:
             headers = [(name, response[name]) for name in KEPT_HEADERS if response.has_header(name)]
-            cache.set(store.key, (store.generations, response.content, headers), timeout=int(ttl))
+            try:
+                cache.set(store.key, (store.generations, response.content, headers), timeout=int(ttl))
+            except datagen.CACHE_ERRORS:
+                log.warning("cache unreachable: %s not kept", request.path, exc_info=True)
         return response
 
 
@@ -122,12 +131,19 @@ def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.d
     if ttl <= 0 or not datagen.enabled() or datagen.uncommitted():
         return compute()[0]
     key = f"gpusweep:value:{datagen.scope()}:{name}"
-    generations = datagen.current(tables)  # before compute() reads anything
-    entry = cache.get(key)
+    try:
+        generations = datagen.current(tables)  # before compute() reads anything
+        entry = cache.get(key)
+    except datagen.CACHE_ERRORS:
+        log.warning("cache unreachable: %s computed", name, exc_info=True)
+        return compute()[0]
     if entry is not None and entry[0] == generations and (entry[2] is None or entry[2] > timezone.now()):
         return cast(T, entry[1])
     value, until = compute()
     life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
     if life >= 1:
-        cache.set(key, (generations, value, until), timeout=int(life))
+        try:
+            cache.set(key, (generations, value, until), timeout=int(life))
+        except datagen.CACHE_ERRORS:
+            log.warning("cache unreachable: %s not kept", name, exc_info=True)
     return value

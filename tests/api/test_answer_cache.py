@@ -253,3 +253,14 @@ def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
         tables = {t for q in queries.captured_queries for t in read.findall(q["sql"])  # but authentication's
                   if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]}
         assert tables <= set(view.cache_tables), tables - set(view.cache_tables)
+
+
+def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, settings, caplog):
+    from inventory.models import Node
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    settings.CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}}
+    Node.objects.filter(pk=fleet["nodes"][0].pk).update(pool="while-away")  # commits; the bump is logged
+    assert "could not raise the data generations" in caplog.text
+    body, ran = _get(client, NODES)
+    assert ran > 0 and b"while-away" in body
