@@ -171,8 +171,14 @@ def test_nothing_is_served_to_a_caller_refused_now_nor_across_roles(fleet):
     assert client.get(NODES).status_code == 403  # a role taken away counts at once
     viewer.groups.add(Group.objects.get(name=Role.VIEWER.value))
     assert client.get(NODES).status_code == 200
+    viewer.is_active = False
+    viewer.save()
+    assert client.get(NODES).status_code == 401  # so does a user deactivated
+    viewer.is_active = True
+    viewer.save()
+    assert client.get(NODES).status_code == 200
     tokens.revoke(viewer, token_id)
-    assert client.get(NODES).status_code == 401  # revocation counts at once
+    assert client.get(NODES).status_code == 401  # and a revocation
 
 
 def test_an_exposure_list_expires_when_a_deadline_it_shows_passes(fleet):
@@ -264,3 +270,19 @@ def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, se
     assert "could not raise the data generations" in caplog.text
     body, ran = _get(client, NODES)
     assert ran > 0 and b"while-away" in body
+
+
+def test_a_token_check_is_kept_until_a_table_it_reads_is_written(shared_cache):
+    from django.db import connection
+
+    user = _user("viewer", Role.VIEWER)
+    token, key = tokens.issue(user, "kept")
+    assert tokens.user_for_key(key) is not None  # stamps last use: a write, so read again next time
+    assert tokens.user_for_key(key) is not None
+    with CaptureQueriesContext(connection) as queries:
+        found = tokens.user_for_key(key)
+    assert found is not None and found[0].pk == user.pk and queries.captured_queries == []
+    assert "password" not in found[0].__dict__  # the password hash never goes to the cache
+    assert tokens.user_for_key(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    tokens.revoke(user, token.pk)
+    assert tokens.user_for_key(key) is None
