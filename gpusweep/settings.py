@@ -136,6 +136,8 @@ GPUSWEEP_CACHE_URL = env_str("GPUSWEEP_CACHE_URL", "") and env_url("GPUSWEEP_CAC
 if GPUSWEEP_CACHE_URL:
     CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": GPUSWEEP_CACHE_URL,
                           "KEY_PREFIX": env_str("GPUSWEEP_CACHE_PREFIX", "gpusweep")}}
+    # Sessions read from the shared cache, written through to the database (a logout deletes both).
+    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 # The longest an API list answer is kept (writes through the application invalidate it at once;
