@@ -61,15 +61,16 @@ def tables_written(sql: str) -> set[str]:
     return found or {ALL}
 
 
-def scope(alias: str = DEFAULT_DB_ALIAS) -> str:
+def scope(connection: BaseDatabaseWrapper | None = None) -> str:
     """The database (host, port, name) as part of cache keys, so test databases and a bench's never
-    share counters or answers."""
-    s = connections[alias].settings_dict
+    share counters or answers. From the connection itself: Django's temporary ones (creating a
+    test database) have no alias to look up."""
+    s = (connection or connections[DEFAULT_DB_ALIAS]).settings_dict
     return f"{s.get('HOST') or ''}:{s.get('PORT') or ''}:{s['NAME']}"
 
 
-def _key(table: str, alias: str = DEFAULT_DB_ALIAS) -> str:
-    return f"gpusweep:gen:{scope(alias)}:{table}"
+def _key(table: str, where: str) -> str:
+    return f"gpusweep:gen:{where}:{table}"
 
 
 def _cache_errors() -> tuple[type[BaseException], ...]:
@@ -84,11 +85,12 @@ def _cache_errors() -> tuple[type[BaseException], ...]:
 CACHE_ERRORS = _cache_errors()
 
 
-def bump(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> None:
-    """Raise the generations of `tables` (after their commit)."""
+def bump(tables: Iterable[str], where: str | None = None) -> None:
+    """Raise the generations of `tables` (after their commit) in the database `where` (a scope())."""
+    where = where or scope()
     try:
         for table in set(tables):
-            key = _key(table, alias)
+            key = _key(table, where)
             try:
                 cache.incr(key)
             except ValueError:
@@ -102,10 +104,11 @@ def bump(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> None:
         log.exception("could not raise the data generations of %s", sorted(set(tables)))
 
 
-def current(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> tuple[int, ...]:
+def current(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> tuple[int, ...]:
     """The generations of `tables` (and of ALL), in the order given; read before the data."""
     names = [*tables, ALL]
-    keys = [_key(t, alias) for t in names]
+    where = scope(connection)
+    keys = [_key(t, where) for t in names]
     found = cache.get_many(keys)
     missing = [k for k in keys if k not in found]
     if missing:
@@ -119,12 +122,12 @@ def current(tables: Iterable[str], alias: str = DEFAULT_DB_ALIAS) -> tuple[int, 
 class _Pending:
     """The tables written at one savepoint level of the open transaction, bumped on its commit."""
 
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
+    def __init__(self, where: str) -> None:
+        self.where = where
         self.tables: set[str] = set()
 
     def __call__(self) -> None:
-        bump(self.tables, self.alias)
+        bump(self.tables, self.where)
 
 
 def _alive(connection: BaseDatabaseWrapper, pending: _Pending) -> bool:
@@ -140,7 +143,7 @@ def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None
     if not connection.in_atomic_block:
         # Autocommit: the statement has committed. (Manual transaction management, which nothing
         # here uses, has no commit hook: bumped now, and its reads skip the cache: uncommitted().)
-        bump(tables, connection.alias)
+        bump(tables, scope(connection))
         return
     registry: dict[tuple[str, ...], _Pending] = connection.__dict__.setdefault("_gpusweep_pending", {})
     level = tuple(connection.savepoint_ids)
@@ -150,7 +153,7 @@ def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None
         # callback (and only its tables), the others commit with the transaction.
         for stale in [k for k, p in registry.items() if not _alive(connection, p)]:
             del registry[stale]
-        pending = registry[level] = _Pending(connection.alias)
+        pending = registry[level] = _Pending(scope(connection))
         connection.on_commit(pending)
     pending.tables |= tables
 

@@ -286,3 +286,15 @@ def test_a_token_check_is_kept_until_a_table_it_reads_is_written(shared_cache):
     assert tokens.user_for_key(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
     tokens.revoke(user, token.pk)
     assert tokens.user_for_key(key) is None
+
+
+def test_a_connection_without_an_alias_is_watched_too(shared_cache):
+    """Django creates a test database through a temporary connection named nowhere ('__no_db__')."""
+    temporary = connection.copy(alias="__no_db__")
+    before = datagen.current(["inventory_node"])
+    try:
+        with temporary.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE scratch (id int)")  # DDL: every table at once
+    finally:
+        temporary.close()
+    assert datagen.current(["inventory_node"])[-1] > before[-1]
