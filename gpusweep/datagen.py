@@ -36,11 +36,14 @@ SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redi
                    "django.core.cache.backends.memcached.PyMemcacheCache",
                    "django.core.cache.backends.memcached.PyLibMCCache")
 
-_READ = re.compile(r"\s*(SELECT|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT|SET|SHOW|EXPLAIN|VALUES)\b", re.I)
+# (EXPLAIN is not among them: EXPLAIN ANALYZE runs the statement.)
+_READ = re.compile(r"[\s(]*(SELECT|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT|SET|SHOW|VALUES)\b", re.I)
 _WITH = re.compile(r"\s*WITH\b", re.I)
 _TRUNCATE = re.compile(r"\bTRUNCATE\b", re.I)  # a list of tables (a test flush): every one, simply
 _TARGET = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|COPY|MERGE\s+INTO)"
                      r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
+_HEAD = re.compile(r"\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|COPY|MERGE\s+INTO)"
+                   r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
 # Words that follow UPDATE where it is not a target: ON CONFLICT DO UPDATE SET, FOR UPDATE OF/SKIP/NOWAIT.
 _NOT_TABLES = {"set", "of", "skip", "nowait"}
 
@@ -51,14 +54,26 @@ def enabled() -> bool:
 
 def tables_written(sql: str) -> set[str]:
     """The tables a statement may write: empty for a read, {ALL} when it cannot tell."""
-    if _READ.match(sql) and ";" not in sql.rstrip().rstrip(";"):
-        return set()
+    semicolon = sql.find(";")
+    single = semicolon == -1 or not sql[semicolon + 1:].strip()
+    if single:
+        # The usual case, decided from the statement's first words (a write statement writes only
+        # its target: a data-modifying WITH may only come first, and there are no triggers).
+        if _READ.match(sql):
+            return set()
+        head = _HEAD.match(sql)
+        if head:
+            return _names([head])
     if _TRUNCATE.search(sql):
         return {ALL}
-    found = {m.group(1).rsplit(".", 1)[-1].strip('"').lower() for m in _TARGET.finditer(sql)} - _NOT_TABLES
-    if _WITH.match(sql) and not found:
+    found = _names(_TARGET.finditer(sql))
+    if single and _WITH.match(sql) and not found:
         return set()  # a read with common table expressions
     return found or {ALL}
+
+
+def _names(matches: Iterable[re.Match[str]]) -> set[str]:
+    return {m.group(1).rsplit(".", 1)[-1].strip('"').lower() for m in matches} - _NOT_TABLES
 
 
 def scope(connection: BaseDatabaseWrapper | None = None) -> str:

@@ -222,6 +222,8 @@ def test_the_overview_shows_a_write_at_once_and_each_user_their_roles(fleet, set
 @pytest.mark.parametrize("sql,tables", [
     ('SELECT "inventory_node"."id" FROM "inventory_node" WHERE "id" = %s FOR UPDATE', set()),
     ("WITH x AS (SELECT 1) SELECT * FROM x", set()),
+    ('(SELECT "id" FROM "inventory_node" LIMIT 1) UNION (SELECT "id" FROM "inventory_cluster" LIMIT 1)', set()),
+    ("EXPLAIN ANALYZE DELETE FROM inventory_node", {"inventory_node"}),
     ('INSERT INTO "inventory_node" ("name") VALUES (%s) ON CONFLICT ("name") DO UPDATE SET "name" = EXCLUDED."name"',
      {"inventory_node"}),
     ('UPDATE "advisories_exposure" AS e SET state = %s FROM inventory_node n WHERE n.id = e.node_id',
