@@ -300,3 +300,21 @@ def test_a_connection_without_an_alias_is_watched_too(shared_cache):
     finally:
         temporary.close()
     assert datagen.current(["inventory_node"])[-1] > before[-1]
+
+
+def test_the_overview_from_cached_sections_is_the_page_rendered_afresh(fleet, settings):
+    import re
+
+    settings.GPUSWEEP_CONSOLE_FIGURES_S = 30
+    client = Client()
+    client.force_login(_user("viewer", Role.VIEWER))
+    token = re.compile(r'(csrfmiddlewaretoken" value="|"X-CSRFToken": ")[^"]+')
+
+    def page() -> str:
+        return token.sub(r"\1-", client.get("/").content.decode())
+
+    fresh = page()  # renders and keeps the sections
+    with CaptureQueriesContext(connection) as queries:
+        again = page()
+    assert again == fresh
+    assert not [q for q in queries.captured_queries if "inventory_node" in q["sql"]]  # counts from the cache
