@@ -29,13 +29,12 @@ from inventory.models import Cluster, Node
 
 def home(request: HttpRequest) -> HttpResponse:
     """The landing page: how exposed the fleet is, what is overdue, and what is being done about it."""
-    active = list(Campaign.objects.filter(status__in=CampaignStatus.ACTIVE | {CampaignStatus.APPROVED})
-                  .order_by("-started_at", "-id")[:10])
     # The fleet-wide figures take a second or two on 100,000 nodes: served from the cache, at most
     # GPUSWEEP_CONSOLE_FIGURES_S old (the page says as of when).
     figures, computed_at = cached_figures("console:overview", lambda: overview.figures(timezone.now()),
                                           settings.GPUSWEEP_CONSOLE_FIGURES_S)
-    counts = cached("overview-counts", OVERVIEW_COUNT_TABLES, overview_counts)
+    listed = cached("overview-counts", OVERVIEW_COUNT_TABLES, overview_counts)
+    counts, active = listed["counts"], listed["active"]
     roles = sorted(user_roles(request.user))
     # The page's sections but the campaigns (live, with their ETAs) are rendered once per figures,
     # counts and roles: the key holds them all, so a cached section is the one this render makes.
@@ -51,24 +50,27 @@ def home(request: HttpRequest) -> HttpResponse:
     })
 
 
-OVERVIEW_COUNT_TABLES = ("inventory_node", "advisories_advisory", "advisories_exposure")
+OVERVIEW_COUNT_TABLES = ("inventory_node", "advisories_advisory", "advisories_exposure", "campaigns_campaign")
 EXPIRING_DAYS = 7
 
 
 def overview_counts() -> tuple[dict[str, Any], dt.datetime | None]:
-    """The overview's exact counts (read on every visit, so kept until their tables are written:
-    gpusweep.responses.cached), and when `expiring` next changes by itself: when the first risk
-    ending later than a week from now comes within the week."""
+    """The overview's exact counts and its active campaigns (read on every visit, so kept until
+    their tables are written: gpusweep.responses.cached; each campaign's board is made per visit),
+    and when `expiring` next changes by itself: when the first risk ending later than a week from
+    now comes within the week."""
     now = timezone.now()
     soon = now + dt.timedelta(days=EXPIRING_DAYS)
     accepted = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED)
     later = accepted.filter(risk_expires_at__gte=soon).aggregate(first=Min("risk_expires_at"))["first"]
-    return {
+    active = list(Campaign.objects.filter(status__in=CampaignStatus.ACTIVE | {CampaignStatus.APPROVED})
+                  .order_by("-started_at", "-id")[:10])
+    return {"counts": {
         "nodes": Node.objects.exclude(service_state=ServiceState.GONE).count(),
         "advisories": Advisory.objects.count(),
         "mismatches": Advisory.objects.filter(integrity="mismatch").count(),
         "accepted": accepted.aggregate(n=Count("id"), expiring=Count("id", filter=Q(risk_expires_at__lt=soon))),
-    }, later - dt.timedelta(days=EXPIRING_DAYS) if later is not None else None
+    }, "active": active}, later - dt.timedelta(days=EXPIRING_DAYS) if later is not None else None
 
 
 class DeadlinePolicyForm(forms.ModelForm):

@@ -216,6 +216,12 @@ def test_the_overview_shows_a_write_at_once_and_each_user_their_roles(fleet, set
     assert "Your roles: admin" in pages["admin"].get("/").content.decode()
     Node.objects.create(cluster=fleet["cluster"], name="gpu99")
     assert " 4 nodes " in pages["viewer"].get("/").content.decode()
+    from campaigns.choices import CampaignStatus
+    from campaigns.models import Campaign
+
+    assert "night sweep" not in pages["viewer"].get("/").content.decode()
+    Campaign.objects.create(name="night sweep", requested_by=admin, status=CampaignStatus.APPROVED)
+    assert "night sweep" in pages["viewer"].get("/").content.decode()  # the active list too
     assert settings.GPUSWEEP_RESPONSE_CACHE_S == 300
 
 
