@@ -242,9 +242,16 @@ def main() -> int:
             return pids
 
         backends = list(database_backends())
+        cache_server: list[int] = []
+        if args.cache_url:  # the Redis server's CPU too, when it runs on this machine
+            import redis
+
+            pid = int(redis.Redis.from_url(args.cache_url).info("server")["process_id"])
+            cache_server = [pid] if Path(f"/proc/{pid}/stat").exists() else []
         servers = server_pids(proc)
         load_before = os.getloadavg()[0]
         server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
+        cache_cpu = cpu_seconds(cache_server)
         began = time.perf_counter()
         for thread in threads:
             thread.start()
@@ -253,14 +260,16 @@ def main() -> int:
         wall = time.perf_counter() - began
         own_cpu = time.process_time() - own_cpu
         server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
+        cache_cpu = cpu_seconds(cache_server) - cache_cpu
         db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
         print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} {args.worker_class} workers "
               f"x {args.threads} threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
         answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
         print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
-              f"{1000 * db_cpu / answered:.2f} ms, clients "
-              f"{1000 * own_cpu / answered:.2f} ms; {answered / wall:.1f} requests/s in all")
+              f"{1000 * db_cpu / answered:.2f} ms, the Redis server (all its users) "
+              f"{1000 * cache_cpu / answered:.2f} ms, clients {1000 * own_cpu / answered:.2f} ms; "
+              f"{answered / wall:.1f} requests/s in all")
         ok = True
         for name in REQUESTS:
             times, failed = results[name], errors[name]
