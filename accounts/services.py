@@ -16,6 +16,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from gpusweep.responses import cached
+from gpusweep.roles import user_roles
 
 KEY_PREFIX = "gst_"
 # last_used_at is written at most this often per token, so a busy client is not a write per request.
@@ -61,15 +63,33 @@ def revoke(user: User, token_id: int) -> ApiToken:
     return token
 
 
+# Every table a token's check reads, its holder's roles included (gpusweep.responses.cached): a
+# revocation, a user deactivated or a role taken away is a write to one of them, so it counts at
+# the next request.
+TOKEN_TABLES = ("accounts_apitoken", "auth_user", "auth_user_groups", "auth_group")
+
+
+def _live_token(key_hash: str) -> tuple[ApiToken | None, datetime | None]:
+    # The password hash stays out of the cache; a token request never reads it.
+    token = ApiToken.objects.select_related("user").defer("user__password").filter(
+        key_hash=key_hash, revoked_at__isnull=True).first()
+    if token is None:
+        return None, timezone.now()  # an unknown key is not kept (no cache entry per guess)
+    user_roles(token.user)  # read once and kept on the user with it
+    return token, None
+
+
 def user_for_key(key: str) -> tuple[User, ApiToken] | None:
     """The active user a live, unexpired key belongs to, stamping its last use; else None."""
     if not key.startswith(KEY_PREFIX) or len(key) > 200:
         return None
-    token = ApiToken.objects.select_related("user").filter(key_hash=hash_key(key), revoked_at__isnull=True).first()
+    digest = hash_key(key)
+    token = cached(f"token:{digest}", TOKEN_TABLES, lambda: _live_token(digest))
     now = timezone.now()
     if token is None or not token.user.is_active or (token.expires_at is not None and token.expires_at <= now):
         return None
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+        # A write of accounts_apitoken: the next request reads the token again.
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
     return token.user, token

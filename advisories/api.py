@@ -3,6 +3,7 @@ CVEs, ranges, exposures (approvers' decisions), review items (admins' resolution
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from advisories.models import (
 )
 from advisories.vex import vex_document
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter
+from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
 
@@ -276,15 +278,26 @@ class AffectedRangeViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AffectedRangeFilter
 
 
-class ExposureViewSet(viewsets.ReadOnlyModelViewSet):
+class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Exposure.objects.select_related(
         "node__cluster", "advisory", "affected_range", "risk_approver").prefetch_related("affected_range__cves")
+    # Every table the list (its filters, ordering, search and serializer) reads (gpusweep.responses).
+    cache_tables = ("advisories_exposure", "inventory_node", "inventory_cluster", "advisories_advisory",
+                    "advisories_affectedrange", "advisories_affectedrange_cves", "advisories_cve", "auth_user")
+    # `overdue` compares with the clock: which rows match changes as deadlines pass.
+    cache_uncacheable_params = ("overdue",)
     serializer_class = ExposureSerializer
     filterset_class = ExposureFilter
     ordering_fields = ["deadline", "first_seen", "severity", "state", "component", "node__name",
                        "node__cluster__name", "advisory__publisher_id"]
     search_fields = ["node__name", "advisory__publisher_id", "advisory__title", "component", "detected_version"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
+
+    def cache_valid_until(self, rows: list[Exposure], started: dt.datetime) -> dt.datetime | None:
+        # `overdue` flips when a deadline passes: the answer holds until the first one still ahead.
+        ahead = [e.deadline for e in rows if e.state in (ExposureState.OPEN, ExposureState.PRESUMED)
+                 and e.deadline is not None and e.deadline >= started]
+        return min(ahead, default=None)
 
     def _decide(self, decide: Callable[[], Any]) -> Response:
         return decision_response(self, decide)

@@ -5,11 +5,17 @@ Target (issue 16, done when 3): the node list, the exposure list (filtered and s
 overview page each answer with p95 <= 200 ms and no errors. The fleet is bench/exposure.py's
 (100,000 nodes over 10 clusters, the shared CSAF corpus, a full recompute: about 520,000
 exposures), in a throw-away database (Django's test-database machinery; dropped at the end).
-Clients are threads of this process, each with its own keep-alive connection, cycling through the
-three requests for `--seconds`; the node list and the exposure list authenticate with a Bearer
-token (accounts), the overview page with a session cookie.
+Clients are threads of this process, each with its own connection (kept alive where the server
+keeps it), cycling through the three requests for `--seconds` with no pause; the node list and
+the exposure list authenticate with a Bearer token (accounts), the overview page with a session
+cookie. The server is the deployment's (Dockerfile, deploy/kubernetes): `gunicorn --workers 3`,
+sync workers, with GPUSWEEP_CACHE_URL pointing at Redis (`--cache-url`) for the shared cache of
+the figures and the API answers (gpusweep.responses). It prints the CPU time per request of the
+gunicorn processes, of their PostgreSQL backends and of the clients, which other load on the
+machine barely changes.
 
-    .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api
+    .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api \
+        --cache-url redis://127.0.0.1:6379/0
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
+def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, worker_class: str,
+                   log: Path) -> subprocess.Popen[bytes]:
     gunicorn = Path(sys.executable).with_name("gunicorn")
     with log.open("wb") as out:
         proc = subprocess.Popen([str(gunicorn), "gpusweep.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                                 "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                                 "--workers", str(workers), "--worker-class", worker_class, "--threads", str(threads),
                                  "--keep-alive", "30", "--timeout", "120", "--backlog", "512"],
                                 env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
@@ -63,6 +70,25 @@ def start_gunicorn(env: dict[str, str], port: int, workers: int, threads: int, l
         except OSError:
             time.sleep(0.5)
     raise RuntimeError("gunicorn did not answer /healthz: " + log.read_text()[-3000:])
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of these processes (their threads included), from /proc; a process gone counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / tick
+
+
+def server_pids(proc: subprocess.Popen[bytes]) -> list[int]:
+    """gunicorn's arbiter and its workers (children of the arbiter)."""
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    return [proc.pid, *(int(p) for p in children.read_text().split())] if children.exists() else [proc.pid]
 
 
 def client(port: int, headers: dict[str, dict[str, str]], until: float, results: dict[str, list[float]],
@@ -102,13 +128,18 @@ def main() -> int:
     parser.add_argument("--clusters", type=int, default=10)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run")
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn worker processes")
-    parser.add_argument("--threads", type=int, default=4, help="threads per gunicorn worker")
+    # The server as the Dockerfile and deploy/kubernetes run it: `gunicorn --workers 3` (sync workers).
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
+    parser.add_argument("--threads", type=int, default=1, help="threads per gunicorn worker (gthread)")
+    parser.add_argument("--worker-class", default="sync", help="gunicorn worker class (sync, gthread)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
     parser.add_argument("--only", default="", help="comma-separated words picking some of the requests "
                         "(e.g. 'node,exposures' leaves the overview out)")
+    parser.add_argument("--cache-url", default=os.environ.get("GPUSWEEP_CACHE_URL", ""),
+                        help="GPUSWEEP_CACHE_URL for the server (default: $GPUSWEEP_CACHE_URL), e.g. "
+                        "redis://127.0.0.1:6379/10: the shared cache of the fleet-wide figures and the API answers")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (test_<name>) and reuse it next time instead of building it again")
     args = parser.parse_args()
@@ -124,7 +155,7 @@ def main() -> int:
     secret = secrets.token_urlsafe(40)
     os.environ.update(DATABASE_URL=args.database_url, DJANGO_SETTINGS_MODULE="gpusweep.settings",
                       GPUSWEEP_VAR_DIR=tmp.name, SECRET_KEY=secret, DEBUG="false", ALLOWED_HOSTS="127.0.0.1",
-                      CELERY_BROKER_URL="memory://")
+                      CELERY_BROKER_URL="memory://", GPUSWEEP_CACHE_URL=args.cache_url)
     import django
 
     django.setup()
@@ -182,7 +213,7 @@ def main() -> int:
         url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
         env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
         log = Path(tmp.name) / "gunicorn.log"
-        proc = start_gunicorn(env, port, args.workers, args.threads, log)
+        proc = start_gunicorn(env, port, args.workers, args.threads, args.worker_class, log)
         for name, path in REQUESTS.items():  # warm up every worker's connection and caches
             for _ in range(args.workers * 2):
                 warm = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -200,16 +231,45 @@ def main() -> int:
         until = time.monotonic() + args.seconds
         threads = [threading.Thread(target=client, args=(port, headers, until, results, errors, lock, i))
                    for i in range(args.clients)]
+        from django.db import connection as db
+
+        def database_backends() -> set[int]:
+            with db.cursor() as cursor:  # the server's PostgreSQL backends, for their CPU time
+                cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                               [bench_db])
+                pids = {row[0] for row in cursor.fetchall()}
+            db.close()
+            return pids
+
+        backends = list(database_backends())
+        cache_server: list[int] = []
+        if args.cache_url:  # the Redis server's CPU too, when it runs on this machine
+            import redis
+
+            pid = int(redis.Redis.from_url(args.cache_url).info("server")["process_id"])
+            cache_server = [pid] if Path(f"/proc/{pid}/stat").exists() else []
+        servers = server_pids(proc)
         load_before = os.getloadavg()[0]
+        server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
+        cache_cpu = cpu_seconds(cache_server)
         began = time.perf_counter()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         wall = time.perf_counter() - began
-        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} workers x {args.threads} "
-              f"threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after")
+        own_cpu = time.process_time() - own_cpu
+        server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
+        cache_cpu = cpu_seconds(cache_server) - cache_cpu
+        db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
+        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} {args.worker_class} workers "
+              f"x {args.threads} threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+              f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
+        answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
+        print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
+              f"{1000 * db_cpu / answered:.2f} ms, the Redis server (all its users) "
+              f"{1000 * cache_cpu / answered:.2f} ms, clients {1000 * own_cpu / answered:.2f} ms; "
+              f"{answered / wall:.1f} requests/s in all")
         ok = True
         for name in REQUESTS:
             times, failed = results[name], errors[name]

@@ -22,3 +22,6 @@ class GpusweepConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(ensure_role_groups, sender=self, dispatch_uid="gpusweep.ensure_role_groups")
+        from gpusweep import datagen
+
+        datagen.install()  # every write raises its tables' generations (cached answers: gpusweep.responses)

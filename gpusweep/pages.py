@@ -62,8 +62,13 @@ def cached_figures(key: str, compute: Callable[[], T], max_age_s: float) -> tupl
     with _guard:
         lock = _refreshing.setdefault(key, threading.Lock())
     if entry is not None:
+        # One refresh per process, and with a cache all processes share, one for all of them
+        # (the claim expires by itself should its process die mid-way).
         if lock.acquire(blocking=False):
-            threading.Thread(target=_refresh, args=(key, compute, max_age_s, lock), daemon=True).start()
+            if cache.add(key + ":refreshing", 1, timeout=max(60, 10 * max_age_s)):
+                threading.Thread(target=_refresh, args=(key, compute, max_age_s, lock), daemon=True).start()
+            else:
+                lock.release()
         return entry[1], entry[0]
     with lock:  # the first computation of this process: the others wait for it rather than repeat it
         entry = cache.get(key)
@@ -83,5 +88,6 @@ def _refresh(key: str, compute: Callable[[], Any], max_age_s: float, lock: threa
     try:
         _store(key, compute, max_age_s)
     finally:
+        cache.delete(key + ":refreshing")
         lock.release()
         connections.close_all()  # this thread's own database connection

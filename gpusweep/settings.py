@@ -126,6 +126,24 @@ if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
     CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
 
+# --- Cache ----------------------------------------------------------------------------
+# Shared by every process when set (redis://host:6379/N): the console's fleet-wide figures are then
+# computed once for all workers, and API list answers are cached until a table they read is
+# written (gpusweep.responses, gpusweep.datagen). Unset: a per-process memory cache, and no
+# answer cache (its invalidation needs a cache every process sees).
+GPUSWEEP_CACHE_URL = env_str("GPUSWEEP_CACHE_URL", "") and env_url("GPUSWEEP_CACHE_URL", "",
+                                                                  schemes={"redis", "rediss"})
+if GPUSWEEP_CACHE_URL:
+    CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": GPUSWEEP_CACHE_URL,
+                          "KEY_PREFIX": env_str("GPUSWEEP_CACHE_PREFIX", "gpusweep")}}
+    # Sessions read from the shared cache, written through to the database (a logout deletes both).
+    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# The longest an API list answer is kept (writes through the application invalidate it at once;
+# this bounds writes from outside it, such as psql). 0 turns the answer cache off.
+GPUSWEEP_RESPONSE_CACHE_S = env_int("GPUSWEEP_RESPONSE_CACHE_S", 300, minimum=0)
+
 # --- Celery ---------------------------------------------------------------------------
 CELERY_BROKER_URL = env_url(
     "CELERY_BROKER_URL",

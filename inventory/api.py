@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
+from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
 from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
@@ -231,7 +232,9 @@ class ClusterViewSet(viewsets.ModelViewSet):
         return Response({"queued": cluster.name}, status=status.HTTP_202_ACCEPTED)
 
 
-class NodeViewSet(mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+class NodeViewSet(CachedListMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+    # Every table the list (its filters, ordering, search and serializer) reads (gpusweep.responses).
+    cache_tables = ("inventory_node", "inventory_cluster", "inventory_nodecomponent")
     queryset = Node.objects.select_related("cluster").prefetch_related("components")
     serializer_class = NodeSerializer
     filterset_class = NodeFilter

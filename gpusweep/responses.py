@@ -1,0 +1,149 @@
+"""Cached API list answers: the rendered bytes of a GET, reused until a table it read is written.
+
+A list of 100 nodes or exposures costs 30 ms of serializer work and, for a filtered exposure
+list, 70 ms of COUNT(*) over 480,000 rows; a fleet's dashboards ask the same few pages again
+and again. `CachedListMixin` stores the JSON a list rendered under the data generations
+(gpusweep.datagen) of the tables the view declares in `cache_tables`, read before its queries,
+so an answer is served only while none of those tables has been written since: a write is
+visible in the next GET, and a hit is byte for byte the answer the view would render.
+
+Authentication and permissions run first on every request (a revoked token or a role taken away
+takes effect at once); the key holds the caller's roles, the scheme and host (the pagination
+links name them), the path with its query string as sent, and the negotiated media type. Only
+JSON is cached (the browsable API shows the user), only status 200, and nothing while this
+connection's own transaction has uncommitted writes. A view whose answer changes with the clock
+says until when it holds (`cache_valid_until`), and names the query parameters that make the
+rows themselves depend on the clock (`cache_uncacheable_params`).
+
+GPUSWEEP_RESPONSE_CACHE_S bounds an answer's life (writes from outside the application, such as
+psql, show after it); 0 turns the cache off, and so does a cache that is not shared by every
+process (gpusweep.datagen.enabled).
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import HttpResponse
+from django.utils import timezone
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gpusweep import datagen
+from gpusweep.roles import user_roles
+
+# Headers of the rendered answer that a hit repeats (the middleware after the view adds the rest).
+KEPT_HEADERS = ("Content-Type", "Vary", "Allow")
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class _Store:
+    def __init__(self, key: str, generations: tuple[int, ...], started: dt.datetime) -> None:
+        self.key, self.generations, self.started = key, generations, started
+
+
+def _key(request: Request, view_name: str) -> str:
+    roles = ",".join(sorted(user_roles(request.user)))
+    raw = "\n".join((datagen.scope(), view_name, roles, request.scheme or "", request.get_host(),
+                     request.get_full_path(), request.accepted_media_type or ""))
+    return "gpusweep:answer:" + hashlib.sha256(raw.encode()).hexdigest()
+
+
+class CachedListMixin:
+    """For a ReadOnlyModelViewSet (or any GenericViewSet with `list`) whose list depends only on
+    the rows of `cache_tables` and the caller's roles."""
+
+    cache_tables: Sequence[str] = ()
+    cache_uncacheable_params: Sequence[str] = ()
+    _cache_store: _Store | None = None
+    _cache_page: builtins.list[Any] | None = None
+
+    def cache_valid_until(self, rows: builtins.list[Any], started: dt.datetime) -> dt.datetime | None:
+        """When the answer built from `rows` at `started` stops being the one the view would render
+        (None: not before its tables are written)."""
+        return None
+
+    def _cacheable(self, request: Request) -> bool:
+        ttl: int = settings.GPUSWEEP_RESPONSE_CACHE_S
+        renderer = getattr(request, "accepted_renderer", None)
+        return (ttl > 0 and request.method in ("GET", "HEAD") and bool(self.cache_tables) and datagen.enabled()
+                and renderer is not None and renderer.format == "json"
+                and not any(p in request.query_params for p in self.cache_uncacheable_params)
+                and not datagen.uncommitted())
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        if not self._cacheable(request):
+            return super().list(request, *args, **kwargs)  # type: ignore[misc]
+        key = _key(request, type(self).__qualname__)
+        started = timezone.now()
+        try:
+            generations = datagen.current(self.cache_tables)  # before any query of the answer's rows
+            entry = cache.get(key)
+        except datagen.CACHE_ERRORS:
+            log.warning("cache unreachable: answering %s uncached", request.path, exc_info=True)
+            return super().list(request, *args, **kwargs)  # type: ignore[misc]
+        if entry is not None and entry[0] == generations:
+            hit = HttpResponse(entry[1], status=200)
+            for name, value in entry[2]:
+                hit[name] = value
+            return cast(Response, hit)  # DRF takes any HttpResponse from a handler (no rendering)
+        self._cache_store = _Store(key, generations, started)
+        return super().list(request, *args, **kwargs)  # type: ignore[misc]
+
+    def paginate_queryset(self, queryset: Any) -> builtins.list[Any] | None:
+        page: builtins.list[Any] | None = super().paginate_queryset(queryset)  # type: ignore[misc]
+        self._cache_page = page
+        return page
+
+    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        store, self._cache_store = self._cache_store, None
+        if store is None or not isinstance(response, Response) or response.status_code != 200:
+            return response
+        ttl = float(settings.GPUSWEEP_RESPONSE_CACHE_S)
+        rows = self._cache_page if self._cache_page is not None else []
+        until = self.cache_valid_until(rows, store.started)
+        if until is not None:
+            ttl = min(ttl, (until - timezone.now()).total_seconds())
+        response.render()
+        if ttl >= 1:
+            headers = [(name, response[name]) for name in KEPT_HEADERS if response.has_header(name)]
+            try:
+                cache.set(store.key, (store.generations, response.content, headers), timeout=int(ttl))
+            except datagen.CACHE_ERRORS:
+                log.warning("cache unreachable: %s not kept", request.path, exc_info=True)
+        return response
+
+
+def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.datetime | None]]) -> T:
+    """`compute()`'s value, kept under the generations of `tables` (all it reads) until one of them
+    is written or the moment `compute` returns with it (None: no such moment) passes."""
+    ttl: int = settings.GPUSWEEP_RESPONSE_CACHE_S
+    if ttl <= 0 or not datagen.enabled() or datagen.uncommitted():
+        return compute()[0]
+    key = f"gpusweep:value:{datagen.scope()}:{name}"
+    try:
+        generations = datagen.current(tables)  # before compute() reads anything
+        entry = cache.get(key)
+    except datagen.CACHE_ERRORS:
+        log.warning("cache unreachable: %s computed", name, exc_info=True)
+        return compute()[0]
+    if entry is not None and entry[0] == generations and (entry[2] is None or entry[2] > timezone.now()):
+        return cast(T, entry[1])
+    value, until = compute()
+    life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
+    if life >= 1:
+        try:
+            cache.set(key, (generations, value, until), timeout=int(life))
+        except datagen.CACHE_ERRORS:
+            log.warning("cache unreachable: %s not kept", name, exc_info=True)
+    return value

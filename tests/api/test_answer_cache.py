@@ -1,0 +1,326 @@
+"""The answer cache (gpusweep.responses) on a shared Redis cache: a hit is byte for byte the answer
+the view renders, a write of any kind shows in the next GET, nothing is served across roles or to
+a caller the server now refuses, and a clock-dependent answer expires when its rows change by
+themselves. Committing tests (transaction=True): generations rise only on commit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.db import connection, transaction
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from accounts import services as tokens
+from gpusweep import datagen
+from gpusweep.roles import Role
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NODES = "/api/v1/inventory/nodes/?limit=100"
+EXPOSURES = "/api/v1/advisories/exposures/?state=open&ordering=-deadline&limit=100"
+
+
+@pytest.fixture
+def shared_cache(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    broker = settings.CELERY_BROKER_URL
+    if not broker.startswith("redis"):
+        pytest.skip("needs Redis (CELERY_BROKER_URL=redis://...) as the shared cache")
+    settings.CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": broker,
+                                   "KEY_PREFIX": f"test-answers-{time.time_ns()}"}}
+    settings.GPUSWEEP_RESPONSE_CACHE_S = 300
+    assert datagen.enabled()
+    yield
+
+
+@pytest.fixture
+def fleet(shared_cache):  # type: ignore[no-untyped-def]
+    from advisories.models import CVE, Advisory, AffectedRange, Exposure
+    from inventory.models import Cluster, Node, NodeComponent
+
+    cluster = Cluster.objects.create(name="c1", kind="static")
+    nodes = [Node.objects.create(cluster=cluster, name=f"gpu{i:02}") for i in range(3)]
+    for node in nodes:
+        NodeComponent.objects.create(node=node, component="driver", version="570.86.15", branch="R570")
+    advisory = Advisory.objects.create(publisher_id="5703", title="GPU Display Driver", source_kind="file",
+                                       source="5703.json")
+    rng = AffectedRange.objects.create(advisory=advisory, product_id="linuxR570", component="driver",
+                                       branch="R570", raw="prior to 570.195.03", fixed_version="570.195.03")
+    rng.cves.add(CVE.objects.create(cve_id="CVE-2025-0001"))
+    now = timezone.now()
+    for i, node in enumerate(nodes):
+        Exposure.objects.create(node=node, advisory=advisory, affected_range=rng, component="driver",
+                                detected_version="570.86.15", first_seen=now, deadline=now + dt.timedelta(days=i + 1))
+    return {"cluster": cluster, "nodes": nodes, "advisory": advisory, "range": rng}
+
+
+def _user(name: str, *roles: Role) -> User:
+    user = User.objects.create_user(name, password="x-" + name)
+    for role in roles:
+        user.groups.add(Group.objects.get(name=role.value))
+    return user
+
+
+def _token_client(user: User) -> tuple[Client, int]:
+    token, key = tokens.issue(user, "t")
+    return Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT="application/json"), token.pk
+
+
+def _get(client: Client, url: str) -> tuple[bytes, int]:
+    """The body and how many statements the request ran beyond authentication (0: served from the cache)."""
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(url)
+    assert response.status_code == 200, response.content
+    beyond = [q for q in queries.captured_queries if "accounts_apitoken" not in q["sql"]
+              and "auth_group" not in q["sql"]]
+    return response.content, len(beyond)
+
+
+@pytest.mark.parametrize("url", [NODES, EXPOSURES])
+def test_a_hit_is_the_answer_the_view_renders(fleet, settings, url):
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    first, ran = _get(client, url)
+    assert ran > 0
+    again, ran = _get(client, url)
+    assert ran == 0 and again == first
+    settings.GPUSWEEP_RESPONSE_CACHE_S = 0
+    uncached = client.get(url)
+    assert uncached.content == again
+    hit_headers = client.get(url)  # uncached again; compare the headers a hit repeats
+    settings.GPUSWEEP_RESPONSE_CACHE_S = 300
+    hit = client.get(url)
+    for name in ("Content-Type", "Vary", "Allow"):
+        assert hit.headers.get(name) == hit_headers.headers.get(name), name
+
+
+def test_every_kind_of_write_shows_in_the_next_get(fleet):
+    from inventory.bulk import insert_rows
+    from inventory.models import Node, NodeComponent
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    node = fleet["nodes"][0]
+
+    def pool() -> str:
+        rows = client.get(NODES).json()["results"]
+        return next(r["pool"] for r in rows if r["id"] == node.pk)
+
+    assert pool() == "" and _get(client, NODES)[1] == 0
+    Node.objects.filter(pk=node.pk).update(pool="orm-update")  # no signals
+    assert pool() == "orm-update"
+    node.pool = "save"
+    node.save()
+    assert pool() == "save"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE inventory_node SET pool = %s WHERE id = %s", ["raw-sql", node.pk])
+    assert pool() == "raw-sql"
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(pool="in-a-transaction")
+        with transaction.atomic():  # a savepoint that commits with it
+            Node.objects.filter(pk=node.pk).update(pool="in-a-savepoint")
+    assert pool() == "in-a-savepoint"
+    # A table the node list reads only through its serializer: the components (COPY on PostgreSQL).
+    before = client.get(NODES).json()["results"]
+    with transaction.atomic():
+        insert_rows(NodeComponent, ["node", "component", "version", "branch", "source", "updated_at"],
+                    [(node.pk, "cuda", "12.8", "", "", timezone.now())])
+    after = client.get(NODES).json()["results"]
+    assert after != before
+    assert "cuda" in [c["component"] for r in after if r["id"] == node.pk for c in r["components"]]
+    # A joined table of the exposure list: the CVEs of its range, through the m2m table.
+    from advisories.models import CVE
+
+    assert client.get(EXPOSURES).json()["results"][0]["cves"] == ["CVE-2025-0001"]
+    fleet["range"].cves.add(CVE.objects.create(cve_id="CVE-2025-0002"))
+    assert client.get(EXPOSURES).json()["results"][0]["cves"] == ["CVE-2025-0001", "CVE-2025-0002"]
+    fleet["cluster"].name = "renamed"
+    fleet["cluster"].save()
+    assert {r["cluster"] for r in client.get(EXPOSURES).json()["results"]} == {"renamed"}
+
+
+def test_a_rolled_back_write_is_never_served_and_an_open_transaction_reads_its_own(fleet):
+    from inventory.models import Node
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    committed, _ = _get(client, NODES)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Node.objects.filter(pk=fleet["nodes"][0].pk).update(pool="never")
+        inside, ran = _get(client, NODES)
+        assert ran > 0 and b"never" in inside  # its own write, not the cached answer
+        raise RuntimeError("roll back")
+    after, ran = _get(client, NODES)
+    assert after == committed and b"never" not in after
+
+
+def test_nothing_is_served_to_a_caller_refused_now_nor_across_roles(fleet):
+    viewer = _user("viewer", Role.VIEWER)
+    client, token_id = _token_client(viewer)
+    _get(client, NODES)
+    assert _get(client, NODES)[1] == 0  # cached
+    nobody, _ = _token_client(_user("nobody"))
+    assert nobody.get(NODES).status_code == 403
+    assert Client().get(NODES, HTTP_ACCEPT="application/json").status_code in (401, 403)
+    # The answer is keyed by roles: an admin's first request is its own miss.
+    admin, _ = _token_client(_user("admin", Role.ADMIN))
+    assert _get(admin, NODES)[1] > 0
+    viewer.groups.clear()
+    assert client.get(NODES).status_code == 403  # a role taken away counts at once
+    viewer.groups.add(Group.objects.get(name=Role.VIEWER.value))
+    assert client.get(NODES).status_code == 200
+    viewer.is_active = False
+    viewer.save()
+    assert client.get(NODES).status_code == 401  # so does a user deactivated
+    viewer.is_active = True
+    viewer.save()
+    assert client.get(NODES).status_code == 200
+    tokens.revoke(viewer, token_id)
+    assert client.get(NODES).status_code == 401  # and a revocation
+
+
+def test_an_exposure_list_expires_when_a_deadline_it_shows_passes(fleet):
+    from advisories.models import Exposure
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    soon = timezone.now() + dt.timedelta(seconds=2.5)
+    Exposure.objects.filter(node=fleet["nodes"][0]).update(deadline=soon)
+    url = "/api/v1/advisories/exposures/?ordering=deadline&limit=100"
+
+    def overdue() -> bool:
+        return bool(client.get(url).json()["results"][0]["overdue"])
+
+    assert overdue() is False and _get(client, url)[1] == 0
+    time.sleep(max(0.0, (soon - timezone.now()).total_seconds()) + 0.3)
+    assert overdue() is True
+    # `overdue=` selects rows by the clock: never cached.
+    assert _get(client, "/api/v1/advisories/exposures/?overdue=true")[1] > 0
+    assert _get(client, "/api/v1/advisories/exposures/?overdue=true")[1] > 0
+
+
+def test_the_overview_shows_a_write_at_once_and_each_user_their_roles(fleet, settings):
+    from inventory.models import Node
+
+    settings.GPUSWEEP_CONSOLE_FIGURES_S = 30  # its sections cached, as in production
+    admin, viewer = _user("admin", Role.ADMIN), _user("viewer", Role.VIEWER)
+    pages = {}
+    for user in (admin, viewer):
+        client = Client()
+        client.force_login(user)
+        pages[user.username] = client
+    first = pages["admin"].get("/").content.decode()
+    assert "Your roles: admin " in first and " 3 nodes " in first
+    assert "Your roles: viewer " in pages["viewer"].get("/").content.decode()
+    assert "Your roles: admin" in pages["admin"].get("/").content.decode()
+    Node.objects.create(cluster=fleet["cluster"], name="gpu99")
+    assert " 4 nodes " in pages["viewer"].get("/").content.decode()
+    from campaigns.choices import CampaignStatus
+    from campaigns.models import Campaign
+
+    assert "night sweep" not in pages["viewer"].get("/").content.decode()
+    Campaign.objects.create(name="night sweep", requested_by=admin, status=CampaignStatus.APPROVED)
+    assert "night sweep" in pages["viewer"].get("/").content.decode()  # the active list too
+    assert settings.GPUSWEEP_RESPONSE_CACHE_S == 300
+
+
+@pytest.mark.parametrize("sql,tables", [
+    ('SELECT "inventory_node"."id" FROM "inventory_node" WHERE "id" = %s FOR UPDATE', set()),
+    ("WITH x AS (SELECT 1) SELECT * FROM x", set()),
+    ('(SELECT "id" FROM "inventory_node" LIMIT 1) UNION (SELECT "id" FROM "inventory_cluster" LIMIT 1)', set()),
+    ("EXPLAIN ANALYZE DELETE FROM inventory_node", {"inventory_node"}),
+    ('INSERT INTO "inventory_node" ("name") VALUES (%s) ON CONFLICT ("name") DO UPDATE SET "name" = EXCLUDED."name"',
+     {"inventory_node"}),
+    ('UPDATE "advisories_exposure" AS e SET state = %s FROM inventory_node n WHERE n.id = e.node_id',
+     {"advisories_exposure"}),
+    ('DELETE FROM "inventory_nodecomponent" WHERE id IN (SELECT id FROM x FOR UPDATE SKIP LOCKED)',
+     {"inventory_nodecomponent"}),
+    ('TRUNCATE "inventory_node", "inventory_cluster" RESTART IDENTITY', {datagen.ALL}),
+    ("COPY public.inventory_node (name) FROM STDIN", {"inventory_node"}),
+    ("WITH moved AS (UPDATE inventory_node SET pool = 'a' RETURNING id) SELECT count(*) FROM moved",
+     {"inventory_node"}),
+    ("SELECT 1; DELETE FROM inventory_cluster", {"inventory_cluster"}),
+    ("ALTER TABLE inventory_node ADD COLUMN x int", {datagen.ALL}),
+    ("VACUUM ANALYZE", {datagen.ALL}),
+])
+def test_statements_are_classified_by_the_tables_they_write(sql, tables):
+    assert tables <= datagen.tables_written(sql)
+    if not tables:
+        assert datagen.tables_written(sql) == set()
+
+
+def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
+    """Each cached list names the tables it reads; a new join the list does not declare fails here."""
+    import re
+
+    from advisories.api import ExposureViewSet
+    from inventory.api import NodeViewSet
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    read = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.I)
+    for view, url in ((NodeViewSet, NODES + "&search=gpu&ordering=cluster__name&component=driver&branch=R570"),
+                      (ExposureViewSet, EXPOSURES + "&search=5703&cluster=c1&severity=critical&advisory=5703")):
+        settings.GPUSWEEP_RESPONSE_CACHE_S = 0
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url).status_code == 200
+        tables = {t for q in queries.captured_queries for t in read.findall(q["sql"])  # but authentication's
+                  if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]}
+        assert tables <= set(view.cache_tables), tables - set(view.cache_tables)
+
+
+def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, settings, caplog):
+    from inventory.models import Node
+
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    settings.CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}}
+    Node.objects.filter(pk=fleet["nodes"][0].pk).update(pool="while-away")  # commits; the bump is logged
+    assert "could not raise the data generations" in caplog.text
+    body, ran = _get(client, NODES)
+    assert ran > 0 and b"while-away" in body
+
+
+def test_a_token_check_is_kept_until_a_table_it_reads_is_written(shared_cache):
+    from django.db import connection
+
+    user = _user("viewer", Role.VIEWER)
+    token, key = tokens.issue(user, "kept")
+    assert tokens.user_for_key(key) is not None  # stamps last use: a write, so read again next time
+    assert tokens.user_for_key(key) is not None
+    with CaptureQueriesContext(connection) as queries:
+        found = tokens.user_for_key(key)
+    assert found is not None and found[0].pk == user.pk and queries.captured_queries == []
+    assert "password" not in found[0].__dict__  # the password hash never goes to the cache
+    assert tokens.user_for_key(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    tokens.revoke(user, token.pk)
+    assert tokens.user_for_key(key) is None
+
+
+def test_a_connection_without_an_alias_is_watched_too(shared_cache):
+    """Django creates a test database through a temporary connection named nowhere ('__no_db__')."""
+    temporary = connection.copy(alias="__no_db__")
+    before = datagen.current(["inventory_node"])
+    try:
+        with temporary.cursor() as cursor:
+            cursor.execute("CREATE TEMPORARY TABLE scratch (id int)")  # DDL: every table at once
+    finally:
+        temporary.close()
+    assert datagen.current(["inventory_node"])[-1] > before[-1]
+
+
+def test_the_overview_from_cached_sections_is_the_page_rendered_afresh(fleet, settings):
+    import re
+
+    settings.GPUSWEEP_CONSOLE_FIGURES_S = 30
+    client = Client()
+    client.force_login(_user("viewer", Role.VIEWER))
+    token = re.compile(r'(csrfmiddlewaretoken" value="|"X-CSRFToken": ")[^"]+')
+
+    def page() -> str:
+        return token.sub(r"\1-", client.get("/").content.decode())
+
+    fresh = page()  # renders and keeps the sections
+    with CaptureQueriesContext(connection) as queries:
+        again = page()
+    assert again == fresh
+    assert not [q for q in queries.captured_queries if "inventory_node" in q["sql"]]  # counts from the cache
