@@ -67,6 +67,14 @@ def start_campaign(names: list[str], **fields: object) -> Campaign:
     return made
 
 
+def completed_moves(done: Campaign) -> dict[str, WorkloadMove]:
+    """The campaign's workload moves by workload, once it is known to have completed."""
+    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+    return {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
+        "target_node", "sweep")}
+
+
 def counter_pids(log: Path) -> list[int]:
     """Every process on this host running the counter that writes `log` (any node's)."""
     found = []
@@ -96,10 +104,7 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
     booted = {node: fleet.node(node)["slurmd_start_time"] for node in logs}
 
     done = drive(start_campaign(["gpu01", "gpu02"]).pk)
-    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
-        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
-    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
-        "target_node", "sweep")}
+    moves = completed_moves(done)
     assert sorted(moves) == sorted(f"slurm-{j}" for j in jobs.values())
     for node, job_id in jobs.items():
         move = moves[f"slurm-{job_id}"]
@@ -398,10 +403,7 @@ def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpoint
         assert shown == {"gpu01": [({"kind": "slurm_job", "id": sneaky}, "checkpoint it")],
                          "gpu02": [({"kind": "slurm_job", "id": waiter}, "wait for it to end")]}, shown
         done = drive_until_rest(made.pk, timeout=150)
-    assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
-        NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
-    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
-        "target_node")}
+    moves = completed_moves(done)
     assert sorted(moves) == sorted([f"slurm-{sneaky}", f"slurm-{waiter}"])
     # sneaky: checkpointed, requeued, running on a spare from its step, as one job.
     move = moves[f"slurm-{sneaky}"]
@@ -465,10 +467,7 @@ def test_gpu_processes_in_no_job_are_checkpointed_to_a_spare_or_stopped_by_the_p
         assert shown == {("gpu01", moved.pid): ("process", "checkpoint it"),
                          ("gpu02", stopped.pid): ("process", "stop it")}, shown
         done = drive_until_rest(made.pk, timeout=150)
-        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
-            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
-        moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done).select_related(
-            "target_node")}
+        moves = completed_moves(done)
         assert sorted(moves) == sorted([f"gpu-pid-{moved.pid}", f"gpu-pid-{stopped.pid}"])
         move = moves[f"gpu-pid-{moved.pid}"]
         assert move.state == MoveState.RESTORED and move.target_node is not None and move.gpus == 1
