@@ -58,6 +58,7 @@ from executors.base import (
     get_executor,
 )
 from inventory import services as inventory
+from inventory.bulk import loader, prepared_cursor, select_instances, select_rows
 from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
 from inventory.models import Cluster, Node, NodeComponent, Workload
 
@@ -123,10 +124,33 @@ def _actor(worker: str) -> str:
     return f"worker:{worker}"
 
 
+@functools.cache
+def _load_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+    parts = (loader(NodeSweep, "s", ("versions_before", "versions_after")), loader(Campaign, "c", ("name",)),
+             loader(Node, "n"), loader(Cluster, "k"))
+    q = connection.ops.quote_name
+    sql = (f"SELECT {', '.join(part.select for part in parts)} FROM {q(NodeSweep._meta.db_table)} s "
+           f"JOIN {q(Campaign._meta.db_table)} c ON c.id = s.campaign_id JOIN {q(Node._meta.db_table)} n "
+           f"ON n.id = s.node_id JOIN {q(Cluster._meta.db_table)} k ON k.id = n.cluster_id WHERE s.id = %s")
+    return sql, parts
+
+
 def _load(sweep_id: int) -> NodeSweep | None:
-    return (NodeSweep.objects.select_related("campaign", "node__cluster")
-            .defer("versions_before", "versions_after", "campaign__name")
-            .filter(pk=sweep_id).first())
+    """The sweep with its campaign, node and cluster, as select_related gives them: one plain statement
+    (compiling the join through the ORM cost more CPU than running it)."""
+    sql, parts = _load_sql(connection.vendor)
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [sweep_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    at, objects = 0, []
+    for part in parts:
+        objects.append(part.build(row[at:at + part.width]))
+        at += part.width
+    sweep, campaign, node, cluster = objects
+    node.cluster, sweep.node, sweep.campaign = cluster, node, campaign
+    return cast(NodeSweep, sweep)
 
 
 # -- admission ---------------------------------------------------------------------------
@@ -415,21 +439,6 @@ def _value(meta: Any, name: str, value: Any) -> Any:
     return meta.get_field(name).get_db_prep_save(value, connection)
 
 
-def _cursor() -> Any:
-    """A cursor for the statements below. On PostgreSQL a server-binding one whose statements the
-    server keeps prepared (parsed and planned once per connection): they run for every step of
-    every node. Django's own cursors bind on the client, so they never prepare (and are unchanged)."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    import psycopg
-
-    connection.ensure_connection()
-    raw = connection.connection
-    raw.prepare_threshold = 0  # only server-binding cursors (these) prepare at all
-    cursor: Any = psycopg.Cursor(raw)  # Django wraps any DB-API cursor (its stubs say only its own)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
-
-
 @dataclass(frozen=True)
 class Guard:
     """The condition of a sweep's conditional UPDATE, as SQL after ``WHERE id = %s``."""
@@ -449,7 +458,7 @@ def _update_sql(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: 
 def _update_row(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
     """UPDATE the row `pk` of `meta`'s table where `guard` holds (with `also`, more SQL assignments);
     the number of rows changed (0 or 1)."""
-    with _cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(*_update_sql(meta, pk, fields, guard, also))
         return int(cursor.rowcount)
 
@@ -465,7 +474,7 @@ def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: G
     status = (f"(SELECT {campaigns}.{_column(Campaign._meta, 'status')} FROM {campaigns} WHERE {campaigns}."
               f"{_column(Campaign._meta, 'id')} = {sweeps}.{_column(_SWEEPS, 'campaign_id')})")
     sql, params = _update_sql(_SWEEPS, sweep_id, fields, guard, "")
-    with _cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {status}", params)
         row = cursor.fetchone()
     return None if row is None else str(row[0])
@@ -477,7 +486,7 @@ def _insert_events(events: list[EvidenceEvent]) -> None:
     columns = ", ".join(_column(_EVENTS, name) for name in _EVENT_FIELDS)
     row = "(" + ", ".join(["%s"] * len(_EVENT_FIELDS)) + ")"
     values = [_value(_EVENTS, name, getattr(event, name)) for event in events for name in _EVENT_FIELDS]
-    with _cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * len(events))}", values)
 
 
@@ -913,19 +922,22 @@ def _requirements(info: WorkloadInfo | None, row: Workload | None, engine: str,
 
 
 def _source_facts(sweep: NodeSweep) -> dict[str, str]:
-    versions = dict(NodeComponent.objects.filter(node_id=sweep.node_id).values_list("component", "version"))
+    versions = dict(select_rows(NodeComponent, ("component", "version"), "node_id = %s ORDER BY component",
+                                [sweep.node_id], prepared=True))
     return portability.node_facts(sweep.node.gpu_model, versions)
 
 
 def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     """One WorkloadMove per workload running on the node, with its policy and its image's needs."""
     campaign = sweep.campaign
-    have = set(WorkloadMove.objects.filter(sweep=sweep).values_list("workload_ref", flat=True))
+    # Plain statements: this runs for every node, and compiling the ORM's cost more than running them.
+    have = {ref for ref, in select_rows(WorkloadMove, ("workload_ref",), "sweep_id = %s", [sweep.pk], prepared=True)}
     missing = [ref for ref in running if ref not in have]
     if not missing:
         return
-    known = {w.scheduler_id: w for w in Workload.objects.filter(cluster=sweep.node.cluster, scheduler_id__in=missing,
-                                                                gone_at__isnull=True)}
+    known = {w.scheduler_id: w for w in select_instances(
+        Workload, f"cluster_id = %s AND scheduler_id IN ({', '.join(['%s'] * len(missing))}) AND gone_at IS NULL",
+        [sweep.node.cluster_id, *missing], prepared=True)}
     planned = _planned_moves(sweep)
     facts = _source_facts(sweep)
     moves = []

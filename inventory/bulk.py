@@ -8,21 +8,25 @@ transaction, so the rows commit or roll back with everything else.
 
 `select_rows` reads columns as the ORM's values_list would (JSON decoded, times aware) without
 compiling a query: a changed heartbeat runs a dozen small statements, and compiling them through
-the ORM cost more CPU than running them.
+the ORM cost more CPU than running them. `prepared_cursor` is the cursor for statements run on
+every step of every node (the campaign engine's, and the inventory writes it makes): PostgreSQL
+keeps them parsed and planned once per connection.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import itertools
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection, models
 
 from gpusweep import datagen
 
+M = TypeVar("M", bound=models.Model)
 
 def db_datetime(value: dt.datetime | None) -> Any:
     """A timezone-aware datetime in the form the current engine stores."""
@@ -79,6 +83,21 @@ def _reader(field: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+def prepared_cursor() -> Any:
+    """A cursor for hot statements. On PostgreSQL a server-binding one whose statements the server
+    keeps prepared (parsed and planned once per connection). Django's own cursors bind on the client,
+    so they never prepare (and are unchanged). Execute wrappers apply as to Django's cursors."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.prepare_threshold = 0  # only server-binding cursors (these) prepare at all
+    cursor: Any = psycopg.Cursor(raw)  # Django wraps any DB-API cursor (its stubs say only its own)
+    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+
+
 @functools.cache
 def _select(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, tuple[Any, ...]]:
     table = connection.ops.quote_name(model._meta.db_table)
@@ -87,17 +106,59 @@ def _select(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, t
 
 
 def select_rows(model: type[models.Model], columns: Sequence[str], where: str = "",
-                params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+                params: Sequence[Any] = (), *, prepared: bool = False) -> list[tuple[Any, ...]]:
     """`model`'s rows matching `where` (plain SQL on its table's column names) as tuples of
-    `columns`, converted as the ORM's values_list converts them."""
+    `columns`, converted as the ORM's values_list converts them; `prepared`: through
+    prepared_cursor (a statement of fixed shape run on every step)."""
     sql, readers = _select(model, tuple(columns))
-    with connection.cursor() as cursor:
+    with prepared_cursor() if prepared else connection.cursor() as cursor:
         cursor.execute(f"{sql} WHERE {where}" if where else sql, list(params))
         rows = cursor.fetchall()
+    return read_rows(readers, rows)
+
+
+def read_rows(readers: Sequence[Callable[[Any], Any] | None], rows: list[Any]) -> list[tuple[Any, ...]]:
+    """Raw cursor rows converted as values_list converts them, column by column."""
     if not any(readers):
         return rows
     return [tuple(value if read is None else read(value) for read, value in zip(readers, row, strict=True))
             for row in rows]
+
+
+class Loader(NamedTuple):
+    """How a slice of a raw row becomes an instance of `model`, as the ORM makes it (values converted,
+    `defer`red fields loaded on first access): `select` names the columns under the table's alias."""
+
+    model: type[models.Model]
+    select: str
+    attnames: tuple[str, ...]
+    readers: tuple[Callable[[Any], Any] | None, ...]
+
+    @property
+    def width(self) -> int:
+        return len(self.attnames)
+
+    def build(self, values: Sequence[Any]) -> Any:
+        values = [value if read is None else read(value) for read, value in zip(self.readers, values, strict=True)]
+        return self.model.from_db(connection.alias, self.attnames, values)
+
+
+@functools.cache
+def loader(model: type[models.Model], alias: str = "", defer: tuple[str, ...] = ()) -> Loader:
+    """The Loader of `model`'s concrete columns but `defer` (attribute names), read as `alias`.column."""
+    fields = [f for f in model._meta.concrete_fields if f.attname not in defer]
+    prefix = f"{alias}." if alias else ""
+    return Loader(model, ", ".join(f"{prefix}{connection.ops.quote_name(str(f.column))}" for f in fields),
+                  tuple(f.attname for f in fields), tuple(_reader(f) for f in fields))
+
+
+def select_instances(model: type[M], where: str, params: Sequence[Any] = (), *, prepared: bool = False) -> list[M]:
+    """`model`'s rows matching `where` as instances, as the ORM's filter() gives them (without compiling it)."""
+    load = loader(model)
+    with prepared_cursor() if prepared else connection.cursor() as cursor:
+        cursor.execute(f"SELECT {load.select} FROM {connection.ops.quote_name(model._meta.db_table)} WHERE {where}",
+                       list(params))
+        return [load.build(row) for row in cursor.fetchall()]
 
 
 def marks(values: Sequence[Any]) -> str:
@@ -112,11 +173,25 @@ def _column(model: type[models.Model], name: str) -> str:
     return field.column
 
 
+FEW = 8  # rows insert_rows writes with one INSERT rather than COPY
+
+
 def insert_rows(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
     """Insert `rows` (tuples in `columns` order, database values) into `model`'s table."""
     table = connection.ops.quote_name(model._meta.db_table)
     names = ", ".join(connection.ops.quote_name(_column(model, c)) for c in columns)
     count = 0
+    rest = iter(rows)
+    first = list(itertools.islice(rest, FEW + 1))
+    if len(first) <= FEW:
+        # A few rows (a campaign step's ChangeLog row): one prepared INSERT, a round trip less than COPY.
+        if first:
+            shape = "(" + ", ".join(["%s"] * len(columns)) + ")"
+            with prepared_cursor() as cursor:
+                cursor.execute(f"INSERT INTO {table} ({names}) VALUES {', '.join([shape] * len(first))}",
+                               [value for values in first for value in values])
+        return len(first)
+    rows = itertools.chain(first, rest)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             raw = cursor.cursor  # the psycopg cursor under Django's wrapper

@@ -28,10 +28,9 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
-from django.db.models import Q, Subquery
 from django.utils import timezone
 
-from inventory.bulk import db_datetime, db_json, insert_rows, marks, select_rows
+from inventory.bulk import db_datetime, db_json, insert_rows, marks, prepared_cursor, select_rows
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
@@ -366,9 +365,11 @@ def apply_snapshot(
 def _forget_digests(node_ids: Sequence[int]) -> None:
     """Another source changed what these nodes' agents report: their next heartbeat is a full one
     (a short one would otherwise leave the other source's versions in place; inventory/agent.py)."""
-    for start in range(0, len(node_ids), BATCH):
-        Node.objects.filter(pk__in=node_ids[start:start + BATCH]).exclude(heartbeat_digest="").update(
-            heartbeat_digest="")
+    with connection.cursor() as cursor:
+        for start in range(0, len(node_ids), BATCH):
+            batch = node_ids[start:start + BATCH]
+            cursor.execute(f"UPDATE {_NODE} SET heartbeat_digest = '' WHERE id IN ({marks(batch)}) "
+                           "AND heartbeat_digest <> ''", batch)
 
 
 def _apply_nodes(
@@ -518,12 +519,11 @@ def _apply_components(
             if have:  # a new node's components are in its create entry already
                 logs.append(_log(source, ChangeAction.UPDATE, "node", node_id, _node_repr(cluster, name),
                                  {f"component:{c}": v for c, v in diff.items()}, user_id))
-    insert_rows(NodeComponent, ("node_id", "component", "version", "version_key", "branch", "source", "updated_at"),
+    insert_rows(NodeComponent, _COMPONENT_INSERT,
                 ((node_id, c, v.raw, v.key, v.branch, source, stamp) for node_id, c, v in creates))
     if updates:  # one plain statement, executed per row (pipelined by psycopg): no CASE to compile
         with connection.cursor() as cursor:
-            cursor.executemany(f"UPDATE {_COMPONENT} SET version = %s, version_key = %s, branch = %s, source = %s, "
-                               "updated_at = %s WHERE id = %s", updates)
+            cursor.executemany(_COMPONENT_UPDATE, updates)
     for start in range(0, len(deletes), BATCH):
         NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()
 
@@ -655,6 +655,9 @@ def _apply_workload_nodes(
 
 
 _NODE, _COMPONENT = Node._meta.db_table, NodeComponent._meta.db_table
+_COMPONENT_INSERT = ("node_id", "component", "version", "version_key", "branch", "source", "updated_at")
+_COMPONENT_UPDATE = (f"UPDATE {_COMPONENT} SET version = %s, version_key = %s, branch = %s, source = %s, "
+                     "updated_at = %s WHERE id = %s")
 _NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "agent_token_sha256", "last_seen", "gone_at", "created_at",
                 "updated_at")
 
@@ -696,25 +699,39 @@ def _log(
 # ChangeLog row (source "campaign", with the campaign and sweep as reference) and a version
 # change reaches the exposures through node_versions_changed like any other source's.
 
+_CLUSTER, _WORKLOAD = Cluster._meta.db_table, Workload._meta.db_table
+_WORKLOAD_NODES = Workload.nodes.through._meta.db_table
+# These run on every step of every node: plain statements through the prepared cursor, since
+# compiling them through the ORM cost the engine more CPU than running them.
+
 
 def set_service_state(node_ids: Sequence[int], state: str, source: str, reference: str = "",
                       user_id: int | None = None) -> int:
     """Set service_state of nodes not already in it; one ChangeLog row each, in one transaction."""
     if state not in ServiceState.values():
         raise InventoryError(f"unknown service state {state!r}")
+    ids = list(node_ids)
+    logs: list[_Log] = []
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
-        rows = list(Node.objects.filter(pk__in=list(node_ids)).exclude(service_state=state)
-                    .values_list("id", "name", "cluster__name", "service_state"))
-        if not rows:
-            return 0
         now = timezone.now()
-        Node.objects.filter(pk__in=[r[0] for r in rows]).update(service_state=state, updated_at=now)
-        _write_logs([
-            _Log(source, ChangeAction.UPDATE, "node", node_id, f"{cluster}/{name}"[:300],
-                 {"service_state": [before, state]}, user_id, reference)
-            for node_id, name, cluster, before in rows
-        ], now)
-    return len(rows)
+        with prepared_cursor() as cursor:
+            for start in range(0, len(ids), BATCH):
+                batch = ids[start:start + BATCH]
+                cursor.execute(f"SELECT n.id, n.name, c.name, n.service_state FROM {_NODE} n JOIN {_CLUSTER} c "
+                               f"ON c.id = n.cluster_id WHERE n.id IN ({marks(batch)}) AND n.service_state <> %s",
+                               [*batch, state])
+                rows = cursor.fetchall()
+                if not rows:
+                    continue
+                changed = [row[0] for row in rows]
+                cursor.execute(f"UPDATE {_NODE} SET service_state = %s, updated_at = %s WHERE id IN ({marks(changed)})",
+                               [state, db_datetime(now), *changed])
+                logs += [_Log(source, ChangeAction.UPDATE, "node", node_id, f"{cluster}/{name}"[:300],
+                              {"service_state": [before, state]}, user_id, reference)
+                         for node_id, name, cluster, before in rows]
+        if logs:
+            _write_logs(logs, now)
+    return len(logs)
 
 
 def record_versions(node_id: int, versions: dict[str, str], source: str, reference: str = "",
@@ -728,23 +745,37 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
     for component, raw in versions.items():
         name, version = parse_component(component, str(raw), f"node {node_id}")
         parsed[name] = version
+    names = sorted(parsed)
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
-        node = Node.objects.select_related("cluster").only("id", "name", "cluster__name").get(pk=node_id)
-        have = {c.component: c for c in NodeComponent.objects.filter(node_id=node_id, component__in=list(parsed))}
+        # The node and its current rows of these components, in one read.
+        which = f"IN ({marks(names)})" if names else "IS NULL"  # never null: no component
+        with prepared_cursor() as cursor:
+            cursor.execute(f"SELECT n.name, c.name, nc.id, nc.component, nc.version FROM {_NODE} n "
+                           f"JOIN {_CLUSTER} c ON c.id = n.cluster_id LEFT JOIN {_COMPONENT} nc "
+                           f"ON nc.node_id = n.id AND nc.component {which} WHERE n.id = %s", [*names, node_id])
+            rows = cursor.fetchall()
+        if not rows:
+            raise Node.DoesNotExist(f"node {node_id} does not exist")
+        have = {component: (comp_id, version) for _n, _c, comp_id, component, version in rows if comp_id is not None}
         now = timezone.now()
+        stamp = db_datetime(now)
         diff: dict[str, list[str | None]] = {}
+        creates: list[tuple[Any, ...]] = []
+        updates: list[tuple[Any, ...]] = []
         for name, version in parsed.items():
             row = have.get(name)
             if row is None:
-                NodeComponent.objects.create(node_id=node_id, component=name, version=version.raw,
-                                             version_key=version.key, branch=version.branch, source=source)
+                creates.append((node_id, name, version.raw, version.key, version.branch, source, stamp))
                 diff[f"component:{name}"] = [None, version.raw]
-            elif row.version != version.raw:
-                NodeComponent.objects.filter(pk=row.pk).update(version=version.raw, version_key=version.key,
-                                                               branch=version.branch, source=source, updated_at=now)
-                diff[f"component:{name}"] = [row.version, version.raw]
+            elif row[1] != version.raw:
+                updates.append((version.raw, version.key, version.branch, source, stamp, row[0]))
+                diff[f"component:{name}"] = [row[1], version.raw]
         if diff:
-            _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{node.cluster.name}/{node.name}"[:300],
+            insert_rows(NodeComponent, _COMPONENT_INSERT, creates)
+            with prepared_cursor() as cursor:
+                for update in updates:
+                    cursor.execute(_COMPONENT_UPDATE, update)
+            _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{rows[0][1]}/{rows[0][0]}"[:300],
                               diff, user_id, reference)], now)
             _forget_digests([node_id])
             transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id],
@@ -755,32 +786,39 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
                   user_id: int | None = None) -> bool:
     """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
+    # Only the workload rows are locked (never the cluster's row: every move of the cluster would wait).
+    lock = (" FOR UPDATE OF w" if connection.features.has_select_for_update_of
+            else " FOR UPDATE" if connection.features.has_select_for_update else "")
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         # The workload, and any row its target's own source already made for it, in one read.
-        same_cluster = Workload.objects.filter(pk=workload_id).values("cluster_id")
-        rows = list(Workload.objects.select_for_update(of=("self",)).select_related("cluster").filter(
-            Q(pk=workload_id) | Q(scheduler_id=scheduler_id, cluster_id=Subquery(same_cluster))))
-        row = next((r for r in rows if r.pk == workload_id), None)
-        if row is None or (row.node_id == node_id and row.scheduler_id == scheduler_id):
-            return False
-        now = timezone.now()
-        changes: dict[str, Any] = {"node_id": [row.node_id, node_id], "scheduler_id": [row.scheduler_id, scheduler_id]}
-        twin = next((r for r in rows if r.pk != workload_id and r.kind == row.kind), None)
-        if twin is not None:
-            # The target's own source (an agent heartbeat) reported the restored workload first:
-            # that row is the workload from now on, and this one ends here.
-            Workload.objects.filter(pk=row.pk).update(gone_at=now)
-            Workload.objects.filter(pk=twin.pk).update(node_id=node_id, gone_at=None, last_seen=now)
-            changes["superseded_by"] = [None, twin.pk]
-            moved_id = twin.pk
-        else:
-            Workload.objects.filter(pk=row.pk).update(node_id=node_id, scheduler_id=scheduler_id, gone_at=None,
-                                                      last_seen=now)
-            moved_id = row.pk
-        through = Workload.nodes.through
-        through.objects.filter(workload_id=moved_id).delete()
-        through.objects.create(workload_id=moved_id, node_id=node_id)
-        _write_logs([_Log(source, ChangeAction.UPDATE, "workload", row.pk,
-                          f"{row.cluster.name}/{row.kind}:{row.scheduler_id}"[:300], changes, user_id, reference)],
-                    now)
+        with prepared_cursor() as cursor:
+            cursor.execute(f"SELECT w.id, w.node_id, w.kind, w.scheduler_id, c.name FROM {_WORKLOAD} w "
+                           f"JOIN {_CLUSTER} c ON c.id = w.cluster_id WHERE w.id = %s OR (w.scheduler_id = %s "
+                           f"AND w.cluster_id = (SELECT cluster_id FROM {_WORKLOAD} WHERE id = %s)){lock}",
+                           [workload_id, scheduler_id, workload_id])
+            rows = cursor.fetchall()
+            row = next((r for r in rows if r[0] == workload_id), None)
+            if row is None or (row[1] == node_id and row[3] == scheduler_id):
+                return False
+            _id, before_node, kind, before_ref, cluster = row
+            now = timezone.now()
+            stamp = db_datetime(now)
+            changes: dict[str, Any] = {"node_id": [before_node, node_id], "scheduler_id": [before_ref, scheduler_id]}
+            twin = next((r for r in rows if r[0] != workload_id and r[2] == kind), None)
+            if twin is not None:
+                # The target's own source (an agent heartbeat) reported the restored workload first:
+                # that row is the workload from now on, and this one ends here.
+                cursor.execute(f"UPDATE {_WORKLOAD} SET gone_at = %s WHERE id = %s", [stamp, workload_id])
+                cursor.execute(f"UPDATE {_WORKLOAD} SET node_id = %s, gone_at = NULL, last_seen = %s WHERE id = %s",
+                               [node_id, stamp, twin[0]])
+                changes["superseded_by"] = [None, twin[0]]
+                moved_id = twin[0]
+            else:
+                cursor.execute(f"UPDATE {_WORKLOAD} SET node_id = %s, scheduler_id = %s, gone_at = NULL, "
+                               "last_seen = %s WHERE id = %s", [node_id, scheduler_id, stamp, workload_id])
+                moved_id = workload_id
+            cursor.execute(f"DELETE FROM {_WORKLOAD_NODES} WHERE workload_id = %s", [moved_id])
+            cursor.execute(f"INSERT INTO {_WORKLOAD_NODES} (workload_id, node_id) VALUES (%s, %s)", [moved_id, node_id])
+        _write_logs([_Log(source, ChangeAction.UPDATE, "workload", workload_id,
+                          f"{cluster}/{kind}:{before_ref}"[:300], changes, user_id, reference)], now)
     return True
