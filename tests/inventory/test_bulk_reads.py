@@ -36,3 +36,29 @@ def test_select_rows_converts_as_values_list_does():
         assert got == expected
         assert [[type(v) for v in row] for row in got] == [[type(v) for v in row] for row in expected]
     assert select_rows(Node, ("name",), "name = %s", ["none"]) == []
+
+
+def _fields(instance):
+    return {f.attname: getattr(instance, f.attname) for f in type(instance)._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("prepared", [False, True])
+def test_select_instances_gives_what_filter_gives(prepared):
+    from inventory.bulk import loader, prepared_cursor, select_instances
+
+    when = dt.datetime(2026, 11, 30, 7, 0, 0, 123456, tzinfo=dt.UTC)
+    cluster = Cluster.objects.create(name="lab", kind=ClusterKind.STATIC, connection={"url": "x"}, last_synced_at=when)
+    node = Node.objects.create(cluster=cluster, name="gpu01", labels={"pool": "a"}, gpu_count=8, gone_at=when)
+    Workload.objects.create(cluster=cluster, node=node, kind=WorkloadKind.PROCESS, scheduler_id="w1", gpus=2,
+                            time_limit=dt.timedelta(hours=3), requires={"driver": "570.86.15"})
+    for model in (Cluster, Node, Workload):
+        got = select_instances(model, "id IN (SELECT id FROM " + model._meta.db_table + ")", prepared=prepared)
+        assert [_fields(i) for i in got] == [_fields(i) for i in model.objects.order_by("pk")]
+        assert all(not i._state.adding for i in got)
+    # A deferred column is loaded on first access, as the ORM's defer() does.
+    partial = loader(Node, "n", ("labels",))
+    with prepared_cursor() as cursor:
+        cursor.execute(f"SELECT {partial.select} FROM {Node._meta.db_table} n WHERE n.id = %s", [node.pk])
+        built = partial.build(cursor.fetchone())
+    assert "labels" in built.get_deferred_fields()
+    assert built.labels == {"pool": "a"} and built.name == "gpu01"

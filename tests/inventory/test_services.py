@@ -214,3 +214,60 @@ def test_a_scheduler_sync_does_not_overwrite_what_the_agent_read(cluster):
     apply_snapshot(cluster, Snapshot(nodes=[ObservedNode("a", components={"os": "debian 13"})], complete=False),
                    "agent")
     assert a.component_versions()["os"] == "debian 13"
+
+
+def test_a_move_onto_a_row_the_targets_own_source_made_ends_the_old_row(cluster):
+    from inventory.services import move_workload
+
+    apply_snapshot(cluster, fleet(), "file")
+    workload = Workload.objects.get()
+    target = Node.objects.exclude(pk=workload.node_id).get()
+    twin = Workload.objects.create(cluster=cluster, node=None, kind=workload.kind, scheduler_id="wl-restored",
+                                   gone_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert move_workload(workload.pk, target.pk, "wl-restored", "campaign", "campaign 1, sweep 1")
+    workload.refresh_from_db()
+    twin.refresh_from_db()
+    assert workload.gone_at is not None and workload.scheduler_id == "wl-1"
+    assert (twin.node_id, twin.gone_at) == (target.pk, None) and twin.last_seen is not None
+    assert list(twin.nodes.values_list("pk", flat=True)) == [target.pk]
+    log = ChangeLog.objects.get(source="campaign", object_type="workload")
+    assert (log.object_id, log.reference, log.object_repr) == (workload.pk, "campaign 1, sweep 1", "lab/process:wl-1")
+    assert log.changes == {"node_id": [Node.objects.get(name="a").pk, target.pk],
+                           "scheduler_id": ["wl-1", "wl-restored"], "superseded_by": [None, twin.pk]}
+
+
+def test_campaign_writes_commit_or_roll_back_with_the_callers_transaction(cluster, signalled):
+    from django.db import transaction
+
+    from inventory.services import move_workload, record_versions, set_service_state
+
+    apply_snapshot(cluster, fleet(), "file")
+    signalled.clear()
+    node = Node.objects.get(name="a")
+    workload = Workload.objects.get()
+    logs = ChangeLog.objects.count()
+
+    def writes() -> None:
+        assert set_service_state([node.pk], ServiceState.DRAINING, "campaign", "campaign 1, sweep 1") == 1
+        assert record_versions(node.pk, {"driver": "570.195.03", "fabricmanager": "570.195.03"}, "campaign",
+                               "campaign 1, sweep 1") == ["driver", "fabricmanager"]
+        assert move_workload(workload.pk, Node.objects.get(name="b").pk, "wl-2", "campaign", "campaign 1, sweep 1")
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        writes()
+        raise RuntimeError("the step's transition failed")
+    assert ChangeLog.objects.count() == logs and not signalled
+    assert Node.objects.get(pk=node.pk).service_state == ServiceState.IN_SERVICE
+    assert node.component_versions()["driver"] == "570.86.15"
+    assert Workload.objects.get().scheduler_id == "wl-1"
+    with transaction.atomic():
+        writes()
+        assert not signalled  # sent once the transaction commits
+    assert signalled == [[node.pk]]
+    new = ChangeLog.objects.filter(source="campaign").order_by("pk")
+    assert [log.reference for log in new] == ["campaign 1, sweep 1"] * 3
+    assert new[1].changes == {"component:driver": ["570.86.15", "570.195.03"],
+                              "component:fabricmanager": [None, "570.195.03"]}
+    added = NodeComponent.objects.get(node=node, component="fabricmanager")
+    assert (added.version, added.source, added.version_key is not None) == ("570.195.03", "campaign", True)
+    assert Node.objects.get(pk=node.pk).updated_at > node.updated_at
