@@ -480,14 +480,30 @@ def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: G
     return None if row is None else str(row[0])
 
 
+def _insert(meta: Any, names: tuple[str, ...], rows: list[Any], suffix: str = "") -> None:
+    """INSERT `rows` (model instances) in one statement, each field's value as the ORM saves it
+    (auto_now and auto_now_add filled in)."""
+    table = _column(meta, meta.db_table)
+    columns = ", ".join(_column(meta, name) for name in names)
+    shape = "(" + ", ".join(["%s"] * len(names)) + ")"
+    fields = [meta.get_field(name) for name in names]
+    values = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
+    with prepared_cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([shape] * len(rows))}{suffix}", values)
+
+
 def _insert_events(events: list[EvidenceEvent]) -> None:
     """INSERT node events in one statement (append-only: nothing else writes these rows)."""
-    table = _column(_EVENTS, _EVENTS.db_table)
-    columns = ", ".join(_column(_EVENTS, name) for name in _EVENT_FIELDS)
-    row = "(" + ", ".join(["%s"] * len(_EVENT_FIELDS)) + ")"
-    values = [_value(_EVENTS, name, getattr(event, name)) for event in events for name in _EVENT_FIELDS]
-    with prepared_cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * len(events))}", values)
+    _insert(_EVENTS, _EVENT_FIELDS, events)
+
+
+_MOVE_FIELDS = tuple(f.attname for f in _MOVES.concrete_fields if not f.primary_key)
+
+
+def _moves(sweep: NodeSweep, *states: str) -> list[WorkloadMove]:
+    """The sweep's workload moves in `states`, in their order (read by every step: plain SQL)."""
+    return select_instances(WorkloadMove, f"sweep_id = %s AND state IN ({', '.join(['%s'] * len(states))}) "
+                            "ORDER BY id", [sweep.pk, *states], prepared=True)
 
 
 def _claim(sweep: NodeSweep, worker: str) -> bool:
@@ -952,7 +968,8 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
             detail={"engine": engine, "requires": needed.as_dict(),
                     "planned": (planned.get(ref) or {}).get("action", ""),
                     **({"origin": info.origin} if info.origin else {})}))
-    WorkloadMove.objects.bulk_create(moves, ignore_conflicts=True)
+    # ON CONFLICT DO NOTHING (PostgreSQL, SQLite 3.24+): a repeat of this step leaves the moves it made.
+    _insert(_MOVES, _MOVE_FIELDS, moves, " ON CONFLICT DO NOTHING")
 
 
 def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
@@ -960,7 +977,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     running = {w.id: w for w in ex.list_workloads(ref)}
     _prepare_moves(sweep, running)
     done = []
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PLANNED):
+    for move in _moves(sweep, MoveState.PLANNED):
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
         checkpoint = move.policy == WorkloadPolicy.CHECKPOINT and portability.rule(engine).checkpointable
         if move.workload_ref not in running:
@@ -1112,8 +1129,7 @@ def _resumed(ex: Executor, ref: NodeRef, workload_id: str) -> WorkloadInfo | Non
 def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     planned = _planned_moves(sweep)
     done = []
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.CHECKPOINTED).select_related(
-            "target_node__cluster"):
+    for move in _moves(sweep, MoveState.CHECKPOINTED):  # a target chosen before a retry loads when used
         plan_entry = planned.get(move.workload_ref, {})
         if move.target_node_id is None:
             target = choose_target(sweep, move, plan_entry.get("to"))
@@ -1162,7 +1178,7 @@ def _park_or_fail(sweep: NodeSweep, move: WorkloadMove) -> dict[str, Any]:
 
 def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     # A failed or unfinished checkpoint never leads to a patch.
-    left = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.PLANNED, MoveState.CHECKPOINTED]).count()
+    left = len(_moves(sweep, MoveState.PLANNED, MoveState.CHECKPOINTED))
     if left:
         raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
     results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
@@ -1213,7 +1229,7 @@ def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     kept = _foreign_hold(sweep, ex, ref)
     # Checkpoints parked for this node come back now that it admits work again.
     restored = []
-    for move in WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PARKED):
+    for move in _moves(sweep, MoveState.PARKED):
         result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"home-{move.pk}"))
         entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
                  "to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,
