@@ -426,13 +426,9 @@ _EVENT_FIELDS = ("campaign_id", "sweep_id", "seq", "node_seq", "kind", "actor", 
 
 
 @functools.cache
-def _quoted(vendor: str, meta: Any, name: str) -> str:
-    return connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name)
-
-
 def _column(meta: Any, name: str) -> str:
     """The quoted column of field `name` (or, given the table's name, the quoted table)."""
-    return _quoted(connection.vendor, meta, name)
+    return connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name)
 
 
 def _value(meta: Any, name: str, value: Any) -> Any:

@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 from gpusweep import datagen
 
@@ -87,15 +87,16 @@ def prepared_cursor() -> Any:
     """A cursor for hot statements. On PostgreSQL a server-binding one whose statements the server
     keeps prepared (parsed and planned once per connection). Django's own cursors bind on the client,
     so they never prepare (and are unchanged). Execute wrappers apply as to Django's cursors."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
+    conn = connections[DEFAULT_DB_ALIAS]  # `connection` looks itself up on every attribute
+    if conn.vendor != "postgresql":
+        return conn.cursor()
     import psycopg
 
-    connection.ensure_connection()
-    raw = connection.connection
+    conn.ensure_connection()
+    raw = conn.connection
     raw.prepare_threshold = 0  # only server-binding cursors (these) prepare at all
     cursor: Any = psycopg.Cursor(raw)  # Django wraps any DB-API cursor (its stubs say only its own)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+    return conn.make_debug_cursor(cursor) if conn.queries_logged else conn.make_cursor(cursor)
 
 
 @functools.cache
@@ -173,13 +174,18 @@ def _column(model: type[models.Model], name: str) -> str:
     return field.column
 
 
+@functools.cache
+def _insert_names(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, str]:
+    return (connection.ops.quote_name(model._meta.db_table),
+            ", ".join(connection.ops.quote_name(_column(model, c)) for c in columns))
+
+
 FEW = 8  # rows insert_rows writes with one INSERT rather than COPY
 
 
 def insert_rows(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
     """Insert `rows` (tuples in `columns` order, database values) into `model`'s table."""
-    table = connection.ops.quote_name(model._meta.db_table)
-    names = ", ".join(connection.ops.quote_name(_column(model, c)) for c in columns)
+    table, names = _insert_names(model, tuple(columns))
     count = 0
     rest = iter(rows)
     first = list(itertools.islice(rest, FEW + 1))
