@@ -123,13 +123,18 @@ def test_every_kind_of_write_shows_in_the_next_get(fleet):
         with transaction.atomic():  # a savepoint that commits with it
             Node.objects.filter(pk=node.pk).update(pool="in-a-savepoint")
     assert pool() == "in-a-savepoint"
-    # A table the node list reads only through its serializer: the components (COPY on PostgreSQL).
-    before = client.get(NODES).json()["results"]
-    with transaction.atomic():
-        insert_rows(NodeComponent, ["node", "component", "version", "branch", "source", "updated_at"],
-                    [(node.pk, "cuda", "12.8", "", "", timezone.now())])
-    after = client.get(NODES).json()["results"]
-    assert after != before
+    # A table the node list reads only through its serializer: the components (COPY on PostgreSQL
+    # beyond bulk.FEW rows, one INSERT below).
+    from inventory.bulk import FEW
+
+    for names in (["cuda"], [f"extra{i}" for i in range(FEW + 1)]):
+        before = client.get(NODES).json()["results"]
+        with transaction.atomic():
+            insert_rows(NodeComponent, ["node", "component", "version", "branch", "source", "updated_at"],
+                        [(node.pk, name, "12.8", "", "", timezone.now()) for name in names])
+        after = client.get(NODES).json()["results"]
+        assert after != before
+    assert {"cuda", f"extra{FEW}"} <= {c["component"] for r in after if r["id"] == node.pk for c in r["components"]}
     assert "cuda" in [c["component"] for r in after if r["id"] == node.pk for c in r["components"]]
     # A joined table of the exposure list: the CVEs of its range, through the m2m table.
     from advisories.models import CVE
