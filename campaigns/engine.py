@@ -948,8 +948,8 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     if not missing:
         return
     known = {w.scheduler_id: w for w in select_instances(
-        Workload, f"cluster_id = %s AND scheduler_id IN ({', '.join(['%s'] * len(missing))}) AND gone_at IS NULL",
-        [sweep.node.cluster_id, *missing], prepared=True)}
+        Workload, f"cluster_id = %s AND scheduler_id IN ({', '.join(['%s'] * len(missing))}) AND gone_at IS NULL "
+        "ORDER BY kind", [sweep.node.cluster_id, *missing], prepared=True)}  # the ORM's order: the last kind wins
     planned = _planned_moves(sweep)
     facts = _source_facts(sweep)
     moves = []
