@@ -125,7 +125,7 @@ def _actor(worker: str) -> str:
 
 
 @functools.cache
-def _load_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
+def _load_sql() -> tuple[str, tuple[Any, ...]]:
     parts = (loader(NodeSweep, "s", ("versions_before", "versions_after")), loader(Campaign, "c", ("name",)),
              loader(Node, "n"), loader(Cluster, "k"))
     q = connection.ops.quote_name
@@ -138,7 +138,7 @@ def _load_sql(vendor: str) -> tuple[str, tuple[Any, ...]]:
 def _load(sweep_id: int) -> NodeSweep | None:
     """The sweep with its campaign, node and cluster, as select_related gives them: one plain statement
     (compiling the join through the ORM cost more CPU than running it)."""
-    sql, parts = _load_sql(connection.vendor)
+    sql, parts = _load_sql()
     with prepared_cursor() as cursor:
         cursor.execute(sql, [sweep_id])
         row = cursor.fetchone()

@@ -28,6 +28,7 @@ from gpusweep import datagen
 
 M = TypeVar("M", bound=models.Model)
 
+
 def db_datetime(value: dt.datetime | None) -> Any:
     """A timezone-aware datetime in the form the current engine stores."""
     if value is None:
@@ -115,15 +116,14 @@ def select_rows(model: type[models.Model], columns: Sequence[str], where: str = 
     with prepared_cursor() if prepared else connection.cursor() as cursor:
         cursor.execute(f"{sql} WHERE {where}" if where else sql, list(params))
         rows = cursor.fetchall()
-    return read_rows(readers, rows)
-
-
-def read_rows(readers: Sequence[Callable[[Any], Any] | None], rows: list[Any]) -> list[tuple[Any, ...]]:
-    """Raw cursor rows converted as values_list converts them, column by column."""
     if not any(readers):
         return rows
-    return [tuple(value if read is None else read(value) for read, value in zip(readers, row, strict=True))
-            for row in rows]
+    return [_converted(readers, row) for row in rows]
+
+
+def _converted(readers: Sequence[Callable[[Any], Any] | None], row: Sequence[Any]) -> tuple[Any, ...]:
+    """A raw cursor's row as values_list converts it, column by column."""
+    return tuple(value if read is None else read(value) for read, value in zip(readers, row, strict=True))
 
 
 class Loader(NamedTuple):
@@ -140,8 +140,7 @@ class Loader(NamedTuple):
         return len(self.attnames)
 
     def build(self, values: Sequence[Any]) -> Any:
-        values = [value if read is None else read(value) for read, value in zip(self.readers, values, strict=True)]
-        return self.model.from_db(connection.alias, self.attnames, values)
+        return self.model.from_db(connection.alias, self.attnames, _converted(self.readers, values))
 
 
 @functools.cache
