@@ -30,7 +30,7 @@ from django.utils import timezone
 from advisories import components
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
-from inventory.bulk import read_date, read_datetime
+from inventory.bulk import marks, read_date, read_datetime
 from inventory.models import Cluster, Node, NodeComponent
 
 # Tables for the raw statements: a node's recompute runs on every changed heartbeat, where
@@ -208,11 +208,11 @@ def _in(column: str, ids: Sequence[int] | None) -> tuple[str, list[int]]:
         return "", []
     if not ids:
         return " AND 1 = 0", []
-    return f" AND {column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
+    return f" AND {column} IN ({marks(ids)})", list(ids)
 
 
 def _states(states: Sequence[str]) -> tuple[str, list[str]]:
-    return ", ".join(["%s"] * len(states)), list(states)
+    return marks(states), list(states)
 
 
 @dataclass

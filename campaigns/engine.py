@@ -58,7 +58,7 @@ from executors.base import (
     get_executor,
 )
 from inventory import services as inventory
-from inventory.bulk import loader, prepared_cursor, select_instances, select_rows
+from inventory.bulk import insert_sql, loader, marks, prepared_cursor, select_instances, select_rows
 from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
 from inventory.models import Cluster, Node, NodeComponent, Workload
 
@@ -479,13 +479,10 @@ def _update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: G
 def _insert(meta: Any, names: tuple[str, ...], rows: list[Any], suffix: str = "") -> None:
     """INSERT `rows` (model instances) in one statement, each field's value as the ORM saves it
     (auto_now and auto_now_add filled in)."""
-    table = _column(meta, meta.db_table)
-    columns = ", ".join(_column(meta, name) for name in names)
-    shape = "(" + ", ".join(["%s"] * len(names)) + ")"
     fields = [meta.get_field(name) for name in names]
     values = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
     with prepared_cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join([shape] * len(rows))}{suffix}", values)
+        cursor.execute(insert_sql(meta.model, names, len(rows), suffix), values)
 
 
 def _insert_events(events: list[EvidenceEvent]) -> None:
@@ -498,7 +495,7 @@ _MOVE_FIELDS = tuple(f.attname for f in _MOVES.concrete_fields if not f.primary_
 
 def _moves(sweep: NodeSweep, *states: str) -> list[WorkloadMove]:
     """The sweep's workload moves in `states`, in their order (read by every step: plain SQL)."""
-    return select_instances(WorkloadMove, f"sweep_id = %s AND state IN ({', '.join(['%s'] * len(states))}) "
+    return select_instances(WorkloadMove, f"sweep_id = %s AND state IN ({marks(states)}) "
                             "ORDER BY id", [sweep.pk, *states], prepared=True)
 
 
@@ -948,7 +945,7 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     if not missing:
         return
     known = {w.scheduler_id: w for w in select_instances(
-        Workload, f"cluster_id = %s AND scheduler_id IN ({', '.join(['%s'] * len(missing))}) AND gone_at IS NULL "
+        Workload, f"cluster_id = %s AND scheduler_id IN ({marks(missing)}) AND gone_at IS NULL "
         "ORDER BY kind", [sweep.node.cluster_id, *missing], prepared=True)}  # the ORM's order: the last kind wins
     planned = _planned_moves(sweep)
     facts = _source_facts(sweep)
@@ -1099,7 +1096,7 @@ def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> 
     # Nodes being swept now, and nodes of this campaign in this or the next wave (drained before
     # the workload settles), do not receive work.
     working = sorted(SweepState.WORKING)
-    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE state IN ({', '.join(['%s'] * len(working))}))")
+    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE state IN ({marks(working)}))")
     params += working
     where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE campaign_id = %s AND state = %s AND wave <= %s)")
     params += [sweep.campaign_id, SweepState.PENDING, sweep.wave + 1]

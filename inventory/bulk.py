@@ -102,8 +102,7 @@ def prepared_cursor() -> Any:
 
 @functools.cache
 def _select(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, tuple[Any, ...]]:
-    table = connection.ops.quote_name(model._meta.db_table)
-    names = ", ".join(connection.ops.quote_name(_column(model, c)) for c in columns)
+    table, names = _names(model, columns)
     return f"SELECT {names} FROM {table}", tuple(_reader(model._meta.get_field(c)) for c in columns)
 
 
@@ -174,9 +173,18 @@ def _column(model: type[models.Model], name: str) -> str:
 
 
 @functools.cache
-def _insert_names(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, str]:
+def _names(model: type[models.Model], columns: tuple[str, ...]) -> tuple[str, str]:
+    """`model`'s quoted table and the quoted columns of the fields `columns`, comma-separated."""
     return (connection.ops.quote_name(model._meta.db_table),
             ", ".join(connection.ops.quote_name(_column(model, c)) for c in columns))
+
+
+def insert_sql(model: type[models.Model], columns: Sequence[str], count: int, suffix: str = "") -> str:
+    """One INSERT of `count` rows of `columns` into `model`'s table, placeholders for the values, then
+    `suffix` (e.g. ON CONFLICT DO NOTHING)."""
+    table, names = _names(model, tuple(columns))
+    row = f"({marks(columns)})"
+    return f"INSERT INTO {table} ({names}) VALUES {', '.join([row] * count)}{suffix}"
 
 
 FEW = 8  # rows insert_rows writes with one INSERT rather than COPY
@@ -184,17 +192,15 @@ FEW = 8  # rows insert_rows writes with one INSERT rather than COPY
 
 def insert_rows(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
     """Insert `rows` (tuples in `columns` order, database values) into `model`'s table."""
-    table, names = _insert_names(model, tuple(columns))
+    table, names = _names(model, tuple(columns))
     count = 0
     rest = iter(rows)
     first = list(itertools.islice(rest, FEW + 1))
     if len(first) <= FEW:
         # A few rows (a campaign step's ChangeLog row): one prepared INSERT, a round trip less than COPY.
         if first:
-            shape = "(" + ", ".join(["%s"] * len(columns)) + ")"
             with prepared_cursor() as cursor:
-                cursor.execute(f"INSERT INTO {table} ({names}) VALUES {', '.join([shape] * len(first))}",
-                               [value for values in first for value in values])
+                cursor.execute(insert_sql(model, columns, len(first)), [value for values in first for value in values])
         return len(first)
     rows = itertools.chain(first, rest)
     with connection.cursor() as cursor:
@@ -206,15 +212,15 @@ def insert_rows(model: type[models.Model], columns: Sequence[str], rows: Iterabl
                     count += 1
             datagen.written({model._meta.db_table})  # COPY passes by Django's execute wrappers
             return count
-        marks = ", ".join(["%s"] * len(columns))
+        one = insert_sql(model, columns, 1)
         batch: list[Sequence[Any]] = []
         for row in rows:
             batch.append(row)
             if len(batch) >= 5000:
-                cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", batch)
+                cursor.executemany(one, batch)
                 count += len(batch)
                 batch = []
         if batch:
-            cursor.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", batch)
+            cursor.executemany(one, batch)
             count += len(batch)
     return count
