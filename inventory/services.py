@@ -773,8 +773,7 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
         if diff:
             insert_rows(NodeComponent, _COMPONENT_INSERT, creates)
             with prepared_cursor() as cursor:
-                for update in updates:
-                    cursor.execute(_COMPONENT_UPDATE, update)
+                cursor.executemany(_COMPONENT_UPDATE, updates)
             _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{rows[0][1]}/{rows[0][0]}"[:300],
                               diff, user_id, reference)], now)
             _forget_digests([node_id])
