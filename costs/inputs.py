@@ -81,7 +81,8 @@ def _text(value: Any) -> str:
 
 
 def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
-    """Params from text fields (blank keeps the default); raises ModelError naming the field."""
+    """Params from text fields (blank keeps the default; "none" or 0 unsets an optional one);
+    raises ModelError naming the field."""
     kinds = {f.name: str(f.type) for f in dataclasses.fields(Params)}
     changes: dict[str, Any] = dict(fixed)
     for name, raw in values.items():
@@ -90,10 +91,10 @@ def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
         text = str(raw).strip()
         kind = kinds[name]
         try:
-            if kind == "float | None":
-                changes[name] = None if text in ("", "0", "none") else float(text)
-            elif text == "":
+            if text == "":
                 continue
+            if kind == "float | None":
+                changes[name] = None if text.lower() in ("0", "none") else float(text)
             elif kind == "float":
                 changes[name] = float(text)
             elif kind == "int":

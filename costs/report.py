@@ -94,7 +94,45 @@ def sim_table(result: Result) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     for row in result.rows:
         lines.extend(f"  {row.label} {row.cadence}: {note}" for note in row.notes)
+    lines.extend(holds_lines(result))
+    lines.extend(stats_lines(result))
     return "\n".join(lines)
+
+
+def holds_lines(result: Result, most: int = 5) -> list[str]:
+    """Per run, the workloads that held nodes longest (the node waited for them)."""
+    lines = []
+    for row in result.rows:
+        if not row.holds:
+            continue
+        held = ", ".join(f"{h.task} on {h.node} {h.hours:.1f} h ({h.ended})" for h in row.holds[:most])
+        more = f" and {len(row.holds) - most} more" if len(row.holds) > most else ""
+        lines.append(f"  held nodes, {row.label} {row.cadence}: {held}{more}")
+    return lines
+
+
+def stats_lines(result: Result) -> list[str]:
+    """The trace as its file says (not the model): to check the results against."""
+    stats = result.stats
+    if stats is None:
+        return []
+    points = stats.utilization(result.gpus)
+    peak = max(points, key=lambda p: p[1], default=(0.0, 0.0))
+    mean = sum(u for _d, u in points) / len(points) if points else 0.0
+    return [
+        f"trace file: {stats.rows} rows, {stats.gpu_tasks} started GPU tasks ({stats.constrained} constrained "
+        f"to GPU models), {stats.gpu_hours:,.0f} GPU-hours over {stats.end_s / 86400:.1f} days",
+        f"  GPUs busy (of {result.gpus}), daily: mean {mean:.2%}, peak {peak[1]:.2%} on day {peak[0]:g}; "
+        f"at the release {busy_share(result):.2%}",
+    ]
+
+
+def busy_share(result: Result) -> float:
+    stats = result.stats
+    if stats is None or not result.gpus:
+        return 0.0
+    busy = dict(stats.samples)
+    return busy.get(result.release, 0.0) / result.gpus
 
 
 def sim_csv(result: Result) -> str:

@@ -148,7 +148,12 @@ def simulate_page(request: HttpRequest) -> HttpResponse:
             except SacctError as exc:
                 raise Refused(f"{source}: {exc}") from None
             result = simulate(nodes, tr, params)
-        except (Refused, InputError, ModelError, TraceError, fleet.FleetError) as exc:
+        except ModelError as exc:
+            context["error"] = str(exc)
+            name = str(exc).split("=", 1)[0].split(":", 1)[0].strip()
+            if f"p_{name}" in form.fields:
+                form.add_error(f"p_{name}", str(exc))  # shown beside the field, which keeps its value
+        except (Refused, InputError, TraceError, fleet.FleetError) as exc:
             context["error"] = str(exc)
         else:
             context.update(result=result, facts=result.facts(), advisory_label=label, charts=_sim_charts(result))

@@ -40,7 +40,7 @@ class Command(BaseCommand):
         parser.add_argument("--tz", default="UTC", help="time zone of sacct times and of naive moments")
         for name, text, default in tunable():
             parser.add_argument(f"--{name.replace('_', '-')}", dest=f"p_{name}", default=None,
-                                help=f"{text} (default {default or 'unset'})")
+                                help=f"{text} (default {default or 'unset'})".replace("%", "%%"))
         parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,8 +59,8 @@ class Command(BaseCommand):
                 zone=zone, source=options["trace"].name, campaign_id=options["campaign"])
             result = simulate(nodes, tr, params)
         except SacctError as exc:
-            raise CommandError(f"{options['trace']}: {exc}") from None
+            raise CommandError(f"{options['trace']}: {exc}", returncode=2) from None
         except (fleet.FleetError, TraceError, ModelError, InputError) as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(str(exc), returncode=2) from None
         rendered = {"json": report.sim_json, "csv": report.sim_csv, "table": report.sim_table}
         self.stdout.write(rendered[options["format"]](result))
