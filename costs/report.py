@@ -11,7 +11,7 @@ from costs.drain import WindowCost
 from costs.simulate import Result, Row
 
 DRAIN_COLUMNS = ["window", "baseline_start", "baseline_end", "baseline_submissions_per_day",
-                 "baseline_gpu_hours_per_day", "drain_gpu_hours_floor", "held_jobs", "held_requested_gpu_hours",
+                 "baseline_gpu_hours_per_day", "drain_gpu_hours_net", "days_above_baseline", "held_jobs", "held_requested_gpu_hours",
                  "held_without_limit", "running_jobs", "recompute_gpu_hours_ceiling"]
 SIM_COLUMNS = ["strategy", "cadence", "days_to_patched", "nodes_patched", "exposure_node_days", "idle_gpu_hours",
                "recomputed_gpu_hours", "cold_starts", "deadline_met"]
@@ -44,10 +44,12 @@ def drain_table(costs: list[WindowCost]) -> str:
         out.append("  2. the drain, day by day before the window:")
         out.append(f"     {'day':>4}  {'from':<20} {'submissions':>11} {'GPU-hours':>10} {'short of baseline':>18}")
         for day in cost.days:
-            short = max(0.0, cost.baseline_gpu_hours_per_day - day.gpu_hours)
+            short = cost.baseline_gpu_hours_per_day - day.gpu_hours  # negative: above the baseline
             out.append(f"     {day.offset:>4}  {day.start:%Y-%m-%dT%H:%M:%SZ} {day.submissions:>11} "
                        f"{day.gpu_hours:>10.2f} {short:>18.2f}")
-        out.append(f"     drain (a floor): {s['drain_gpu_hours_floor']:g} GPU-hours")
+        above = ", ".join(str(d) for d in cost.days_above) or "none"
+        out.append(f"     drain (net, days above the baseline count against it): {s['drain_gpu_hours_net']:g} "
+                   f"GPU-hours; days above the baseline: {above}")
         out.append(f"  3. held back: {s['held_jobs']} job(s) pending when the window opened, "
                    f"{s['held_requested_gpu_hours']:g} requested GPU-hours"
                    + (f" ({s['held_without_limit']} without a time limit, not in the hours)"
