@@ -48,6 +48,12 @@ def _text(upload: UploadedFile | None, what: str) -> str:
         raise Refused(f"{upload.name}: not UTF-8 text (byte {exc.start})") from None
 
 
+def tools_page(request: HttpRequest) -> HttpResponse:
+    """/costs/: the two tools, so the bare address lands somewhere."""
+    _need_role(request)
+    return render(request, "costs/tools.html")
+
+
 def _drain_chart(cost: WindowCost, number: int) -> dict[str, Any]:
     return {
         "title": f"Before the window of {cost.window:%Y-%m-%d %H:%M} UTC", "xlabel": "day before the window",
