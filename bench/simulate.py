@@ -52,8 +52,7 @@ def main() -> int:
 
     django.setup()
     from costs import fleet, report
-    from costs.inputs import deadline_days, params_from, read_trace
-    from costs.inputs import is_sacct
+    from costs.inputs import deadline_days, is_sacct, params_from, read_trace
     from costs.sensitivity import sensitivity, table
     from costs.simulate import simulate
     from costs.tracestats import trace_stats

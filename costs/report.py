@@ -11,8 +11,8 @@ from costs.drain import WindowCost
 from costs.simulate import Result, Row
 
 DRAIN_COLUMNS = ["window", "baseline_start", "baseline_end", "baseline_submissions_per_day",
-                 "baseline_gpu_hours_per_day", "drain_gpu_hours_net", "days_above_baseline", "held_jobs", "held_requested_gpu_hours",
-                 "held_without_limit", "running_jobs", "recompute_gpu_hours_ceiling"]
+                 "baseline_gpu_hours_per_day", "drain_gpu_hours_net", "days_above_baseline", "held_jobs",
+                 "held_requested_gpu_hours", "held_without_limit", "running_jobs", "recompute_gpu_hours_ceiling"]
 SIM_COLUMNS = ["strategy", "cadence", "days_to_patched", "nodes_patched", "exposure_node_days", "idle_gpu_hours",
                "recomputed_gpu_hours", "cold_starts", "deadline_met"]
 

@@ -124,8 +124,8 @@ def test_a_baseline_that_ends_before_it_starts_is_refused():
 def test_plain_sacct_without_duplicates_is_warned_about():
     """Without -D a requeued job (200) shows once, its Submit reset to the requeue, after 201's."""
     plain = "\n".join([HEADER,
-        "200|200|long|gpu|RUNNING|2025-03-09T09:00:00|2025-03-09T09:10:00|2025-03-09T09:10:00|Unknown|80000|2880|gres/gpu=2|gres/gpu=2|1|gpu02",  # noqa: E501
-        "201|201|short|gpu|COMPLETED|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T14:00:00|14400|300|gres/gpu=1|gres/gpu=1|1|gpu08",  # noqa: E501
+        "200|200|long|gpu|RUNNING|2025-03-09T09:00:00|2025-03-09T09:10:00|2025-03-09T09:10:00|Unknown|80000|2880|gres/gpu=2|gres/gpu=2|1|gpu02",
+        "201|201|short|gpu|COMPLETED|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T10:00:00|2025-03-08T14:00:00|14400|300|gres/gpu=1|gres/gpu=1|1|gpu08",
     ]) + "\n"
     [cost] = drain_cost(parse(plain.splitlines()), [WINDOW], BASELINE, lookback_days=2)
     assert any("without -D" in n and "200" in n for n in cost.notes)

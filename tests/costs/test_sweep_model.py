@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client
 
@@ -24,10 +24,7 @@ from tests.costs.test_simulate import HEADER, TRACE
 
 D = 86400.0
 FIXTURES = Path(__file__).parent / "fixtures"
-SHARED = Path(os.environ.get("GPUSWEEP_SHARED_DATA_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
-OPENB = SHARED / "traces" / "alibaba-openb-2023"
-if not OPENB.exists():
-    OPENB = Path("/work/shared/data/traces/alibaba-openb-2023")
+OPENB = Path(settings.GPUSWEEP_SHARED_DATA_DIR) / "traces" / "alibaba-openb-2023"
 needs_openb = pytest.mark.skipif(not (OPENB / "openb_pod_list_default.csv").exists(),
                                  reason="the shared Alibaba trace (../shared/data/traces) is not beside the checkout")
 
@@ -59,7 +56,8 @@ def test_a_workload_without_receiver_holds_only_its_own_node():
 
 def test_gpu_spec_is_honoured_where_a_task_is_placed():
     rows = [HEADER, "a,1000,0,1,1000,V100M32,BE,Succeeded,0,500,0", "b,1000,0,1,1000,,BE,Succeeded,0,600,0"]
-    nodes = [SimNode(index=0, name="t", gpus=4, gpu_model="T4"), SimNode(index=1, name="v", gpus=4, gpu_model="V100M32")]
+    nodes = [SimNode(index=0, name="t", gpus=4, gpu_model="T4"),
+             SimNode(index=1, name="v", gpus=4, gpu_model="V100M32")]
     tr = from_openb("\n".join(rows), Params())
     assert tr.tasks[0].gpu_models == ("V100M32",)
     assert place(tr.tasks, nodes).node_of == [1, 0]  # first fit, except where the spec says otherwise
