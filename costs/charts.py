@@ -85,7 +85,7 @@ def bars(chart_id: str, title: str, ylabel: str, categories: list[str], series: 
     slot = (WIDTH - LEFT - RIGHT) / max(1, len(categories))
     labels = [_short(c) for c in categories]
     turned = max((len(t) for t in labels), default=0) * CHAR_W > slot - 4
-    bottom = 24 + (max((len(t) for t in labels), default=0) * CHAR_W * 0.7 if turned else 0) + (14 if xlabel else 0)
+    bottom = 24 + (max((len(t) for t in labels), default=0) * CHAR_W if turned else 0) + (14 if xlabel else 0)
     values = [v for _label, vs in series for v in vs] + ([baseline[1]] if baseline else [])
     top = nice_max(max(values, default=0.0))
     plot_h = HEIGHT - TOP - bottom
@@ -108,8 +108,10 @@ def bars(chart_id: str, title: str, ylabel: str, categories: list[str], series: 
                      f'y2="{y:.1f}" stroke="{color}" stroke-width="2" stroke-dasharray="6 4"/>')
     for i, text in enumerate(labels):
         x, y = LEFT + slot * (i + 0.5), TOP + plot_h + 14
-        turn = f' transform="rotate(-40 {x:.1f} {y:.1f})" text-anchor="end"' if turned else ' text-anchor="middle"'
-        parts.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="11" class="category"{turn}>{escape(text)}'
+        # Turned upright (-90 degrees): a label then takes a slot one line wide, whatever its length.
+        turn = (f' transform="rotate(-90 {x + 4:.1f} {y - 6:.1f})" x="{x + 4:.1f}" y="{y - 6:.1f}" text-anchor="end"'
+                if turned else f' x="{x:.1f}" y="{y:.1f}" text-anchor="middle"')
+        parts.append(f'<text font-size="11" class="category"{turn}>{escape(text)}'
                      f'<title>{escape(categories[i])}</title></text>')
     if xlabel:
         parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.0f}" y="{HEIGHT - 4}" text-anchor="middle" '
@@ -142,7 +144,7 @@ def steps(chart_id: str, title: str, ylabel: str, xlabel: str, curves: list[tupl
         for px, py in [*points, (xtop, points[-1][1] if points else 0.0)]:
             path.append(f"H{LEFT + plot_w * px / xtop:.1f}V{TOP + plot_h * (1 - py / top):.1f}")
         # Earlier curves wider: where curves coincide, each still shows as a band of its colour.
-        width = 2 + 2.5 * (len(curves) - 1 - c)
+        width = 2 + min(8.0, 1.5 * (len(curves) - 1 - c))
         parts.append(f'<path data-series="{escape(label)}" d="{"".join(path)}" fill="none" stroke="{color}" '
                      f'stroke-width="{width:g}" stroke-linejoin="round"/>')
     chart.svg = _svg(chart, parts)

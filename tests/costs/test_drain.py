@@ -138,8 +138,10 @@ def test_plain_sacct_without_duplicates_is_warned_about():
 
 
 def test_the_drain_is_the_net_difference_not_clipped_at_zero():
-    """A day above the baseline counts against a day below it: noise nets out."""
-    [cost] = drain_cost(parse(SACCT.splitlines()), [WINDOW], BASELINE, lookback_days=2)
+    """A day above the baseline counts against a day below it: noise nets out. Against the default
+    baseline (the week before, mostly empty here) both days are above it."""
+    [cost] = drain_cost(parse(SACCT.splitlines()), [WINDOW], None, lookback_days=2)
     base = cost.baseline_gpu_hours_per_day
     assert cost.drain_gpu_hours == pytest.approx(sum(base - d.gpu_hours for d in cost.days))
-    assert cost.days_above == [d.offset for d in cost.days if d.gpu_hours > base]
+    assert cost.days_above == [d.offset for d in cost.days if d.gpu_hours > base] == [-2, -1]
+    assert cost.drain_gpu_hours < 0  # both days were busier than the baseline: clipped, this read 0
