@@ -1,6 +1,11 @@
 """Strategy simulator benchmark: the Alibaba GPU fleet and its trace, every strategy, two cadences each.
 
     .venv/bin/python bench/simulate.py [--release-day 100] [--severity high] [--data ../shared/data/...]
+        [--trace FILE] [--nodes FILE] [--sensitivity] [--parallelism 1%,5%]
+
+`--trace` and `--nodes` take any pod/task CSV in the openb format (or sacct -P output) and any node
+file; `--sensitivity` also sweeps parallelism, window cadence, checkpointable share and wait limit,
+one at a time, and prints the table (costs.sensitivity).
 
 Reads the 1,213 GPU nodes of `openb_node_list_gpu_node.csv` (through the inventory importer and
 its alibaba-openb-2023 mapping) and the 8,152 tasks of `openb_pod_list_default.csv`, places the
@@ -31,9 +36,13 @@ def main() -> int:
     parser.add_argument("--release-day", type=float, default=100.0,
                         help="release, in days after the trace's start (100: both windows fall inside the trace)")
     parser.add_argument("--severity", default="high")
+    parser.add_argument("--trace", type=Path, help="a pod/task CSV (openb format) or sacct -P output")
+    parser.add_argument("--nodes", type=Path, help="a node file (what import_nodes reads)")
+    parser.add_argument("--parallelism", default="1%,5%", help="nodes at a time, comma separated")
+    parser.add_argument("--sensitivity", action="store_true", help="also the one-at-a-time sensitivity table")
     args = parser.parse_args()
-    nodes_file = args.data / "openb_node_list_gpu_node.csv"
-    pods_file = args.data / "openb_pod_list_default.csv"
+    nodes_file = args.nodes or args.data / "openb_node_list_gpu_node.csv"
+    pods_file = args.trace or args.data / "openb_pod_list_default.csv"
     if not nodes_file.exists() or not pods_file.exists():
         print(f"missing {nodes_file} or {pods_file}: the shared data folder sits beside the checkout", file=sys.stderr)
         return 2
@@ -43,17 +52,22 @@ def main() -> int:
 
     django.setup()
     from costs import fleet, report
-    from costs.inputs import deadline_days, params_from, read_trace
+    from costs.inputs import deadline_days, is_sacct, params_from, read_trace
+    from costs.sensitivity import sensitivity, table
     from costs.simulate import simulate
+    from costs.tracestats import trace_stats
 
     began = time.perf_counter()
     nodes = fleet.from_file(nodes_file)
     loaded_fleet = time.perf_counter()
-    params = params_from({}, severity=args.severity, deadline_days=deadline_days(args.severity),
-                         release_s=args.release_day * 86400)
-    trace = read_trace(pods_file.read_text(encoding="utf-8"), params, source=pods_file.name)
+    params = params_from({"parallelism": args.parallelism}, severity=args.severity,
+                         deadline_days=deadline_days(args.severity), release_s=args.release_day * 86400)
+    text = pods_file.read_text(encoding="utf-8")
+    trace = read_trace(text, params, source=pods_file.name)
     loaded_trace = time.perf_counter()
     result = simulate(nodes, trace, params)
+    if not is_sacct(text):
+        result.stats = trace_stats(text, (result.release,))
     finished = time.perf_counter()
     total = finished - began
 
@@ -64,6 +78,12 @@ def main() -> int:
           f"placement and {len(result.rows)} runs: {finished - loaded_trace:.2f} s "
           f"({', '.join(f'{r.strategy} {r.cadence} {r.seconds:.2f} s' for r in result.rows)})")
     print(f"total {total:.2f} s (target <= {TARGET_S:.0f} s): {'met' if total <= TARGET_S else 'MISSED'}")
+    if args.sensitivity:
+        began = time.perf_counter()
+        print()
+        print(f"sensitivity (one parameter at a time; the others as above; {pods_file.name}):")
+        print(table(sensitivity(nodes, trace, params)))
+        print(f"sensitivity: {time.perf_counter() - began:.2f} s")
     return 0 if total <= TARGET_S else 1
 
 

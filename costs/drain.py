@@ -5,9 +5,10 @@ Per window opening at W, the five steps:
 1. The window: W, and the span of the records (`as_of`: the latest moment they know).
 2. The drain: submissions and GPU occupancy (GPU-hours of allocations) per day for the
    `lookback_days` days before W (day -1 is [W - 24 h, W)), against the average day of a baseline
-   period (default: the week before those days). The GPU-hours the days fall short of the baseline,
-   summed, are the drain. It is a floor: demand that never came (users who knew of the window) does
-   not show.
+   period (default: the week before those days). The drain is the net difference: the baseline's
+   GPU-hours over those days less what they had (a day above the baseline counts against it, so
+   ordinary noise nets out instead of adding up; the days above are listed). It is not clipped at
+   zero: a negative drain says the days before the window were busier than the baseline.
 3. Held back: jobs pending when the window opened (eligible before W, not started, not ended): at W
    every such job's time limit crosses the window, so the reservation held it. Their requested
    GPU-hours are GPUs x time limit; a job with no limit is counted apart (no hours can be given).
@@ -18,15 +19,20 @@ Per window opening at W, the five steps:
 Every allocation is counted once per window: a requeued job's runs are separate allocations, a
 job is submitted once (its first Submit), a pending array record counts each of its tasks.
 Jobs without GPUs are left out of every step.
+
+Records from plain `sacct` (without `-D`/`--duplicates`) show a requeued job once, with its Submit
+reset to the requeue: a job whose Submit is later than that of a job submitted after it (a higher
+job id) is the sign, and `duplicates_missing` names such jobs so the result carries a warning.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from costs.sacct import Accounting
+from costs.sacct import COMMAND, Accounting
 
 DAY = timedelta(days=1)
 HOUR = 3600.0
@@ -81,6 +87,11 @@ class WindowCost:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def days_above(self) -> list[int]:
+        """Offsets of the days that had more GPU-hours than the baseline's average day."""
+        return [d.offset for d in self.days if d.gpu_hours > self.baseline_gpu_hours_per_day]
+
+    @property
     def held_jobs(self) -> int:
         return sum(job.tasks for job in self.held)
 
@@ -102,7 +113,8 @@ class WindowCost:
             "baseline_end": _iso(self.baseline_end),
             "baseline_submissions_per_day": round(self.baseline_submissions_per_day, 2),
             "baseline_gpu_hours_per_day": round(self.baseline_gpu_hours_per_day, 2),
-            "drain_gpu_hours_floor": round(self.drain_gpu_hours, 2),
+            "drain_gpu_hours_net": round(self.drain_gpu_hours, 2),
+            "days_above_baseline": self.days_above,
             "held_jobs": self.held_jobs, "held_requested_gpu_hours": round(self.held_gpu_hours, 2),
             "held_without_limit": self.held_without_limit, "running_jobs": len(self.running),
             "recompute_gpu_hours_ceiling": round(self.recompute_ceiling_gpu_hours, 2),
@@ -171,6 +183,27 @@ def running_at(acct: Accounting, window: datetime) -> list[RunningJob]:
     return running
 
 
+def _number(job_id: str) -> int | None:
+    digits = re.match(r"\d+", job_id)
+    return int(digits.group()) if digits else None
+
+
+def duplicates_missing(acct: Accounting, slack_s: float = 1.0) -> list[str]:
+    """Jobs whose Submit is later than a higher-numbered job's (ids are given at submission): a
+    requeue seen without --duplicates. A job with several runs was recorded with it."""
+    numbered = sorted((job for job in acct.jobs if _number(job.job_id) is not None),
+                      key=lambda job: _number(job.job_id) or 0)
+    flagged: list[str] = []
+    earliest_after: datetime | None = None
+    for job in reversed(numbered):
+        if (earliest_after is not None and len(job.runs) == 1
+                and (job.submit - earliest_after).total_seconds() > slack_s):
+            flagged.append(job.job_id)
+        if earliest_after is None or job.submit < earliest_after:
+            earliest_after = job.submit
+    return sorted(flagged, key=lambda j: (_number(j) or 0, j))
+
+
 def window_cost(acct: Accounting, window: datetime, baseline: tuple[datetime, datetime] | None = None,
                 lookback_days: int = 7) -> WindowCost:
     if lookback_days < 1:
@@ -189,6 +222,11 @@ def window_cost(acct: Accounting, window: datetime, baseline: tuple[datetime, da
         notes.append(f"the records end at {_iso(acct.as_of)}, before the baseline or window ends")
     if base_start < window and first_day < base_end:
         notes.append("the baseline overlaps the days before the window: the drain is measured against itself")
+    late = duplicates_missing(acct)
+    if late:
+        notes.append(f"{len(late)} job(s) were submitted after later job ids ({', '.join(late[:5])}): the "
+                     "records look like sacct without -D (--duplicates), which shows a requeued job once with "
+                     f"its Submit reset; record again with: {COMMAND}")
     base_subs = submissions(acct, base_start, base_end) / base_days
     base_gpu_h = occupancy(acct, base_start, base_end) / base_days
     days = []
@@ -199,7 +237,7 @@ def window_cost(acct: Accounting, window: datetime, baseline: tuple[datetime, da
     return WindowCost(
         window=window, as_of=acct.as_of, baseline_start=base_start, baseline_end=base_end,
         baseline_submissions_per_day=base_subs, baseline_gpu_hours_per_day=base_gpu_h, days=days,
-        drain_gpu_hours=sum(max(0.0, base_gpu_h - day.gpu_hours) for day in days),
+        drain_gpu_hours=sum(base_gpu_h - day.gpu_hours for day in days),
         held=held_back(acct, window), running=running_at(acct, window), notes=notes,
     )
 

@@ -40,6 +40,8 @@ class SimulateForm(forms.Form):
     release = forms.CharField(required=False, help_text="days after the trace's start, or a moment; "
                               "empty: the middle of the trace")
     trace_start = forms.CharField(initial=DEFAULT_ORIGIN.isoformat(), help_text="where a pod/task file's clock starts")
+    sensitivity = forms.BooleanField(required=False, help_text="also vary parallelism, window cadence, "
+                                     "checkpointable share and wait limit, one at a time (slower)")
 
     def __init__(self, *args: Any, clusters: list[str], advisories: list[tuple[str, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -81,7 +81,8 @@ def _text(value: Any) -> str:
 
 
 def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
-    """Params from text fields (blank keeps the default); raises ModelError naming the field."""
+    """Params from text fields (blank keeps the default; "none" or 0 unsets an optional one);
+    raises ModelError naming the field."""
     kinds = {f.name: str(f.type) for f in dataclasses.fields(Params)}
     changes: dict[str, Any] = dict(fixed)
     for name, raw in values.items():
@@ -90,10 +91,10 @@ def params_from(values: Mapping[str, str], **fixed: Any) -> Params:
         text = str(raw).strip()
         kind = kinds[name]
         try:
-            if kind == "float | None":
-                changes[name] = None if text in ("", "0", "none") else float(text)
-            elif text == "":
+            if text == "":
                 continue
+            if kind == "float | None":
+                changes[name] = None if text.lower() in ("0", "none") else float(text)
             elif kind == "float":
                 changes[name] = float(text)
             elif kind == "int":
@@ -198,6 +199,8 @@ def campaign_policy(campaign_id: int) -> dict[str, Any]:
         "not_checkpointable": "wait" if campaign.workload_policy == WorkloadPolicy.WAIT else "cold_restart",
         "wait_limit_h": campaign.wait_limit.total_seconds() / 3600 if campaign.wait_limit else None,
         "wait_poll_s": policy.WAIT_POLL_S,
+        # The engine's dispatch holds the order (and the slot) on a node until it is done.
+        "wave_order": "strict",
     }
     if campaign.workload_policy != WorkloadPolicy.CHECKPOINT:
         changes["checkpointable_share"] = 0.0

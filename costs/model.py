@@ -27,8 +27,17 @@ from typing import Any
 
 from campaigns import policy
 from campaigns.choices import WaveGrowth
-from campaigns.planner import PlanError, canary_nodes
+from campaigns.planner import PlanError, canary_nodes, parse_limit
 from executors import portability
+
+
+def _parallelism_ok(values: tuple[str, ...]) -> bool:
+    try:
+        for value in values:
+            parse_limit(value, 100, "parallelism")
+    except PlanError:
+        return False
+    return bool(values)
 
 
 def _canary_ok(text: str) -> bool:
@@ -42,6 +51,7 @@ CADENCE_DAYS = {"monthly": 30.44, "quarterly": 91.31, "yearly": 365.25}
 PLACEMENTS = ("first_fit", "best_fit")
 CHECKPOINT_ENGINES = tuple(sorted(name for name, rule in portability.ENGINES.items() if rule.checkpointable))
 POLICIES = ("wait", "cold_restart")
+WAVE_ORDERS = ("own_work", "strict")
 
 
 # What each parameter means, for --help and the form (one line each).
@@ -62,7 +72,7 @@ HELP = {
     "reservation_days": "how far ahead the maintenance reservation is set",
     "window_phase": "the next window opens this share of its period after the release (0.5: the average)",
     "parallelism": "nodes at a time for drain-and-wait and sweeps: a number or a percentage of each cluster",
-    "wait_limit_h": "a drain kills what still runs after so many hours (0 or unset: waits forever)",
+    "wait_limit_h": "a drain kills what still runs after so many hours (none or 0: waits forever; empty: the default)",
     "checkpointable_share": "share of tasks that can be checkpointed",
     "checkpoint_s_per_gib": "checkpoint seconds per GiB",
     "restore_s_per_gib": "restore seconds per GiB",
@@ -73,6 +83,8 @@ HELP = {
     "canary": "the first wave as a campaign's canary: auto (one node per driver group and cluster), N nodes, or 0",
     "soak_minutes": "minutes the canary soaks before any other node drains",
     "wait_poll_s": "seconds between the engine's looks at a job a sweep waits for (it sees the end at the next look)",
+    "wave_order": "own_work: a node that only waits for its own work no longer holds the next waves; "
+                  "strict: every wave up to v-2 is done before wave v starts, waiting nodes too",
     "wave_growth": "how waves after the canary grow: fixed, linear or exponential",
     "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
@@ -124,6 +136,10 @@ class Params:
     wait_poll_s: float = policy.WAIT_POLL_S
     wave_growth: str = "fixed"
     growth_step: int = 2
+    # What holds the wave order (campaigns.policy.admits: wave v once every wave up to v-2 is done):
+    # "own_work" counts a node whose moves are done and that only waits for its own work as done for
+    # the order (it receives nothing meanwhile); "strict" waits for it to be patched.
+    wave_order: str = "own_work"
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -138,7 +154,8 @@ class Params:
             ("window_hours", self.window_hours > 0, "> 0"),
             ("reservation_days", self.reservation_days >= 0, ">= 0"),
             ("window_phase", 0 < self.window_phase <= 1, "in (0, 1]"),
-            ("parallelism", bool(self.parallelism), "at least one value"),
+            ("parallelism", _parallelism_ok(self.parallelism),
+             "nodes at a time: whole numbers >= 1 or percentages such as 5%, comma separated"),
             ("wait_limit_h", self.wait_limit_h is None or self.wait_limit_h > 0, "> 0 or unset"),
             ("checkpointable_share", 0 <= self.checkpointable_share <= 1, "in [0, 1]"),
             ("checkpoint_s_per_gib", self.checkpoint_s_per_gib >= 0, ">= 0"),
@@ -153,6 +170,7 @@ class Params:
             ("wait_poll_s", self.wait_poll_s >= 0, ">= 0 (0: the end is seen at once)"),
             ("wave_growth", self.wave_growth in WaveGrowth.values(), f"one of {', '.join(WaveGrowth.values())}"),
             ("growth_step", self.growth_step >= 1, ">= 1"),
+            ("wave_order", self.wave_order in WAVE_ORDERS, f"one of {', '.join(WAVE_ORDERS)}"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -2,7 +2,8 @@
 
 Tasks are taken in order of start; a task that finished frees its share first. `first_fit`
 takes the first node in fleet order with enough free GPU share, `best_fit` the one with the
-least free share that fits. A task that fits nowhere (the trace's fleet was larger than this
+least free share that fits; a task whose `gpu_spec` names GPU models goes only to a node of one of
+them. A task that fits nowhere (the trace's fleet was larger than this
 one) is left out and counted. The placement is the baseline every strategy is measured against.
 """
 
@@ -36,7 +37,7 @@ def place(tasks: list[Task], nodes: list[SimNode], rule: str = "first_fit") -> P
             free[node] += milli
         chosen = by_name.get(task.node) if task.node else None
         if chosen is None:
-            chosen = _choose(free, task.milli, rule)
+            chosen = _choose(free, task.milli, rule, [n.gpu_model for n in nodes], task)
         if chosen is None:
             unplaced += 1
             continue
@@ -48,14 +49,13 @@ def place(tasks: list[Task], nodes: list[SimNode], rule: str = "first_fit") -> P
     return Placement(by_node=by_node, node_of=node_of, unplaced=unplaced)
 
 
-def _choose(free: list[int], milli: int, rule: str) -> int | None:
-    if rule == "best_fit":
-        best: int | None = None
-        for node, room in enumerate(free):
-            if room >= milli and (best is None or room < free[best]):
-                best = node
-        return best
+def _choose(free: list[int], milli: int, rule: str, models: list[str], task: Task) -> int | None:
+    best: int | None = None
     for node, room in enumerate(free):
-        if room >= milli:
+        if room < milli or not task.runs_on(models[node]):
+            continue
+        if rule != "best_fit":
             return node
-    return None
+        if best is None or room < free[best]:
+            best = node
+    return best

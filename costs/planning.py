@@ -18,6 +18,7 @@ from datetime import datetime
 
 from campaigns.planner import PlanNode, PlanWorkload, Policy, plan
 from costs.fleet import SimNode
+from executors.portability import GPU_MODEL
 from inventory.choices import WorkloadPolicy
 
 MIGRATE, RETURN_HOME, COLD_START = "migrate", "return_home", "cold_start"
@@ -30,6 +31,9 @@ class Resident:
     name: str
     milli: int
     checkpointable: bool
+    # Constrained to GPU models (the trace's gpu_spec): it may move only to a node of the model it
+    # runs on (within its spec, as placement put it there; the planner's requirements are exact).
+    constrained: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ def plan_sweep(nodes: Sequence[SimNode], residents: Mapping[int, Sequence[Reside
         workloads = tuple(
             PlanWorkload(ref=str(r.task), name=r.name, gpus=r.milli,
                          checkpoint_engine=checkpoint_engine if r.checkpointable else "none",
-                         policy=WorkloadPolicy.CHECKPOINT if r.checkpointable else otherwise)
+                         policy=WorkloadPolicy.CHECKPOINT if r.checkpointable else otherwise,
+                         requires=((GPU_MODEL, node.gpu_model),) if r.constrained else ())
             for r in residents.get(node.index, ())
         )
         scope.append(PlanNode(id=node.index + 1, name=node.name, cluster=node.cluster, pool=node.pool,

@@ -11,8 +11,8 @@ from costs.drain import WindowCost
 from costs.simulate import Result, Row
 
 DRAIN_COLUMNS = ["window", "baseline_start", "baseline_end", "baseline_submissions_per_day",
-                 "baseline_gpu_hours_per_day", "drain_gpu_hours_floor", "held_jobs", "held_requested_gpu_hours",
-                 "held_without_limit", "running_jobs", "recompute_gpu_hours_ceiling"]
+                 "baseline_gpu_hours_per_day", "drain_gpu_hours_net", "days_above_baseline", "held_jobs",
+                 "held_requested_gpu_hours", "held_without_limit", "running_jobs", "recompute_gpu_hours_ceiling"]
 SIM_COLUMNS = ["strategy", "cadence", "days_to_patched", "nodes_patched", "exposure_node_days", "idle_gpu_hours",
                "recomputed_gpu_hours", "cold_starts", "deadline_met"]
 
@@ -44,10 +44,12 @@ def drain_table(costs: list[WindowCost]) -> str:
         out.append("  2. the drain, day by day before the window:")
         out.append(f"     {'day':>4}  {'from':<20} {'submissions':>11} {'GPU-hours':>10} {'short of baseline':>18}")
         for day in cost.days:
-            short = max(0.0, cost.baseline_gpu_hours_per_day - day.gpu_hours)
+            short = cost.baseline_gpu_hours_per_day - day.gpu_hours  # negative: above the baseline
             out.append(f"     {day.offset:>4}  {day.start:%Y-%m-%dT%H:%M:%SZ} {day.submissions:>11} "
                        f"{day.gpu_hours:>10.2f} {short:>18.2f}")
-        out.append(f"     drain (a floor): {s['drain_gpu_hours_floor']:g} GPU-hours")
+        above = ", ".join(str(d) for d in cost.days_above) or "none"
+        out.append(f"     drain (net, days above the baseline count against it): {s['drain_gpu_hours_net']:g} "
+                   f"GPU-hours; days above the baseline: {above}")
         out.append(f"  3. held back: {s['held_jobs']} job(s) pending when the window opened, "
                    f"{s['held_requested_gpu_hours']:g} requested GPU-hours"
                    + (f" ({s['held_without_limit']} without a time limit, not in the hours)"
@@ -94,7 +96,45 @@ def sim_table(result: Result) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
     for row in result.rows:
         lines.extend(f"  {row.label} {row.cadence}: {note}" for note in row.notes)
+    lines.extend(holds_lines(result))
+    lines.extend(stats_lines(result))
     return "\n".join(lines)
+
+
+def holds_lines(result: Result, most: int = 5) -> list[str]:
+    """Per run, the workloads that held nodes longest (the node waited for them)."""
+    lines = []
+    for row in result.rows:
+        if not row.holds:
+            continue
+        held = ", ".join(f"{h.task} on {h.node} {h.hours:.1f} h ({h.ended})" for h in row.holds[:most])
+        more = f" and {len(row.holds) - most} more" if len(row.holds) > most else ""
+        lines.append(f"  held nodes, {row.label} {row.cadence}: {held}{more}")
+    return lines
+
+
+def stats_lines(result: Result) -> list[str]:
+    """The trace as its file says (not the model): to check the results against."""
+    stats = result.stats
+    if stats is None:
+        return []
+    points = stats.utilization(result.gpus)
+    peak = max(points, key=lambda p: p[1], default=(0.0, 0.0))
+    mean = sum(u for _d, u in points) / len(points) if points else 0.0
+    return [
+        f"trace file: {stats.rows} rows, {stats.gpu_tasks} started GPU tasks ({stats.constrained} constrained "
+        f"to GPU models), {stats.gpu_hours:,.0f} GPU-hours over {stats.end_s / 86400:.1f} days",
+        f"  GPUs busy (of {result.gpus}), daily: mean {mean:.2%}, peak {peak[1]:.2%} on day {peak[0]:g}; "
+        f"at the release {busy_share(result):.2%}",
+    ]
+
+
+def busy_share(result: Result) -> float:
+    stats = result.stats
+    if stats is None or not result.gpus:
+        return 0.0
+    busy = dict(stats.samples)
+    return busy.get(result.release, 0.0) / result.gpus
 
 
 def sim_csv(result: Result) -> str:

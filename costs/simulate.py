@@ -16,8 +16,9 @@ from typing import Any
 from costs.fleet import SimNode
 from costs.model import ModelError, Params
 from costs.placement import Placement, place
-from costs.strategies import DAY, INF, Outcome, Scenario, drain_wait, sweep, window
+from costs.strategies import DAY, INF, Hold, Outcome, Scenario, drain_wait, sweep, window
 from costs.trace import Trace
+from costs.tracestats import TraceStats
 
 STRATEGY_NAMES = {
     "window": "maintenance window",
@@ -39,6 +40,7 @@ class Row:
     deadline_met: bool
     seconds: float
     notes: tuple[str, ...] = ()
+    holds: tuple[Hold, ...] = ()  # the workloads that held nodes, longest first
 
     @property
     def label(self) -> str:
@@ -52,6 +54,8 @@ class Row:
             "idle_gpu_hours": round(self.idle_gpu_hours, 1),
             "recomputed_gpu_hours": round(self.recomputed_gpu_hours, 1),
             "cold_starts": self.cold_starts, "deadline_met": self.deadline_met, "notes": list(self.notes),
+            "holds": [{"node": h.node, "task": h.task, "hours": round(h.hours, 2), "ended": h.ended}
+                      for h in self.holds],
         }
 
 
@@ -67,6 +71,7 @@ class Result:
     # Per row: (days since release, share of the fleet patched) at each node's patch.
     curves: list[list[tuple[float, float]]] = field(default_factory=list)
     utilization: float = 0.0
+    stats: TraceStats | None = None  # from the trace file itself, when it is a pod/task CSV
 
     def facts(self) -> dict[str, Any]:
         return {
@@ -79,7 +84,12 @@ class Result:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"facts": self.facts(), "params": self.params.as_dict(), "rows": [r.as_dict() for r in self.rows]}
+        out = {"facts": self.facts(), "params": self.params.as_dict(), "rows": [r.as_dict() for r in self.rows]}
+        if self.stats is not None:
+            out["trace_stats"] = {"rows": self.stats.rows, "gpu_tasks": self.stats.gpu_tasks,
+                                  "constrained": self.stats.constrained, "gpu_hours": round(self.stats.gpu_hours, 1),
+                                  "utilization": [[d, round(u, 5)] for d, u in self.stats.utilization(self.gpus)]}
+        return out
 
 
 def row_of(outcome: Outcome, scenario: Scenario, seconds: float) -> Row:
@@ -98,6 +108,7 @@ def row_of(outcome: Outcome, scenario: Scenario, seconds: float) -> Row:
         exposure_node_days=exposure, idle_gpu_hours=outcome.idle_gpu_hours,
         recomputed_gpu_hours=outcome.recomputed_gpu_hours, cold_starts=outcome.cold_starts,
         deadline_met=complete and last <= scenario.deadline, seconds=seconds, notes=tuple(notes),
+        holds=tuple(outcome.holds),
     )
 
 

@@ -90,6 +90,17 @@ class Outcome:
     cold_starts: int = 0
     notes: list[str] = field(default_factory=list)
     plan_summary: dict[str, object] | None = None
+    holds: list[Hold] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A workload that held a node's patch: the node waited `hours` for it, then it `ended`."""
+
+    node: str
+    task: str
+    hours: float
+    ended: str  # "finished" or "killed at the wait limit"
 
 
 class Ledger:
@@ -100,6 +111,7 @@ class Ledger:
         self.idle = 0.0
         self.recomputed = 0.0
         self.cold = 0
+        self.holds: list[Hold] = []
 
     def kill(self, task: Task, at: float) -> None:
         self.recomputed += self.scenario.kill_cost(task, at)
@@ -107,7 +119,8 @@ class Ledger:
 
     def outcome(self, strategy: str, cadence: str, patched: list[float], notes: list[str]) -> Outcome:
         return Outcome(strategy=strategy, cadence=cadence, patched_at=patched, idle_gpu_hours=self.idle,
-                       recomputed_gpu_hours=self.recomputed, cold_starts=self.cold, notes=notes)
+                       recomputed_gpu_hours=self.recomputed, cold_starts=self.cold, notes=notes,
+                       holds=sorted(self.holds, key=lambda h: (-h.hours, h.node, h.task)))
 
 
 def window(scenario: Scenario, cadence: str) -> Outcome:
@@ -153,12 +166,16 @@ def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: floa
     wait limit, counts at the first look after it. Adds the node's free GPUs over the wait to the
     idle hours."""
     until = _seen(since, max((t.ends() for t in tasks), default=since), poll)
-    limit = scenario.params.wait_limit_h
-    if limit is not None and until > since + limit * HOUR:
+    limit = scenario.params.wait_limit_h or 0.0
+    killed = bool(limit) and until > since + limit * HOUR
+    if killed:
         until = _seen(since, since + limit * HOUR, poll)
-        for task in tasks:
-            if task.alive(until):
-                ledger.kill(task, until)
+    for task in tasks:
+        if task.ends() > since:
+            ended = "killed at the wait limit" if task.alive(until) else "finished"
+            ledger.holds.append(Hold(node.name, task.name, (min(task.ends(), until) - since) / HOUR, ended))
+        if killed and task.alive(until):
+            ledger.kill(task, until)
     if until < INF:
         busy = sum(scenario.gpus(t) * (min(t.ends(), until) - since) for t in tasks)
         ledger.idle += (node.gpus * (until - since) - busy) / HOUR
@@ -200,7 +217,8 @@ def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
         here = scenario.residents(node.index, scenario.release)
         residents[node.index] = [
             Resident(task=i, name=scenario.trace.tasks[i].name, milli=scenario.trace.tasks[i].milli,
-                     checkpointable=p.checkpointable(scenario.trace.tasks[i].name)) for i in here]
+                     checkpointable=p.checkpointable(scenario.trace.tasks[i].name),
+                     constrained=bool(scenario.trace.tasks[i].gpu_models)) for i in here]
         slowest = max(slowest, sum(scenario.checkpoint_s(scenario.trace.tasks[i], node) for i in here))
     versions_known = any("driver" in n.versions for n in scenario.nodes)
     nodes = scenario.nodes if versions_known else [
@@ -216,9 +234,19 @@ def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
     )
 
 
+@dataclass
+class Turn:
+    """One node's turn in a sweep: when it is back (INF: never) and when it stops holding the wave
+    order and its slot (at once after its moves when it only waits for its own work and
+    `Params.wave_order` is "own_work"; else when it is back)."""
+
+    back: float
+    released: float
+
+
 def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float,
-                planned: list[tuple[int, str]]) -> float:
-    """One node's turn from `begins`: move, wait, cold-start, patch. Returns when it is back (INF: never)."""
+                planned: list[tuple[int, str]]) -> Turn:
+    """One node's turn from `begins`: move, wait, cold-start, patch."""
     p = scenario.params
     todo = [(i, a) for i, a in planned if scenario.trace.tasks[i].alive(begins)]
     # Arrived after the plan was made: moved when checkpointable, else by policy.
@@ -239,40 +267,51 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
             ledger.idle += scenario.gpus(task) * paused / HOUR
         elif action == COLD_START:
             ledger.kill(task, begins)
-        else:  # finish first, or no capacity to move it: it runs to its end
+        else:  # finish first, or no receiver for it: it runs to its end (or the wait limit) here
             waiting.append(task)
     empty = _wait_for(scenario, ledger, waiting, begins, node, p.wait_poll_s)
     if empty == INF:
-        return INF
+        return Turn(INF, begins + moving if p.wave_order == "own_work" else INF)
     done = max(begins + moving, empty) + scenario.patch_s
     ledger.idle += node.gpus * (done - max(empty, begins)) / HOUR
-    return done
+    own_work_only = waiting and p.wave_order == "own_work"
+    return Turn(done, min(done, begins + moving) if own_work_only else done)
 
 
-def sweep(scenario: Scenario, parallelism: str) -> Outcome:
-    """Execute the plan as the campaign engine admits nodes (`campaigns.engine.dispatch`): in wave
-    order, at most the plan's limit per cluster at once, a node of wave v only once every wave up to
-    v - 2 is finished (so the nodes receiving its work have not started)."""
-    plan = plan_of(scenario, parallelism)
-    ledger = Ledger(scenario)
-    patched = [INF] * len(scenario.nodes)
+def _planned(plan: SweepPlan) -> dict[int, list[tuple[int, str]]]:
     planned: dict[int, list[tuple[int, str]]] = defaultdict(list)
     for (node_index, task_index), fate in plan.fates.items():
         planned[node_index].append((task_index, fate.action))
+    return planned
+
+
+def sweep(scenario: Scenario, parallelism: str) -> Outcome:
+    """Execute the plan as the campaign engine admits nodes (`campaigns.policy.admits`, as
+    `campaigns.engine.dispatch` calls it): in wave order, at most the plan's limit per cluster at
+    once, a node of wave v only once every wave up to v - 2 is done (so the nodes receiving its work
+    have not started). Each node is treated on its own: with wave_order "own_work", one that waits for
+    work it cannot move (no receiver: up to the wait limit, as the policy says) is parked once its
+    moves are done: it gives its slot back and stops holding the order, and the other nodes go on;
+    "strict" keeps both until it is patched."""
+    plan = plan_of(scenario, parallelism)
+    ledger = Ledger(scenario)
+    patched = [INF] * len(scenario.nodes)
+    planned = _planned(plan)
     pending = [(wave, node) for wave, nodes in enumerate(plan.waves, start=1) for node in nodes]
     unfinished: dict[int, int] = defaultdict(int)
     for wave, _node in pending:
         unfinished[wave] += 1
     in_flight: dict[str, int] = defaultdict(int)
-    running: list[tuple[float, int, int]] = []  # (back at, wave, node)
+    # (moment, 0: releases the order / 1: back in service, wave, node)
+    events: list[tuple[float, int, int, int]] = []
     moment = scenario.release
     soak_until: float | None = None  # set once the canary wave is done
-    while pending or running:
+    while pending or events:
         lowest = min((w for w, n in unfinished.items() if n), default=0)
         if plan.canary and soak_until is None and not unfinished[1]:
             soak_until = moment + plan.soak_s
         holding = plan.canary and (unfinished[1] > 0 or (soak_until is not None and moment < soak_until))
-        if holding and not running and soak_until is not None:
+        if holding and not events and soak_until is not None:
             moment = soak_until  # nothing runs during the soak: time goes straight to its end
             holding = False
         kept = []
@@ -282,19 +321,26 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
                                                             plan.limits.get(cluster, 1)):
                 kept.append((wave, node_index))
                 continue
-            done = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index])
+            turn = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index])
             in_flight[cluster] += 1
-            heapq.heappush(running, (done, wave, node_index))
+            heapq.heappush(events, (turn.released, 0, wave, node_index))
+            heapq.heappush(events, (turn.back, 1, wave, node_index))
         pending = kept
-        if not running:
+        if not events:
             break
-        done, wave, node_index = heapq.heappop(running)
-        if done == INF:
+        at, kind, wave, node_index = heapq.heappop(events)
+        if at == INF:
             break  # every node still out holds a task without end: nothing more finishes
-        moment = done
-        patched[node_index] = done
-        unfinished[wave] -= 1
-        in_flight[scenario.nodes[node_index].cluster] -= 1
+        moment = at
+        if kind == 0:  # done for the order; a node parked on its own work also gives its slot back
+            unfinished[wave] -= 1
+            in_flight[scenario.nodes[node_index].cluster] -= 1
+        else:
+            patched[node_index] = at
+    return _sweep_outcome(ledger, plan, parallelism, patched)
+
+
+def _sweep_outcome(ledger: Ledger, plan: SweepPlan, parallelism: str, patched: list[float]) -> Outcome:
     notes = [f"planned by campaigns.planner: {plan.summary.get('waves')} wave(s), "
              f"{plan.summary.get('migrations')} migration(s), {plan.summary.get('cold_starts')} cold start(s), "
              f"{plan.summary.get('finish_first')} finish first, {plan.summary.get('no_capacity')} without capacity"]

@@ -5,6 +5,8 @@ Both become `Task`s on one clock (seconds from the trace's origin). The openb fi
 scheduled_time`, seconds from the trace start) has no time limits and no nodes: `costs.model`
 says how both are modelled. Tasks that never started (no scheduled_time) and tasks without GPUs are
 left out and counted. A task deleted at the very end of the trace is taken as still running.
+`gpu_spec` (optional; `V100M16|V100M32`: the GPU models a task may run on, empty: any) is kept on
+the task and honoured where it is placed and where it may be moved.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class Task:
     service: bool = False
     memory_gib: float = 0.0
     node: str = ""  # where the trace says it ran (sacct); else the placement model decides
+    gpu_models: tuple[str, ...] = ()  # the GPU models it may run on (openb gpu_spec); empty: any
+
+    def runs_on(self, gpu_model: str) -> bool:
+        return not self.gpu_models or gpu_model in self.gpu_models
 
     def ends(self) -> float:
         return self.end if self.end is not None else float("inf")
@@ -120,10 +126,15 @@ def from_openb(text: str, params: Params, origin: datetime = DEFAULT_ORIGIN, sou
         tasks.append(Task(
             name=record["name"], submit=float(v["creation_time"] or 0), start=began, end=ended, milli=milli,
             limit=_limit(ended - began if ended is not None else None, service, params), service=service,
-            memory_gib=(v["memory_mib"] or 0) / 1024,
+            memory_gib=(v["memory_mib"] or 0) / 1024, gpu_models=gpu_spec(record.get("gpu_spec", "")),
         ))
     return Trace(tasks=tasks, origin=origin, end=trace_end, skipped={k: n for k, n in skipped.items() if n},
                  kind="openb")
+
+
+def gpu_spec(text: str) -> tuple[str, ...]:
+    """`V100M16|V100M32` -> ('V100M16', 'V100M32'); openb separates the models with `|`."""
+    return tuple(sorted({part.strip() for part in re.split(r"[|,;]", text) if part.strip()}))
 
 
 def expand_hostlist(text: str) -> list[str]:

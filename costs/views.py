@@ -16,14 +16,16 @@ from django.core.files.uploadedfile import UploadedFile
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from costs import fleet
+from costs import charts, fleet, report
 from costs.drain import DrainError, WindowCost, drain_cost
 from costs.forms import OPENB, DrainCostForm, SimulateForm, openb_dir
-from costs.inputs import InputError, parse_moment, prepare, read_accounting, zone_of
+from costs.inputs import InputError, is_sacct, parse_moment, prepare, read_accounting, zone_of
 from costs.model import ModelError
 from costs.sacct import COMMAND, SacctError
-from costs.simulate import Result, simulate
+from costs.sensitivity import STRATEGIES, Point, sensitivity, table
+from costs.simulate import STRATEGY_NAMES, Result, simulate
 from costs.trace import TraceError
+from costs.tracestats import trace_stats
 from gpusweep.roles import user_roles
 
 
@@ -48,15 +50,25 @@ def _text(upload: UploadedFile | None, what: str) -> str:
         raise Refused(f"{upload.name}: not UTF-8 text (byte {exc.start})") from None
 
 
-def _drain_chart(cost: WindowCost, number: int) -> dict[str, Any]:
-    return {
-        "title": f"Before the window of {cost.window:%Y-%m-%d %H:%M} UTC", "xlabel": "day before the window",
-        "ylabel": "GPU-hours", "kind": "bars", "x": [d.offset for d in cost.days],
-        "xticks": {str(d.offset): f"{d.offset} ({d.start:%m-%d})" for d in cost.days},
-        "series": [{"label": "GPU-hours allocated", "values": [round(d.gpu_hours, 2) for d in cost.days]},
-                   {"label": "baseline day", "values": [round(cost.baseline_gpu_hours_per_day, 2)] * len(cost.days)}],
-        "id": f"drain-chart-{number}",
-    }
+def tools_page(request: HttpRequest) -> HttpResponse:
+    """/costs/: the two tools, so the bare address lands somewhere."""
+    _need_role(request)
+    return render(request, "costs/tools.html")
+
+
+def _drain_charts(cost: WindowCost, number: int) -> list[dict[str, Any]]:
+    """GPU-hours and submissions per day (one unit each), each with its baseline as a line."""
+    days = [f"{d.offset} ({d.start:%m-%d})" for d in cost.days]
+    when = f"{cost.window:%Y-%m-%d %H:%M} UTC"
+    return [
+        charts.bars(f"drain-chart-{number}", f"GPU-hours per day before the window of {when}", "GPU-hours", days,
+                    [("GPU-hours allocated", [round(d.gpu_hours, 2) for d in cost.days])],
+                    xlabel="day before the window",
+                    baseline=("baseline day", round(cost.baseline_gpu_hours_per_day, 2))).as_dict(),
+        charts.bars(f"drain-submissions-{number}", f"Submissions per day before the window of {when}", "submissions",
+                    days, [("submissions", [float(d.submissions) for d in cost.days])], xlabel="day before the window",
+                    baseline=("baseline day", round(cost.baseline_submissions_per_day, 2))).as_dict(),
+    ]
 
 
 def drain_cost_page(request: HttpRequest) -> HttpResponse:
@@ -83,25 +95,40 @@ def drain_cost_page(request: HttpRequest) -> HttpResponse:
             context["error"] = str(exc)
         else:
             context["costs"] = costs
-            context["charts"] = [_drain_chart(c, i) for i, c in enumerate(costs, start=1)]
+            context["charts"] = [chart for i, c in enumerate(costs, start=1) for chart in _drain_charts(c, i)]
             context["jobs"] = len(acct.jobs)
     return render(request, "costs/drain_cost.html", context)
 
 
 def _sim_charts(result: Result) -> list[dict[str, Any]]:
-    labels = [f"{r.label}, {r.cadence}" for r in result.rows]
-    tables = [[[p[0] for p in curve], [p[1] for p in curve]] for curve in result.curves]
-    return [
-        {"id": "sim-patched", "title": "Share of the fleet patched", "xlabel": "days since release",
-         "ylabel": "share patched", "kind": "line", "steps": True, "tables": tables, "labels": labels},
-        {"id": "sim-exposure", "title": "Exposure, idle and recomputed", "xlabel": "run", "kind": "bars",
-         "ylabel": "node-days / GPU-hours", "x": list(range(len(labels))),
-         "xticks": {str(i): f"{r.strategy} {r.cadence}" for i, r in enumerate(result.rows)},
-         "series": [{"label": "exposure node-days", "values": [round(r.exposure_node_days, 1) for r in result.rows]},
-                    {"label": "idle GPU-hours", "values": [round(r.idle_gpu_hours, 1) for r in result.rows]},
-                    {"label": "recomputed GPU-hours",
-                     "values": [round(r.recomputed_gpu_hours, 1) for r in result.rows]}]},
+    """Share patched over time; exposure (node-days) and GPU-hours lost apart, one unit per chart."""
+    runs = [f"{r.strategy} {r.cadence}" for r in result.rows]
+    curves = [(f"{r.label}, {r.cadence}", list(curve)) for r, curve in zip(result.rows, result.curves, strict=True)]
+    out = [
+        charts.steps("sim-patched", "Share of the fleet patched", "share of nodes patched", "days since release",
+                     curves, ytop=1.0),
+        charts.bars("sim-exposure", "Exposure", "node-days", runs,
+                    [("exposure node-days", [round(r.exposure_node_days, 1) for r in result.rows])]),
+        charts.bars("sim-gpu-hours", "GPU-hours lost", "GPU-hours", runs,
+                    [("idle GPU-hours", [round(r.idle_gpu_hours, 1) for r in result.rows]),
+                     ("recomputed GPU-hours", [round(r.recomputed_gpu_hours, 1) for r in result.rows])]),
     ]
+    if result.stats is not None:
+        points = result.stats.utilization(result.gpus)
+        out.append(charts.steps("sim-utilization", "GPUs busy in the trace file", "share of GPUs busy", "day",
+                                [("GPUs busy", [(d, round(u, 4)) for d, u in points])]))
+    return [c.as_dict() for c in out]
+
+
+def _sensitivity_charts(points: list[Point]) -> list[dict[str, Any]]:
+    out = []
+    for axis in dict.fromkeys(p.axis for p in points):
+        mine = [p for p in points if p.axis == axis]
+        out.append(charts.bars(f"sens-{axis}", f"Exposure as {axis.replace('_', ' ')} varies", "node-days",
+                               [p.value for p in mine],
+                               [(STRATEGY_NAMES[s], [round(p.exposure[s], 1) for p in mine]) for s in STRATEGIES],
+                               xlabel=axis.replace("_", " ")).as_dict())
+    return out
 
 
 def _fleet(choice: str, upload: UploadedFile | None, mapping: str) -> list[fleet.SimNode]:
@@ -148,8 +175,19 @@ def simulate_page(request: HttpRequest) -> HttpResponse:
             except SacctError as exc:
                 raise Refused(f"{source}: {exc}") from None
             result = simulate(nodes, tr, params)
-        except (Refused, InputError, ModelError, TraceError, fleet.FleetError) as exc:
+            if not is_sacct(text):
+                result.stats = trace_stats(text, (result.release,))
+            points = sensitivity(nodes, tr, params) if data.get("sensitivity") else []
+        except ModelError as exc:
+            context["error"] = str(exc)
+            name = str(exc).split("=", 1)[0].split(":", 1)[0].strip()
+            if f"p_{name}" in form.fields:
+                form.add_error(f"p_{name}", str(exc))  # shown beside the field, which keeps its value
+        except (Refused, InputError, TraceError, fleet.FleetError) as exc:
             context["error"] = str(exc)
         else:
-            context.update(result=result, facts=result.facts(), advisory_label=label, charts=_sim_charts(result))
+            context.update(result=result, facts=result.facts(), advisory_label=label,
+                           charts=_sim_charts(result) + _sensitivity_charts(points),
+                           stats=report.stats_lines(result), holds=report.holds_lines(result),
+                           sensitivity=table(points) if points else "")
     return render(request, "costs/simulate.html", context)

@@ -38,7 +38,8 @@ def drain(path: Path, fmt: str) -> str:
 
 def test_drain_cost_prints_the_five_steps_per_window(sacct_file: Path):
     table = drain(sacct_file, "table")
-    assert f"drain (a floor): {round(HAND['drain_gpu_hours_floor'], 2):g} GPU-hours" in table
+    net = round(HAND["drain_gpu_hours_net"], 2)
+    assert f"drain (net, days above the baseline count against it): {net:g} GPU-hours" in table
     assert "3. held back: 6 job(s) pending when the window opened, 112 requested GPU-hours (1 without" in table
     assert f"at most {round(HAND['recompute_gpu_hours_ceiling'], 2):g} GPU-hours" in table
     [row] = list(csv.DictReader(io.StringIO(drain(sacct_file, "csv"))))

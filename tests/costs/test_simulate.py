@@ -140,13 +140,16 @@ def waited_sweep(params: Params) -> float:
 
 def test_a_waited_job_is_seen_to_end_at_the_engines_next_look():
     params = Params(parallelism=("2",), patch_minutes=10 / 60, checkpointable_share=0.0, not_checkpointable="wait",
-                    wait_limit_h=None, canary="0")
+                    wait_limit_h=None, canary="0", wave_order="strict")
     # Waves gpu01+gpu02, then gpu03+gpu04 as a slot frees. Looking every second: gpu01 is done at
     # 20 + 10, gpu03 starts then and waits for its job (60), done at 70; gpu02 at 50, gpu04 at 60.
     assert waited_sweep(params.with_(wait_poll_s=1)) == pytest.approx(70)
     # The engine's 30 s: gpu01 sees its end at 30 (done 40), gpu02 at 60 (done 70); gpu03 starts at
     # 40 and sees its job's end at 70 (done 80), gpu04 starts at 70 (done 80).
     assert waited_sweep(params.with_(wait_poll_s=30)) == pytest.approx(80)
+    # Parked on their own work, gpu01 and gpu02 give their slots back at once: gpu03 starts at 0 and
+    # sees its job's end at 60 (done 70), gpu04 has nothing to wait for; the last is gpu02 at 70.
+    assert waited_sweep(params.with_(wait_poll_s=30, wave_order="own_work")) == pytest.approx(70)
     assert Params().wait_poll_s == policy.WAIT_POLL_S
 
 

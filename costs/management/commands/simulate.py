@@ -1,6 +1,6 @@
 """python manage.py simulate (--fleet FILE [--mapping NAME] | --cluster NAME) --trace FILE
 [--severity high | --advisory ID] [--release DAYS|DATETIME] [--campaign ID] [--<parameter> VALUE ...]
-[--format table|csv|json]"""
+[--format table|csv|json] [--sensitivity]"""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from costs import fleet, report
-from costs.inputs import SEVERITIES, InputError, parse_moment, prepare, tunable, zone_of
+from costs.inputs import SEVERITIES, InputError, is_sacct, parse_moment, prepare, tunable, zone_of
 from costs.model import ModelError
 from costs.sacct import SacctError
+from costs.sensitivity import sensitivity, table
 from costs.simulate import simulate
 from costs.trace import DEFAULT_ORIGIN, TraceError
+from costs.tracestats import trace_stats
 
 
 class Command(BaseCommand):
@@ -40,8 +42,11 @@ class Command(BaseCommand):
         parser.add_argument("--tz", default="UTC", help="time zone of sacct times and of naive moments")
         for name, text, default in tunable():
             parser.add_argument(f"--{name.replace('_', '-')}", dest=f"p_{name}", default=None,
-                                help=f"{text} (default {default or 'unset'})")
+                                help=f"{text} (default {default or 'unset'})".replace("%", "%%"))
         parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
+        parser.add_argument("--sensitivity", action="store_true",
+                            help="also vary parallelism, window cadence, checkpointable share and wait limit one at "
+                                 "a time and print where each strategy wins (costs.sensitivity)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         values = {k[2:]: v for k, v in options.items() if k.startswith("p_") and v is not None}
@@ -58,9 +63,14 @@ class Command(BaseCommand):
                 release=options["release"], origin=parse_moment(options["trace_start"], zone, "--trace-start"),
                 zone=zone, source=options["trace"].name, campaign_id=options["campaign"])
             result = simulate(nodes, tr, params)
+            if not is_sacct(text):
+                result.stats = trace_stats(text, (result.release,))
+            points = sensitivity(nodes, tr, params) if options["sensitivity"] else []
         except SacctError as exc:
-            raise CommandError(f"{options['trace']}: {exc}") from None
+            raise CommandError(f"{options['trace']}: {exc}", returncode=2) from None
         except (fleet.FleetError, TraceError, ModelError, InputError) as exc:
-            raise CommandError(str(exc)) from None
+            raise CommandError(str(exc), returncode=2) from None
         rendered = {"json": report.sim_json, "csv": report.sim_csv, "table": report.sim_table}
         self.stdout.write(rendered[options["format"]](result))
+        if points:
+            self.stdout.write("\nsensitivity (one parameter at a time, the others as above):\n" + table(points))
