@@ -25,6 +25,7 @@ run: migrate
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy
