@@ -25,7 +25,8 @@ def home(request: HttpRequest) -> HttpResponse:
     # GPUSWEEP_CONSOLE_FIGURES_S old (the page says as of when).
     figures, computed_at = cached_figures("console:overview", lambda: overview.figures(sections, timezone.now()),
                                           settings.GPUSWEEP_CONSOLE_FIGURES_S)
-    counts = cached("overview-counts", overview.tables(sections), lambda: overview.counts(sections, timezone.now()))
+    counts = cached("console:overview-counts", overview.tables(sections),
+                    lambda: overview.counts(sections, timezone.now()))
     roles = sorted(user_roles(request.user))
     live = [s.live(counts.get(s.name, {})) for s in sections if s.live is not None]
     return render(request, "console/home.html", {
