@@ -36,4 +36,4 @@ pytest: venv
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
