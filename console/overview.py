@@ -12,12 +12,23 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpusweep import datagen
 from gpusweep.registry import OverviewSection, merged
 
-Row = tuple[bool, list[OverviewSection]]
+
+@dataclass(frozen=True)
+class Block:
+    """A section's block on the page; `kept`: rendered once per fragment_key (not live). Said here,
+    not asked in the template, which would call `live` instead of testing it."""
+
+    section: OverviewSection
+    kept: bool
+
+
+Row = tuple[bool, list[Block]]
 ByName = dict[str, dict[str, Any]]
 
 
@@ -57,8 +68,9 @@ def rows(sections: Iterable[OverviewSection]) -> list[Row]:
     for section in sections:
         if not section.template:
             continue
+        block = Block(section, kept=section.live is None)
         if section.half and lines and lines[-1][0] and len(lines[-1][1]) == 1:
-            lines[-1][1].append(section)
+            lines[-1][1].append(block)
         else:
-            lines.append((section.half, [section]))
+            lines.append((section.half, [block]))
     return lines

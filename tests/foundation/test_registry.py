@@ -23,8 +23,10 @@ def test_two_half_sections_in_a_row_share_a_line_and_a_section_without_a_block_t
         registry.OverviewSection("full", 1, template="t"), registry.OverviewSection("h1", 2, template="t", half=True),
         registry.OverviewSection("h2", 3, template="t", half=True),
         registry.OverviewSection("h3", 4, template="t", half=True), registry.OverviewSection("n", 5, headline="t"))
-    assert overview.rows([full, half1, half2, half3, headline]) == [
-        (False, [full]), (True, [half1, half2]), (True, [half3])]
+    live = registry.OverviewSection("live", 6, template="t", live=dict)
+    assert overview.rows([full, half1, half2, half3, headline, live]) == [
+        (False, [overview.Block(full, True)]), (True, [overview.Block(half1, True), overview.Block(half2, True)]),
+        (True, [overview.Block(half3, True)]), (False, [overview.Block(live, False)])]
 
 
 def test_every_installed_app_contributes_its_sections_in_order():
