@@ -25,6 +25,7 @@ run: migrate
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy
@@ -35,4 +36,4 @@ pytest: venv
 test: lint typecheck pytest
 
 clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

@@ -46,7 +46,8 @@ def main() -> int:
     from advisories.models import Advisory, Exposure
     from advisories.sources import FolderSource
     from bench.exposure import build_fleet
-    from gpusweep import overview
+    from console import overview
+    from gpusweep import registry
     from inventory.models import Node
 
     corpus = corpus_folder(args.corpus)
@@ -69,7 +70,7 @@ def main() -> int:
         advisory = Advisory.objects.filter(publisher_id="5703").first() or Advisory.objects.first()
         node = Node.objects.first()
         assert advisory is not None and node is not None
-        for label, compute in (("overview's figures", lambda: overview.figures(timezone.now())),
+        for label, compute in (("overview's figures", lambda: overview.figures(registry.overview, timezone.now())),
                                ("exposed counts per advisory", counts.per_advisory)):
             started = time.perf_counter()
             compute()

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from inventory.choices import CheckpointEngine
+
 GPU_MODEL = "gpu_model"
 
 
@@ -64,6 +66,7 @@ ENGINES: dict[str, EngineRule] = {}
 
 def register(rule: EngineRule) -> EngineRule:
     ENGINES[rule.name] = rule
+    CheckpointEngine.register(rule.name, rule.label)  # what a workload's checkpoint_engine may be
     return rule
 
 

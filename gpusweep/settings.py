@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "executors",
     "costs",
     "metrics",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -181,6 +182,9 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_DEFAULT_QUEUE = env_str("GPUSWEEP_CELERY_QUEUE", "celery")
 
 # --- REST API -------------------------------------------------------------------------
+# The user an API token in an "Authorization" header names, for the download pages that take one
+# (gpusweep.middleware.accepts_token); named here so that the core imports no app.
+GPUSWEEP_TOKEN_USER = "accounts.authentication.user_for_header"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # "Authorization: Bearer <key>" or "Token <key>": named tokens (accounts), DRF's own still accepted.

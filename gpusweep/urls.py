@@ -1,24 +1,21 @@
+"""The root URLconf. Apps are included by name, never imported: gpusweep is the bottom layer
+(docs/architecture.md, Layers)."""
+
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from gpusweep import health, views
+from gpusweep import health
 from gpusweep.api import api_urlpatterns
-from metrics.views import metrics
-from reports import views as reports
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", metrics, name="metrics"),
-    path("", views.home, name="home"),
-    path("settings/", views.settings_page, name="settings"),
+    path("", include("metrics.urls")),
+    path("", include("console.urls")),  # the overview and /settings/
     path("accounts/", include("django.contrib.auth.urls")),
     path("nodes/", include("inventory.urls")),
-    # The auditors' reports, beside the pages they are about (reports/views.py).
-    path("campaigns/<int:pk>/report.<str:fmt>", reports.campaign_report, name="campaign-report"),
-    path("advisories/<int:pk>/report.<str:fmt>", reports.advisory_report, name="advisory-report"),
-    path("advisories/pending.<str:fmt>", reports.pending_report, name="pending-report"),
+    path("", include("reports.urls")),  # beside the pages they are about, before advisories' own
     path("advisories/", include("advisories.urls")),
     path("campaigns/", include("campaigns.urls")),
     path("costs/", include("costs.urls")),

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import ClassVar
+
 from gpusweep.choices import ChoiceSet
 
 
@@ -37,23 +39,21 @@ class WorkloadKind(ChoiceSet):
 
 
 class CheckpointEngine(ChoiceSet):
-    """How a workload is checkpointed. The set of engines is executors.portability's registry (a new
-    engine is one EngineRule and a register call, no migration); these names are the built-ins."""
+    """How a workload is checkpointed. The engines are those registered: executors.portability
+    registers each of its rules (a new engine is one EngineRule and a register call, no migration),
+    and ExecutorsConfig.ready() imports it. These names are the built-ins."""
 
     CRIU = "criu"
     CUDA = "cuda"
     SIGNAL = "signal"
     NONE = "none"
+    CHOICES: ClassVar[list[tuple[str, str]]] = []
 
     @classmethod
-    def choices(cls) -> list[tuple[str, str]]:
-        from executors.portability import ENGINES
-
-        return [(name, rule.label) for name, rule in ENGINES.items()]
-
-    @classmethod
-    def values(cls) -> list[str]:
-        return [name for name, _label in cls.choices()]
+    def register(cls, name: str, label: str) -> None:
+        labels = dict(cls.CHOICES)
+        labels[name] = label
+        cls.CHOICES = list(labels.items())
 
 
 class WorkloadPolicy(ChoiceSet):

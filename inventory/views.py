@@ -1,4 +1,5 @@
-"""Fleet pages: nodes with their versions, workloads and exposures."""
+"""Fleet pages: nodes with their versions and workloads, and what other apps show of a node
+(its exposures, its campaigns: gpusweep.registry.node_page)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,8 @@ from typing import Any
 from django.db.models import Prefetch, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
-from django.utils import timezone
 
-from advisories.models import Exposure
-from campaigns.models import NodeSweep
+from gpusweep import registry
 from gpusweep.pages import paginate
 from inventory.choices import ServiceState
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent
@@ -79,14 +78,12 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
         rows = readable_changes(log.changes)
         if rows:
             history.append((log, rows))
-    exposures = list(Exposure.objects.filter(node=node).select_related("advisory", "affected_range")
-                     .order_by("state", "deadline")[:200])
+    sections = list(registry.node_page)
     return render(request, "inventory/node_detail.html", {
+        **registry.merged(section.context(request, node) for section in sections),
         "node": node,
         "components": node.components.order_by("component"),
         "workloads": node.workloads.filter(gone_at__isnull=True),
-        "exposures": exposures,
-        "sweeps": NodeSweep.objects.filter(node=node).select_related("campaign").order_by("-id")[:20],
         "history": history,
-        "now": timezone.now(),
+        "sections": sections,
     })

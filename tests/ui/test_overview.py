@@ -10,8 +10,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from advisories import overview
 from advisories.models import Exposure
-from gpusweep import overview
 from inventory.models import Cluster
 from tests.ui.test_pages import fleet, viewer  # noqa: F401  (fixtures)
 

@@ -1,4 +1,5 @@
-"""The figures of the overview page, each a GROUP BY or two however large the fleet.
+"""What advisories shows on the overview page (gpusweep.registry): its figures, each a GROUP BY or
+two however large the fleet, its exact counts, and the sections that show them.
 
 An exposure counts as exposed from `first_seen` until it is remediated (`remediated_at`) or an
 approver sets it not affected (its `updated_at`); an accepted risk is still exposed (the
@@ -17,6 +18,7 @@ from django.db.models.functions import TruncDate
 from advisories import counts
 from advisories.choices import ExposureState, ReviewState
 from advisories.models import Advisory, Exposure, ReviewItem
+from gpusweep.registry import Counts, OverviewSection
 from inventory.choices import ServiceState
 from inventory.models import Node
 
@@ -150,8 +152,34 @@ def needing_review() -> list[dict[str, Any]]:
 
 
 def figures(now: dt.datetime) -> dict[str, Any]:
-    """Everything fleet-wide the overview shows, computed together (the page caches it)."""
+    """Everything fleet-wide advisories shows on the overview, computed together (the page caches it)."""
     return {"by_severity": exposed_by_severity(), "summary": deadlines(now), "compliance": compliance_by_cluster(),
             "charts": charts(now), "review": needing_review(),
             "needs_review": ReviewItem.objects.filter(state=ReviewState.OPEN).values("advisory").distinct().count(),
             "presumed_nodes": Exposure.objects.filter(state=ExposureState.PRESUMED).values("node").distinct().count()}
+
+
+EXPIRING_DAYS = 7
+
+
+def exact_counts(now: dt.datetime) -> Counts:
+    """The advisories, mismatches and accepted risks (read on every visit, so kept until their tables
+    are written), and when `expiring` next changes by itself: when the first risk ending later than
+    a week from now comes within the week."""
+    soon = now + dt.timedelta(days=EXPIRING_DAYS)
+    accepted = Exposure.objects.filter(state=ExposureState.RISK_ACCEPTED)
+    later = accepted.filter(risk_expires_at__gte=soon).aggregate(first=Min("risk_expires_at"))["first"]
+    return {
+        "advisories": Advisory.objects.count(),
+        "mismatches": Advisory.objects.filter(integrity="mismatch").count(),
+        "accepted": accepted.aggregate(n=Count("id"), expiring=Count("id", filter=Q(risk_expires_at__lt=soon))),
+    }, later - dt.timedelta(days=EXPIRING_DAYS) if later is not None else None
+
+
+SECTIONS = (
+    OverviewSection("advisories", order=20, headline="advisories/_overview_headline.html",
+                    template="advisories/_overview_exposed.html", figures=figures, counts=exact_counts,
+                    reads=(Advisory, Exposure)),
+    OverviewSection("compliance", order=40, template="advisories/_overview_compliance.html", half=True),
+    OverviewSection("review", order=60, template="advisories/_overview_review.html"),
+)
