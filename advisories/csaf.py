@@ -34,6 +34,7 @@ from typing import Any
 
 from advisories import components
 from advisories.choices import RangeBasis, ReviewKind, Severity
+from inventory.versions import parse_version
 
 
 class DocumentError(ValueError):
@@ -176,35 +177,49 @@ def version_tuple(text: str) -> tuple[Any, ...]:
 
 # --- version text decoding ------------------------------------------------------------------
 
-_V = r"[vr]?(\d+(?:_\d+)*)"
-_ALL = r"all_(?:drivers?_)?versions?"
-_LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_])+"
+# A version: dotted (or, in product ids, underscored) numbers, then a pre-release ("rc17",
+# "-rc.1", "beta2"), an update ("_update_2", "u1") or a letter suffix ("10.24.09a"); `_canon`
+# writes it the way inventory/versions.py orders it.
+_SUFFIX = r"(?:_?(?:update_?|u)\d+|[-_.]?(?:rc|alpha|beta|pre|dev)[._]?\d+|[ab]\d+|[a-z](?![a-z0-9]))"
+_V = rf"[vr]?(\d+(?:[._]\d+)*(?:\.x)?{_SUFFIX}?)"
+_ALL = r"all_(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
+# Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
+# not a word of the grammar.
+_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|january|february|march|april"
+          r"|may|june|july|august|september|october|november|december)_)[a-z][a-z-]*_){1,4}")
+_LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_.,])+"
 _RELEASE = r"(?:the_)?[a-z]+_\d{4}(?:_cloud_gaming)?_release"
 
 # (name, pattern, kind): every version text form NVIDIA writes in its product trees (and its CVE
 # index), tried in order. Example texts are in tests/advisories/test_csaf.py (one row per form).
 GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
-    ("prior to X", re.compile(rf"{_ALL}_(?:prior_to|before(?:_release)?)_{_V}(?P<note>_for_support_of_[a-z0-9_]+)?"),
+    ("prior to X", re.compile(rf"(?:{_ALL}_)?(?:prior_to|before(?:_release)?|earlier_than|older_than|lower_than|below)_"
+                              rf"(?:{_WORDS})?{_V}(?P<note>_for_support_of_[a-z0-9_.,-]+)?"), "affected"),
+    ("up to and including X", re.compile(rf"(?:{_ALL}_)?(?:up_to_and_including|up_to|through|until)_(?:{_WORDS})?{_V}"),
      "affected"),
-    ("up to and including X", re.compile(rf"{_ALL}_up_to_and_including_{_V}"), "affected"),
-    ("prior to and including X", re.compile(rf"{_ALL}_prior_to_and_including_{_V}"), "affected"),
-    ("X and earlier", re.compile(rf"{_V}_and_(?:earlier|prior|older)"), "affected"),
-    ("X to Y", re.compile(rf"{_V}_(?:to|through)_{_V}"), "affected"),
+    ("prior to and including X", re.compile(rf"(?:{_ALL}_)?prior_to_and_including_(?:{_WORDS})?{_V}"), "affected"),
+    ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
+     "affected"),
+    ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}_(?:to|through|-)_(?:{_WORDS})?{_V}"), "affected"),
     ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_versions_prior_to_{_V}"), "affected"),
     ("all X.Y versions", re.compile(rf"all_{_V}_versions"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
-        rf"{_ALL}_prior_to_{_V}(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
+        rf"{_ALL}_prior_to_{_V}_?(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
+    ("only release X", re.compile(rf"(?:only_(?:version_|release_)?{_V}|{_V}_only)"), "affected"),
     ("X (up to and including <vGPU or release label>)", re.compile(rf"{_V}(?P<labels>(?:_?{_LABEL})+)"), "affected"),
     ("all versions", re.compile(_ALL), "affected"),
     ("X or newer", re.compile(rf"{_V}_(?:or|and)_(?:newer|later|above)"), "fixed"),
-    ("X and Y (latest)", re.compile(rf"{_V}_and_{_V}(?:_latest)?"), "fixed"),
-    ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:_\d+)*)"), "fixed"),
+    ("X and Y (latest)", re.compile(rf"{_V}_and_{_V}_latest"), "fixed"),
+    ("list of releases X, Y", re.compile(rf"(?:{_WORDS})?{_V}(?:(?:_?,_(?:and_|or_)?|_and_|_or_)(?:{_WORDS})?{_V})+"),
+     "list"),
+    ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:[._]\d+)*)"), "fixed"),
     ("X (<vGPU or release label>)", re.compile(
-        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:_\d+)*|_?{_RELEASE})?"), "fixed"),
+        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:[._]\d+)*|_?{_RELEASE})?"), "fixed"),
 ]
 
 # Conditions written after a version text: the range applies only where the node fact matches.
-_ARCH_CONDITION = re.compile(r"_?only_(?:for_)?gpus_based_on_the_(?P<archs>[a-z_]+?)_architectures?$")
+_ARCH_CONDITION = re.compile(
+    r"_?only_(?:for_)?gpus_based_on_the_(?P<archs>[a-z_,]+?)_(?:gpu_)?architectures?(?:_(?:are|is)_affected)?$")
 _CDI_BELOW = re.compile(rf"_?cdi_mode_only_for_versions_prior_to_{_V}$")
 _MODE_CONDITION = re.compile(
     r"_?(?:only_when_(?P<m1>cdi|csv|legacy)(?:_mode)?_is_enabled|(?P<m2>cdi|csv|legacy)_mode_only|only_in_(?P<m3>cdi|csv|legacy)_mode"
@@ -214,7 +229,34 @@ GPU_ARCHITECTURE = "gpu_architecture"
 
 
 def _dots(match_text: str) -> str:
-    return match_text.replace("_", ".")
+    """A version as the grammar matched it, written as inventory/versions.py orders it:
+    '580_95_05' -> '580.95.05', '1.3.0_rc17' -> '1.3.0rc17', '12.6_update_2' -> '12.6.2' (NVIDIA's
+    "X.Y Update N" is release X.Y.N), '10.24.09a' stays."""
+    m = re.fullmatch(r"(\d+(?:[._]\d+)*)(?:\.x)?(.*)", match_text)
+    if not m:
+        return match_text.replace("_", ".")
+    release, tail = m.group(1).replace("_", "."), m.group(2).lstrip("_")
+    if u := re.fullmatch(r"(?:update_?|u)(\d+)", tail):
+        return f"{release}.{u.group(1)}"
+    if pre := re.fullmatch(r"[-.]?(rc|alpha|beta|pre|dev)[._]?(\d+)", tail):
+        return f"{release}{pre.group(1)}{pre.group(2)}"
+    return release + tail
+
+
+def normalize_version_text(text: str, product: str = "") -> str:
+    """A product name's version text in the grammar's form: lower case, words joined by '_',
+    dots, commas and hyphens kept ('All versions prior to CUDA Toolkit v12.2' ->
+    'all_versions_prior_to_v12.2' for product 'CUDA Toolkit'); texts already in that form (a
+    product id's tail) are unchanged. The product's own name is dropped where the text repeats it."""
+    t = re.sub(r"\s+", " ", text.lower()).strip()
+    for name in {product.lower().strip(), re.sub(r"^nvidia\s+", "", product.lower().strip())} - {""}:
+        t = t.replace(name, " ")
+    t = re.sub(r"\bnvidia\b", " ", t)
+    t = re.sub(r"(?<=\d)\s*-\s*(?=v?\d)", " to ", t)  # "0.0-26.05": a range, not a pre-release
+    t = re.sub(r"\s*,\s*", " , ", t)
+    t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
+    t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))
+    return re.sub(r"_+", "_", t).strip("_.,")
 
 
 @dataclass(frozen=True)
@@ -237,14 +279,19 @@ class Decoded:
     labels: tuple[str, ...] = ()  # vGPU software releases named with the version ("16.10")
 
 
+def _order(version: str) -> str:
+    """Sort key of a version text, as the inventory compares it ('' sorts first)."""
+    return parse_version("generic", version).key or ""
+
+
 def _vgpu_labels(text: str) -> tuple[str, ...]:
-    return tuple(_dots(m) for m in re.findall(r"vgpu_?(?:software_)?(\d+(?:_\d+)+)", text))
+    return tuple(_dots(m) for m in re.findall(r"vgpu_?(?:software_)?(\d+(?:[._]\d+)+)", text))
 
 
 def _split_condition(text: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]], ...], str | None]:
     """Strip a trailing condition: (text, condition, cdi_below) where cdi_below splits the range."""
     if m := _ARCH_CONDITION.search(text):
-        archs = tuple(a for a in m.group("archs").split("_") if a in components.ARCHITECTURE_NAMES)
+        archs = tuple(a for a in re.split(r"[_,]+", m.group("archs")) if a in components.ARCHITECTURE_NAMES)
         if archs:
             return text[:m.start()], ((GPU_ARCHITECTURE, archs),), None
     if m := _CDI_BELOW.search(text):
@@ -258,17 +305,24 @@ def _split_condition(text: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]],
     return text, (), None
 
 
-def decode_version_text(text: str, listed_affected: bool = False) -> Decoded | None:
-    """Decode one NVIDIA version text; None when it does not fit a known form.
+def decode_version_text(text: str, listed_affected: bool = False, product: str = "") -> Decoded | None:
+    """Decode one NVIDIA version text (a product's name, or an id's tail); None when it does not
+    fit a known form.
 
     `listed_affected`: the product_id is in some CVE's known_affected, so a text that reads as a
-    plain (fixed-looking) version is the affected release itself.
+    plain (fixed-looking) version is the affected release itself. `product`: the product's name,
+    dropped where the text repeats it.
     """
-    body, condition, cdi_below = _split_condition(text)
+    body, condition, cdi_below = _split_condition(normalize_version_text(text, product))
     for form, pattern, kind in GRAMMAR:
         m = pattern.fullmatch(body)
         if not m:
             continue
+        if kind == "list":
+            versions = [_dots(v) for v in re.findall(_V, re.sub(_WORDS, "", body))]
+            if not listed_affected:
+                return Decoded("fixed", form, fixed=min(versions, key=_order), labels=_vgpu_labels(body))
+            return Decoded("affected", form, tuple(Bounds(v, True, v, True, condition) for v in versions))
         if kind == "fixed":
             if listed_affected and form.startswith("X (") and not m.group("label"):
                 exact = _dots(m.group(1))
@@ -299,10 +353,13 @@ def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
         return Bounds(upper=_dots(m.group(1)), upper_inclusive=True)
     if form == "X to Y":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), True)
+    if form == "only release X":
+        exact = _dots(m.group(1) or m.group(2))
+        return Bounds(exact, True, exact, True)
     if form == "all X.Y versions prior to Z":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), False)
     if form == "all X.Y versions":
-        line = [int(p) for p in m.group(1).split("_")]
+        line = [int(p) for p in re.split(r"[._]", re.sub(r"\.x$", "", m.group(1)))]
         following = ".".join(str(p) for p in [*line[:-1], line[-1] + 1])
         return Bounds(_dots(m.group(1)), True, following, False)
     if form == "prior to X / prior to the <month> release":
@@ -413,18 +470,14 @@ def _scope(component: components.Component, leaf_name: str, architecture: str) -
 # --- the document ---------------------------------------------------------------------------------
 
 
-def _leaf_version_text(product: dict[str, Any], prefixes: list[str]) -> str | None:
-    helper = product.get("product_identification_helper")
-    cpe = helper.get("cpe") if isinstance(helper, dict) else None
-    if isinstance(cpe, str) and cpe.startswith("cpe:2.3:"):
-        parts = cpe.split(":")
-        if len(parts) > 5 and parts[5] not in ("*", "-", ""):
-            return parts[5]
-    product_id: str = product["product_id"]
-    for prefix in sorted(prefixes, key=len, reverse=True):
-        if product_id.startswith(prefix + "_"):
-            return product_id[len(prefix) + 1:]
-    return None
+def _leaf_version_text(product: dict[str, Any]) -> str | None:
+    """The version text of a product_version leaf: its product's name, as NVIDIA writes it.
+
+    Never the product_id or the CPE: they are the name with its punctuation dropped, so
+    "0.0-26.05" reads there as the single version 0.026.05. Ids only identify.
+    """
+    name = str(product.get("name", "")).strip()
+    return name or None
 
 
 def _tracking(doc: dict[str, Any], document: str) -> tuple[dict[str, Any], str, list[dict[str, str]]]:
@@ -576,7 +629,7 @@ def _walk_tree(branches: list[Any], document: str) -> list[_Leaf]:
         pid = product["product_id"]
         prefix = next((p for p in sorted(prefixes, key=len, reverse=True) if pid.startswith(p + "_")), "")
         leaves.append(_Leaf(pid, item["name"], arch, (arch_no, prefix or item["name"]),
-                            _leaf_version_text(product, prefixes)))
+                            _leaf_version_text(product)))
     return leaves
 
 

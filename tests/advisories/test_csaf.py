@@ -46,7 +46,7 @@ def test_it_reads_5703s_linux_data_center_branches():
     assert parsed.severity == "high"
     assert linux_tesla(parsed) == {"R580": "580.95.05", "R570": "570.195.03", "R535": "535.274.02"}
     r580 = next(r for r in parsed.ranges if r.product_id == "linuxr580_tesla_all_driver_versions_prior_to_580_95_05")
-    assert r580.raw == "all_driver_versions_prior_to_580_95_05"
+    assert r580.raw == "All driver versions prior to 580.95.05"  # the product name, as NVIDIA wrote it
     assert r580.fixed_product_id == "linuxr580_tesla_580_95_05"
     assert len(r580.cve_ids) == 6 and "CVE-2025-23280" in r580.cve_ids
     cve = next(c for c in parsed.cves if c.cve_id == "CVE-2025-23309")
@@ -64,7 +64,7 @@ def test_it_presumes_the_branches_5703_skips_and_flags_nvidias_typo():
     review = {(n.kind, n.key) for n in parsed.review}
     assert ("unsupported_branch", "unsupported_branch:R535-R570") in review
     # "R535 vGPU 16" fixed in 575.274.02: NVIDIA meant 535.274.02, a human should look.
-    typo = [n for n in parsed.review if n.raw == "575_274_02vgpu_16_12"]
+    typo = [n for n in parsed.review if n.raw == "575.274.02(vGPU 16.12)"]
     assert typo and "outside branch R535" in typo[0].reason
 
 
