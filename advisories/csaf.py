@@ -407,7 +407,11 @@ def _arch_qualifier(architecture: str) -> str:
 
 
 def classify_os(architecture: str, product_line: str) -> list[str]:
+    """The node OS families a row is for ('' = any). Platform rows never cross: a Windows row is
+    not a Linux node's, a Jetson (Tegra) row not an x86 Linux node's, whatever the component."""
     base = re.sub(r"\([^)]*\)\s*$", "", architecture).strip().lower()
+    if re.search(r"\b(?:jetson|tegra|l4t|jetpack)\b", base):
+        return ["jetson"]
     if product_line == "vgpu_manager" or (product_line == "cloud_gaming" and not base.startswith(("linux", "windows"))):
         return ["hypervisor"]
     has_linux = "linux" in base and not any(h in base for h in ("kvm", "hypervisor", "vsphere"))
@@ -558,8 +562,14 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     for cve in cves:
         for pid in cve.affected_product_ids:
             affected_by.setdefault(pid, []).append(cve.cve_id)
-    ranges, review = _ranges(leaves, affected_by, {pid for cve in cves for pid in cve.fixed_product_ids})
+    fixed_by: dict[str, set[str]] = {}
+    for cve in cves:
+        for pid in cve.fixed_product_ids:
+            fixed_by.setdefault(pid, set()).add(cve.cve_id)
+    earlier = earlier_notes(data)
+    ranges, review = _ranges(leaves, affected_by, fixed_by, earlier)
     ranges += _unsupported_branches(ranges, review)
+    ranges += _older_branches(ranges, review, earlier.get("branch"))
     known = {leaf.product_id for leaf in leaves}
     for cve in cves:
         for pid in cve.affected_product_ids:
@@ -641,8 +651,9 @@ class _Reading:
     """What one document's leaves are turning into, shared by the passes below."""
 
     affected_by: dict[str, list[str]]
-    fixed_ids: set[str]
+    fixed_by: dict[str, set[str]]  # product_id -> the CVEs it is the fix of
     labels: set[int]  # driver branches the document labels anywhere
+    earlier: dict[str, Earlier] = field(default_factory=dict)  # what the notes say of older releases
     # (product, vGPU software release) -> driver version, from this document's own rows: a
     # Virtual GPU Manager and a guest driver of one release have different versions.
     vgpu_versions: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -650,15 +661,18 @@ class _Reading:
     review: list[ReviewNote] = field(default_factory=list)
 
 
-def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
-            fixed_ids: set[str]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]], fixed_by: dict[str, set[str]],
+            earlier: dict[str, Earlier]) -> tuple[list[ParsedRange], list[ReviewNote]]:
     """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
     unless it is only ever a fixed row (it hits nobody itself)."""
-    reading = _Reading(affected_by, fixed_ids,
-                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b})
+    reading = _Reading(affected_by, fixed_by,
+                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b}, earlier)
     groups: dict[tuple[int, str], Rows] = {}
     for leaf in leaves:
-        decoded = decode_version_text(leaf.text, leaf.product_id in affected_by) if leaf.text else None
+        decoded = (decode_version_text(leaf.text, leaf.product_id in affected_by, leaf.name)
+                   if leaf.text else None)
+        if decoded is not None and decoded.form == "bare affected release X":
+            decoded = _bare_release(decoded, earlier.get("release"))
         groups.setdefault(leaf.group, []).append((leaf, decoded))
         if decoded is not None:
             version = decoded.fixed or (decoded.parts[0].upper if decoded.parts and decoded.parts[0].upper_inclusive
@@ -692,13 +706,16 @@ def _undecoded(rows: Rows, reading: _Reading) -> None:
         if decoded is not None:
             continue
         reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
-                                         f"version text not understood ({leaf.architecture} / {leaf.name})",
-                                         component.name))
+                                         f"version text {leaf.text or ''!r} not understood ({leaf.architecture} / "
+                                         f"{leaf.name}): its nodes are presumed exposed", component.name))
         pid = leaf.product_id
-        if pid in reading.affected_by or (pid not in reading.fixed_ids and not _fixed_only(leaf, rows)):
-            # Its fixed row may still read: then nodes from that version on are not presumed.
+        if pid in reading.affected_by or (pid not in reading.fixed_by and not _fixed_only(leaf, rows)):
+            # Its own fixed row may still read: then nodes from that version on are not presumed.
+            # Only a row that fixes every CVE this one is affected by: never another CVE's fix.
+            cves = set(reading.affected_by.get(pid, []))
             fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
-                                      if d is not None and d.kind == "fixed" and d.fixed), (None, None))
+                                      if d is not None and d.kind == "fixed" and d.fixed and cves
+                                      and cves <= reading.fixed_by.get(lf.product_id, set())), (None, None))
             reading.ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
                                     fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
                                     RangeBasis.UNDECODED, reading.labels)
@@ -722,6 +739,8 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
     rows_ranges = _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
                         reading.affected_by, RangeBasis.DECODED, reading.labels)
     reading.ranges += rows_ranges
+    if decoded.form == "bare affected release X":
+        _earlier_releases(leaf, component, decoded, fixed_version, fixed_leaf, reading)
     branch = rows_ranges[-1].branch if rows_ranges else ""
     fixed_major = branch_of_version(fixed_version)
     # Cloud Gaming moves to a new branch with every release; elsewhere a fixed version far from
@@ -734,6 +753,35 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
             (fixed_leaf.text or "") if fixed_leaf else "",
             f"fixed version {fixed_version} is outside branch {branch} of its affected row "
             f"({leaf.architecture}): the remediation named is likely a typo", component.name))
+
+
+def _bare_release(decoded: Decoded, earlier: Earlier | None) -> Decoded:
+    """A bare affected release X is [X, X] only when the notes say earlier releases are not
+    affected; when they say earlier ones are, it is every release up to X."""
+    if earlier is None or earlier.status != "affected":
+        return decoded
+    return replace(decoded, parts=tuple(replace(p, lower=None, lower_inclusive=False) for p in decoded.parts))
+
+
+def _earlier_releases(leaf: _Leaf, component: components.Component, decoded: Decoded, fixed_version: str,
+                      fixed_leaf: _Leaf | None, reading: _Reading) -> None:
+    """The releases before a bare affected release the notes hedge on (or keep silent about):
+    presumed, the sentence quoted; silence is also a review item."""
+    earlier = reading.earlier.get("release")
+    part = decoded.parts[0]
+    if part.lower is None or (earlier is not None and earlier.status == "not_affected"):
+        return
+    if earlier is not None and earlier.sentence:
+        why = f'earlier releases presumed affected: the bulletin says "{earlier.sentence}"'
+    else:
+        why = f"the bulletin names only release {part.lower} and says nothing of earlier ones: presumed affected"
+        reading.review.append(ReviewNote(f"{leaf.product_id}#earlier", ReviewKind.UNPARSED_ROW, leaf.text or "",
+                                         why, component.name))
+    below = Decoded("affected", decoded.form, (Bounds(None, False, part.lower, False, part.condition),))
+    reading.ranges += [replace(r, product_id=f"{leaf.product_id}#earlier", remediation=why)
+                       for r in _rows(leaf, component, below, fixed_version,
+                                      fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
+                                      RangeBasis.UNDECODED, reading.labels)]
 
 
 def _fixed_only(leaf: _Leaf, rows: Rows) -> bool:
@@ -767,7 +815,7 @@ def _rows(leaf: _Leaf, component: components.Component, decoded: Decoded | None,
                 upper, upper_inclusive = str(int(branch[1:]) + BRANCH_REACH), False
         product_id = leaf.product_id if part_no == 0 else f"{leaf.product_id}#{part_no}"
         for line in lines:
-            for os_family in (classify_os(leaf.architecture, line) if is_driver else [""]):
+            for os_family in classify_os(leaf.architecture, line):
                 out.append(ParsedRange(
                     product_id=product_id, product_name=leaf.name, component=component.name,
                     os_family=os_family, branch=branch, product_line=line, architecture=leaf.architecture,
@@ -829,6 +877,74 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             f"unsupported_branch:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
             f"no fixed version for driver branches between R{low} and R{high} ({', '.join(where)}): NVIDIA no "
             "longer supports them; nodes on them are presumed exposed", components.DRIVER))
+    return out
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What a bulletin's notes say of releases (or driver branches) older than its table lists."""
+
+    status: str  # "affected", "hedged" (may / might be affected) or "not_affected"
+    sentence: str
+
+
+_EARLIER = re.compile(r"\b(?:earlier|older|previous|prior)\b[^.]*?\b(?:releases?|versions?)\b[^.]*?\baffected\b",
+                      re.I)
+
+
+def earlier_notes(data: dict[str, Any]) -> dict[str, Earlier]:
+    """{"release": ..., "branch": ...}: the first sentence of the notes (the document's and each
+    vulnerability's) about earlier releases, and about earlier branches. A sentence about
+    branches speaks for releases too when none is about releases alone."""
+    notes = list((data.get("document") or {}).get("notes") or [])
+    for vuln in data.get("vulnerabilities") or []:
+        notes += (vuln.get("notes") or []) if isinstance(vuln, dict) else []
+    texts = [str(n.get("text", "")) for n in notes if isinstance(n, dict)]
+    sentences = [s.strip() for t in texts for chunk in re.split(r"<[^>]+>|\n", t)
+                 for s in re.split(r"(?<=[.!?])\s+", chunk)]
+    out: dict[str, Earlier] = {}
+    for sentence in sentences:
+        if not _EARLIER.search(sentence):
+            continue
+        status = ("not_affected" if re.search(r"\bnot\b", sentence, re.I) else
+                  "hedged" if re.search(r"\b(?:may|might|could|possibly)\b", sentence, re.I) else "affected")
+        out.setdefault("branch" if re.search(r"\bbranch", sentence, re.I) else "release", Earlier(status, sentence))
+    if "release" not in out and "branch" in out:
+        out["release"] = out["branch"]
+    return out
+
+
+def _older_branches(ranges: list[ParsedRange], review: list[ReviewNote], earlier: Earlier | None) -> list[ParsedRange]:
+    """Driver branches older than the oldest a bulletin names (per OS and product line).
+
+    Presumed exposed, the sentence quoted, when the notes say earlier branches are (or may be)
+    affected; a review item otherwise: the bulletin does not say, and silence is not "safe".
+    """
+    oldest: dict[tuple[str, str], tuple[int, ParsedRange]] = {}
+    for r in ranges:
+        if r.component == components.DRIVER and r.branch and r.basis == RangeBasis.DECODED:
+            key, number = (r.os_family, r.product_line), int(r.branch[1:])
+            if key not in oldest or number < oldest[key][0]:
+                oldest[key] = (number, r)
+    if not oldest:
+        return []
+    if earlier is None or earlier.status == "not_affected":
+        if earlier is None:
+            branches = ", ".join(sorted({f"R{n}" for n, _r in oldest.values()}))
+            review.append(ReviewNote("older_branches", ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
+                                     f"the bulletin names branches down to {branches} and says nothing of older "
+                                     "ones: check whether nodes on them are affected", components.DRIVER))
+        return []
+    why = f'older branches presumed affected: the bulletin says "{earlier.sentence}"'
+    out = [ParsedRange(
+        product_id=f"older_branch:{os_family or 'any'}:{line or 'any'}:R{number}",
+        product_name=f"{r.product_name} (branches older than R{number})", component=components.DRIVER,
+        os_family=os_family, branch="", product_line=line, architecture=r.architecture,
+        raw=f"no row for branches older than R{number}", lower=None, lower_inclusive=False, upper=str(number),
+        upper_inclusive=False, fixed_version=r.fixed_version, fixed_product_id="", cve_ids=r.cve_ids,
+        basis=RangeBasis.UNSUPPORTED_BRANCH,
+        remediation=f"move to a supported branch: R{number} {r.fixed_version}. {why}" if r.fixed_version else why,
+    ) for (os_family, line), (number, r) in sorted(oldest.items())]
     return out
 
 

@@ -37,9 +37,10 @@ FLEET: list[tuple[str, str, str, dict[str, Any], set[tuple[str, str]]]] = [
     ("ctk-fixed", "container_toolkit", "1.17.8", {}, set()),
     ("op-cdi", "gpu_operator", "25.3.0", {"facts": {"container_toolkit_mode": "cdi"}}, {("9001", "open")}),
     ("op-legacy", "gpu_operator", "25.3.0", {"facts": {"container_toolkit_mode": "legacy"}}, set()),
-    # 9002: Triton's row is the bare affected release 24.11.
+    # 9002: Triton's row is the bare affected release 24.11; its notes say nothing of earlier
+    # releases, so those are presumed (and a review item), never silently safe.
     ("triton-24.11", "triton", "24.11", {}, {("9002", "open")}),
-    ("triton-24.10", "triton", "24.10", {}, set()),
+    ("triton-24.10", "triton", "24.10", {}, {("9002", "presumed")}),
     ("triton-24.12", "triton", "24.12", {}, set()),
     ("nim-old", "nim", "1.10.0", {}, {("9002", "open")}),
     ("nim-fixed", "nim", "1.10.1", {}, set()),

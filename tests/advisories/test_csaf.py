@@ -60,7 +60,11 @@ def test_it_presumes_the_branches_5703_skips_and_flags_nvidias_typo():
     gaps = {(r.lower, r.upper, r.fixed_version, r.remediation) for r in parsed.ranges
             if r.basis == "unsupported_branch" and r.os_family == "linux" and r.product_line == "tesla"}
     assert gaps == {("540", "570", "570.195.03", "move to a supported branch: R570 570.195.03 or R535 535.274.02"),
-                    ("575", "580", "580.95.05", "move to a supported branch: R580 580.95.05 or R570 570.195.03")}
+                    ("575", "580", "580.95.05", "move to a supported branch: R580 580.95.05 or R570 570.195.03"),
+                    # Older than R535, the oldest named: the notes hedge ("might also be affected").
+                    (None, "535", "535.274.02", "move to a supported branch: R535 535.274.02. older branches presumed "
+                     'affected: the bulletin says "Earlier software GPU branch releases that support these products '
+                     'might also be affected."')}
     review = {(n.kind, n.key) for n in parsed.review}
     assert ("unsupported_branch", "unsupported_branch:R535-R570") in review
     # "R535 vGPU 16" fixed in 575.274.02: NVIDIA meant 535.274.02, a human should look.
