@@ -181,8 +181,10 @@ def version_tuple(text: str) -> tuple[Any, ...]:
 # "-rc.1", "beta2"), an update ("_update_2", "u1") or a letter suffix ("10.24.09a"); `_canon`
 # writes it the way inventory/versions.py orders it.
 _SUFFIX = r"(?:_?(?:update_?|u)\d+|[-_.]?(?:rc|alpha|beta|pre|dev)[._]?\d+|[ab]\d+|[a-z](?![a-z0-9]))"
-_V = rf"[vr]?(\d+(?:[._]\d+)*(?:\.x)?{_SUFFIX}?)"
-_ALL = r"all_(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
+# A compound version ("24.10-1.1.4.0", MLNX_OFED; "4.1.1-4.0.4", DCGM Exporter) is one version;
+# "0.0-26.05" alone is a range (see "X to Y").
+_V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)"
+_ALL = r"(?:all_)?(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
 # Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
 # not a word of the grammar.
 _WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|january|february|march|april"
@@ -200,7 +202,7 @@ GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("prior to and including X", re.compile(rf"(?:{_ALL}_)?prior_to_and_including_(?:{_WORDS})?{_V}"), "affected"),
     ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
      "affected"),
-    ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}_(?:to|through|-)_(?:{_WORDS})?{_V}"), "affected"),
+    ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}(?:_to_|_through_|_?-_?)(?:{_WORDS})?{_V}"), "affected"),
     ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_versions_prior_to_{_V}"), "affected"),
     ("all X.Y versions", re.compile(rf"all_{_V}_versions"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
@@ -252,7 +254,6 @@ def normalize_version_text(text: str, product: str = "") -> str:
     for name in {product.lower().strip(), re.sub(r"^nvidia\s+", "", product.lower().strip())} - {""}:
         t = t.replace(name, " ")
     t = re.sub(r"\bnvidia\b", " ", t)
-    t = re.sub(r"(?<=\d)\s*-\s*(?=v?\d)", " to ", t)  # "0.0-26.05": a range, not a pre-release
     t = re.sub(r"\s*,\s*", " , ", t)
     t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
     t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))
@@ -333,6 +334,8 @@ def decode_version_text(text: str, listed_affected: bool = False, product: str =
         bounds = _affected_bounds(form, m)
         if bounds is None:
             return None
+        if form == "X to Y" and bounds.lower and bounds.upper and _order(bounds.upper) < _order(bounds.lower):
+            continue  # "4.1.1-4.0.4" is one (compound) version, not a range
         if cdi_below:
             # "up to and including X (CDI mode only for versions prior to Y)": [Y, X] in every
             # mode, and below Y only in CDI mode.

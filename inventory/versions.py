@@ -82,6 +82,9 @@ _UPDATE = re.compile(r"[ ._-]*(?:update|u)[ ._-]*(\d+)", re.I)
 _PEP440 = re.compile(r"[ ._~-]*((?:alpha|beta|preview|pre|rc|c|a|b)[ ._-]*\d*|(?:post|dev)[ ._-]*\d*)"
                      r"(?:[ ._-]*(?:post|dev)[ ._-]*\d*)*", re.I)
 _LETTER = re.compile(r"[a-z]", re.I)
+# A second dotted part after a hyphen (MLNX_OFED "24.10-1.1.4.0", DCGM Exporter "4.1.1-4.0.4"),
+# not a Debian revision or an architecture ("-1", "-27-amd64").
+_COMPOUND = re.compile(r"-(\d+(?:\.\d+)+)(?=$|[-+~_. ])")
 FIELD_MAX = 10**FIELD_WIDTH - 1
 # Pre-release phases in PEP 440's order, as one character each (digits sort before letters).
 _PHASES = {"dev": "1", "a": "a", "b": "b", "rc": "c"}
@@ -154,6 +157,10 @@ def _suffix_key(fields: tuple[int, ...], tail: str) -> str | None:
     through the zero: 1.2.99999999.z...). Post-releases are two more fields (0, N), between X and
     X.1 as PEP 440 has them; a letter suffix ".s<letter>" follows every X.y.
     """
+    if m := _COMPOUND.match(tail):  # "24.10-1.1.4.0": one version in two parts, both ordered
+        fields, tail = (*fields, *(int(p) for p in m.group(1).split("."))), tail[m.end():]
+        if len(fields) > 12 or any(number > FIELD_MAX for number in fields):
+            return None
     if not tail:
         return sort_key(fields)
     if m := _UPDATE.fullmatch(tail):

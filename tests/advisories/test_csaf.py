@@ -143,6 +143,9 @@ FORMS = [
     ("551_61february_2024_release", False, "X (<vGPU or release label>)", [], "551.61", ()),
     ("v24_6_2", False, "X (<vGPU or release label>)", [], "24.6.2", ()),
     ("r25_10", False, "X (<vGPU or release label>)", [], "25.10", ()),
+    ("base_command_manager_3,_base_command_manager_10", True, "list of releases X, Y",
+     [("3", True, "3", True, ()), ("10", True, "10", True, ())], "", ()),
+    ("24_11_only", True, "only release X", [("24.11", True, "24.11", True, ())], "", ()),
     # A plain version that a CVE lists as known_affected is the affected release itself.
     ("24_11", True, "bare affected release X", [("24.11", True, "24.11", True, ())], "", ()),
     # Conditions, kept on the range and matched against node facts.

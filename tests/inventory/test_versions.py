@@ -63,6 +63,9 @@ def test_it_accepts_new_components_without_a_migration():
     ["10.24.08", "10.24.09", "10.24.09.1", "10.24.09a", "10.24.09b", "10.24.10rc1", "10.24.10"],
     ["12.5", "12.5 Update 1", "12.5U2", "12.5.3", "12.6", "12.6 Update 1", "12.6 Update 2", "12.6u3", "12.7"],
     ["0.9", "v1.0.0-rc.1", "1.0.0-rc.2", "1.0.0", "1.0.1"],
+    # Compound versions: MLNX_OFED's "<release>-<build>", DCGM Exporter's "<DCGM>-<exporter>".
+    ["24.07-0.6.1.0", "24.10-0.7.0.0", "24.10-1.1.4.0", "25.01-0.6.0.0"],
+    ["3.3.9-3.6.1", "4.1.1-4.0.4", "4.1.1-4.1.0", "4.2.3-4.1.1"],
     ["2.9.9", "v3.0.0 rc17", "3.0.0", "3.0.0a", "3.0.1rc1"],
 ])
 def test_it_orders_pre_releases_letter_suffixes_and_updates(ordered):
