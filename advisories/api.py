@@ -332,7 +332,9 @@ class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
         advisories = Advisory.objects.filter(id__in=exposures.values("advisory_id")).prefetch_related("cves")
         if request.query_params.get("advisory"):
             advisories = Advisory.objects.filter(publisher_id=request.query_params["advisory"])
-        return Response(vex_document(advisories.order_by("publisher_id"), exposures))
+        # Filtered to some exposures (a state, a cluster ...): those only, not the rest of the inventory.
+        unfiltered = set(request.query_params) <= {"advisory", "format"}
+        return Response(vex_document(advisories.order_by("publisher_id"), exposures, inventory=unfiltered))
 
 
 class ReviewItemFilter(FilterSet):
