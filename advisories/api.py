@@ -13,13 +13,13 @@ from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from advisories import services
+from advisories import coverage, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.models import (
     CVE,
@@ -96,9 +96,15 @@ class AdvisorySerializer(serializers.ModelSerializer):
 class AdvisoryDetailSerializer(AdvisorySerializer):
     ranges = AffectedRangeSerializer(many=True, read_only=True)
     review_items = ReviewItemSerializer(many=True, read_only=True)
+    coverage = serializers.SerializerMethodField()
 
     class Meta(AdvisorySerializer.Meta):
-        fields = [*AdvisorySerializer.Meta.fields, "ranges", "review_items"]
+        fields = [*AdvisorySerializer.Meta.fields, "ranges", "review_items", "coverage"]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_coverage(self, obj: Advisory) -> dict[str, Any]:
+        """Rows decoded / presumed / under review, and the nodes each class touches."""
+        return coverage.of_advisory(obj).as_dict()
 
 
 class ExposureSerializer(serializers.ModelSerializer):

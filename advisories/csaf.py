@@ -115,6 +115,8 @@ class ParsedAdvisory:
     cves: list[ParsedCVE] = field(default_factory=list)
     ranges: list[ParsedRange] = field(default_factory=list)
     review: list[ReviewNote] = field(default_factory=list)
+    rows: dict[str, str] = field(default_factory=dict)  # every product row: product_id -> its name (text)
+    read_rows: set[str] = field(default_factory=set)  # the rows whose version text decoded
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -570,7 +572,9 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
         for pid in cve.fixed_product_ids:
             fixed_by.setdefault(pid, set()).add(cve.cve_id)
     earlier = earlier_notes(data)
-    ranges, review = _ranges(leaves, affected_by, fixed_by, earlier)
+    ranges, review, read = _ranges(leaves, affected_by, fixed_by, earlier)
+    parsed.rows = {leaf.product_id: leaf.text or "" for leaf in leaves}
+    parsed.read_rows = read
     ranges += _unsupported_branches(ranges, review)
     ranges += _older_branches(ranges, review, earlier.get("branch"))
     known = {leaf.product_id for leaf in leaves}
@@ -665,7 +669,7 @@ class _Reading:
 
 
 def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]], fixed_by: dict[str, set[str]],
-            earlier: dict[str, Earlier]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+            earlier: dict[str, Earlier]) -> tuple[list[ParsedRange], list[ReviewNote], set[str]]:
     """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
     unless it is only ever a fixed row (it hits nobody itself)."""
     reading = _Reading(affected_by, fixed_by,
@@ -689,7 +693,8 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]], fixed_by: di
             component = components.classify(leaf.name, leaf.architecture)
             if component is not None and decoded is not None and decoded.kind == "affected":
                 _affected(rows, index, component, decoded, reading)
-    return reading.ranges, reading.review
+    read = {leaf.product_id for rows in groups.values() for leaf, decoded in rows if decoded is not None}
+    return reading.ranges, reading.review, read
 
 
 def _undecoded(rows: Rows, reading: _Reading) -> None:

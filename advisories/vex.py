@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from advisories import components, cvss
 from advisories.choices import ExposureState, ReviewState
-from advisories.models import AffectedRange, Advisory, Exposure
+from advisories.models import Advisory, AffectedRange, Exposure
 from inventory.models import NodeComponent
 
 # The status a state gives a product, and which wins when one product has two exposures to a CVE.
