@@ -563,29 +563,32 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     parsed.cves = cves
     if not parsed.severity:
         parsed.severity = Severity.worst([c.severity for c in cves])
+    _read_products(parsed, leaves, earlier_notes(data))
+    return parsed
+
+
+def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[str, Earlier]) -> None:
+    """The ranges and review notes of a document's leaves, read with its CVEs' product status."""
     affected_by: dict[str, list[str]] = {}
-    for cve in cves:
+    fixed_by: dict[str, set[str]] = {}
+    for cve in parsed.cves:
         for pid in cve.affected_product_ids:
             affected_by.setdefault(pid, []).append(cve.cve_id)
-    fixed_by: dict[str, set[str]] = {}
-    for cve in cves:
         for pid in cve.fixed_product_ids:
             fixed_by.setdefault(pid, set()).add(cve.cve_id)
-    earlier = earlier_notes(data)
     ranges, review, read = _ranges(leaves, affected_by, fixed_by, earlier)
     parsed.rows = {leaf.product_id: leaf.text or "" for leaf in leaves}
     parsed.read_rows = read
     ranges += _unsupported_branches(ranges, review)
     ranges += _older_branches(ranges, review, earlier.get("branch"))
     known = {leaf.product_id for leaf in leaves}
-    for cve in cves:
+    for cve in parsed.cves:
         for pid in cve.affected_product_ids:
             if pid not in known:
                 review.append(ReviewNote(pid, ReviewKind.UNKNOWN_PRODUCT, pid,
                                          f"{cve.cve_id} names a product that is not a product_version"))
     parsed.ranges = ranges
     parsed.review = _unique(review)
-    return parsed
 
 
 def _unique(notes: list[ReviewNote]) -> list[ReviewNote]:
