@@ -205,8 +205,8 @@ GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
      "affected"),
     ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}(?:_to_|_through_|_?-_?)(?:{_WORDS})?{_V}"), "affected"),
-    ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_versions_prior_to_{_V}"), "affected"),
-    ("all X.Y versions", re.compile(rf"all_{_V}_versions"), "affected"),
+    ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_(?:versions|releases)_prior_to_{_V}"), "affected"),
+    ("all X.Y versions", re.compile(rf"all_{_V}_(?:versions|releases)"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
         rf"{_ALL}_prior_to_{_V}_?(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
     ("only release X", re.compile(rf"(?:only_(?:version_|release_)?{_V}|{_V}_only)"), "affected"),
@@ -218,7 +218,7 @@ GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
      "list"),
     ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:[._]\d+)*)"), "fixed"),
     ("X (<vGPU or release label>)", re.compile(
-        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:[._]\d+)*|_?{_RELEASE})?"), "fixed"),
+        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:[._]\d+)*|_?{_RELEASE}|_latest)?"), "fixed"),
 ]
 
 # Conditions written after a version text: the range applies only where the node fact matches.
@@ -253,9 +253,14 @@ def normalize_version_text(text: str, product: str = "") -> str:
     'all_versions_prior_to_v12.2' for product 'CUDA Toolkit'); texts already in that form (a
     product id's tail) are unchanged. The product's own name is dropped where the text repeats it."""
     t = re.sub(r"\s+", " ", text.lower()).strip()
-    for name in {product.lower().strip(), re.sub(r"^nvidia\s+", "", product.lower().strip())} - {""}:
-        t = t.replace(name, " ")
+    for name in sorted({product.lower().strip(), re.sub(r"^nvidia\s+", "", product.lower().strip())} - {""},
+                       key=len, reverse=True):
+        t = re.sub(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", " ", t)
     t = re.sub(r"\bnvidia\b", " ", t)
+    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer".
+    t = re.sub(r"(?:<=|≤)\s*", " up to and including ", t)
+    t = re.sub(r"<\s*", " prior to ", t)
+    t = re.sub(r"(?:>=|≥)\s*(\S+)", r" \1 or newer ", t)
     t = re.sub(r"\s*,\s*", " , ", t)
     t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
     t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))

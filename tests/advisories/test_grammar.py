@@ -463,6 +463,18 @@ NAMES = [
         True,
         ("affected", "prior to X", [(None, False, "0.4.0", False, ())], "", ()),
     ),
+    # Comparison signs, "All X.x releases", "(latest)", the product's own name around the version.
+    ("NVIDIA NeMo Framework", "< 2.3.1", True, ("affected", "prior to X", [(None, False, "2.3.1", False, ())], "", ())),
+    ("NVIDIA NeMo Framework", "<= 2.3.0", True,
+     ("affected", "up to and including X", [(None, False, "2.3.0", True, ())], "", ())),
+    ("NVIDIA NeMo Framework", ">= 2.3.1", False, ("fixed", "X or newer", [], "2.3.1", ())),
+    ("Triton Inference Server", "All 24.x releases", True,
+     ("affected", "all X.Y versions", [("24", True, "25", False, ())], "", ())),
+    ("Triton Inference Server", "25.01 (latest)", False, ("fixed", "X (<vGPU or release label>)", [], "25.01", ())),
+    ("NIM", "All versions prior to 1.10.1 (NIM)", True,
+     ("affected", "prior to X", [(None, False, "1.10.1", False, ())], "", ())),
+    ("NVIDIA NIM for LLMs", "NVIDIA NIM for LLMs 1.10.1", False,
+     ("fixed", "X (<vGPU or release label>)", [], "1.10.1", ())),
 ]
 
 
