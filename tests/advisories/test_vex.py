@@ -161,6 +161,7 @@ def test_known_not_affected_is_only_an_inventory_product_outside_every_range_of_
     recompute()
     document = json.loads(_vex_for("5582"))
     assert schema_errors(document) == [] and failed_mandatory_tests(document) == []
+    assert failed_mandatory_tests(document, preset="recommended") == []
     status = statuses(document, "CVE-2024-0132")
     assert status["known_affected"] == ["k8s/ctk-old/container_toolkit"]
     assert status["known_not_affected"] == ["k8s/ctk-fixed/container_toolkit"]
@@ -180,6 +181,7 @@ def test_a_bulletin_with_open_review_items_never_says_known_not_affected_by_itse
     recompute()
     document = json.loads(_vex_for("9004"))
     assert schema_errors(document) == [] and failed_mandatory_tests(document) == []
+    assert failed_mandatory_tests(document, preset="recommended") == []
     seen = {status for v in document["vulnerabilities"] for status in v.get("product_status", {})}
     assert "known_not_affected" not in seen
     assert "under_investigation" in seen and "known_affected" in seen
