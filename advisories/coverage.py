@@ -62,26 +62,46 @@ def of_parsed(parsed: ParsedAdvisory) -> Coverage:
 
 
 def of_advisory(advisory: Advisory) -> Coverage:
-    """The coverage of a stored advisory: rows from its ranges (the affected rows; fixed rows are
-    not stored apart) and open review items, nodes from its exposures and the inventory's components the items name."""
-    from advisories.models import Exposure
+    """The coverage of one stored advisory (see `of_advisories`)."""
+    return of_advisories([advisory.pk])[advisory.pk]
+
+
+def of_advisories(ids: list[int]) -> dict[int, Coverage]:
+    """The coverage of stored advisories, in four queries whatever their number: rows from their
+    ranges (the affected rows; fixed rows are not stored apart) and open review items, nodes from
+    their exposures and from the inventory's components their open items name."""
+    from django.db.models import Case, Count, Value, When
+
+    from advisories.models import AffectedRange, Exposure, ReviewItem
     from inventory.models import NodeComponent
 
-    open_items = list(advisory.review_items.filter(state=ReviewState.OPEN).values_list("key", "component"))
-    reviewed = {_base(key) for key, _c in open_items}
-    rows: dict[str, str] = {}
-    for pid, basis in advisory.ranges.values_list("product_id", "basis"):
-        if basis in RangeBasis.PRESUMED or _base(pid) not in rows:
-            rows[_base(pid)] = "presumed" if basis in RangeBasis.PRESUMED else "decoded"
-    coverage = Coverage()
-    for pid, name in rows.items():
-        coverage.rows["review" if pid in reviewed else name] += 1
-    coverage.rows["review"] += len(reviewed - set(rows))
-    exposed = Exposure.objects.filter(advisory=advisory)
-    coverage.nodes = {
-        "decoded": exposed.exclude(affected_range__basis__in=RangeBasis.PRESUMED).values("node").distinct().count(),
-        "presumed": exposed.filter(affected_range__basis__in=RangeBasis.PRESUMED).values("node").distinct().count(),
-        "review": NodeComponent.objects.filter(component__in={c for _k, c in open_items if c}).values(
-            "node").distinct().count(),
-    }
-    return coverage
+    items: dict[int, list[tuple[str, str]]] = {i: [] for i in ids}
+    for advisory_id, key, component in ReviewItem.objects.filter(
+            advisory_id__in=ids, state=ReviewState.OPEN).values_list("advisory_id", "key", "component"):
+        items[advisory_id].append((key, component))
+    rows: dict[int, dict[str, str]] = {i: {} for i in ids}
+    for advisory_id, pid, basis in AffectedRange.objects.filter(advisory_id__in=ids).values_list(
+            "advisory_id", "product_id", "basis"):
+        if basis in RangeBasis.PRESUMED or _base(pid) not in rows[advisory_id]:
+            rows[advisory_id][_base(pid)] = "presumed" if basis in RangeBasis.PRESUMED else "decoded"
+    presumed = Case(When(affected_range__basis__in=list(RangeBasis.PRESUMED), then=Value("presumed")),
+                    default=Value("decoded"))
+    nodes = {(advisory_id, name): n for advisory_id, name, n in Exposure.objects.filter(
+        advisory_id__in=ids).annotate(cls=presumed).values("advisory_id", "cls").annotate(
+        n=Count("node", distinct=True)).values_list("advisory_id", "cls", "n")}
+    named = {c for found in items.values() for _k, c in found if c}
+    running: dict[str, set[int]] = {}
+    for component, node_id in NodeComponent.objects.filter(component__in=named).values_list("component", "node_id"):
+        running.setdefault(component, set()).add(node_id)
+    out: dict[int, Coverage] = {}
+    for advisory_id in ids:
+        reviewed = {_base(key) for key, _c in items[advisory_id]}
+        coverage = Coverage()
+        for pid, name in rows[advisory_id].items():
+            coverage.rows["review" if pid in reviewed else name] += 1
+        coverage.rows["review"] += len(reviewed - set(rows[advisory_id]))
+        coverage.nodes = {"decoded": nodes.get((advisory_id, "decoded"), 0),
+                          "presumed": nodes.get((advisory_id, "presumed"), 0),
+                          "review": len(set().union(*(running.get(c, set()) for _k, c in items[advisory_id])))}
+        out[advisory_id] = coverage
+    return out

@@ -72,8 +72,12 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
         rows.sort(key=functools.partial(_sort_key, field.lstrip("-")), reverse=field.startswith("-"))
     query = request.GET.copy()
     query.pop("page", None)
+    page = paginate(request, rows)
+    found_coverage = coverage.of_advisories([a.pk for a in page])
+    for advisory in page:
+        advisory.coverage = found_coverage[advisory.pk]
     return render(request, "advisories/advisory_list.html", {
-        "page": paginate(request, rows), "filters": filters, "severities": Severity.choices(),
+        "page": page, "filters": filters, "severities": Severity.choices(),
         "components": [(c.name, c.label) for c in components.REGISTRY], "sorts": list(ADVISORY_SORTS),
         "sort": sort, "query": query.urlencode(),
     })

@@ -110,5 +110,7 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
     client.force_login(user)
     detail = client.get(f"/api/v1/advisories/advisories/{advisory.id}/").json()
     assert detail["coverage"]["line"] == result.line()
-    page = client.get(f"/advisories/{advisory.id}/")
-    assert result.line() in page.content.decode()
+    listed = client.get("/api/v1/advisories/advisories/").json()["results"]
+    assert [a["coverage"]["line"] for a in listed] == [result.line()]
+    for url in (f"/advisories/{advisory.id}/", "/advisories/"):
+        assert result.line() in client.get(url).content.decode(), url
