@@ -185,7 +185,8 @@ def version_tuple(text: str) -> tuple[Any, ...]:
 _SUFFIX = r"(?:_?(?:update_?|u)\d+|[-_.]?(?:rc|alpha|beta|pre|dev)[._]?\d+|[ab]\d+|[a-z](?![a-z0-9]))"
 # A compound version ("24.10-1.1.4.0", MLNX_OFED; "4.1.1-4.0.4", DCGM Exporter) is one version;
 # "0.0-26.05" alone is a range (see "X to Y").
-_V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)"
+# A release channel after it ("2.9.1 LTS", "24.10-1.1.4.0-LTS") is not part of the version.
+_V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)(?:[_-](?:lts|ga|gm)(?![a-z0-9]))?"
 _ALL = r"(?:all_)?(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
 # Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
 # not a word of the grammar.
@@ -422,6 +423,8 @@ def classify_os(architecture: str, product_line: str) -> list[str]:
     base = re.sub(r"\([^)]*\)\s*$", "", architecture).strip().lower()
     if re.search(r"\b(?:jetson|tegra|l4t|jetpack)\b", base):
         return ["jetson"]
+    if re.search(r"\b(?:macos|mac os|os x)\b", base):
+        return ["macos"]
     if product_line == "vgpu_manager" or (product_line == "cloud_gaming" and not base.startswith(("linux", "windows"))):
         return ["hypervisor"]
     has_linux = "linux" in base and not any(h in base for h in ("kvm", "hypervisor", "vsphere"))

@@ -106,7 +106,8 @@ def test_branches_older_than_the_oldest_are_presumed_when_the_notes_hedge_else_r
 
 
 @pytest.mark.parametrize(("architecture", "os_family"), [("Windows", "windows"), ("Linux", "linux"),
-                                                          ("Jetson Linux", "jetson"), ("Tegra", "jetson")])
+                                                          ("Jetson Linux", "jetson"), ("Tegra", "jetson"),
+                                                          ("macOS", "macos")])
 def test_platform_rows_never_cross(architecture, os_family):
     def change(data: dict[str, Any]) -> None:
         todo = list(data["product_tree"]["branches"])

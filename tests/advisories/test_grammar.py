@@ -475,6 +475,11 @@ NAMES = [
      ("affected", "prior to X", [(None, False, "1.10.1", False, ())], "", ())),
     ("NVIDIA NIM for LLMs", "NVIDIA NIM for LLMs 1.10.1", False,
      ("fixed", "X (<vGPU or release label>)", [], "1.10.1", ())),
+    # A release channel after the version is not part of it.
+    ("NVIDIA DOCA", "2.9.1 LTS", False, ("fixed", "X (<vGPU or release label>)", [], "2.9.1", ())),
+    ("NVIDIA DOCA", "DOCA 2.9.1 LTS and earlier", True,
+     ("affected", "X and earlier", [(None, False, "2.9.1", True, ())], "", ())),
+    ("MLNX_OFED", "24.10-1.1.4.0-LTS", False, ("fixed", "X (<vGPU or release label>)", [], "24.10-1.1.4.0", ())),
 ]
 
 
