@@ -290,7 +290,7 @@ class Decoded:
 
 def _order(version: str) -> str:
     """Sort key of a version text, as the inventory compares it ('' sorts first)."""
-    return parse_version("generic", version).key or ""
+    return (parse_version("generic", version).key or "") if version.strip() else ""
 
 
 def _vgpu_labels(text: str) -> tuple[str, ...]:
@@ -689,7 +689,7 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]], fixed_by: di
     for leaf in leaves:
         decoded = (decode_version_text(leaf.text, leaf.product_id in affected_by, leaf.name)
                    if leaf.text else None)
-        if decoded is not None and decoded.form == "bare affected release X":
+        if decoded is not None and decoded.form in RELEASE_POINTS:
             decoded = _bare_release(decoded, earlier.get("release"))
         groups.setdefault(leaf.group, []).append((leaf, decoded))
         if decoded is not None:
@@ -758,7 +758,7 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
     rows_ranges = _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
                         reading.affected_by, RangeBasis.DECODED, reading.labels)
     reading.ranges += rows_ranges
-    if decoded.form == "bare affected release X":
+    if decoded.form in RELEASE_POINTS:
         _earlier_releases(leaf, component, decoded, fixed_version, fixed_leaf, reading)
     branch = rows_ranges[-1].branch if rows_ranges else ""
     fixed_major = branch_of_version(fixed_version)
@@ -774,12 +774,19 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
             f"({leaf.architecture}): the remediation named is likely a typo", component.name))
 
 
+# Rows that name affected releases one by one ("24.11"; "3, 10"): what lies below them is what
+# the bulletin's notes say.
+RELEASE_POINTS = ("bare affected release X", "list of releases X, Y")
+
+
 def _bare_release(decoded: Decoded, earlier: Earlier | None) -> Decoded:
-    """A bare affected release X is [X, X] only when the notes say earlier releases are not
-    affected; when they say earlier ones are, it is every release up to X."""
+    """A bare affected release X (or a list of them) is [X, X] only when the notes say earlier
+    releases are not affected; when they say earlier ones are, it is every release up to X (up to
+    the highest listed)."""
     if earlier is None or earlier.status != "affected":
         return decoded
-    return replace(decoded, parts=tuple(replace(p, lower=None, lower_inclusive=False) for p in decoded.parts))
+    top = max(decoded.parts, key=lambda p: _order(p.upper or ""))
+    return replace(decoded, parts=(replace(top, lower=None, lower_inclusive=False),))
 
 
 def _earlier_releases(leaf: _Leaf, component: components.Component, decoded: Decoded, fixed_version: str,
@@ -787,7 +794,7 @@ def _earlier_releases(leaf: _Leaf, component: components.Component, decoded: Dec
     """The releases before a bare affected release the notes hedge on (or keep silent about):
     presumed, the sentence quoted; silence is also a review item."""
     earlier = reading.earlier.get("release")
-    part = decoded.parts[0]
+    part = min(decoded.parts, key=lambda p: _order(p.lower or ""))
     if part.lower is None or (earlier is not None and earlier.status == "not_affected"):
         return
     if earlier is not None and earlier.sentence:

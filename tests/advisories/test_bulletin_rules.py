@@ -119,3 +119,16 @@ def test_platform_rows_never_cross(architecture, os_family):
 
     parsed = _parsed("5582.json", change)
     assert {r.os_family for r in parsed.ranges} == {os_family}
+
+
+def test_a_list_of_releases_reads_the_notes_like_a_bare_release():
+    def listed(sentence: str) -> Callable[[dict[str, Any]], None]:
+        return lambda d: (_rename(d, TRITON, "Triton Inference Server 24.09, Triton Inference Server 24.11"),
+                          _note(sentence)(d) if sentence else None)
+
+    silent = _parsed("9002.json", listed(""))
+    assert {(r.basis, r.lower, r.upper) for r in silent.ranges if r.component == "triton"} == {
+        ("decoded", "24.09", "24.09"), ("decoded", "24.11", "24.11"), ("undecoded", None, "24.09")}
+    definite = _parsed("9002.json", listed("Earlier software releases of this product are also affected."))
+    assert {(r.basis, r.lower, r.upper) for r in definite.ranges if r.component == "triton"} == {
+        ("decoded", None, "24.11")}
