@@ -50,10 +50,18 @@ register(Component("fabric_manager", "Fabric Manager", ("fabric manager",)))
 register(Component("container_toolkit", "NVIDIA Container Toolkit", ("container toolkit",)))
 register(Component("cuda_toolkit", "CUDA Toolkit", ("cuda toolkit",)))
 register(Component("gpu_operator", "NVIDIA GPU Operator", ("gpu operator",)))
+# DCGM Exporter is its own product (its own versions, "3.3.9-3.6.1"): before DCGM, whose words it contains.
+register(Component("dcgm_exporter", "DCGM Exporter", ("dcgm exporter", "dcgm-exporter")))
 register(Component("dcgm", "DCGM", ("dcgm", "data center gpu manager")))
 register(Component("triton", "Triton Inference Server", ("triton",)))
 register(Component("tensorrt_llm", "TensorRT-LLM", ("tensorrt-llm", "tensorrt llm")))
 register(Component("nim", "NVIDIA NIM", ("nim ", "nim for", "nvidia nim")))
+# NeMo Framework; NeMo Guardrails, Curator and the Nemotron models are other products (review items).
+register(Component("nemo", "NVIDIA NeMo", (" nemo ", " nemo-", "nemo framework", "nemo toolkit"),
+                   exclude=("guardrails", "curator", "nemotron", "nemo retriever", "nemo microservice")))
+register(Component("dynamo", "NVIDIA Dynamo", ("dynamo",)))
+register(Component("doca", "NVIDIA DOCA", (" doca", "bluefield doca")))
+register(Component("mlnx_ofed", "MLNX_OFED", ("mlnx_ofed", "mlnx ofed", "mlnx-ofed", "mellanox ofed", "ofed")))
 register(Component("base_command_manager", "Base Command Manager", ("base command manager", "bright cluster manager")))
 register(Component("system_firmware", "System firmware", ("dgx", "hgx", "system firmware", "sbios"),
                    scope=SCOPE_PLATFORM, exclude=("dgx os", "dgx cloud")))

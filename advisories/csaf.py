@@ -34,6 +34,7 @@ from typing import Any
 
 from advisories import components
 from advisories.choices import RangeBasis, ReviewKind, Severity
+from inventory.versions import parse_version
 
 
 class DocumentError(ValueError):
@@ -114,6 +115,8 @@ class ParsedAdvisory:
     cves: list[ParsedCVE] = field(default_factory=list)
     ranges: list[ParsedRange] = field(default_factory=list)
     review: list[ReviewNote] = field(default_factory=list)
+    rows: dict[str, str] = field(default_factory=dict)  # every product row: product_id -> its name (text)
+    read_rows: set[str] = field(default_factory=set)  # the rows whose version text decoded
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -176,35 +179,52 @@ def version_tuple(text: str) -> tuple[Any, ...]:
 
 # --- version text decoding ------------------------------------------------------------------
 
-_V = r"[vr]?(\d+(?:_\d+)*)"
-_ALL = r"all_(?:drivers?_)?versions?"
-_LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_])+"
+# A version: dotted (or, in product ids, underscored) numbers, then a pre-release ("rc17",
+# "-rc.1", "beta2"), an update ("_update_2", "u1") or a letter suffix ("10.24.09a"); `_canon`
+# writes it the way inventory/versions.py orders it.
+_SUFFIX = r"(?:_?(?:update_?|u)\d+|[-_.]?(?:rc|alpha|beta|pre|dev)[._]?\d+|[ab]\d+|[a-z](?![a-z0-9]))"
+# A compound version ("24.10-1.1.4.0", MLNX_OFED; "4.1.1-4.0.4", DCGM Exporter) is one version;
+# "0.0-26.05" alone is a range (see "X to Y").
+# A release channel after it ("2.9.1 LTS", "24.10-1.1.4.0-LTS") is not part of the version.
+_V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)(?:[_-](?:lts|ga|gm)(?![a-z0-9]))?"
+_ALL = r"(?:all_)?(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
+# Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
+# not a word of the grammar.
+_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|january|february|march|april"
+          r"|may|june|july|august|september|october|november|december)_)[a-z][a-z-]*_){1,4}")
+_LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_.,])+"
 _RELEASE = r"(?:the_)?[a-z]+_\d{4}(?:_cloud_gaming)?_release"
 
 # (name, pattern, kind): every version text form NVIDIA writes in its product trees (and its CVE
 # index), tried in order. Example texts are in tests/advisories/test_csaf.py (one row per form).
 GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
-    ("prior to X", re.compile(rf"{_ALL}_(?:prior_to|before(?:_release)?)_{_V}(?P<note>_for_support_of_[a-z0-9_]+)?"),
+    ("prior to X", re.compile(rf"(?:{_ALL}_)?(?:prior_to|before(?:_release)?|earlier_than|older_than|lower_than|below)_"
+                              rf"(?:{_WORDS})?{_V}(?P<note>_for_support_of_[a-z0-9_.,-]+)?"), "affected"),
+    ("up to and including X", re.compile(rf"(?:{_ALL}_)?(?:up_to_and_including|up_to|through|until)_(?:{_WORDS})?{_V}"),
      "affected"),
-    ("up to and including X", re.compile(rf"{_ALL}_up_to_and_including_{_V}"), "affected"),
-    ("prior to and including X", re.compile(rf"{_ALL}_prior_to_and_including_{_V}"), "affected"),
-    ("X and earlier", re.compile(rf"{_V}_and_(?:earlier|prior|older)"), "affected"),
-    ("X to Y", re.compile(rf"{_V}_(?:to|through)_{_V}"), "affected"),
-    ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_versions_prior_to_{_V}"), "affected"),
-    ("all X.Y versions", re.compile(rf"all_{_V}_versions"), "affected"),
+    ("prior to and including X", re.compile(rf"(?:{_ALL}_)?prior_to_and_including_(?:{_WORDS})?{_V}"), "affected"),
+    ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
+     "affected"),
+    ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}(?:_to_|_through_|_?-_?)(?:{_WORDS})?{_V}"), "affected"),
+    ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_(?:versions|releases)_prior_to_{_V}"), "affected"),
+    ("all X.Y versions", re.compile(rf"all_{_V}_(?:versions|releases)"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
-        rf"{_ALL}_prior_to_{_V}(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
+        rf"{_ALL}_prior_to_{_V}_?(?P<release>all_versions_prior_to_(?P<incl>and_including_)?{_RELEASE})"), "affected"),
+    ("only release X", re.compile(rf"(?:only_(?:version_|release_)?{_V}|{_V}_only)"), "affected"),
     ("X (up to and including <vGPU or release label>)", re.compile(rf"{_V}(?P<labels>(?:_?{_LABEL})+)"), "affected"),
     ("all versions", re.compile(_ALL), "affected"),
     ("X or newer", re.compile(rf"{_V}_(?:or|and)_(?:newer|later|above)"), "fixed"),
-    ("X and Y (latest)", re.compile(rf"{_V}_and_{_V}(?:_latest)?"), "fixed"),
-    ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:_\d+)*)"), "fixed"),
+    ("X and Y (latest)", re.compile(rf"{_V}_and_{_V}_latest"), "fixed"),
+    ("list of releases X, Y", re.compile(rf"(?:{_WORDS})?{_V}(?:(?:_?,_(?:and_|or_)?|_and_|_or_)(?:{_WORDS})?{_V})+"),
+     "list"),
+    ("vGPU software X", re.compile(r"vgpu_(?:software_)?(\d+(?:[._]\d+)*)"), "fixed"),
     ("X (<vGPU or release label>)", re.compile(
-        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:_\d+)*|_?{_RELEASE})?"), "fixed"),
+        rf"{_V}(?P<label>_?vgpu_?(?:software_)?\d+(?:[._]\d+)*|_?{_RELEASE}|_latest)?"), "fixed"),
 ]
 
 # Conditions written after a version text: the range applies only where the node fact matches.
-_ARCH_CONDITION = re.compile(r"_?only_(?:for_)?gpus_based_on_the_(?P<archs>[a-z_]+?)_architectures?$")
+_ARCH_CONDITION = re.compile(
+    r"_?only_(?:for_)?gpus_based_on_the_(?P<archs>[a-z_,]+?)_(?:gpu_)?architectures?(?:_(?:are|is)_affected)?$")
 _CDI_BELOW = re.compile(rf"_?cdi_mode_only_for_versions_prior_to_{_V}$")
 _MODE_CONDITION = re.compile(
     r"_?(?:only_when_(?P<m1>cdi|csv|legacy)(?:_mode)?_is_enabled|(?P<m2>cdi|csv|legacy)_mode_only|only_in_(?P<m3>cdi|csv|legacy)_mode"
@@ -214,7 +234,38 @@ GPU_ARCHITECTURE = "gpu_architecture"
 
 
 def _dots(match_text: str) -> str:
-    return match_text.replace("_", ".")
+    """A version as the grammar matched it, written as inventory/versions.py orders it:
+    '580_95_05' -> '580.95.05', '1.3.0_rc17' -> '1.3.0rc17', '12.6_update_2' -> '12.6.2' (NVIDIA's
+    "X.Y Update N" is release X.Y.N), '10.24.09a' stays."""
+    m = re.fullmatch(r"(\d+(?:[._]\d+)*)(?:\.x)?(.*)", match_text)
+    if not m:
+        return match_text.replace("_", ".")
+    release, tail = m.group(1).replace("_", "."), m.group(2).lstrip("_")
+    if u := re.fullmatch(r"(?:update_?|u)(\d+)", tail):
+        return f"{release}.{u.group(1)}"
+    if pre := re.fullmatch(r"[-.]?(rc|alpha|beta|pre|dev)[._]?(\d+)", tail):
+        return f"{release}{pre.group(1)}{pre.group(2)}"
+    return release + tail
+
+
+def normalize_version_text(text: str, product: str = "") -> str:
+    """A product name's version text in the grammar's form: lower case, words joined by '_',
+    dots, commas and hyphens kept ('All versions prior to CUDA Toolkit v12.2' ->
+    'all_versions_prior_to_v12.2' for product 'CUDA Toolkit'); texts already in that form (a
+    product id's tail) are unchanged. The product's own name is dropped where the text repeats it."""
+    t = re.sub(r"\s+", " ", text.lower()).strip()
+    for name in sorted({product.lower().strip(), re.sub(r"^nvidia\s+", "", product.lower().strip())} - {""},
+                       key=len, reverse=True):
+        t = re.sub(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", " ", t)
+    t = re.sub(r"\bnvidia\b", " ", t)
+    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer".
+    t = re.sub(r"(?:<=|≤)\s*", " up to and including ", t)
+    t = re.sub(r"<\s*", " prior to ", t)
+    t = re.sub(r"(?:>=|≥)\s*(\S+)", r" \1 or newer ", t)
+    t = re.sub(r"\s*,\s*", " , ", t)
+    t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
+    t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))
+    return re.sub(r"_+", "_", t).strip("_.,")
 
 
 @dataclass(frozen=True)
@@ -237,14 +288,19 @@ class Decoded:
     labels: tuple[str, ...] = ()  # vGPU software releases named with the version ("16.10")
 
 
+def _order(version: str) -> str:
+    """Sort key of a version text, as the inventory compares it ('' sorts first)."""
+    return (parse_version("generic", version).key or "") if version.strip() else ""
+
+
 def _vgpu_labels(text: str) -> tuple[str, ...]:
-    return tuple(_dots(m) for m in re.findall(r"vgpu_?(?:software_)?(\d+(?:_\d+)+)", text))
+    return tuple(_dots(m) for m in re.findall(r"vgpu_?(?:software_)?(\d+(?:[._]\d+)+)", text))
 
 
 def _split_condition(text: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]], ...], str | None]:
     """Strip a trailing condition: (text, condition, cdi_below) where cdi_below splits the range."""
     if m := _ARCH_CONDITION.search(text):
-        archs = tuple(a for a in m.group("archs").split("_") if a in components.ARCHITECTURE_NAMES)
+        archs = tuple(a for a in re.split(r"[_,]+", m.group("archs")) if a in components.ARCHITECTURE_NAMES)
         if archs:
             return text[:m.start()], ((GPU_ARCHITECTURE, archs),), None
     if m := _CDI_BELOW.search(text):
@@ -258,17 +314,24 @@ def _split_condition(text: str) -> tuple[str, tuple[tuple[str, tuple[str, ...]],
     return text, (), None
 
 
-def decode_version_text(text: str, listed_affected: bool = False) -> Decoded | None:
-    """Decode one NVIDIA version text; None when it does not fit a known form.
+def decode_version_text(text: str, listed_affected: bool = False, product: str = "") -> Decoded | None:
+    """Decode one NVIDIA version text (a product's name, or an id's tail); None when it does not
+    fit a known form.
 
     `listed_affected`: the product_id is in some CVE's known_affected, so a text that reads as a
-    plain (fixed-looking) version is the affected release itself.
+    plain (fixed-looking) version is the affected release itself. `product`: the product's name,
+    dropped where the text repeats it.
     """
-    body, condition, cdi_below = _split_condition(text)
+    body, condition, cdi_below = _split_condition(normalize_version_text(text, product))
     for form, pattern, kind in GRAMMAR:
         m = pattern.fullmatch(body)
         if not m:
             continue
+        if kind == "list":
+            versions = [_dots(v) for v in re.findall(_V, re.sub(_WORDS, "", body))]
+            if not listed_affected:
+                return Decoded("fixed", form, fixed=min(versions, key=_order), labels=_vgpu_labels(body))
+            return Decoded("affected", form, tuple(Bounds(v, True, v, True, condition) for v in versions))
         if kind == "fixed":
             if listed_affected and form.startswith("X (") and not m.group("label"):
                 exact = _dots(m.group(1))
@@ -279,6 +342,8 @@ def decode_version_text(text: str, listed_affected: bool = False) -> Decoded | N
         bounds = _affected_bounds(form, m)
         if bounds is None:
             return None
+        if form == "X to Y" and bounds.lower and bounds.upper and _order(bounds.upper) < _order(bounds.lower):
+            continue  # "4.1.1-4.0.4" is one (compound) version, not a range
         if cdi_below:
             # "up to and including X (CDI mode only for versions prior to Y)": [Y, X] in every
             # mode, and below Y only in CDI mode.
@@ -299,10 +364,13 @@ def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
         return Bounds(upper=_dots(m.group(1)), upper_inclusive=True)
     if form == "X to Y":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), True)
+    if form == "only release X":
+        exact = _dots(m.group(1) or m.group(2))
+        return Bounds(exact, True, exact, True)
     if form == "all X.Y versions prior to Z":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), False)
     if form == "all X.Y versions":
-        line = [int(p) for p in m.group(1).split("_")]
+        line = [int(p) for p in re.split(r"[._]", re.sub(r"\.x$", "", m.group(1)))]
         following = ".".join(str(p) for p in [*line[:-1], line[-1] + 1])
         return Bounds(_dots(m.group(1)), True, following, False)
     if form == "prior to X / prior to the <month> release":
@@ -350,7 +418,13 @@ def _arch_qualifier(architecture: str) -> str:
 
 
 def classify_os(architecture: str, product_line: str) -> list[str]:
+    """The node OS families a row is for ('' = any). Platform rows never cross: a Windows row is
+    not a Linux node's, a Jetson (Tegra) row not an x86 Linux node's, whatever the component."""
     base = re.sub(r"\([^)]*\)\s*$", "", architecture).strip().lower()
+    if re.search(r"\b(?:jetson|tegra|l4t|jetpack)\b", base):
+        return ["jetson"]
+    if re.search(r"\b(?:macos|mac os|os x)\b", base):
+        return ["macos"]
     if product_line == "vgpu_manager" or (product_line == "cloud_gaming" and not base.startswith(("linux", "windows"))):
         return ["hypervisor"]
     has_linux = "linux" in base and not any(h in base for h in ("kvm", "hypervisor", "vsphere"))
@@ -413,18 +487,14 @@ def _scope(component: components.Component, leaf_name: str, architecture: str) -
 # --- the document ---------------------------------------------------------------------------------
 
 
-def _leaf_version_text(product: dict[str, Any], prefixes: list[str]) -> str | None:
-    helper = product.get("product_identification_helper")
-    cpe = helper.get("cpe") if isinstance(helper, dict) else None
-    if isinstance(cpe, str) and cpe.startswith("cpe:2.3:"):
-        parts = cpe.split(":")
-        if len(parts) > 5 and parts[5] not in ("*", "-", ""):
-            return parts[5]
-    product_id: str = product["product_id"]
-    for prefix in sorted(prefixes, key=len, reverse=True):
-        if product_id.startswith(prefix + "_"):
-            return product_id[len(prefix) + 1:]
-    return None
+def _leaf_version_text(product: dict[str, Any]) -> str | None:
+    """The version text of a product_version leaf: its product's name, as NVIDIA writes it.
+
+    Never the product_id or the CPE: they are the name with its punctuation dropped, so
+    "0.0-26.05" reads there as the single version 0.026.05. Ids only identify.
+    """
+    name = str(product.get("name", "")).strip()
+    return name or None
 
 
 def _tracking(doc: dict[str, Any], document: str) -> tuple[dict[str, Any], str, list[dict[str, str]]]:
@@ -501,21 +571,32 @@ def parse(content: bytes, document: str) -> ParsedAdvisory:
     parsed.cves = cves
     if not parsed.severity:
         parsed.severity = Severity.worst([c.severity for c in cves])
+    _read_products(parsed, leaves, earlier_notes(data))
+    return parsed
+
+
+def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[str, Earlier]) -> None:
+    """The ranges and review notes of a document's leaves, read with its CVEs' product status."""
     affected_by: dict[str, list[str]] = {}
-    for cve in cves:
+    fixed_by: dict[str, set[str]] = {}
+    for cve in parsed.cves:
         for pid in cve.affected_product_ids:
             affected_by.setdefault(pid, []).append(cve.cve_id)
-    ranges, review = _ranges(leaves, affected_by, {pid for cve in cves for pid in cve.fixed_product_ids})
+        for pid in cve.fixed_product_ids:
+            fixed_by.setdefault(pid, set()).add(cve.cve_id)
+    ranges, review, read = _ranges(leaves, affected_by, fixed_by, earlier)
+    parsed.rows = {leaf.product_id: leaf.text or "" for leaf in leaves}
+    parsed.read_rows = read
     ranges += _unsupported_branches(ranges, review)
+    ranges += _older_branches(ranges, review, earlier.get("branch"))
     known = {leaf.product_id for leaf in leaves}
-    for cve in cves:
+    for cve in parsed.cves:
         for pid in cve.affected_product_ids:
             if pid not in known:
                 review.append(ReviewNote(pid, ReviewKind.UNKNOWN_PRODUCT, pid,
                                          f"{cve.cve_id} names a product that is not a product_version"))
     parsed.ranges = ranges
     parsed.review = _unique(review)
-    return parsed
 
 
 def _unique(notes: list[ReviewNote]) -> list[ReviewNote]:
@@ -576,7 +657,7 @@ def _walk_tree(branches: list[Any], document: str) -> list[_Leaf]:
         pid = product["product_id"]
         prefix = next((p for p in sorted(prefixes, key=len, reverse=True) if pid.startswith(p + "_")), "")
         leaves.append(_Leaf(pid, item["name"], arch, (arch_no, prefix or item["name"]),
-                            _leaf_version_text(product, prefixes)))
+                            _leaf_version_text(product)))
     return leaves
 
 
@@ -588,8 +669,9 @@ class _Reading:
     """What one document's leaves are turning into, shared by the passes below."""
 
     affected_by: dict[str, list[str]]
-    fixed_ids: set[str]
+    fixed_by: dict[str, set[str]]  # product_id -> the CVEs it is the fix of
     labels: set[int]  # driver branches the document labels anywhere
+    earlier: dict[str, Earlier] = field(default_factory=dict)  # what the notes say of older releases
     # (product, vGPU software release) -> driver version, from this document's own rows: a
     # Virtual GPU Manager and a guest driver of one release have different versions.
     vgpu_versions: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -597,15 +679,18 @@ class _Reading:
     review: list[ReviewNote] = field(default_factory=list)
 
 
-def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
-            fixed_ids: set[str]) -> tuple[list[ParsedRange], list[ReviewNote]]:
+def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]], fixed_by: dict[str, set[str]],
+            earlier: dict[str, Earlier]) -> tuple[list[ParsedRange], list[ReviewNote], set[str]]:
     """Ranges from the leaves; a leaf that does not decode is a review item, and a presumed range
     unless it is only ever a fixed row (it hits nobody itself)."""
-    reading = _Reading(affected_by, fixed_ids,
-                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b})
+    reading = _Reading(affected_by, fixed_by,
+                       {int(b[1:]) for b in (driver_branch(leaf.architecture) for leaf in leaves) if b}, earlier)
     groups: dict[tuple[int, str], Rows] = {}
     for leaf in leaves:
-        decoded = decode_version_text(leaf.text, leaf.product_id in affected_by) if leaf.text else None
+        decoded = (decode_version_text(leaf.text, leaf.product_id in affected_by, leaf.name)
+                   if leaf.text else None)
+        if decoded is not None and decoded.form in RELEASE_POINTS:
+            decoded = _bare_release(decoded, earlier.get("release"))
         groups.setdefault(leaf.group, []).append((leaf, decoded))
         if decoded is not None:
             version = decoded.fixed or (decoded.parts[0].upper if decoded.parts and decoded.parts[0].upper_inclusive
@@ -619,7 +704,8 @@ def _ranges(leaves: list[_Leaf], affected_by: dict[str, list[str]],
             component = components.classify(leaf.name, leaf.architecture)
             if component is not None and decoded is not None and decoded.kind == "affected":
                 _affected(rows, index, component, decoded, reading)
-    return reading.ranges, reading.review
+    read = {leaf.product_id for rows in groups.values() for leaf, decoded in rows if decoded is not None}
+    return reading.ranges, reading.review, read
 
 
 def _undecoded(rows: Rows, reading: _Reading) -> None:
@@ -639,13 +725,16 @@ def _undecoded(rows: Rows, reading: _Reading) -> None:
         if decoded is not None:
             continue
         reading.review.append(ReviewNote(leaf.product_id, ReviewKind.UNPARSED_ROW, leaf.text or leaf.product_id,
-                                         f"version text not understood ({leaf.architecture} / {leaf.name})",
-                                         component.name))
+                                         f"version text {leaf.text or ''!r} not understood ({leaf.architecture} / "
+                                         f"{leaf.name}): its nodes are presumed exposed", component.name))
         pid = leaf.product_id
-        if pid in reading.affected_by or (pid not in reading.fixed_ids and not _fixed_only(leaf, rows)):
-            # Its fixed row may still read: then nodes from that version on are not presumed.
+        if pid in reading.affected_by or (pid not in reading.fixed_by and not _fixed_only(leaf, rows)):
+            # Its own fixed row may still read: then nodes from that version on are not presumed.
+            # Only a row that fixes every CVE this one is affected by: never another CVE's fix.
+            cves = set(reading.affected_by.get(pid, []))
             fixed_leaf, fixed = next(((lf, d) for lf, d in rows[index + 1:] + rows[:index][::-1]
-                                      if d is not None and d.kind == "fixed" and d.fixed), (None, None))
+                                      if d is not None and d.kind == "fixed" and d.fixed and cves
+                                      and cves <= reading.fixed_by.get(lf.product_id, set())), (None, None))
             reading.ranges += _rows(leaf, component, None, fixed.fixed if fixed else "",
                                     fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
                                     RangeBasis.UNDECODED, reading.labels)
@@ -669,6 +758,8 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
     rows_ranges = _rows(leaf, component, decoded, fixed_version, fixed_leaf.product_id if fixed_leaf else "",
                         reading.affected_by, RangeBasis.DECODED, reading.labels)
     reading.ranges += rows_ranges
+    if decoded.form in RELEASE_POINTS:
+        _earlier_releases(leaf, component, decoded, fixed_version, fixed_leaf, reading)
     branch = rows_ranges[-1].branch if rows_ranges else ""
     fixed_major = branch_of_version(fixed_version)
     # Cloud Gaming moves to a new branch with every release; elsewhere a fixed version far from
@@ -681,6 +772,42 @@ def _affected(rows: Rows, index: int, component: components.Component, decoded: 
             (fixed_leaf.text or "") if fixed_leaf else "",
             f"fixed version {fixed_version} is outside branch {branch} of its affected row "
             f"({leaf.architecture}): the remediation named is likely a typo", component.name))
+
+
+# Rows that name affected releases one by one ("24.11"; "3, 10"): what lies below them is what
+# the bulletin's notes say.
+RELEASE_POINTS = ("bare affected release X", "list of releases X, Y")
+
+
+def _bare_release(decoded: Decoded, earlier: Earlier | None) -> Decoded:
+    """A bare affected release X (or a list of them) is [X, X] only when the notes say earlier
+    releases are not affected; when they say earlier ones are, it is every release up to X (up to
+    the highest listed)."""
+    if earlier is None or earlier.status != "affected":
+        return decoded
+    top = max(decoded.parts, key=lambda p: _order(p.upper or ""))
+    return replace(decoded, parts=(replace(top, lower=None, lower_inclusive=False),))
+
+
+def _earlier_releases(leaf: _Leaf, component: components.Component, decoded: Decoded, fixed_version: str,
+                      fixed_leaf: _Leaf | None, reading: _Reading) -> None:
+    """The releases before a bare affected release the notes hedge on (or keep silent about):
+    presumed, the sentence quoted; silence is also a review item."""
+    earlier = reading.earlier.get("release")
+    part = min(decoded.parts, key=lambda p: _order(p.lower or ""))
+    if part.lower is None or (earlier is not None and earlier.status == "not_affected"):
+        return
+    if earlier is not None and earlier.sentence:
+        why = f'earlier releases presumed affected: the bulletin says "{earlier.sentence}"'
+    else:
+        why = f"the bulletin names only release {part.lower} and says nothing of earlier ones: presumed affected"
+        reading.review.append(ReviewNote(f"{leaf.product_id}#earlier", ReviewKind.UNPARSED_ROW, leaf.text or "",
+                                         why, component.name))
+    below = Decoded("affected", decoded.form, (Bounds(None, False, part.lower, False, part.condition),))
+    reading.ranges += [replace(r, product_id=f"{leaf.product_id}#earlier", remediation=why)
+                       for r in _rows(leaf, component, below, fixed_version,
+                                      fixed_leaf.product_id if fixed_leaf else "", reading.affected_by,
+                                      RangeBasis.UNDECODED, reading.labels)]
 
 
 def _fixed_only(leaf: _Leaf, rows: Rows) -> bool:
@@ -714,7 +841,7 @@ def _rows(leaf: _Leaf, component: components.Component, decoded: Decoded | None,
                 upper, upper_inclusive = str(int(branch[1:]) + BRANCH_REACH), False
         product_id = leaf.product_id if part_no == 0 else f"{leaf.product_id}#{part_no}"
         for line in lines:
-            for os_family in (classify_os(leaf.architecture, line) if is_driver else [""]):
+            for os_family in classify_os(leaf.architecture, line):
                 out.append(ParsedRange(
                     product_id=product_id, product_name=leaf.name, component=component.name,
                     os_family=os_family, branch=branch, product_line=line, architecture=leaf.architecture,
@@ -776,6 +903,74 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             f"unsupported_branch:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
             f"no fixed version for driver branches between R{low} and R{high} ({', '.join(where)}): NVIDIA no "
             "longer supports them; nodes on them are presumed exposed", components.DRIVER))
+    return out
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """What a bulletin's notes say of releases (or driver branches) older than its table lists."""
+
+    status: str  # "affected", "hedged" (may / might be affected) or "not_affected"
+    sentence: str
+
+
+_EARLIER = re.compile(r"\b(?:earlier|older|previous|prior)\b[^.]*?\b(?:releases?|versions?)\b[^.]*?\baffected\b",
+                      re.I)
+
+
+def earlier_notes(data: dict[str, Any]) -> dict[str, Earlier]:
+    """{"release": ..., "branch": ...}: the first sentence of the notes (the document's and each
+    vulnerability's) about earlier releases, and about earlier branches. A sentence about
+    branches speaks for releases too when none is about releases alone."""
+    notes = list((data.get("document") or {}).get("notes") or [])
+    for vuln in data.get("vulnerabilities") or []:
+        notes += (vuln.get("notes") or []) if isinstance(vuln, dict) else []
+    texts = [str(n.get("text", "")) for n in notes if isinstance(n, dict)]
+    sentences = [s.strip() for t in texts for chunk in re.split(r"<[^>]+>|\n", t)
+                 for s in re.split(r"(?<=[.!?])\s+", chunk)]
+    out: dict[str, Earlier] = {}
+    for sentence in sentences:
+        if not _EARLIER.search(sentence):
+            continue
+        status = ("not_affected" if re.search(r"\bnot\b", sentence, re.I) else
+                  "hedged" if re.search(r"\b(?:may|might|could|possibly)\b", sentence, re.I) else "affected")
+        out.setdefault("branch" if re.search(r"\bbranch", sentence, re.I) else "release", Earlier(status, sentence))
+    if "release" not in out and "branch" in out:
+        out["release"] = out["branch"]
+    return out
+
+
+def _older_branches(ranges: list[ParsedRange], review: list[ReviewNote], earlier: Earlier | None) -> list[ParsedRange]:
+    """Driver branches older than the oldest a bulletin names (per OS and product line).
+
+    Presumed exposed, the sentence quoted, when the notes say earlier branches are (or may be)
+    affected; a review item otherwise: the bulletin does not say, and silence is not "safe".
+    """
+    oldest: dict[tuple[str, str], tuple[int, ParsedRange]] = {}
+    for r in ranges:
+        if r.component == components.DRIVER and r.branch and r.basis == RangeBasis.DECODED:
+            key, number = (r.os_family, r.product_line), int(r.branch[1:])
+            if key not in oldest or number < oldest[key][0]:
+                oldest[key] = (number, r)
+    if not oldest:
+        return []
+    if earlier is None or earlier.status == "not_affected":
+        if earlier is None:
+            branches = ", ".join(sorted({f"R{n}" for n, _r in oldest.values()}))
+            review.append(ReviewNote("older_branches", ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
+                                     f"the bulletin names branches down to {branches} and says nothing of older "
+                                     "ones: check whether nodes on them are affected", components.DRIVER))
+        return []
+    why = f'older branches presumed affected: the bulletin says "{earlier.sentence}"'
+    out = [ParsedRange(
+        product_id=f"older_branch:{os_family or 'any'}:{line or 'any'}:R{number}",
+        product_name=f"{r.product_name} (branches older than R{number})", component=components.DRIVER,
+        os_family=os_family, branch="", product_line=line, architecture=r.architecture,
+        raw=f"no row for branches older than R{number}", lower=None, lower_inclusive=False, upper=str(number),
+        upper_inclusive=False, fixed_version=r.fixed_version, fixed_product_id="", cve_ids=r.cve_ids,
+        basis=RangeBasis.UNSUPPORTED_BRANCH,
+        remediation=f"move to a supported branch: R{number} {r.fixed_version}. {why}" if r.fixed_version else why,
+    ) for (os_family, line), (number, r) in sorted(oldest.items())]
     return out
 
 

@@ -6,7 +6,14 @@ remediation), remediated -> fixed, not_affected -> known_not_affected (with the 
 justification as a flag), presumed -> under_investigation (the bulletin does not tell; the
 remediation says what would end the doubt). Other tools (scanners, ticketing systems) read it as
 they read NVIDIA's own documents. tests/advisories/test_vex.py validates it against the OASIS
-CSAF 2.0 JSON schema.
+CSAF 2.0 JSON schema and its mandatory and recommended tests.
+
+It says only what is known. A node component of the inventory that no range of the CVE matched
+is known_not_affected (vulnerable_code_not_present: its version is outside every range) only
+when its bulletin has no open review item and its version parses; otherwise, and for a CVE no
+node's component can be checked against (the component is in no inventory), under_investigation.
+Never "not affected" by default, and never for a bulletin still under review, except where an
+approver decided it (with the justification they gave).
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ import datetime as dt
 import hashlib
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from advisories.choices import ExposureState
-from advisories.models import Advisory, Exposure
+from advisories import components, cvss
+from advisories.choices import ExposureState, ReviewState
+from advisories.models import Advisory, AffectedRange, Exposure
+from inventory.models import NodeComponent
 
 # The status a state gives a product, and which wins when one product has two exposures to a CVE.
 STATUS = {
@@ -49,8 +60,9 @@ def _version(exposure: Exposure) -> str:
 
 
 def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] | None = None,
-                 now: dt.datetime | None = None) -> dict[str, Any]:
-    """One VEX document for `advisories` (their CVEs) over the fleet's exposures to them."""
+                 now: dt.datetime | None = None, inventory: bool = True) -> dict[str, Any]:
+    """One VEX document for `advisories` (their CVEs) over the fleet's exposures to them, and
+    (`inventory`) over the inventory's components that no range matched (the module docstring)."""
     now = now or timezone.now()
     advisories = list(advisories)
     rows = (exposures if exposures is not None else Exposure.objects.all()).filter(
@@ -68,16 +80,22 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
             if current is None or PRECEDENCE.index(state) < PRECEDENCE.index(current[0]):
                 status[cve.cve_id][pid] = (state, exposure)
     cves = {c.cve_id: c for a in advisories for c in a.cves.all()}
-    vulnerabilities = [_vulnerability(cves.get(cve_id), cve_id, status.get(cve_id) or NOTHING_EXPOSED)
+    if inventory:
+        _unexposed(advisories, status, products)
+    vulnerabilities = [_vulnerability(cves.get(cve_id), cve_id, status.get(cve_id) or NOTHING_KNOWN)
                        for cve_id in sorted(set(cves) | set(status))]
     if any(not status.get(cve_id) for cve_id in cves):
-        products["none"] = "no node of the fleet is exposed"
+        products[UNKNOWN] = "no node of the fleet reports a component of this bulletin"
     bulletins = ", ".join(f"{a.publisher} {a.publisher_id}" for a in advisories) or "no bulletin"
     digest = hashlib.sha256(bulletins.encode()).hexdigest()[:12]
-    return {
+    namespace = settings.GPUSWEEP_VEX_NAMESPACE.rstrip("/")
+    self_ref = {"category": "self", "summary": "This document",
+                "url": f"{namespace}/vex/gpusweep-vex-{digest}.json"}
+    return _sorted({
         "document": {
             "category": "csaf_vex",
             "csaf_version": "2.0",
+            "lang": "en",
             "title": f"Fleet status for {bulletins}",
             "publisher": {"category": "user", "name": settings.GPUSWEEP_VEX_PUBLISHER,
                           "namespace": settings.GPUSWEEP_VEX_NAMESPACE},
@@ -85,7 +103,7 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
                 f"The exposure of this fleet's nodes to {bulletins}, as gpusweep computed it from the inventory "
                 "and the bulletins' affected ranges. under_investigation marks nodes the bulletin does not "
                 "decide (a row that could not be decoded, a driver branch it skips).")}],
-            **({"references": references} if (references := [_reference(a) for a in advisories]) else {}),
+            "references": [self_ref, *(_reference(a) for a in advisories)],
             "tracking": {
                 "id": f"gpusweep-vex-{digest}",
                 "status": "interim",
@@ -96,21 +114,89 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
                 "generator": {"engine": {"name": "gpusweep"}, "date": _when(now)},
             },
         },
-        "product_tree": {"full_product_names": [{"name": name, "product_id": pid} for pid, name in sorted(
-            (products or {"none": "no node of the fleet is exposed"}).items())]},
+        "product_tree": {"full_product_names": [
+            {"name": name, "product_id": pid, "product_identification_helper": {"x_generic_uris": [
+                {"namespace": f"{namespace}/inventory", "uri": f"{namespace}/inventory/{quote(pid)}"}]}}
+            for pid, name in sorted(
+                (products or {UNKNOWN: "no node of the fleet reports a component of this bulletin"}).items())]},
         "vulnerabilities": vulnerabilities,
-    }
+    })
 
 
-class _Nobody:
-    """Stands for the empty fleet: VEX wants a status per vulnerability, so it is not affected."""
+def _sorted(value: Any) -> Any:
+    """Object keys in alphabetical order (CSAF's recommended test 6.2.13); lists keep theirs."""
+    if isinstance(value, dict):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value
 
-    state = ExposureState.NOT_AFFECTED
-    justification = "component_not_present"
-    risk_reason = "no node of the fleet runs an affected version"
+
+def _scores(cve: Any, by_product: dict[str, tuple[str, Any]]) -> list[dict[str, Any]]:
+    """The CVE's CVSS v3 score for the products it affects (recommended test 6.2.3), the score
+    computed from the vector (see advisories/cvss.py)."""
+    affected = sorted(pid for pid, (state, _e) in by_product.items() if state == "known_affected")
+    vector = getattr(cve, "cvss_vector", "") or ""
+    score = cvss.base_score(vector)
+    if not affected or score is None:
+        return []
+    return [{"cvss_v3": {"version": vector[5:8], "vectorString": vector, "baseScore": score,
+                         "baseSeverity": cvss.severity(score)}, "products": affected}]
 
 
-NOTHING_EXPOSED: dict[str, tuple[str, Any]] = {"none": ("known_not_affected", _Nobody())}
+@dataclass(frozen=True)
+class _Remedy:
+    remediation: str
+    fixed_version: str = ""
+
+
+class _Unexposed:
+    """A node component no range of the CVE matched: known_not_affected when nothing is in doubt,
+    under_investigation otherwise; it stands where an exposure would."""
+
+    def __init__(self, status: str, reason: str, remediation: str = "") -> None:
+        self.state = ExposureState.NOT_AFFECTED if status == "known_not_affected" else ExposureState.PRESUMED
+        self.justification = "vulnerable_code_not_present"
+        self.risk_reason = reason
+        self.affected_range = _Remedy(remediation)  # read like an exposure's range
+
+
+UNKNOWN = "fleet"
+# VEX wants a status per vulnerability: with no node to speak of, it is under investigation.
+NOTHING_KNOWN: dict[str, tuple[str, Any]] = {UNKNOWN: ("under_investigation", _Unexposed(
+    "under_investigation", "", "no node of the fleet reports a component of this bulletin: check the nodes "
+    "that run it"))}
+
+
+def _unexposed(advisories: list[Advisory], status: dict[str, dict[str, tuple[str, Any]]],
+               products: dict[str, str]) -> None:
+    """Adds to `status` every inventory component of a CVE's ranges that no exposure names."""
+    doubtful = {a.id for a in advisories if a.review_items.filter(state=ReviewState.OPEN).exists()}
+    cve_components: dict[str, set[str]] = defaultdict(set)
+    cve_doubt: dict[str, bool] = defaultdict(bool)
+    for cve_id, component, advisory_id in AffectedRange.objects.filter(
+            advisory__in=advisories, cves__isnull=False).values_list("cves__cve_id", "component", "advisory_id"):
+        cve_components[cve_id].add(component)
+        cve_doubt[cve_id] |= advisory_id in doubtful
+    wanted = {c for names in cve_components.values() for c in names}
+    fleet = list(NodeComponent.objects.filter(component__in=wanted).select_related("node__cluster").order_by(
+        "node__cluster__name", "node__name", "component"))
+    for cve_id, names in sorted(cve_components.items()):
+        for nc in fleet:
+            pid = f"{nc.node.cluster.name}/{nc.node.name}/{nc.component}"
+            if nc.component not in names or pid in status[cve_id]:
+                continue
+            products.setdefault(pid, f"{pid} {nc.version}")
+            label = components.by_name(nc.component)
+            if cve_doubt[cve_id] or nc.version_key is None:
+                why = ("its bulletin has open review items" if cve_doubt[cve_id] else
+                       f"version {nc.version!r} does not parse")
+                status[cve_id][pid] = ("under_investigation", _Unexposed(
+                    "under_investigation", "", f"no decoded range matches {nc.version}, but {why}: review it"))
+            else:
+                status[cve_id][pid] = ("known_not_affected", _Unexposed(
+                    "known_not_affected", f"{label.label if label else nc.component} {nc.version} is outside every "
+                    "affected range of the bulletin"))
 
 
 def _reference(advisory: Advisory) -> dict[str, str]:
@@ -132,6 +218,8 @@ def _vulnerability(cve: Any, cve_id: str, by_product: dict[str, tuple[str, Any]]
     }
     if groups:
         entry["product_status"] = {k: groups[k] for k in PRECEDENCE if groups.get(k)}
+    if scores := _scores(cve, by_product):
+        entry["scores"] = scores
     remediations: list[dict[str, Any]] = []
     fixes: dict[tuple[str, str], list[str]] = defaultdict(list)
     for pid, (state, exposure) in sorted(by_product.items()):

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from advisories import components, counts, display, services
+from advisories import components, counts, coverage, display, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.middleware import accepts_token
@@ -72,8 +72,12 @@ def advisory_list(request: HttpRequest) -> HttpResponse:
         rows.sort(key=functools.partial(_sort_key, field.lstrip("-")), reverse=field.startswith("-"))
     query = request.GET.copy()
     query.pop("page", None)
+    page = paginate(request, rows)
+    found_coverage = coverage.of_advisories([a.pk for a in page])
+    for advisory in page:
+        advisory.coverage = found_coverage[advisory.pk]
     return render(request, "advisories/advisory_list.html", {
-        "page": paginate(request, rows), "filters": filters, "severities": Severity.choices(),
+        "page": page, "filters": filters, "severities": Severity.choices(),
         "components": [(c.name, c.label) for c in components.REGISTRY], "sorts": list(ADVISORY_SORTS),
         "sort": sort, "query": query.urlencode(),
     })
@@ -107,6 +111,7 @@ def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "exposures": advisory.exposures.select_related("node__cluster", "affected_range", "risk_approver").order_by(
             "state", "deadline", "node__name")[:500],
         "review_items": advisory.review_items.select_related("resolved_by").order_by("state", "kind", "key"),
+        "coverage": coverage.of_advisory(advisory),
         "now": timezone.now(),
         "is_admin": has_role(request.user, Role.ADMIN),
         "is_approver": has_role(request.user, Role.APPROVER),

@@ -5,12 +5,22 @@ to 8 digits and joined by dots. The key compares as text in the same order as th
 compare field by field (570.9 < 570.86.15 < 570.195.03), so range tests run in the database
 as plain string comparisons, set-based. A version that does not parse keeps key None and is
 flagged, never guessed.
+
+What follows the numbers orders too, in the same text comparison (see `_suffix_key`):
+pre-releases before their release (PEP 440's rules, through `packaging`: 1.3.0rc17 < 1.3.0),
+a letter suffix after it (10.24.09 < 10.24.09a < 10.24.09b < 10.24.10), "Update N" / "uN" as
+the next field (CUDA's "12.6 Update 2" is 12.6.2), a post-release just after its release.
+Other tails (Debian revisions, "-amd64", "+cuda12") are not part of the order, as before.
+The keys hold digits, lower-case letters and dots only, so every database collation orders them
+as plain text does.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
 
 FIELD_WIDTH = 8
 
@@ -36,6 +46,11 @@ KNOWN_COMPONENTS = {
     "tensorrt_llm": "TensorRT-LLM",
     "nim": "NVIDIA NIM",
     "base_command_manager": "Base Command Manager",
+    "nemo": "NVIDIA NeMo",
+    "doca": "NVIDIA DOCA",
+    "mlnx_ofed": "MLNX_OFED",
+    "dynamo": "NVIDIA Dynamo",
+    "dcgm_exporter": "DCGM Exporter",
     "firmware": "Firmware (unscoped: prefer vbios, system_firmware or bmc)",
 }
 
@@ -60,7 +75,19 @@ def normalize_fact(name: str, value: str) -> tuple[str, str]:
 
 _DRIVER = re.compile(r"^(\d{2,4})(?:\.(\d{1,4})){1,3}$")
 # Generic: leading dotted numbers, then an optional tail (-1ubuntu1, +cuda12, rc1, -amd64...).
-_GENERIC = re.compile(r"^[vV]?(\d+(?:\.\d+)*)(?:[-+~_.]?[0-9A-Za-z.+~_-]*)?$")
+_GENERIC = re.compile(r"^[vV]?(\d+(?:\.\d+)*)((?:[-+~_. ]?[0-9A-Za-z.+~_ -]*)?)$")
+# Tails that order (the rest is ignored): "Update 2" / "U1", a PEP 440 pre-, post- or
+# dev-release ("rc17", "-rc.1", " beta 2", "a1", ".post1", ".dev3"), a lone letter ("a").
+_UPDATE = re.compile(r"[ ._-]*(?:update|u)[ ._-]*(\d+)", re.I)
+_PEP440 = re.compile(r"[ ._~-]*((?:alpha|beta|preview|pre|rc|c|a|b)[ ._-]*\d*|(?:post|dev)[ ._-]*\d*)"
+                     r"(?:[ ._-]*(?:post|dev)[ ._-]*\d*)*", re.I)
+_LETTER = re.compile(r"[a-z]", re.I)
+# A second dotted part after a hyphen (MLNX_OFED "24.10-1.1.4.0", DCGM Exporter "4.1.1-4.0.4"),
+# not a Debian revision or an architecture ("-1", "-27-amd64").
+_COMPOUND = re.compile(r"-(\d+(?:\.\d+)+)(?=$|[-+~_. ])")
+FIELD_MAX = 10**FIELD_WIDTH - 1
+# Pre-release phases in PEP 440's order, as one character each (digits sort before letters).
+_PHASES = {"dev": "1", "a": "a", "b": "b", "rc": "c"}
 _COMPONENT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
@@ -81,7 +108,9 @@ class ParsedVersion:
 
     @property
     def fields(self) -> tuple[int, ...]:
-        return tuple(int(part) for part in self.key.split(".")) if self.key else ()
+        """The release numbers (the key may carry a suffix or a borrowed field, see `_suffix_key`)."""
+        match = re.match(r"[vV]?(\d+(?:\.\d+)*)", self.raw) if self.key else None
+        return tuple(int(part) for part in match.group(1).split(".")) if match else ()
 
 
 def sort_key(fields: tuple[int, ...] | list[int]) -> str:
@@ -117,7 +146,45 @@ def parse_version(component: str, raw: str) -> ParsedVersion:
     fields = tuple(int(part) for part in match.group(1).split("."))
     if len(fields) > 12 or any(number >= 10**FIELD_WIDTH for number in fields):
         return ParsedVersion(raw=text, key=None, branch="")
-    return ParsedVersion(raw=text, key=sort_key(fields), branch="")
+    return ParsedVersion(raw=text, key=_suffix_key(fields, match.group(2)), branch="")
+
+
+def _suffix_key(fields: tuple[int, ...], tail: str) -> str | None:
+    """The key of `fields` followed by `tail`, ordered as the module docstring says.
+
+    A key can only grow after its release's key, so a pre-release borrows: 1.3.2rc1 is keyed as
+    1.3.1 followed by ".z" and its phase, above every 1.3.1.x and below 1.3.2 (1.3.0rc1 borrows
+    through the zero: 1.2.99999999.z...). Post-releases are two more fields (0, N), between X and
+    X.1 as PEP 440 has them; a letter suffix ".s<letter>" follows every X.y.
+    """
+    if m := _COMPOUND.match(tail):  # "24.10-1.1.4.0": one version in two parts, both ordered
+        fields, tail = (*fields, *(int(p) for p in m.group(1).split("."))), tail[m.end():]
+        if len(fields) > 12 or any(number > FIELD_MAX for number in fields):
+            return None
+    if not tail:
+        return sort_key(fields)
+    if m := _UPDATE.fullmatch(tail):
+        return sort_key((*fields, int(m.group(1))))
+    if _LETTER.fullmatch(tail):
+        return sort_key(fields) + ".s" + tail.lower()
+    if not _PEP440.fullmatch(tail):
+        return sort_key(fields)  # a tail that does not order (Debian revision, arch, local)
+    try:
+        version = Version(".".join(map(str, fields)) + re.sub(r"[ ~]", "", tail))
+    except InvalidVersion:
+        return sort_key(fields)
+    if version.pre is None and version.dev is None:
+        return sort_key((*fields, 0, version.post or 0))
+    phase, number = version.pre if version.pre is not None else ("dev", version.dev or 0)
+    borrowed = list(fields)
+    i = len(borrowed) - 1
+    while i >= 0 and borrowed[i] == 0:
+        borrowed[i] = FIELD_MAX
+        i -= 1
+    if i < 0:
+        return None  # 0.0rc1: nothing below it to borrow from
+    borrowed[i] -= 1
+    return sort_key(borrowed) + ".z" + _PHASES[phase] + str(number).zfill(FIELD_WIDTH)
 
 
 def driver_branch(raw: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from advisories import coverage
 from advisories.choices import ExposureState
 from advisories.models import Advisory, AffectedRange, Exposure
 from campaigns import evidence
@@ -217,6 +218,7 @@ def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
                      "current_release_date": _iso(advisory.current_release_date),
                      "published_sha256": advisory.published_sha256},
         "counts": counts,
+        "coverage": coverage.of_advisory(advisory).as_dict(),
         "exposures": rows,
     }
 

@@ -124,6 +124,8 @@ def advisory_sections(data: dict[str, Any]) -> list[Section]:
         _fields("Advisory", {**{k: v for k, v in advisory.items() if k != "cves"},
                              "cves": ", ".join(f"{c['cve']} ({c['base_score']})" for c in advisory["cves"])}),
         _fields("Outcomes", data["counts"], note="" if data["counts"] else "no node was ever exposed"),
+        _fields("Coverage", {"rows": data["coverage"]["line"]},
+                note="rows of the bulletin decoded, presumed (nodes presumed exposed) and under review"),
         _table("Exposed nodes", data["exposures"], ["node", "cluster", "component", "detected_version",
                                                    "fixed_version", "state", "deadline", "overdue",
                                                    "remediated_at", "remediated_by", "fixed_by_version", "risk",

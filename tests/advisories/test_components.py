@@ -23,7 +23,8 @@ from tests.advisories.conftest import FIXTURES, add_node
 
 pytestmark = pytest.mark.django_db
 TEST_CSAF = FIXTURES.parent / "test-csaf"
-DOCUMENTS = [TEST_CSAF / f"{n}.json" for n in ("9001", "9002", "9003", "9004", "9005")] + [FIXTURES / "5367.json"]
+DOCUMENTS = [TEST_CSAF / f"{n}.json" for n in ("9001", "9002", "9003", "9004", "9005", "9006")] + [
+    FIXTURES / "5367.json"]
 
 H100, A100, V100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB"
 # (node, component, version, node fields, {(bulletin, state), ...} expected)
@@ -37,9 +38,10 @@ FLEET: list[tuple[str, str, str, dict[str, Any], set[tuple[str, str]]]] = [
     ("ctk-fixed", "container_toolkit", "1.17.8", {}, set()),
     ("op-cdi", "gpu_operator", "25.3.0", {"facts": {"container_toolkit_mode": "cdi"}}, {("9001", "open")}),
     ("op-legacy", "gpu_operator", "25.3.0", {"facts": {"container_toolkit_mode": "legacy"}}, set()),
-    # 9002: Triton's row is the bare affected release 24.11.
+    # 9002: Triton's row is the bare affected release 24.11; its notes say nothing of earlier
+    # releases, so those are presumed (and a review item), never silently safe.
     ("triton-24.11", "triton", "24.11", {}, {("9002", "open")}),
-    ("triton-24.10", "triton", "24.10", {}, set()),
+    ("triton-24.10", "triton", "24.10", {}, {("9002", "presumed")}),
     ("triton-24.12", "triton", "24.12", {}, set()),
     ("nim-old", "nim", "1.10.0", {}, {("9002", "open")}),
     ("nim-fixed", "nim", "1.10.1", {}, set()),
@@ -85,11 +87,29 @@ FLEET: list[tuple[str, str, str, dict[str, Any], set[tuple[str, str]]]] = [
     ("dcgm-older-line", "dcgm", "3.2.9", {}, set()),
     ("fm-old", "fabric_manager", "570.172.08", {}, {("9005", "open")}),
     ("fm-fixed", "fabric_manager", "570.195.03", {}, set()),
+    # 9006's Windows row (prior to 12.9 Update 2) is not a Linux node's.
     ("cuda-toolkit-old", "cuda_toolkit", "12.8.1", {}, {("9005", "open")}),
+    ("cuda-toolkit-12.6u1", "cuda_toolkit", "12.6.1", {}, {("9005", "open"), ("9006", "open")}),
     ("cuda-toolkit-fixed", "cuda_toolkit", "12.9.1", {}, set()),
     ("cuda-driver-api", "cuda", "12.8", {}, set()),  # the driver's CUDA version is not the toolkit
     ("bcm-old", "base_command_manager", "10.25.03", {}, {("9005", "open")}),
     ("bcm-fixed", "base_command_manager", "10.25.05", {}, set()),
+    # 9006: the forms of issue 29 (pre-releases, letter suffixes, compound versions, "X-Y").
+    ("bcm-10.24.09", "base_command_manager", "10.24.09", {}, {("9005", "open"), ("9006", "open")}),
+    ("bcm-10.24.09a", "base_command_manager", "10.24.09a", {}, {("9005", "open")}),
+    ("nemo-rc1", "nemo", "2.3.0rc1", {}, {("9006", "open")}),
+    ("nemo-rc2", "nemo", "2.3.0rc2", {}, set()),
+    ("nemo-final", "nemo", "2.3.0", {}, set()),
+    ("dynamo-old", "dynamo", "0.3.0", {}, {("9006", "open")}),
+    ("dynamo-fixed", "dynamo", "0.4.2", {}, set()),
+    ("doca-old", "doca", "2.9.1", {}, {("9006", "open")}),
+    ("doca-fixed", "doca", "2.9.2", {}, set()),
+    ("ofed-old", "mlnx_ofed", "24.10-0.7.0.0", {}, {("9006", "open")}),
+    ("ofed-fixed", "mlnx_ofed", "24.10-1.1.4.0", {}, set()),
+    ("exporter-old", "dcgm_exporter", "4.1.1-4.0.3", {}, {("9006", "open")}),
+    ("exporter-fixed", "dcgm_exporter", "4.1.1-4.0.4", {}, set()),
+    # DCGM Exporter rows are not DCGM's: a DCGM 4.1.1 is not in them.
+    ("dcgm-4", "dcgm", "4.1.1", {}, set()),
 ]
 
 

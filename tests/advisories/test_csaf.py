@@ -46,7 +46,7 @@ def test_it_reads_5703s_linux_data_center_branches():
     assert parsed.severity == "high"
     assert linux_tesla(parsed) == {"R580": "580.95.05", "R570": "570.195.03", "R535": "535.274.02"}
     r580 = next(r for r in parsed.ranges if r.product_id == "linuxr580_tesla_all_driver_versions_prior_to_580_95_05")
-    assert r580.raw == "all_driver_versions_prior_to_580_95_05"
+    assert r580.raw == "All driver versions prior to 580.95.05"  # the product name, as NVIDIA wrote it
     assert r580.fixed_product_id == "linuxr580_tesla_580_95_05"
     assert len(r580.cve_ids) == 6 and "CVE-2025-23280" in r580.cve_ids
     cve = next(c for c in parsed.cves if c.cve_id == "CVE-2025-23309")
@@ -60,11 +60,15 @@ def test_it_presumes_the_branches_5703_skips_and_flags_nvidias_typo():
     gaps = {(r.lower, r.upper, r.fixed_version, r.remediation) for r in parsed.ranges
             if r.basis == "unsupported_branch" and r.os_family == "linux" and r.product_line == "tesla"}
     assert gaps == {("540", "570", "570.195.03", "move to a supported branch: R570 570.195.03 or R535 535.274.02"),
-                    ("575", "580", "580.95.05", "move to a supported branch: R580 580.95.05 or R570 570.195.03")}
+                    ("575", "580", "580.95.05", "move to a supported branch: R580 580.95.05 or R570 570.195.03"),
+                    # Older than R535, the oldest named: the notes hedge ("might also be affected").
+                    (None, "535", "535.274.02", "move to a supported branch: R535 535.274.02. older branches presumed "
+                     'affected: the bulletin says "Earlier software GPU branch releases that support these products '
+                     'might also be affected."')}
     review = {(n.kind, n.key) for n in parsed.review}
     assert ("unsupported_branch", "unsupported_branch:R535-R570") in review
     # "R535 vGPU 16" fixed in 575.274.02: NVIDIA meant 535.274.02, a human should look.
-    typo = [n for n in parsed.review if n.raw == "575_274_02vgpu_16_12"]
+    typo = [n for n in parsed.review if n.raw == "575.274.02(vGPU 16.12)"]
     assert typo and "outside branch R535" in typo[0].reason
 
 
@@ -139,6 +143,9 @@ FORMS = [
     ("551_61february_2024_release", False, "X (<vGPU or release label>)", [], "551.61", ()),
     ("v24_6_2", False, "X (<vGPU or release label>)", [], "24.6.2", ()),
     ("r25_10", False, "X (<vGPU or release label>)", [], "25.10", ()),
+    ("base_command_manager_3,_base_command_manager_10", True, "list of releases X, Y",
+     [("3", True, "3", True, ()), ("10", True, "10", True, ())], "", ()),
+    ("24_11_only", True, "only release X", [("24.11", True, "24.11", True, ())], "", ()),
     # A plain version that a CVE lists as known_affected is the affected release itself.
     ("24_11", True, "bare affected release X", [("24.11", True, "24.11", True, ())], "", ()),
     # Conditions, kept on the range and matched against node facts.

@@ -56,7 +56,7 @@ def test_a_toolkit_bulletin_conditioned_on_cdi_mode_exposes_toolkit_nodes():
 
 def test_a_bare_affected_release_is_affected_not_fixed():
     ingest(TEST_CSAF / "9002.json")
-    triton = Advisory.objects.get(publisher_id="9002").ranges.get(component="triton")
+    triton = Advisory.objects.get(publisher_id="9002").ranges.get(component="triton", basis="decoded")
     assert (triton.lower_version, triton.upper_version, triton.upper_inclusive) == ("24.11", "24.11", True)
     cluster = Cluster.objects.create(name="inference", kind="static")
     add_node(cluster, "infer01", triton="24.11")

@@ -44,8 +44,8 @@ def schema_errors(document: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
 
 
-def failed_mandatory_tests(document: dict[str, Any]) -> list[str]:
-    report = csaf_validate(document, preset="mandatory")
+def failed_mandatory_tests(document: dict[str, Any], preset: str = "mandatory") -> list[str]:
+    report = csaf_validate(document, preset=preset)
     return [f"{r.id} {r.title}: {[e.message for e in r.errors]}" for r in report.results
             if not r.passed and not r.skipped]
 
@@ -89,7 +89,8 @@ def test_exposures_prints_valid_csaf_vex_for_a_bulletin(fleet):
     status = statuses(document, "CVE-2025-23280")  # a Linux driver CVE of 5703
     assert status == {
         "known_affected": ["prod/open-r570/driver"],
-        "under_investigation": ["prod/presumed-r560/driver"],
+        # fixed-r580 runs the fixed version, but 5703 has open review items: not claimed not affected.
+        "under_investigation": ["prod/fixed-r580/driver", "prod/presumed-r560/driver"],
         "fixed": ["prod/patched-r535/driver"],
         "known_not_affected": ["prod/decided-r550/driver"],
     }
@@ -136,9 +137,59 @@ def test_a_bulletin_with_no_exposed_node_is_still_valid_vex():
     call_command("ingest_advisories", str(FIXTURES / "5582.json"), "--no-progress", stdout=io.StringIO())
     document = json.loads(_vex_for("5582"))
     assert schema_errors(document) == [] and failed_mandatory_tests(document) == []
-    assert statuses(document, "CVE-2024-0132") == {"known_not_affected": ["none"]}
+    # No node reports a Container Toolkit: nothing is known, so nothing is claimed not affected.
+    assert statuses(document, "CVE-2024-0132") == {"under_investigation": ["fleet"]}
 
 
 def test_the_test_bulletins_are_valid_csaf_like_nvidias():
     for path in [*sorted((FIXTURES.parent / "test-csaf").glob("9*.json")), FIXTURES / "5703.json"]:
         assert schema_errors(json.loads(path.read_bytes())) == [], path.name
+
+
+def _ingest(path) -> None:
+    call_command("ingest_advisories", str(path), "--no-progress", stdout=io.StringIO())
+
+
+def test_known_not_affected_is_only_an_inventory_product_outside_every_range_of_a_reviewed_bulletin():
+    _ingest(FIXTURES / "5582.json")  # no review item
+    cluster = Cluster.objects.create(name="k8s", kind="static")
+    add_node(cluster, "ctk-fixed", container_toolkit="1.16.2")
+    add_node(cluster, "ctk-old", container_toolkit="1.16.1")
+    add_node(cluster, "ctk-odd", container_toolkit="nightly")
+    from advisories.exposure import recompute
+
+    recompute()
+    document = json.loads(_vex_for("5582"))
+    assert schema_errors(document) == [] and failed_mandatory_tests(document) == []
+    assert failed_mandatory_tests(document, preset="recommended") == []
+    status = statuses(document, "CVE-2024-0132")
+    assert status["known_affected"] == ["k8s/ctk-old/container_toolkit"]
+    assert status["known_not_affected"] == ["k8s/ctk-fixed/container_toolkit"]
+    assert "k8s/ctk-odd/container_toolkit" in status.get("under_investigation", [])
+    vulnerability = next(v for v in document["vulnerabilities"] if v["cve"] == "CVE-2024-0132")
+    assert vulnerability["flags"] == [{"label": "vulnerable_code_not_present",
+                                       "product_ids": ["k8s/ctk-fixed/container_toolkit"]}]
+
+
+def test_a_bulletin_with_open_review_items_never_says_known_not_affected_by_itself():
+    _ingest(FIXTURES.parent / "test-csaf" / "9004.json")  # rows it cannot read: open review items
+    cluster = Cluster.objects.create(name="prod", kind="static")
+    add_node(cluster, "r580-fixed", driver="580.95.05")
+    add_node(cluster, "r580-old", driver="580.82.07")
+    from advisories.exposure import recompute
+
+    recompute()
+    document = json.loads(_vex_for("9004"))
+    assert schema_errors(document) == [] and failed_mandatory_tests(document) == []
+    assert failed_mandatory_tests(document, preset="recommended") == []
+    seen = {status for v in document["vulnerabilities"] for status in v.get("product_status", {})}
+    assert "known_not_affected" not in seen
+    assert "under_investigation" in seen and "known_affected" in seen
+    fixed = [v for v in document["vulnerabilities"]
+             if "prod/r580-fixed/driver" in v.get("product_status", {}).get("under_investigation", [])]
+    assert fixed, "the node on the fixed version is under investigation while the bulletin is under review"
+
+
+def test_the_vex_passes_the_recommended_tests_too(fleet):
+    document = json.loads(_vex_for("5703"))
+    assert failed_mandatory_tests(document, preset="recommended") == []

@@ -46,7 +46,9 @@ class Command(BaseCommand):
             advisories = Advisory.objects.filter(id__in=rows.values("advisory_id"))
             if options["advisory"]:
                 advisories = Advisory.objects.filter(publisher_id=options["advisory"])
-            self.stdout.write(json.dumps(vex_document(advisories.order_by("publisher_id"), rows), indent=2))
+            # A state filter shows those exposures only, not the rest of the inventory.
+            self.stdout.write(json.dumps(vex_document(advisories.order_by("publisher_id"), rows,
+                                                      inventory=not options["state"]), indent=2))
             return
         records = [self.record(e) for e in rows]
         if options["format"] == "json":

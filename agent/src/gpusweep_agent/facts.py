@@ -45,7 +45,14 @@ class KernelProbe(Probe):
         os_release = parse_os_release(Path("/etc/os-release"))
         if os_release.get("ID"):
             components["os"] = f"{os_release['ID']} {os_release.get('VERSION_ID', '')}".strip()
-        return {"os_family": platform.system().lower(), "components": components}
+        return {"os_family": os_family(platform.system(), Path("/etc/nv_tegra_release").exists()),
+                "components": components}
+
+
+def os_family(system: str, tegra: bool) -> str:
+    """'linux', 'windows' ... or 'jetson' on a Jetson (Tegra) board: bulletins' Jetson rows are
+    not an x86 Linux node's, and their Linux rows not a Jetson's."""
+    return "jetson" if tegra and system.lower() == "linux" else system.lower()
 
 
 def parse_os_release(path: Path) -> dict[str, str]:
@@ -65,8 +72,17 @@ PACKAGE_COMPONENTS = {
     "nvidia-container-toolkit": "container_toolkit",
     "datacenter-gpu-manager": "dcgm",
     "datacenter-gpu-manager-4-core": "dcgm",
+    "datacenter-gpu-manager-exporter": "dcgm_exporter",
     "nvidia-fabricmanager": "fabric_manager",
+    "doca-runtime": "doca",
+    "doca-all": "doca",
+    "doca-host": "doca",
+    "mlnx-ofed-all": "mlnx_ofed",
+    "mlnx-ofed-basic": "mlnx_ofed",
+    "mlnx-ofed-kernel-utils": "mlnx_ofed",
+    "cuda-toolkit": "cuda_toolkit",
 }
+_CUDA_TOOLKIT_PKG = re.compile(r"^cuda-toolkit-\d+-\d+$")
 _FABRIC_RE = re.compile(r"^nvidia-fabricmanager(-\d+)?$")
 _DRIVER_RE_PKG = re.compile(r"^nvidia-driver-\d+(-server)?$")
 
@@ -108,7 +124,8 @@ def components_of(installed: dict[str, str]) -> dict[str, str]:
         # Debian versions carry epoch and revision; bulletins speak upstream versions.
         upstream = version.split(":", 1)[-1].rsplit("-", 1)[0]
         name = PACKAGE_COMPONENTS.get(package) or ("fabric_manager" if _FABRIC_RE.match(package) else None) or (
-            "driver" if _DRIVER_RE_PKG.match(package) else None)
+            "driver" if _DRIVER_RE_PKG.match(package) else None) or (
+            "cuda_toolkit" if _CUDA_TOOLKIT_PKG.match(package) else None)
         if name:
             components[name] = upstream
     return components
@@ -214,6 +231,84 @@ class StaticProbe(Probe):
         return data
 
 
+# Python distributions (pip metadata) of the components bulletins talk about.
+PIP_COMPONENTS = {"nemo-toolkit": "nemo", "nemo_toolkit": "nemo", "tensorrt-llm": "tensorrt_llm",
+                  "tensorrt_llm": "tensorrt_llm", "ai-dynamo": "dynamo", "ai_dynamo": "dynamo"}
+PIP_PATHS = ["/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+             "/usr/lib/python3/dist-packages", "/opt/conda/lib/python3*/site-packages"]
+
+
+class PipProbe(Probe):
+    """NeMo, TensorRT-LLM and Dynamo from the pip metadata of the system's Python installs."""
+
+    name = "pip"
+
+    def probe(self) -> Facts:
+        from glob import glob
+        from importlib import metadata
+
+        paths = [p for pattern in PIP_PATHS for p in sorted(glob(pattern))]
+        found = {str(d.metadata["Name"] or ""): d.version for d in metadata.distributions(path=paths)} if paths else {}
+        components = pip_components(found)
+        return {"components": components} if components else {}
+
+
+def pip_components(distributions: dict[str, str]) -> dict[str, str]:
+    """Component versions from installed distributions (name -> version, as pip reports them)."""
+    return {PIP_COMPONENTS[name.lower()]: version for name, version in sorted(distributions.items())
+            if name.lower() in PIP_COMPONENTS}
+
+
+# Container images (NGC names) of the components bulletins talk about: image -> (component, which
+# dotted group of the tag is its version: dcgm-exporter tags are "<DCGM>-<exporter>-<OS>").
+IMAGE_COMPONENTS = {"tritonserver": ("triton", 0), "dcgm-exporter": ("dcgm_exporter", -1), "nemo": ("nemo", 0),
+                    "dynamo": ("dynamo", 0), "tensorrt-llm": ("tensorrt_llm", 0)}
+_TAG_VERSION = re.compile(r"v?(\d+(?:\.\d+)+(?:rc\d+)?)")
+
+
+class ImagesProbe(Probe):
+    """Triton, DCGM Exporter, NeMo, Dynamo and TensorRT-LLM from the container images on the node
+    (crictl, else docker)."""
+
+    name = "images"
+
+    def probe(self) -> Facts:
+        for argv in (["crictl", "images", "-o", "json"], ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"]):
+            if not shutil.which(argv[0]):
+                continue
+            try:
+                out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
+            except (OSError, subprocess.SubprocessError):
+                continue
+            refs = _image_refs(out)
+            components = image_components(refs)
+            return {"components": components} if components else {}
+        return {}
+
+
+def _image_refs(output: str) -> list[str]:
+    try:
+        data = json.loads(output)
+    except ValueError:
+        return [line.strip() for line in output.splitlines() if line.strip()]
+    return [str(tag) for image in (data.get("images") or []) if isinstance(image, dict)
+            for tag in image.get("repoTags") or []]
+
+
+def image_components(refs: list[str]) -> dict[str, str]:
+    """Component versions from image references ('nvcr.io/nvidia/tritonserver:24.11-py3' -> triton
+    24.11). Of several tags the oldest wins: any image on the node can be started."""
+    found: dict[str, list[str]] = {}
+    for ref in refs:
+        repository, _sep, tag = ref.rpartition(":")
+        entry = IMAGE_COMPONENTS.get(repository.rsplit("/", 1)[-1])
+        versions = _TAG_VERSION.findall(re.sub(r"-(?:ubuntu|ubi|rhel|centos|distroless|py)[\w.-]*$", "", tag))
+        if entry and versions:
+            found.setdefault(entry[0], []).append(versions[entry[1]] if len(versions) > abs(entry[1]) else versions[0])
+    return {name: min(versions, key=lambda v: [int(p) for p in re.findall(r"\d+", v)])
+            for name, versions in sorted(found.items())}
+
+
 class ProbeError(Exception):
     """A configured probe's source is present but unreadable."""
 
@@ -223,6 +318,8 @@ PROBES = {
     "packages": "gpusweep_agent.facts.PackagesProbe",
     "nvidia_smi": "gpusweep_agent.facts.NvidiaSmiProbe",
     "nvml": "gpusweep_agent.facts.NvmlProbe",
+    "pip": "gpusweep_agent.facts.PipProbe",
+    "images": "gpusweep_agent.facts.ImagesProbe",
     "static": "gpusweep_agent.facts.StaticProbe",
 }
 
