@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import request_finished, request_started
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import post_migrate
@@ -44,8 +46,6 @@ log = logging.getLogger(__name__)
 TABLE = "gpusweep_generation"
 ALL = "*"  # raised by every migrate and flush: every answer depends on the schema
 _IDENTITY = ""  # the row holding the database's identity (no table has an empty name)
-_OID = "#"  # PostgreSQL: the database's oid, read with the generations
-_WROTE = "!"  # PostgreSQL: 1 when the open transaction has written
 SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
                    "django.core.cache.backends.memcached.PyMemcacheCache",
                    "django.core.cache.backends.memcached.PyLibMCCache")
@@ -79,57 +79,109 @@ def _connection(connection: BaseDatabaseWrapper | None) -> BaseDatabaseWrapper:
     return connection or connections[DEFAULT_DB_ALIAS]
 
 
-def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, int]:
-    """name -> generation for `names` (and the identity), in one statement on the DB-API cursor:
-    this runs before every cached answer, where Django's cursor wrapper would double its cost."""
-    q = connection.ops.quote_name(TABLE)
-    if connection.vendor == "postgresql":
-        sql = (f"SELECT name, sum(n)::bigint FROM {q} WHERE name = ANY(%s) GROUP BY name "
-               f"UNION ALL SELECT '{_OID}', oid::bigint FROM pg_database WHERE datname = current_database() "
-               f"UNION ALL SELECT '{_WROTE}', (pg_current_xact_id_if_assigned() IS NOT NULL)::int::bigint")
-        params: list[Any] = [[*names, _IDENTITY]]
-    else:
-        sql = f"SELECT name, n FROM {q} WHERE name IN ({', '.join('?' * (len(names) + 1))})"
-        params = [*names, _IDENTITY]
+def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """One statement on the DB-API cursor: these run before every cached answer, where Django's
+    cursor wrapper would double their cost. `sql` uses %s (turned into SQLite's ?)."""
+    if connection.vendor != "postgresql":
+        sql = sql.replace("%s", "?")
     connection.ensure_connection()
     with connection.wrap_database_errors:
         cursor = connection.connection.cursor()
         try:
             cursor.execute(sql, params)
-            return {name: int(n) for name, n in cursor.fetchall()}
+            return list(cursor.fetchall())
         finally:
             cursor.close()
 
 
+def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, int]:
+    """name -> generation (the sum of its rows; one row each on SQLite), in one indexed lookup."""
+    q = connection.ops.quote_name(TABLE)
+    if connection.vendor == "postgresql":
+        rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name = ANY(%s)", [names])
+    else:
+        rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name IN ({', '.join(['%s'] * len(names))})", names)
+    found: dict[str, int] = {}
+    for name, n in rows:
+        found[name] = found.get(name, 0) + int(n)
+    return found
+
+
+def _scope(connection: BaseDatabaseWrapper) -> str | None:
+    """The identity of the database this connection reaches, read once per DB-API connection."""
+    connection.ensure_connection()
+    kept = connection.__dict__.get("_gpusweep_scope")
+    if kept is not None and kept[0] is connection.connection:
+        return str(kept[1])
+    q = connection.ops.quote_name(TABLE)
+    oid = ("(SELECT oid FROM pg_database WHERE datname = current_database())"
+           if connection.vendor == "postgresql" else "''")
+    row = _rows(connection, f"SELECT (SELECT n FROM {q} WHERE name = %s AND backend = 0), {oid}", [_IDENTITY])[0]
+    if row[0] is None:
+        return None
+    found = f"{row[0]}:{row[1]}"
+    connection.__dict__["_gpusweep_scope"] = (connection.connection, found)
+    return found
+
+
+def _wrote(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the open transaction (if any) has written: its generations count its own rows."""
+    if connection.get_autocommit():
+        return False  # each statement its own transaction: nothing open
+    if connection.vendor != "postgresql":
+        return True  # SQLite cannot say: as if it had
+    return bool(_rows(connection, "SELECT pg_current_xact_id_if_assigned() IS NOT NULL", [])[0][0])
+
+
+# The generations a request has read (request_started to request_finished, per thread and
+# database): its later cached lookups use them. Reading earlier than needed is safe (an answer is
+# at worst kept under older generations than its rows); every name this process has looked up is
+# read at once, so the token check and the list read one statement between them.
+_request = threading.local()
+_asked: set[str] = {ALL}
+
+
+def _begin_request(**kwargs: Any) -> None:
+    _request.read = {}
+
+
+def _end_request(**kwargs: Any) -> None:
+    _request.read = None
+
+
 def current(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> Generations | None:
     """The generations of `tables` (and of ALL), read before the data; None when answers must not
-    be cached here: this transaction has written (or, on SQLite, is open), or the table is missing
-    (the database not migrated since)."""
+    be cached here: this transaction has written (or, on SQLite, is open), or a table has no
+    generation (the database not migrated since)."""
     connection = _connection(connection)
-    if connection.in_atomic_block and connection.vendor != "postgresql":
-        return None  # SQLite cannot say whether the open transaction wrote
     names = [*tables, ALL]
     try:
-        found = _read(connection, names)
+        if _wrote(connection):
+            return None
+        scope = _scope(connection)
+        memo: dict[str, dict[str, int]] | None = getattr(_request, "read", None)
+        found = memo.get(connection.alias, {}) if memo is not None else {}
+        if scope is not None and any(name not in found for name in names):
+            _asked.update(names)
+            found = _read(connection, sorted(_asked) if memo is not None else names)
+            if memo is not None:
+                memo[connection.alias] = found
     except DatabaseError:
         log.warning("no data generations in %s: run migrate; answering uncached", connection.alias, exc_info=True)
         return None
-    if found.get(_WROTE) or _IDENTITY not in found or any(name not in found for name in names):
+    if scope is None or any(name not in found for name in names):
         return None
-    scope = f"{found[_IDENTITY]}:{found.get(_OID, '')}"
-    connection.__dict__["_gpusweep_scope"] = (connection.connection, scope)
     return Generations(scope, tuple(found[name] for name in names))
 
 
 def scope(connection: BaseDatabaseWrapper | None = None) -> str:
     """The database's identity, for keys of values kept per database (read once per connection)."""
     connection = _connection(connection)
-    connection.ensure_connection()
-    kept = connection.__dict__.get("_gpusweep_scope")
-    if kept is not None and kept[0] is connection.connection:
-        return str(kept[1])
-    found = current((), connection)
-    return found.scope if found is not None else f"unknown:{connection.alias}"
+    try:
+        found = _scope(connection)
+    except DatabaseError:
+        found = None
+    return found if found is not None else f"unknown:{connection.alias}"
 
 
 def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> None:
@@ -138,8 +190,11 @@ def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None
 
 
 def install() -> None:
-    """Keep the generation triggers on every table after each migrate and flush (AppConfig.ready)."""
+    """Keep the generation triggers on every table after each migrate and flush, and a request's
+generations for the request (AppConfig.ready)."""
     post_migrate.connect(_after_migrate, dispatch_uid="gpusweep.datagen.ensure")
+    request_started.connect(_begin_request, dispatch_uid="gpusweep.datagen.begin")
+    request_finished.connect(_end_request, dispatch_uid="gpusweep.datagen.end")
 
 
 def _after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
@@ -151,7 +206,8 @@ def ensure(connection: BaseDatabaseWrapper) -> None:
     """Create the generation table, the identity and a trigger on every table that lacks one; raise
     ALL (a migration may have changed what any answer holds). Idempotent."""
     q = connection.ops.quote_name(TABLE)
-    tables = [t for t in connection.introspection.table_names(include_views=False) if t != TABLE]
+    tables = [t for t in connection.introspection.table_names(include_views=False)
+              if t != TABLE and not t.startswith("sqlite_")]  # SQLite's own (ANALYZE's statistics)
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE TABLE IF NOT EXISTS {q} (name varchar(200) NOT NULL, backend integer NOT NULL, "
                        "n bigint NOT NULL, PRIMARY KEY (name, backend))")

@@ -272,7 +272,8 @@ def test_a_statement_raises_the_generations_of_the_tables_it_writes_only(fleet, 
 def test_a_rolled_back_write_raises_nothing_and_a_writing_transaction_reads_uncached(fleet):
     before = datagen.current(WATCHED)
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert datagen.current(WATCHED) is not None  # nothing written yet
+        if connection.vendor == "postgresql":  # it can tell that nothing is written yet (SQLite cannot)
+            assert datagen.current(WATCHED) is not None
         with connection.cursor() as cursor:
             cursor.execute("UPDATE inventory_node SET pool = 'never'")
         assert datagen.current(WATCHED) is None
