@@ -190,8 +190,8 @@ def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None
 
 
 def install() -> None:
-    """Keep the generation triggers on every table after each migrate and flush, and a request's
-generations for the request (AppConfig.ready)."""
+    """Keep the generation triggers on every table after each migrate and flush, and the
+    generations a request reads for the rest of it (AppConfig.ready)."""
     post_migrate.connect(_after_migrate, dispatch_uid="gpusweep.datagen.ensure")
     request_started.connect(_begin_request, dispatch_uid="gpusweep.datagen.begin")
     request_finished.connect(_end_request, dispatch_uid="gpusweep.datagen.end")

@@ -131,8 +131,8 @@ if not DEBUG:
 # computed once for all workers, and API list answers and token checks are cached until a table
 # they read is written (gpusweep.responses). The database itself counts the writes (a trigger per
 # table, gpusweep.datagen), so a process without this setting still invalidates; it only caches
-# nothing itself (a per-process memory cache). Sessions stay in the database (one read by key per
-# request, as the user's own), so a session deleted anywhere ends at the next request.
+# nothing itself (a per-process memory cache). Sessions live in the database, read through the
+# cache while their table is unwritten (gpusweep.sessions): one deleted anywhere ends at once.
 GPUSWEEP_CACHE_URL = env_str("GPUSWEEP_CACHE_URL", "") and env_url("GPUSWEEP_CACHE_URL", "",
                                                                   schemes={"redis", "rediss"})
 if GPUSWEEP_CACHE_URL:
@@ -140,6 +140,7 @@ if GPUSWEEP_CACHE_URL:
                           "KEY_PREFIX": env_str("GPUSWEEP_CACHE_PREFIX", "gpusweep")}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+SESSION_ENGINE = "gpusweep.sessions"
 # The longest an answer is kept in the cache (its memory; a write of any kind invalidates it at
 # the next request). 0 turns the answer cache off.
 GPUSWEEP_RESPONSE_CACHE_S = env_int("GPUSWEEP_RESPONSE_CACHE_S", 300, minimum=0)

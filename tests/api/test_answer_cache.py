@@ -255,10 +255,16 @@ STATEMENTS = [
 WATCHED = ["inventory_node", "inventory_cluster", "advisories_exposure"]
 
 
-@pytest.mark.parametrize("sql,written,postgres_only", STATEMENTS)
-def test_a_statement_raises_the_generations_of_the_tables_it_writes_only(fleet, sql, written, postgres_only):
-    if postgres_only and connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL's SQL (SQLite has no FOR UPDATE, SET, TRUNCATE or writable WITH)")
+def _statements() -> list[tuple[str, set[str]]]:
+    """STATEMENTS the configured database speaks (SQLite has no FOR UPDATE, SET, TRUNCATE or writable WITH)."""
+    from django.conf import settings
+
+    postgres = "postgresql" in settings.DATABASES["default"]["ENGINE"]
+    return [(sql, written) for sql, written, postgres_only in STATEMENTS if postgres or not postgres_only]
+
+
+@pytest.mark.parametrize("sql,written", _statements())
+def test_a_statement_raises_the_generations_of_the_tables_it_writes_only(fleet, sql, written):
     before = datagen.current(WATCHED)
     with connection.cursor() as cursor:
         cursor.execute(sql, [0] if "%s" in sql else None)
@@ -470,3 +476,19 @@ def test_writers_of_one_table_never_wait_for_each_other_and_count_on_commit(flee
     after_a = datagen.current(["inventory_node"])
     assert before is not None and after_b is not None and after_a is not None
     assert before.values[0] < after_b.values[0] < after_a.values[0]
+
+
+def test_a_session_is_read_from_the_cache_until_its_table_is_written_and_one_deleted_in_sql_ends(shared_cache):
+    import psycopg
+    from django.contrib.sessions.models import Session
+
+    _need_postgres()
+    client = Client()
+    client.force_login(_user("viewer", Role.VIEWER))
+    assert client.get("/").status_code == 200  # read from the database, then kept
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/").status_code == 200
+    assert not [q for q in queries.captured_queries if Session._meta.db_table in q["sql"]]
+    with psycopg.connect(_url(), autocommit=True) as psql:
+        psql.execute(f"DELETE FROM {Session._meta.db_table}")
+    assert client.get("/").status_code == 302  # to the login page, at once
