@@ -97,10 +97,8 @@ def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[
 def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, int]:
     """name -> generation (the sum of its rows; one row each on SQLite), in one indexed lookup."""
     q = connection.ops.quote_name(TABLE)
-    if connection.vendor == "postgresql":
-        rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name = ANY(%s)", [names])
-    else:
-        rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name IN ({', '.join(['%s'] * len(names))})", names)
+    # IN (...), not = ANY(%s): psycopg's client-side binding quotes a list at half the cost.
+    rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name IN ({', '.join(['%s'] * len(names))})", names)
     found: dict[str, int] = {}
     for name, n in rows:
         found[name] = found.get(name, 0) + int(n)
