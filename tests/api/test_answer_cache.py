@@ -249,7 +249,7 @@ STATEMENTS = [
     ('TRUNCATE "advisories_exposure" CASCADE', {"advisories_exposure"}, True),
     ("ANALYZE", set(), False),
     ("VACUUM", set(), False),
-    ("SET statement_timeout = 1000", set(), True),
+    ("SET work_mem = '8MB'", set(), True),
     ("RESET ALL", set(), True),
 ]
 WATCHED = ["inventory_node", "inventory_cluster", "advisories_exposure"]
