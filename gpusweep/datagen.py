@@ -133,8 +133,10 @@ def _wrote(connection: BaseDatabaseWrapper) -> bool:
 
 # The generations a request has read (request_started to request_finished, per thread and
 # database): its later cached lookups use them. Reading earlier than needed is safe (an answer is
-# at worst kept under older generations than its rows); every name this process has looked up is
-# read at once, so the token check and the list read one statement between them.
+# at worst kept under older generations than its rows), and every start empties the memo, so a
+# lookup always uses generations read after its own request began: a write committed before a
+# request is seen by it (its own writes, after its first lookup, by the next). Every name this
+# process has looked up is read at once, so the token check and the list share one statement.
 _request = threading.local()
 _asked: set[str] = {ALL}
 
