@@ -24,4 +24,4 @@ class GpusweepConfig(AppConfig):
         post_migrate.connect(ensure_role_groups, sender=self, dispatch_uid="gpusweep.ensure_role_groups")
         from gpusweep import datagen
 
-        datagen.install()  # every write raises its tables' generations (cached answers: gpusweep.responses)
+        datagen.install()  # a trigger on every table raises its generation (cached answers: gpusweep.responses)

@@ -1,91 +1,66 @@
-"""Data generations: one counter per table, raised after every commit that wrote the table.
+"""Data generations: one counter per table, kept by the database itself.
 
 A cached answer (gpusweep.responses) is stored under the generations of the tables it read, read
-before its queries; a write raises them after its commit, so the next request misses and reads
-the new rows, while an answer computed from older rows lands under generations no one reads any
-more. Writes are seen where every statement passes: an execute wrapper on each database
-connection (ORM, `.update()`, bulk inserts, raw SQL, other processes with the same settings:
-Celery workers, management commands) classifies each statement and queues the bump with
-`on_commit`, so a rolled-back write raises nothing. COPY goes past Django's cursor wrapper, so its
-one caller (inventory.bulk) calls `written()` itself. A statement whose target it cannot tell
-(DDL, a writable CTE it cannot parse) raises every table at once (`ALL`). Writes from outside the
-application (psql) are not seen: they show once the answers expire (GPUSWEEP_RESPONSE_CACHE_S).
+before its queries; every committed write of a table raises its generation, so the next request
+misses and reads the new rows, while an answer computed from older rows lands under generations
+no one reads any more.
 
-The counters live in the configured cache, which must be shared by every process (Redis):
-`enabled()` is false on a per-process cache, and then nothing is cached.
+The database raises them: `ensure()` (after every `migrate`, and after a test flush) puts a
+trigger on every table, so a write counts whoever makes it (the ORM, raw SQL, COPY, a process
+configured without the cache, psql) and commits or rolls back with the rows it wrote; nothing
+parses SQL, and statements that write no rows of a table (ANALYZE, VACUUM, SET, RESET) raise
+nothing. On PostgreSQL the trigger fires once per statement and raises the row of its own
+backend (`pg_backend_pid()`): two transactions writing one table never wait for each other, and a
+table's generation is the sum of its rows, which every commit raises and no rollback does; the
+first write of a backend folds the rows of backends gone into its own (the sum unchanged). SQLite
+has one writer at a time and row triggers only: one row per table.
+
+Reading the generations and the answer's rows in two statements is safe in this order: a write
+committing between them lands in the rows but not in the generations read, so the answer is
+kept under generations that its own write has already left behind. A transaction that has
+written reads uncached (its generations count its own uncommitted rows): `current()` says None.
+
+The scope of the keys is the database's own identity: a random number written into it at its
+first `ensure()`, and on PostgreSQL its oid (a copy restored into another database gets another),
+never the connection's settings, so every way to reach one database shares its answers.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import secrets
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.core.signals import request_finished, request_started
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.signals import connection_created
+from django.db.models.signals import post_migrate
 
 log = logging.getLogger(__name__)
 
-ALL = "*"
+TABLE = "gpusweep_generation"
+ALL = "*"  # raised by every migrate and flush: every answer depends on the schema
+_IDENTITY = ""  # the row holding the database's identity (no table has an empty name)
 SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
                    "django.core.cache.backends.memcached.PyMemcacheCache",
                    "django.core.cache.backends.memcached.PyLibMCCache")
 
-# (EXPLAIN is not among them: EXPLAIN ANALYZE runs the statement.)
-_READ = re.compile(r"[\s(]*(SELECT|SAVEPOINT|RELEASE|ROLLBACK|BEGIN|COMMIT|SET|SHOW|VALUES)\b", re.I)
-_WITH = re.compile(r"\s*WITH\b", re.I)
-_TRUNCATE = re.compile(r"\bTRUNCATE\b", re.I)  # a list of tables (a test flush): every one, simply
-_TARGET = re.compile(r"\b(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|COPY|MERGE\s+INTO)"
-                     r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
-_HEAD = re.compile(r"\s*(?:INSERT\s+(?:OR\s+\w+\s+)?INTO|UPDATE|DELETE\s+FROM|COPY|MERGE\s+INTO)"
-                   r"\s+(?:ONLY\s+)?((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)", re.I)
-# Words that follow UPDATE where it is not a target: ON CONFLICT DO UPDATE SET, FOR UPDATE OF/SKIP/NOWAIT.
-_NOT_TABLES = {"set", "of", "skip", "nowait"}
-
 
 def enabled() -> bool:
+    """Whether answers may be cached: only in a cache every process shares (a per-process cache
+    would keep answers that another process's write does not reach)."""
     return settings.CACHES["default"]["BACKEND"] in SHARED_BACKENDS
 
 
-def tables_written(sql: str) -> set[str]:
-    """The tables a statement may write: empty for a read, {ALL} when it cannot tell."""
-    semicolon = sql.find(";")
-    single = semicolon == -1 or not sql[semicolon + 1:].strip()
-    if single:
-        # The usual case, decided from the statement's first words (a write statement writes only
-        # its target: a data-modifying WITH may only come first, and there are no triggers).
-        if _READ.match(sql):
-            return set()
-        head = _HEAD.match(sql)
-        if head:
-            return _names([head])
-    if _TRUNCATE.search(sql):
-        return {ALL}
-    found = _names(_TARGET.finditer(sql))
-    if single and _WITH.match(sql) and not found:
-        return set()  # a read with common table expressions
-    return found or {ALL}
-
-
-def _names(matches: Iterable[re.Match[str]]) -> set[str]:
-    return {m.group(1).rsplit(".", 1)[-1].strip('"').lower() for m in matches} - _NOT_TABLES
-
-
-def scope(connection: BaseDatabaseWrapper | None = None) -> str:
-    """The database (host, port, name) as part of cache keys, so test databases and a bench's never
-    share counters or answers. From the connection itself: Django's temporary ones (creating a
-    test database) have no alias to look up."""
-    s = (connection or connections[DEFAULT_DB_ALIAS]).settings_dict
-    return f"{s.get('HOST') or ''}:{s.get('PORT') or ''}:{s['NAME']}"
-
-
-def _key(table: str, where: str) -> str:
-    return f"gpusweep:gen:{where}:{table}"
+@dataclass(frozen=True)
+class Generations:
+    scope: str  # the database's identity
+    values: tuple[int, ...]  # of the tables asked for, in their order, then of ALL
 
 
 def _cache_errors() -> tuple[type[BaseException], ...]:
@@ -100,109 +75,200 @@ def _cache_errors() -> tuple[type[BaseException], ...]:
 CACHE_ERRORS = _cache_errors()
 
 
-def bump(tables: Iterable[str], where: str | None = None) -> None:
-    """Raise the generations of `tables` (after their commit) in the database `where` (a scope())."""
-    where = where or scope()
-    try:
-        for table in set(tables):
-            key = _key(table, where)
-            try:
-                cache.incr(key)
-            except ValueError:
-                # Missing (first write, or the cache lost it): start from the clock, never from a
-                # value an older answer may have been stored under.
-                if not cache.add(key, time.time_ns(), timeout=None):
-                    cache.incr(key)
-    except CACHE_ERRORS:
-        # The write has committed; only the cache is away. Answers it still holds may be served
-        # until they expire (GPUSWEEP_RESPONSE_CACHE_S), which the log says.
-        log.exception("could not raise the data generations of %s", sorted(set(tables)))
+def _connection(connection: BaseDatabaseWrapper | None) -> BaseDatabaseWrapper:
+    return connection or connections[DEFAULT_DB_ALIAS]
 
 
-def current(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> tuple[int, ...]:
-    """The generations of `tables` (and of ALL), in the order given; read before the data."""
+def _rows(connection: BaseDatabaseWrapper, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """One statement on the DB-API cursor: these run before every cached answer, where Django's
+    cursor wrapper would double their cost. `sql` uses %s (turned into SQLite's ?)."""
+    if connection.vendor != "postgresql":
+        sql = sql.replace("%s", "?")
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        cursor = connection.connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+
+def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, int]:
+    """name -> generation (the sum of its rows; one row each on SQLite), in one indexed lookup."""
+    q = connection.ops.quote_name(TABLE)
+    # IN (...), not = ANY(%s): psycopg's client-side binding quotes a list at half the cost.
+    rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name IN ({', '.join(['%s'] * len(names))})", names)
+    found: dict[str, int] = {}
+    for name, n in rows:
+        found[name] = found.get(name, 0) + int(n)
+    return found
+
+
+def _scope(connection: BaseDatabaseWrapper) -> str | None:
+    """The identity of the database this connection reaches, read once per DB-API connection."""
+    connection.ensure_connection()
+    kept = connection.__dict__.get("_gpusweep_scope")
+    if kept is not None and kept[0] is connection.connection:
+        return str(kept[1])
+    q = connection.ops.quote_name(TABLE)
+    oid = ("(SELECT oid FROM pg_database WHERE datname = current_database())"
+           if connection.vendor == "postgresql" else "''")
+    row = _rows(connection, f"SELECT (SELECT n FROM {q} WHERE name = %s AND backend = 0), {oid}", [_IDENTITY])[0]
+    if row[0] is None:
+        return None
+    found = f"{row[0]}:{row[1]}"
+    connection.__dict__["_gpusweep_scope"] = (connection.connection, found)
+    return found
+
+
+def _wrote(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the open transaction (if any) has written: its generations count its own rows."""
+    if connection.get_autocommit():
+        return False  # each statement its own transaction: nothing open
+    if connection.vendor != "postgresql":
+        return True  # SQLite cannot say: as if it had
+    return bool(_rows(connection, "SELECT pg_current_xact_id_if_assigned() IS NOT NULL", [])[0][0])
+
+
+# The generations a request has read (request_started to request_finished, per thread and
+# database): its later cached lookups use them. Reading earlier than needed is safe (an answer is
+# at worst kept under older generations than its rows), and every start empties the memo, so a
+# lookup always uses generations read after its own request began: a write committed before a
+# request is seen by it (its own writes, after its first lookup, by the next). Every name this
+# process has looked up is read at once, so the token check and the list share one statement.
+_request = threading.local()
+_asked: set[str] = {ALL}
+
+
+def _begin_request(**kwargs: Any) -> None:
+    _request.read = {}
+
+
+def _end_request(**kwargs: Any) -> None:
+    _request.read = None
+
+
+def current(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> Generations | None:
+    """The generations of `tables` (and of ALL), read before the data; None when answers must not
+    be cached here: this transaction has written (or, on SQLite, is open), or a table has no
+    generation (the database not migrated since)."""
+    connection = _connection(connection)
     names = [*tables, ALL]
-    where = scope(connection)
-    keys = [_key(t, where) for t in names]
-    found = cache.get_many(keys)
-    missing = [k for k in keys if k not in found]
-    if missing:
-        start = time.time_ns()
-        for k in missing:
-            cache.add(k, start, timeout=None)
-        found = cache.get_many(keys)
-    return tuple(int(found.get(k, 0)) for k in keys)
+    try:
+        if _wrote(connection):
+            return None
+        scope = _scope(connection)
+        memo: dict[str, dict[str, int]] | None = getattr(_request, "read", None)
+        found = memo.get(connection.alias, {}) if memo is not None else {}
+        if scope is not None and any(name not in found for name in names):
+            _asked.update(names)
+            found = _read(connection, sorted(_asked) if memo is not None else names)
+            if memo is not None:
+                memo[connection.alias] = found
+    except DatabaseError:
+        log.warning("no data generations in %s: run migrate; answering uncached", connection.alias, exc_info=True)
+        return None
+    if scope is None or any(name not in found for name in names):
+        return None
+    return Generations(scope, tuple(found[name] for name in names))
 
 
-class _Pending:
-    """The tables written at one savepoint level of the open transaction, bumped on its commit."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.tables: set[str] = set()
-
-    def __call__(self) -> None:
-        bump(self.tables, self.where)
-
-
-def _alive(connection: BaseDatabaseWrapper, pending: _Pending) -> bool:
-    return any(entry[1] is pending for entry in connection.run_on_commit)
+def scope(connection: BaseDatabaseWrapper | None = None) -> str:
+    """The database's identity, for keys of values kept per database (read once per connection)."""
+    connection = _connection(connection)
+    try:
+        found = _scope(connection)
+    except DatabaseError:
+        found = None
+    return found if found is not None else f"unknown:{connection.alias}"
 
 
 def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> None:
-    """Record a write of `tables` on `connection`: bumped once the transaction commits (now in autocommit)."""
-    tables = set(tables)
-    if not tables or not enabled():
-        return
-    connection = connection or connections[DEFAULT_DB_ALIAS]
-    if not connection.in_atomic_block:
-        # Autocommit: the statement has committed. (Manual transaction management, which nothing
-        # here uses, has no commit hook: bumped now, and its reads skip the cache: uncommitted().)
-        bump(tables, scope(connection))
-        return
-    registry: dict[tuple[str, ...], _Pending] = connection.__dict__.setdefault("_gpusweep_pending", {})
-    level = tuple(connection.savepoint_ids)
-    pending = registry.get(level)
-    if pending is None or not _alive(connection, pending):
-        # One callback per savepoint level and transaction: a rolled-back savepoint drops its own
-        # callback (and only its tables), the others commit with the transaction.
-        for stale in [k for k, p in registry.items() if not _alive(connection, p)]:
-            del registry[stale]
-        pending = registry[level] = _Pending(scope(connection))
-        connection.on_commit(pending)
-    pending.tables |= tables
-
-
-def uncommitted(connection: BaseDatabaseWrapper | None = None) -> bool:
-    """Whether this connection's open transaction wrote anything: its reads must not use the cache
-    (they see rows no other process sees yet)."""
-    connection = connection or connections[DEFAULT_DB_ALIAS]
-    if not connection.in_atomic_block:
-        return not connection.get_autocommit()
-    registry: dict[tuple[str, ...], _Pending] = connection.__dict__.get("_gpusweep_pending", {})
-    return any(_alive(connection, p) for p in registry.values())
-
-
-def _wrapper(connection: BaseDatabaseWrapper) -> Callable[..., Any]:
-    def watch(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        result = execute(sql, params, many, context)
-        if isinstance(sql, str) and enabled():
-            written(tables_written(sql), connection)
-        return result
-
-    watch.gpusweep_datagen = True  # type: ignore[attr-defined]
-    return watch
-
-
-def watch_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    if not any(getattr(w, "gpusweep_datagen", False) for w in connection.execute_wrappers):
-        # First in the list, so the outermost: a wrapper another caller pushes and pops with
-        # `connection.execute_wrapper()` around this connect still pops its own.
-        connection.execute_wrappers.insert(0, _wrapper(connection))
+    """Nothing: the database counts every write itself (COPY included). Kept for callers that
+    still report a write they made past Django's cursor."""
 
 
 def install() -> None:
-    """Watch every connection (AppConfig.ready); connections made before are watched as well."""
-    connection_created.connect(watch_connection, dispatch_uid="gpusweep.datagen.watch")
-    for connection in connections.all(initialized_only=True):
-        watch_connection(None, connection)
+    """Keep the generation triggers on every table after each migrate and flush, and the
+    generations a request reads for the rest of it (AppConfig.ready)."""
+    post_migrate.connect(_after_migrate, dispatch_uid="gpusweep.datagen.ensure")
+    request_started.connect(_begin_request, dispatch_uid="gpusweep.datagen.begin")
+    request_finished.connect(_end_request, dispatch_uid="gpusweep.datagen.end")
+
+
+def _after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    if getattr(sender, "name", None) == "gpusweep":  # once per migrate, after every app's tables exist
+        ensure(connections[using])
+
+
+def ensure(connection: BaseDatabaseWrapper) -> None:
+    """Create the generation table, the identity and a trigger on every table that lacks one; raise
+    ALL (a migration may have changed what any answer holds). Idempotent."""
+    q = connection.ops.quote_name(TABLE)
+    tables = [t for t in connection.introspection.table_names(include_views=False)
+              if t != TABLE and not t.startswith("sqlite_")]  # SQLite's own (ANALYZE's statistics)
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {q} (name varchar(200) NOT NULL, backend integer NOT NULL, "
+                       "n bigint NOT NULL, PRIMARY KEY (name, backend))")
+        # Counters start from the clock, never below a value an older answer may be stored under
+        # (should the table ever be emptied); the identity is random.
+        start = time.time_ns()
+        cursor.executemany(f"INSERT INTO {q} (name, backend, n) VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
+                           [(_IDENTITY, secrets.randbits(62)), (ALL, start)] + [(t, start) for t in tables])
+        _triggers(connection, cursor, tables)
+        cursor.execute(f"UPDATE {q} SET n = n + 1 WHERE name = %s AND backend = 0", [ALL])
+
+
+# PostgreSQL: once per statement, and once per transaction and table (a transaction-local
+# setting marks it), raise this backend's row; a backend's first write to a table folds the rows
+# of backends no longer running into its own, skipping rows another fold holds.
+_PG_FUNCTION = """
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    mark text := 'gpusweep.wrote_' || TG_RELID;
+    me integer := pg_backend_pid();
+    fresh boolean;
+BEGIN
+    IF current_setting(mark, true) = '1' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config(mark, '1', true);
+    INSERT INTO {table} AS g (name, backend, n) VALUES (TG_TABLE_NAME, me, 1)
+        ON CONFLICT (name, backend) DO UPDATE SET n = g.n + 1
+        RETURNING xmax = 0 INTO fresh;
+    IF fresh THEN
+        WITH gone AS (
+            DELETE FROM {table} WHERE ctid IN (
+                SELECT ctid FROM {table} WHERE name = TG_TABLE_NAME AND backend NOT IN (0, me)
+                    AND backend NOT IN (SELECT a.pid FROM pg_stat_activity a)
+                FOR UPDATE SKIP LOCKED)
+            RETURNING n)
+        UPDATE {table} SET n = n + (SELECT coalesce(sum(gone.n), 0) FROM gone)
+            WHERE name = TG_TABLE_NAME AND backend = me;
+    END IF;
+    RETURN NULL;
+END $$"""
+_EVENTS = ("INSERT", "UPDATE", "DELETE")
+
+
+def _triggers(connection: BaseDatabaseWrapper, cursor: Any, tables: list[str]) -> None:
+    """A generation trigger on each of `tables` that has none (named after TABLE)."""
+    q = connection.ops.quote_name
+    if connection.vendor == "postgresql":
+        function = f"{TABLE}_bump"
+        cursor.execute(_PG_FUNCTION.format(function=q(function), table=q(TABLE)))
+        cursor.execute("SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                       "WHERE t.tgname = %s AND c.relname = ANY(%s)", [TABLE, tables])
+        having = {row[0] for row in cursor.fetchall()}
+        for table in (t for t in tables if t not in having):
+            cursor.execute(f"CREATE TRIGGER {q(TABLE)} AFTER {' OR '.join(_EVENTS)} OR TRUNCATE ON {q(table)} "
+                           f"FOR EACH STATEMENT EXECUTE FUNCTION {q(function)}()")
+        return
+    # SQLite: row triggers only (one writer at a time, so one row per table).
+    for table in tables:
+        literal = table.replace("'", "''")
+        for event in _EVENTS:
+            cursor.execute(f"CREATE TRIGGER IF NOT EXISTS {q(f'{TABLE}_{event.lower()}_{table}')} AFTER {event} "
+                           f"ON {q(table)} BEGIN UPDATE {q(TABLE)} SET n = n + 1 "
+                           f"WHERE name = '{literal}' AND backend = 0; END")

@@ -8,15 +8,17 @@ so an answer is served only while none of those tables has been written since: a
 visible in the next GET, and a hit is byte for byte the answer the view would render.
 
 Authentication and permissions run first on every request (a revoked token or a role taken away
-takes effect at once); the key holds the caller's roles, the scheme and host (the pagination
-links name them), the path with its query string as sent, and the negotiated media type. Only
-JSON is cached (the browsable API shows the user), only status 200, and nothing while this
-connection's own transaction has uncommitted writes. A view whose answer changes with the clock
-says until when it holds (`cache_valid_until`), and names the query parameters that make the
-rows themselves depend on the clock (`cache_uncacheable_params`).
+takes effect at once); the key holds the database's identity, the caller's roles, the scheme and
+host (the pagination links name them), the path with its query string as sent, and the
+negotiated media type. Only JSON is cached (the browsable API shows the user), only status 200,
+and nothing while this connection's own transaction has written (datagen.current says None). A
+view whose answer changes with the clock says until when it holds (`cache_valid_until`), and
+names the query parameters that make the rows themselves depend on the clock
+(`cache_uncacheable_params`).
 
-GPUSWEEP_RESPONSE_CACHE_S bounds an answer's life (writes from outside the application, such as
-psql, show after it); 0 turns the cache off, and so does a cache that is not shared by every
+The database counts every write, whoever makes it (psql included), so an answer is never
+served after a write of a table it read; GPUSWEEP_RESPONSE_CACHE_S bounds its life in the cache
+(memory, not correctness). 0 turns the cache off, and so does a cache that is not shared by every
 process (gpusweep.datagen.enabled).
 """
 
@@ -47,13 +49,13 @@ log = logging.getLogger(__name__)
 
 
 class _Store:
-    def __init__(self, key: str, generations: tuple[int, ...], started: dt.datetime) -> None:
+    def __init__(self, key: str, generations: datagen.Generations, started: dt.datetime) -> None:
         self.key, self.generations, self.started = key, generations, started
 
 
-def _key(request: Request, view_name: str) -> str:
+def _key(request: Request, view_name: str, scope: str) -> str:
     roles = ",".join(sorted(user_roles(request.user)))
-    raw = "\n".join((datagen.scope(), view_name, roles, request.scheme or "", request.get_host(),
+    raw = "\n".join((scope, view_name, roles, request.scheme or "", request.get_host(),
                      request.get_full_path(), request.accepted_media_type or ""))
     return "gpusweep:answer:" + hashlib.sha256(raw.encode()).hexdigest()
 
@@ -77,21 +79,22 @@ class CachedListMixin:
         renderer = getattr(request, "accepted_renderer", None)
         return (ttl > 0 and request.method in ("GET", "HEAD") and bool(self.cache_tables) and datagen.enabled()
                 and renderer is not None and renderer.format == "json"
-                and not any(p in request.query_params for p in self.cache_uncacheable_params)
-                and not datagen.uncommitted())
+                and not any(p in request.query_params for p in self.cache_uncacheable_params))
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         if not self._cacheable(request):
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
-        key = _key(request, type(self).__qualname__)
         started = timezone.now()
+        generations = datagen.current(self.cache_tables)  # before any query of the answer's rows
+        if generations is None:
+            return super().list(request, *args, **kwargs)  # type: ignore[misc]
+        key = _key(request, type(self).__qualname__, generations.scope)
         try:
-            generations = datagen.current(self.cache_tables)  # before any query of the answer's rows
             entry = cache.get(key)
         except datagen.CACHE_ERRORS:
             log.warning("cache unreachable: answering %s uncached", request.path, exc_info=True)
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
-        if entry is not None and entry[0] == generations:
+        if entry is not None and entry[0] == generations.values:
             hit = HttpResponse(entry[1], status=200)
             for name, value in entry[2]:
                 hit[name] = value
@@ -118,7 +121,7 @@ class CachedListMixin:
         if ttl >= 1:
             headers = [(name, response[name]) for name in KEPT_HEADERS if response.has_header(name)]
             try:
-                cache.set(store.key, (store.generations, response.content, headers), timeout=int(ttl))
+                cache.set(store.key, (store.generations.values, response.content, headers), timeout=int(ttl))
             except datagen.CACHE_ERRORS:
                 log.warning("cache unreachable: %s not kept", request.path, exc_info=True)
         return response
@@ -128,22 +131,24 @@ def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.d
     """`compute()`'s value, kept under the generations of `tables` (all it reads) until one of them
     is written or the moment `compute` returns with it (None: no such moment) passes."""
     ttl: int = settings.GPUSWEEP_RESPONSE_CACHE_S
-    if ttl <= 0 or not datagen.enabled() or datagen.uncommitted():
+    if ttl <= 0 or not datagen.enabled():
         return compute()[0]
-    key = f"gpusweep:value:{datagen.scope()}:{name}"
+    generations = datagen.current(tables)  # before compute() reads anything
+    if generations is None:
+        return compute()[0]
+    key = f"gpusweep:value:{generations.scope}:{name}"
     try:
-        generations = datagen.current(tables)  # before compute() reads anything
         entry = cache.get(key)
     except datagen.CACHE_ERRORS:
         log.warning("cache unreachable: %s computed", name, exc_info=True)
         return compute()[0]
-    if entry is not None and entry[0] == generations and (entry[2] is None or entry[2] > timezone.now()):
+    if entry is not None and entry[0] == generations.values and (entry[2] is None or entry[2] > timezone.now()):
         return cast(T, entry[1])
     value, until = compute()
     life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
     if life >= 1:
         try:
-            cache.set(key, (generations, value, until), timeout=int(life))
+            cache.set(key, (generations.values, value, until), timeout=int(life))
         except datagen.CACHE_ERRORS:
             log.warning("cache unreachable: %s not kept", name, exc_info=True)
     return value

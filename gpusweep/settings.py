@@ -129,20 +129,21 @@ if not DEBUG:
 
 # --- Cache ----------------------------------------------------------------------------
 # Shared by every process when set (redis://host:6379/N): the console's fleet-wide figures are then
-# computed once for all workers, and API list answers are cached until a table they read is
-# written (gpusweep.responses, gpusweep.datagen). Unset: a per-process memory cache, and no
-# answer cache (its invalidation needs a cache every process sees).
+# computed once for all workers, and API list answers and token checks are cached until a table
+# they read is written (gpusweep.responses). The database itself counts the writes (a trigger per
+# table, gpusweep.datagen), so a process without this setting still invalidates; it only caches
+# nothing itself (a per-process memory cache). Sessions live in the database, read through the
+# cache while their table is unwritten (gpusweep.sessions): one deleted anywhere ends at once.
 GPUSWEEP_CACHE_URL = env_str("GPUSWEEP_CACHE_URL", "") and env_url("GPUSWEEP_CACHE_URL", "",
                                                                   schemes={"redis", "rediss"})
 if GPUSWEEP_CACHE_URL:
     CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": GPUSWEEP_CACHE_URL,
                           "KEY_PREFIX": env_str("GPUSWEEP_CACHE_PREFIX", "gpusweep")}}
-    # Sessions read from the shared cache, written through to the database (a logout deletes both).
-    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-# The longest an API list answer is kept (writes through the application invalidate it at once;
-# this bounds writes from outside it, such as psql). 0 turns the answer cache off.
+SESSION_ENGINE = "gpusweep.sessions"
+# The longest an answer is kept in the cache (its memory; a write of any kind invalidates it at
+# the next request). 0 turns the answer cache off.
 GPUSWEEP_RESPONSE_CACHE_S = env_int("GPUSWEEP_RESPONSE_CACHE_S", 300, minimum=0)
 
 # --- Celery ---------------------------------------------------------------------------

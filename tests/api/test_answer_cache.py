@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts import services as tokens
+from conftest import need
 from gpusweep import datagen
 from gpusweep.roles import Role
 
@@ -230,29 +231,60 @@ def test_the_overview_shows_a_write_at_once_and_each_user_their_roles(fleet, set
     assert settings.GPUSWEEP_RESPONSE_CACHE_S == 300
 
 
-@pytest.mark.parametrize("sql,tables", [
-    ('SELECT "inventory_node"."id" FROM "inventory_node" WHERE "id" = %s FOR UPDATE', set()),
-    ("WITH x AS (SELECT 1) SELECT * FROM x", set()),
-    ('(SELECT "id" FROM "inventory_node" LIMIT 1) UNION (SELECT "id" FROM "inventory_cluster" LIMIT 1)', set()),
-    ("EXPLAIN ANALYZE DELETE FROM inventory_node", {"inventory_node"}),
-    ('INSERT INTO "inventory_node" ("name") VALUES (%s) ON CONFLICT ("name") DO UPDATE SET "name" = EXCLUDED."name"',
-     {"inventory_node"}),
-    ('UPDATE "advisories_exposure" AS e SET state = %s FROM inventory_node n WHERE n.id = e.node_id',
-     {"advisories_exposure"}),
-    ('DELETE FROM "inventory_nodecomponent" WHERE id IN (SELECT id FROM x FOR UPDATE SKIP LOCKED)',
-     {"inventory_nodecomponent"}),
-    ('TRUNCATE "inventory_node", "inventory_cluster" RESTART IDENTITY', {datagen.ALL}),
-    ("COPY public.inventory_node (name) FROM STDIN", {"inventory_node"}),
+# The statements of the old classifier's test, now counted by the database: (SQL, the tables it
+# writes, PostgreSQL only). The fleet's rows exist, so every write touches rows (SQLite's triggers
+# are per row). Maintenance statements write nothing.
+STATEMENTS = [
+    ('SELECT "inventory_node"."id" FROM "inventory_node" WHERE "id" > %s FOR UPDATE', set(), True),
+    ("WITH x AS (SELECT 1) SELECT * FROM x", set(), False),
+    ('SELECT * FROM (SELECT "id" FROM "inventory_node" LIMIT 1) a UNION SELECT * FROM '
+     '(SELECT "id" FROM "inventory_cluster" LIMIT 1) b', set(), False),
+    ("EXPLAIN ANALYZE UPDATE inventory_node SET pool = 'explained'", {"inventory_node"}, True),
+    ("UPDATE advisories_exposure SET detected_version = detected_version WHERE node_id IN "
+     "(SELECT id FROM inventory_node)", {"advisories_exposure"}, False),
     ("WITH moved AS (UPDATE inventory_node SET pool = 'a' RETURNING id) SELECT count(*) FROM moved",
-     {"inventory_node"}),
-    ("SELECT 1; DELETE FROM inventory_cluster", {"inventory_cluster"}),
-    ("ALTER TABLE inventory_node ADD COLUMN x int", {datagen.ALL}),
-    ("VACUUM ANALYZE", {datagen.ALL}),
-])
-def test_statements_are_classified_by_the_tables_they_write(sql, tables):
-    assert tables <= datagen.tables_written(sql)
-    if not tables:
-        assert datagen.tables_written(sql) == set()
+     {"inventory_node"}, True),
+    ("UPDATE inventory_node SET pool = 'b'; UPDATE inventory_cluster SET name = name", {"inventory_node",
+                                                                                       "inventory_cluster"}, True),
+    ('TRUNCATE "advisories_exposure" CASCADE', {"advisories_exposure"}, True),
+    ("ANALYZE", set(), False),
+    ("VACUUM", set(), False),
+    ("SET work_mem = '8MB'", set(), True),
+    ("RESET ALL", set(), True),
+]
+WATCHED = ["inventory_node", "inventory_cluster", "advisories_exposure"]
+
+
+def _statements() -> list[tuple[str, set[str]]]:
+    """STATEMENTS the configured database speaks (SQLite has no FOR UPDATE, SET, TRUNCATE or writable WITH)."""
+    from django.conf import settings
+
+    postgres = "postgresql" in settings.DATABASES["default"]["ENGINE"]
+    return [(sql, written) for sql, written, postgres_only in STATEMENTS if postgres or not postgres_only]
+
+
+@pytest.mark.parametrize("sql,written", _statements())
+def test_a_statement_raises_the_generations_of_the_tables_it_writes_only(fleet, sql, written):
+    before = datagen.current(WATCHED)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [0] if "%s" in sql else None)
+    after = datagen.current(WATCHED)
+    assert before is not None and after is not None and before.scope == after.scope
+    raised = {name for name, old, new in zip([*WATCHED, datagen.ALL], before.values, after.values, strict=True)
+              if new != old}
+    assert raised == written
+
+
+def test_a_rolled_back_write_raises_nothing_and_a_writing_transaction_reads_uncached(fleet):
+    before = datagen.current(WATCHED)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        if connection.vendor == "postgresql":  # it can tell that nothing is written yet (SQLite cannot)
+            assert datagen.current(WATCHED) is not None
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE inventory_node SET pool = 'never'")
+        assert datagen.current(WATCHED) is None
+        raise RuntimeError("roll back")
+    assert datagen.current(WATCHED) == before
 
 
 def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
@@ -279,8 +311,7 @@ def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, se
 
     client, _ = _token_client(_user("viewer", Role.VIEWER))
     settings.CACHES = {"default": {"BACKEND": "gpusweep.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}}
-    Node.objects.filter(pk=fleet["nodes"][0].pk).update(pool="while-away")  # commits; the bump is logged
-    assert "could not raise the data generations" in caplog.text
+    Node.objects.filter(pk=fleet["nodes"][0].pk).update(pool="while-away")  # commits (the database counts it)
     body, ran = _get(client, NODES)
     assert ran > 0 and b"while-away" in body
 
@@ -301,16 +332,20 @@ def test_a_token_check_is_kept_until_a_table_it_reads_is_written(shared_cache):
     assert tokens.user_for_key(key) is None
 
 
-def test_a_connection_without_an_alias_is_watched_too(shared_cache):
+def test_a_connection_without_an_alias_is_counted_too(shared_cache):
     """Django creates a test database through a temporary connection named nowhere ('__no_db__')."""
+    from inventory.models import Cluster
+
+    Cluster.objects.create(name="c1", kind="static")
     temporary = connection.copy(alias="__no_db__")
-    before = datagen.current(["inventory_node"])
+    before = datagen.current(["inventory_cluster"])
     try:
         with temporary.cursor() as cursor:
-            cursor.execute("CREATE TEMPORARY TABLE scratch (id int)")  # DDL: every table at once
+            cursor.execute("UPDATE inventory_cluster SET description = 'through a temporary connection'")
     finally:
         temporary.close()
-    assert datagen.current(["inventory_node"])[-1] > before[-1]
+    after = datagen.current(["inventory_cluster"])
+    assert before is not None and after is not None and after.values[0] > before.values[0]
 
 
 def test_the_overview_from_cached_sections_is_the_page_rendered_afresh(fleet, settings):
@@ -329,3 +364,131 @@ def test_the_overview_from_cached_sections_is_the_page_rendered_afresh(fleet, se
         again = page()
     assert again == fresh
     assert not [q for q in queries.captured_queries if "inventory_node" in q["sql"]]  # counts from the cache
+
+
+# The rules of issue 24: whoever writes, however it reaches the database, the next cached request
+# sees it. A process configured without the cache, psql and a second connection string are real.
+
+def _need_postgres() -> None:
+    need(connection.vendor == "postgresql", "needs PostgreSQL (a second process and psql reach the test "
+         "database): DATABASE_URL=postgres://root@127.0.0.1:5432/<name> and CELERY_BROKER_URL=redis://...")
+
+
+def _url(host: str | None = None) -> str:
+    """The test database's URL (through `host` when given)."""
+    s = connection.settings_dict
+    login = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{login}@{host or s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def test_a_write_from_a_process_without_the_cache_shows_in_the_next_cached_request(fleet):
+    from tests.helpers import clean_env, manage
+
+    _need_postgres()
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    revoked, revoked_id = _token_client(_user("leaver", Role.VIEWER))
+    for each in (client, revoked):
+        _get(each, NODES)
+        assert _get(each, NODES)[1] == 0  # kept, and so is each token's check
+    env = clean_env(DATABASE_URL=_url(), CELERY_BROKER_URL="memory://")
+    env.pop("GPUSWEEP_CACHE_URL", None)  # a worker or command started without the cache
+    node = fleet["nodes"][0]
+    done = manage("shell", "-c", "from django.utils import timezone; from accounts.models import ApiToken; "
+                  "from inventory.models import Node; "
+                  f"Node.objects.filter(pk={node.pk}).update(pool='from-elsewhere'); "
+                  f"ApiToken.objects.filter(pk={revoked_id}).update(revoked_at=timezone.now())", env=env)
+    assert done.returncode == 0, done.stderr
+    body, ran = _get(client, NODES)
+    assert ran > 0 and b"from-elsewhere" in body
+    assert revoked.get(NODES).status_code == 401
+
+
+def test_a_token_revoked_or_a_role_taken_away_in_sql_is_refused_within_5_s(fleet):
+    import psycopg
+
+    from accounts.models import ApiToken
+    from tests.helpers import wait_for
+
+    _need_postgres()
+    client, token_id = _token_client(_user("viewer", Role.VIEWER))
+    demoted = _user("demoted", Role.VIEWER)
+    other, _ = _token_client(demoted)
+    for each in (client, other):
+        _get(each, NODES)
+        assert _get(each, NODES)[1] == 0
+    with psycopg.connect(_url(), autocommit=True) as psql:  # as psql would, past every gpusweep process
+        psql.execute(f"UPDATE {ApiToken._meta.db_table} SET revoked_at = now() WHERE id = %s", [token_id])
+        psql.execute(f"DELETE FROM {User.groups.through._meta.db_table} WHERE user_id = %s", [demoted.pk])
+    started = time.monotonic()
+    assert wait_for(lambda: client.get(NODES).status_code == 401, timeout=5, interval=0.2)
+    assert wait_for(lambda: other.get(NODES).status_code == 403, timeout=5, interval=0.2)
+    assert time.monotonic() - started < 5
+
+
+def test_two_connection_strings_to_one_database_share_invalidation(fleet):
+    from django.db import connections
+
+    _need_postgres()
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    _get(client, NODES)
+    assert _get(client, NODES)[1] == 0
+    host = connection.settings_dict["HOST"] or "127.0.0.1"
+    other = connection.copy(alias="by-another-name")
+    other.settings_dict.update(HOST="localhost" if host != "localhost" else "127.0.0.1",
+                               OPTIONS={**other.settings_dict.get("OPTIONS", {}), "application_name": "other"})
+    try:
+        assert datagen.scope(other) == datagen.scope(connections["default"])
+        with other.cursor() as cursor:
+            cursor.execute("UPDATE inventory_node SET pool = 'through-localhost' WHERE id = %s", [fleet["nodes"][0].pk])
+    finally:
+        other.close()
+    body, ran = _get(client, NODES)
+    assert ran > 0 and b"through-localhost" in body
+
+
+def test_analyze_and_other_maintenance_invalidate_nothing(fleet):
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    first, _ = _get(client, NODES)
+    assert _get(client, NODES)[1] == 0
+    maintenance = ["ANALYZE", "VACUUM"]
+    if connection.vendor == "postgresql":
+        maintenance += ["VACUUM ANALYZE inventory_node", "SET work_mem = '8MB'", "RESET ALL"]
+    with connection.cursor() as cursor:
+        for sql in maintenance:
+            cursor.execute(sql)
+    again, ran = _get(client, NODES)
+    assert ran == 0 and again == first
+
+
+def test_writers_of_one_table_never_wait_for_each_other_and_count_on_commit(fleet):
+    import psycopg
+
+    _need_postgres()
+    first, second = (fleet["nodes"][0].pk, fleet["nodes"][1].pk)
+    before = datagen.current(["inventory_node"])
+    with psycopg.connect(_url()) as a, psycopg.connect(_url()) as b:
+        a.execute("UPDATE inventory_node SET pool = 'a' WHERE id = %s", [first])  # open, not committed
+        b.execute("SET lock_timeout = '2s'")
+        b.execute("UPDATE inventory_node SET pool = 'b' WHERE id = %s", [second])  # would time out on one counter row
+        b.commit()
+        after_b = datagen.current(["inventory_node"])
+        a.commit()
+    after_a = datagen.current(["inventory_node"])
+    assert before is not None and after_b is not None and after_a is not None
+    assert before.values[0] < after_b.values[0] < after_a.values[0]
+
+
+def test_a_session_is_read_from_the_cache_until_its_table_is_written_and_one_deleted_in_sql_ends(shared_cache):
+    import psycopg
+    from django.contrib.sessions.models import Session
+
+    _need_postgres()
+    client = Client()
+    client.force_login(_user("viewer", Role.VIEWER))
+    assert client.get("/").status_code == 200  # read from the database, then kept
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get("/").status_code == 200
+    assert not [q for q in queries.captured_queries if Session._meta.db_table in q["sql"]]
+    with psycopg.connect(_url(), autocommit=True) as psql:
+        psql.execute(f"DELETE FROM {Session._meta.db_table}")
+    assert client.get("/").status_code == 302  # to the login page, at once
