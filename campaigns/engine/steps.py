@@ -94,12 +94,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                     f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
                     "and cold restart is not allowed")
         if checkpoint:
-            try:
-                result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
-                                       requires=move.detail.get("requires"))
-            except InterruptedOperation as exc:
-                raise _renamed(move, "ck", exc) from exc
-            done.append(_checkpointed(sweep, move, engine, result))
+            done.append(_checkpointed(sweep, move, engine, _take_checkpoint(sweep, ex, ref, move, engine)))
         else:
             if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
                 raise PermanentExecutorError(
@@ -148,6 +143,15 @@ def _origin(move: WorkloadMove) -> dict[str, str]:
     return {"origin": str(origin)} if origin else {}
 
 
+def _take_checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMove, engine: str) -> CheckpointResult:
+    """The move's checkpoint; after an interruption the step is retried under a new operation id."""
+    try:
+        return ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
+                             requires=move.detail.get("requires"))
+    except InterruptedOperation as exc:
+        raise _renamed(move, "ck", exc) from exc
+
+
 def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> TemporaryExecutorError:
     """Record that the move's `step` runs again under a new operation id; the step is retried."""
     tries = dict(move.detail.get("tries") or {})
@@ -188,10 +192,7 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
     name = move.workload_name or move.workload_ref
     if checkpoint:
         try:
-            result = ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
-                                   requires=move.detail.get("requires"))
-        except InterruptedOperation as exc:
-            raise _renamed(move, "ck", exc) from exc
+            result: CheckpointResult | None = _take_checkpoint(sweep, ex, ref, move, engine)
         except PermanentExecutorError:
             result = None
         if result is not None:
