@@ -269,7 +269,8 @@ def bench_statements(nodes: int = 20) -> float:
         finally:
             current[0] = was
 
-    engine.dispatch = admission
+    # The dispatch a worker runs after ending a sweep is the one the runner imported.
+    engine.dispatch = engine.runner.dispatch = admission
     try:
         _build_fleet(nodes, 0.0, cluster_name="count", prefix="count")
         from django.contrib.auth.models import User
@@ -292,7 +293,7 @@ def bench_statements(nodes: int = 20) -> float:
         steps = EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.STEP_DONE).count()
     finally:
         campaign_queue.ENQUEUE.pop(0)
-        engine.dispatch = dispatch
+        engine.dispatch = engine.runner.dispatch = dispatch
     per_step = counts["advance"] / max(1, steps)
     print(f"statements: {steps} node steps of {nodes} nodes: {counts['advance']} statements in steps "
           f"({per_step:.1f} per step, the exposure recompute after a patch included), {counts['dispatch']} in "

@@ -100,7 +100,8 @@ def _run(args: argparse.Namespace, spares: int) -> int:
             cpu["dispatch"] += spent
             cpu["advance"] -= spent if was == "advance" else 0.0
 
-    engine.dispatch = admission
+    # The dispatch a worker runs after ending a sweep is the one the runner imported.
+    engine.dispatch = engine.runner.dispatch = admission
     server_before = _server_cpu()
     profiler = cProfile.Profile(time.process_time) if args.profile else None  # CPU, not wall
     began = time.perf_counter()
@@ -115,7 +116,7 @@ def _run(args: argparse.Namespace, spares: int) -> int:
             if profiler is not None:
                 profiler.disable()
             cpu[task] += time.process_time() - start
-    engine.dispatch = dispatch
+    engine.dispatch = engine.runner.dispatch = dispatch
     wall = time.perf_counter() - began
     server = _server_cpu() - server_before
     campaign_queue.ENQUEUE.pop(0)

@@ -181,7 +181,7 @@ class EvidenceKind(ChoiceSet):
     REVERT_VERIFIED = "revert_verified"
     REVERT_FAILED = "revert_failed"
     ROLLBACK_CAMPAIGN = "rollback_campaign"
-    # A wave's maintenance reservation (executors.base.Executor.wave_reservation).
+    # A wave's maintenance reservation (executors.base.SupportsWaveReservations).
     RESERVATION_CREATED = "reservation_created"
     RESERVATION_DELETED = "reservation_deleted"
     CHOICES = [

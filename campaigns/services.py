@@ -34,7 +34,17 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
-from executors.base import BARE_PROCESS, Executor, ExecutorError, GpuUser, NodeRef, get_executor
+from executors.base import (
+    BARE_PROCESS,
+    Executor,
+    ExecutorError,
+    GpuUser,
+    NodeRef,
+    SupportsGpuUsers,
+    SupportsMaintenanceHolds,
+    SupportsWaveReservations,
+    get_executor,
+)
 from inventory.choices import ServiceState, WorkloadKind
 from inventory.models import Cluster, Node, Workload
 from inventory.versions import DRIVER, parse_version
@@ -453,7 +463,7 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
 def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int, Node],
                      executors: dict[str, Executor]) -> None:
     """List under each wave the maintenance reservations the engine will create when it is admitted
-    (one per cluster whose back end holds one: Executor.wave_reservation), with their nodes and time."""
+    (one per cluster whose back end holds one: SupportsWaveReservations.wave_reservation), with their nodes and time."""
     total = 0
     for wave in content.get("waves") or []:
         by_cluster: dict[str, list[str]] = {}
@@ -466,7 +476,9 @@ def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int,
         minutes = policy.reservation_minutes(start, end, start or timezone.now())
         listed = []
         for cluster, names in sorted(by_cluster.items()):
-            name = executors[cluster].wave_reservation(campaign_id, int(wave["wave"]))
+            ex = executors[cluster]
+            name = (ex.wave_reservation(campaign_id, int(wave["wave"]))
+                    if isinstance(ex, SupportsWaveReservations) else "")
             if name:
                 listed.append({"cluster": cluster, "name": name, "nodes": sorted(names), "start": wave.get("start"),
                                "minutes": minutes})
@@ -496,8 +508,11 @@ def unreported_gpu_users(campaign: Campaign, executors: dict[str, Executor],
     with what the campaign's workload policy does with it (checkpoint, stop or wait)."""
     found: dict[int, list[dict[str, Any]]] = {}
     for node in nodes:
+        ex = executors[node.cluster.name]
+        if not isinstance(ex, SupportsGpuUsers):
+            continue  # this back end cannot see GPU users: the scheduler's view is all there is
         try:
-            users = executors[node.cluster.name].gpu_users(node_ref(node))
+            users = ex.gpu_users(node_ref(node))
         except ExecutorError as exc:
             found[node.pk] = [{"error": f"its GPU users could not be read: {exc}"}]
             continue
@@ -535,8 +550,11 @@ def _holds(executors: dict[str, Executor], nodes: list[Node], reasons: dict[int,
     is blocked instead (`reasons`)."""
     found: dict[int, dict[str, Any]] = {}
     for node in nodes:
+        ex = executors[node.cluster.name]
+        if not isinstance(ex, SupportsMaintenanceHolds):
+            continue  # this back end knows of no one else's holds
         try:
-            hold = executors[node.cluster.name].maintenance_hold(node_ref(node))
+            hold = ex.maintenance_hold(node_ref(node))
         except ExecutorError as exc:
             reasons[node.pk] = f"its state could not be read: {exc}"
             continue

@@ -17,14 +17,29 @@ A back end also says, before anything runs, whether it can reach a node at all (
 read by the planner) and who restarts a workload that is stopped for a cold start
 (``restarts_cold_starts``: a scheduler's requeue, a controller, or nobody).
 
-After the reboot, ``health`` runs the node's health gates (the expected versions, and where the
-back end has a node agent: every GPU on the expected driver, DCGM diagnostics, the site's own
-checks), each result with its output for the evidence; a failed gate keeps the node out of
-service. ``rollback`` reinstalls what the node recorded before its patch (the agent's package
-record, or the GPU Operator's previous driver); the engine then reboots and verifies the old versions.
+The contract is a small core every back end implements (the ``Executor`` base class) and optional
+capabilities, each a ``typing.Protocol`` a back end implements by having its methods (checked at run
+time with ``isinstance``; nothing to register):
 
-A back end may hold a maintenance reservation per wave (``wave_reservation``, ``reserve_wave``,
-``release_wave``; Slurm's ``flags=maint``): by default it holds none.
+- core (``Executor``): ``reachable`` (read by the planner), ``facts``, ``list_workloads``, the sweep's
+  steps ``drain``, ``checkpoint``, ``stop``, ``restore``, ``patch``, ``reboot``, ``verify``,
+  ``return_to_service``, ``undo``, and ``restarts_cold_starts`` / ``restarted_by``.
+- ``SupportsMaintenanceHolds``: ``maintenance_hold`` says why someone other than gpusweep holds a
+  node out of service. Without it no node is held (the plan lists none, a swept node keeps none).
+- ``SupportsGpuUsers`` (bare, undeclared processes): ``gpu_users`` lists every process holding a GPU,
+  declared to a scheduler or not, so the plan shows what the scheduler did not report. Without it the
+  planner sees none.
+- ``SupportsHealthGates``: ``health`` runs the node's health gates after its reboot (every GPU on the
+  expected driver, DCGM diagnostics, the site's own checks where the back end has a node agent), each
+  result with its output for the evidence; a failed gate keeps the node out of service. Without it the
+  gate is the expected versions only (``versions_gate``).
+- ``SupportsRollback``: ``rollback`` reinstalls what the node recorded before its patch (the agent's
+  package record, or the GPU Operator's previous driver); the engine then reboots and verifies the old
+  versions. Without it a revert fails (a permanent error) and the node stays out of service.
+- ``SupportsWaveReservations``: a maintenance reservation per wave (``wave_reservation``,
+  ``reserve_wave``, ``release_wave``; Slurm's ``flags=maint``). Without it none is held.
+
+memory, local, slurm and kubernetes implement every capability; only slurm holds wave reservations.
 
 The shared contract every back end passes is ``tests/executors/contract.py``.
 """
@@ -36,7 +51,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -290,7 +305,7 @@ class RollbackResult:
 
 
 class Executor:
-    """Base class of every back end. Subclasses implement all operations."""
+    """Base class of every back end: the core, which every back end implements in full."""
 
     name = "base"
     # Who starts a workload again after it was stopped for a cold start; "" means nobody (the
@@ -307,18 +322,9 @@ class Executor:
 
         Read at planning time, so the plan lists such nodes as blocked instead of failing them later.
         """
-        return ""
-
-    def maintenance_hold(self, node: NodeRef) -> str:
-        """Why the node is out of service for someone other than gpusweep ("" when it is not)."""
-        return ""
+        raise NotImplementedError
 
     # -- reads -----------------------------------------------------------------------
-    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
-        """Every process holding a GPU on the node, declared to a scheduler or not (read at planning
-        time, so the plan shows the ones the scheduler did not report). [] where the back end cannot see."""
-        return []
-
     def facts(self, node: NodeRef) -> dict[str, str]:
         """The node's current component versions as the node itself reports them."""
         raise NotImplementedError
@@ -363,18 +369,6 @@ class Executor:
     def verify(self, node: NodeRef) -> VerifyResult:
         raise NotImplementedError
 
-    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
-               operation_id: str) -> HealthResult:
-        """Run the node's health gates after its reboot; a failed check is a result, not an error.
-
-        The base gate is the expected versions only; back ends with a node agent run its checks.
-        """
-        return HealthResult((versions_check(expected, self.facts(node)),))
-
-    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
-        """Put back what the node recorded before this campaign's patch (a reboot follows)."""
-        raise PermanentExecutorError(f"the {self.name} back end cannot roll back {node.identity}")
-
     def return_to_service(self, node: NodeRef, operation_id: str) -> None:
         raise NotImplementedError
 
@@ -382,12 +376,40 @@ class Executor:
         """Leave maintenance without patching (abort, or a failure before the patch)."""
         raise NotImplementedError
 
-    # -- maintenance reservations per wave (optional; the default holds none) -----------
+
+# -- optional capabilities: a back end has them by having their methods ------------------------
+@runtime_checkable
+class SupportsMaintenanceHolds(Protocol):
+    def maintenance_hold(self, node: NodeRef) -> str:
+        """Why the node is out of service for someone other than gpusweep ("" when it is not)."""
+
+
+@runtime_checkable
+class SupportsGpuUsers(Protocol):
+    def gpu_users(self, node: NodeRef) -> list[GpuUser]:
+        """Every process holding a GPU on the node, declared to a scheduler or not (read at planning
+        time, so the plan shows the ones the scheduler did not report, bare processes among them)."""
+
+
+@runtime_checkable
+class SupportsHealthGates(Protocol):
+    def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
+               operation_id: str) -> HealthResult:
+        """Run the node's health gates after its reboot; a failed check is a result, not an error."""
+
+
+@runtime_checkable
+class SupportsRollback(Protocol):
+    def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
+        """Put back what the node recorded before this campaign's patch (a reboot follows)."""
+
+
+@runtime_checkable
+class SupportsWaveReservations(Protocol):
     def wave_reservation(self, campaign_id: int, wave: int) -> str:
         """The name of the maintenance reservation this back end holds for a campaign's wave while it
-        runs, "" where it holds none (the default). The plan lists it; the engine calls ``reserve_wave``
-        when the wave is admitted and ``release_wave`` when its last sweep ends or the campaign is aborted."""
-        return ""
+        runs, "" where it holds none. The plan lists it; the engine calls ``reserve_wave`` when the wave
+        is admitted and ``release_wave`` when its last sweep ends or the campaign is aborted."""
 
     def reserve_wave(self, name: str, nodes: list[NodeRef], minutes: int) -> None:
         """Reserve `nodes` for maintenance from now for `minutes` under `name`; idempotent (a reservation
@@ -395,6 +417,11 @@ class Executor:
 
     def release_wave(self, name: str) -> None:
         """Delete the reservation `name`; idempotent (none there is fine)."""
+
+
+def versions_gate(executor: Executor, node: NodeRef, expected: dict[str, str]) -> HealthResult:
+    """The health gate of a back end without SupportsHealthGates: the expected versions only."""
+    return HealthResult((versions_check(expected, executor.facts(node)),))
 
 
 def executor_name(cluster: Cluster | None) -> str:

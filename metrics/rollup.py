@@ -41,7 +41,7 @@ from metrics.models import EvidenceCursor, EvidenceTotal
 # A transaction open this long after a later id committed is taken to have rolled back.
 GAP_TTL_S = 600
 MAX_GAPS = 10_000
-# The engine's message for a temporary error that ran out of attempts (campaigns.engine._step).
+# The engine's message for a temporary error that ran out of attempts (campaigns.engine.runner._step).
 GAVE_UP = "gave up after"
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from campaigns import engine, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
+from campaigns.engine import admission, steps
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from campaigns.services import CampaignError
 from executors.memory import MemoryExecutor
@@ -273,13 +274,13 @@ def test_a_worker_dying_right_after_the_agent_acted_loses_and_duplicates_nothing
     services.start(campaign.pk, requester)
     engine.dispatch(campaign.pk)
     sweep = NodeSweep.objects.get(campaign=campaign)
-    real = getattr(engine, dies_in)
+    real = getattr(steps, dies_in)
 
     def die_once(*args, **kwargs):
-        monkeypatch.setattr(engine, dies_in, real)
+        monkeypatch.setattr(steps, dies_in, real)
         raise WorkerDied
 
-    monkeypatch.setattr(engine, dies_in, die_once)
+    monkeypatch.setattr(steps, dies_in, die_once)
     with pytest.raises(WorkerDied):
         for _ in range(3):
             engine.advance(sweep.pk)
@@ -349,7 +350,7 @@ def test_admission_reads_pending_nodes_a_page_at_a_time_in_plan_order(people, mo
     requester, approver, _ = people
     campaign = approved_campaign(requester, approver, parallelism_per_cluster="3")
     services.start(campaign.pk, requester)
-    monkeypatch.setattr(engine, "ADMIT_PAGE", 2)  # the three admitted take two pages
+    monkeypatch.setattr(admission, "ADMIT_PAGE", 2)  # the three admitted take two pages
     admitted = engine.dispatch(campaign.pk)
     in_order = list(NodeSweep.objects.filter(campaign=campaign).order_by("wave", "position").values_list(
         "pk", flat=True))

@@ -1,0 +1,174 @@
+"""What happens to a node whose sweep fails or is aborted, and the re-drive of stuck steps.
+
+Failure is final: a permanent error (or a temporary one past MAX_ATTEMPTS) fails the node once
+(``on_failure``). A node not yet patched is first put back as it was (``unwind``: maintenance off,
+its checkpoints restored on it); an error during that unwind is recorded too, the node stays as the
+evidence says (drained), and the step is never run again. A node whose patch or health gate failed
+is reverted instead (``revert``: the back end reinstalls what it recorded before the patch, reboots,
+the old versions are verified), then stays out of service or returns per ``Campaign.after_rollback``.
+Each of them records what it did and returns how the sweep ends (a ``Final``, or ``RunAgain`` for an
+abort's unwind that may be retried); ``end_step`` writes it.
+
+A worker killed anywhere leaves a step whose deadline passes; ``redrive`` (periodic) enqueues it
+again and the next worker repeats the idempotent operations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState
+from campaigns.engine.ending import Final, Outcome, may_retry, retry
+from campaigns.engine.lease import record, record_move
+from campaigns.engine.naming import move_op, node_ref, op_id
+from campaigns.engine.steps import foreign_hold, gate_check
+from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from campaigns.queue import enqueue_now
+from executors.base import (
+    Executor,
+    ExecutorError,
+    InterruptedOperation,
+    NodeRef,
+    PermanentExecutorError,
+    SupportsRollback,
+    TemporaryExecutorError,
+)
+
+
+def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool = True) -> Outcome:
+    """Fail the node once: record the error, unwind it if it was not patched, revert a failed patch or
+    health gate (`revert`), else leave it out of service; every error in the evidence."""
+    record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000]}, error=error[:4000])
+    if sweep.state in SweepState.BEFORE_PATCH:
+        return unwind(sweep, worker, ex, SweepState.FAILED, error)
+    if revert and sweep.state in (SweepState.PATCHING, SweepState.VERIFYING):
+        return _revert(sweep, worker, ex, error)
+    # Patched (or partly): the node stays out of service for a human to look at.
+    data = {"error": error, "left": "out of service after its patch", "parked_checkpoints": _parked(sweep)}
+    return Final(SweepState.FAILED, data, in_service=False)
+
+
+def unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) -> Outcome:
+    """Put a node that was not patched back as it was: maintenance off, its workloads restored on it;
+    then the sweep ends `final` (rolled back for an abort, failed for an error).
+
+    Tried once. An error here is recorded beside the one that caused the unwind and ends the
+    sweep too: the node is left as the evidence says, for an operator, and never retried (only an
+    abort's unwind retries a temporary error).
+    """
+    ref = node_ref(sweep.node)
+    returned: list[dict[str, Any]] = []
+    try:
+        if sweep.state != SweepState.PENDING:
+            # Leave maintenance first: a node in maintenance admits no work, so its own workloads
+            # could not come home. Repeating it (same operation id) after a crash is harmless.
+            ex.undo(ref, op_id(sweep, "undo"))
+        for move in WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
+                                                ).select_related("target_node__cluster"):
+            returned.append(_bring_back(sweep, worker, ex, ref, move))
+    except ExecutorError as exc:
+        if final == SweepState.ROLLED_BACK and isinstance(exc, TemporaryExecutorError) and may_retry(sweep):
+            return retry(sweep, f"rollback: {exc}")
+        state = "drained" if sweep.state != SweepState.PENDING else "untouched"
+        failed: dict[str, Any] = {"error": error or f"rollback failed: {exc}", "unwind_error": str(exc),
+                                  "left": state, "workloads_returned": returned}
+        return Final(SweepState.FAILED, failed, in_service=False)
+    data: dict[str, Any] = {"workloads_returned": returned, **({"error": error} if error else {})}
+    kept = foreign_hold(sweep, ex, ref)
+    if kept:
+        data["foreign_hold_kept"] = kept
+    return Final(final, data, in_service=not kept)
+
+
+def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move: WorkloadMove) -> dict[str, Any]:
+    """One checkpointed workload of an unwinding node: finish a restore under way, else restore it home."""
+    name = move.workload_name or move.workload_ref
+    if move.target_node is not None and move.target_node_id != sweep.node_id:
+        # A restore was under way: finish it where it went (same operation id) rather than
+        # starting a second copy here; only a restore that failed comes home.
+        try:
+            away = ex.restore(node_ref(move.target_node), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except (PermanentExecutorError, InterruptedOperation):
+            pass
+        else:
+            entry = {"workload": name, "from": sweep.node.name, "to": move.target_node.name,
+                     "checkpoint_id": move.checkpoint_id, "new_id": away.workload_id, "resumed": True}
+            record_move(sweep, worker, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+                        new_workload_ref=away.workload_id, steps_after=away.steps, inventory_to=move.target_node)
+            return entry
+    result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"return-{move.pk}"))
+    entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "returned_to": sweep.node.name,
+             "new_id": result.workload_id, "steps_before": move.steps_before, "steps_after": result.steps}
+    record_move(sweep, worker, move, EvidenceKind.RETURNED, entry, state=MoveState.RETURNED,
+                new_workload_ref=result.workload_id, steps_after=result.steps, target_node=sweep.node,
+                inventory_to=sweep.node)
+    return entry
+
+
+def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> Final:
+    """Put a node whose patch or health gate failed back on the versions it had: the back end
+    reinstalls what it recorded before the patch, the node reboots, the old versions are verified.
+    Then it stays out of service, or (``after_rollback`` "return") returns once its health gates
+    pass on the old versions. Tried once, every step in the evidence; the sweep fails either way
+    (charged to the budget)."""
+    ref = node_ref(sweep.node)
+    campaign = sweep.campaign
+    data: dict[str, Any] = {"error": error, "parked_checkpoints": _parked(sweep)}
+    in_service = False
+    try:
+        if not isinstance(ex, SupportsRollback):
+            raise PermanentExecutorError(f"the {ex.name} back end cannot roll back {ref.identity}")
+        result = ex.rollback(ref, op_id(sweep, "revert"))
+        record(sweep, worker, EvidenceKind.REVERTED, {"components": result.components,
+                                                      "reinstalled": result.reinstalled,
+                                                      "output": result.output[:2000]})
+        if not result.components:
+            # Nothing was reinstalled (e.g. the GPU Operator's node keeps its skip label): it stays out.
+            data["left"] = f"out of service: nothing reinstalled ({result.output[:500]})"
+            return Final(SweepState.FAILED, data, in_service=False)
+        if result.reboot_required:
+            ex.reboot(ref, op_id(sweep, "revert-reboot"))
+        facts = ex.facts(ref)
+        wrong = {c: {"want": v, "got": facts.get(c)} for c, v in result.components.items() if facts.get(c) != v}
+        if wrong:
+            raise PermanentExecutorError(f"after the revert the node does not report its previous versions: {wrong}")
+        back = {c: facts[c] for c in result.components}
+        record(sweep, worker, EvidenceKind.REVERT_VERIFIED, {"versions": back, "rebooted": result.reboot_required})
+        data["reverted_to"] = back
+        if campaign.after_rollback == AfterRollback.RETURN:
+            gate = gate_check(sweep, worker, ex, ref, back, "revert-health")
+            if gate.passed:
+                ex.return_to_service(ref, op_id(sweep, "revert-return"))
+                kept = foreign_hold(sweep, ex, ref)
+                in_service = not kept
+                if kept:
+                    data["foreign_hold_kept"] = kept
+        data["left"] = ("in service on its previous versions" if in_service
+                        else "out of service on its previous versions")
+    except ExecutorError as exc:
+        record(sweep, worker, EvidenceKind.REVERT_FAILED, {"error": str(exc)[:4000]})
+        data.update(revert_error=str(exc)[:4000], left="out of service: the revert failed")
+    return Final(SweepState.FAILED, data, in_service=in_service)
+
+
+def _parked(sweep: NodeSweep) -> list[dict[str, str]]:
+    """Checkpoints parked for this node's return that a failed sweep leaves for an operator."""
+    return [{"workload": w, "checkpoint_id": c} for w, c in WorkloadMove.objects.filter(
+        sweep=sweep, state=MoveState.PARKED).values_list("workload_ref", "checkpoint_id")]
+
+
+# -- periodic ----------------------------------------------------------------------------
+def redrive() -> dict[str, int]:
+    """Enqueue every step whose deadline passed (its worker died or its message was lost)."""
+    now = timezone.now()
+    stale = list(NodeSweep.objects.filter(state__in=SweepState.WORKING, step_deadline__lt=now)
+                 .values_list("pk", flat=True))
+    for sweep_id in stale:
+        enqueue_now("advance", sweep_id, 0)
+    running = list(Campaign.objects.filter(status__in=[CampaignStatus.RUNNING, CampaignStatus.WAITING])
+                   .values_list("pk", flat=True))
+    for campaign_id in running:
+        enqueue_now("dispatch", campaign_id, 0)
+    return {"steps": len(stale), "campaigns": len(running)}

@@ -1,0 +1,362 @@
+"""The per-node steps, in the order a sweep runs them: drain, checkpoint, migrate, patch, reboot,
+verify, return (``STEPS``).
+
+A step is the work between the claim and the transition: the executor's operations, outside any
+transaction, each with an operation id derived from the campaign, sweep and step (naming.op_id), so
+doing it again after a crash does nothing twice. It returns a StepResult for ``end_step``, or raises:
+WaitMore (not done yet), a TemporaryExecutorError (try again), a PermanentExecutorError (the node
+fails; NotPatched when nothing changed on it, HealthGateFailed when its gates failed after the reboot).
+Each workload move it makes is recorded as it happens (lease.record_move).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.utils import timezone
+
+from campaigns import policy
+from campaigns.choices import EvidenceKind, MoveState, SweepState
+from campaigns.engine import queries
+from campaigns.engine.ending import StepResult
+from campaigns.engine.lease import record, record_move
+from campaigns.engine.naming import move_op, node_ref, op_id, reference
+from campaigns.engine.targets import choose_target, requirements, source_facts
+from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from executors import portability
+from executors.base import (
+    CheckpointResult,
+    Executor,
+    HealthGates,
+    HealthResult,
+    InterruptedOperation,
+    NodeRef,
+    PermanentExecutorError,
+    SupportsHealthGates,
+    SupportsMaintenanceHolds,
+    TemporaryExecutorError,
+    WorkloadInfo,
+    versions_gate,
+)
+from inventory import services as inventory
+from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
+
+
+class NotPatched(PermanentExecutorError):
+    """The patch step refused before anything changed on the node: there is nothing to revert."""
+
+
+class HealthGateFailed(PermanentExecutorError):
+    """The node's health gates failed after its reboot (the checks' outputs are in the evidence)."""
+
+
+class WaitMore(Exception):
+    """The step is not done yet and not failing (a workload we wait for is still running)."""
+
+    def __init__(self, seconds: float, reason: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.seconds = seconds
+        self.detail = detail or {}
+
+
+# -- drain ---------------------------------------------------------------------------------
+def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    before = ex.facts(ref)
+    ex.drain(ref, op_id(sweep, "drain"))
+    return StepResult({"versions_before": before}, {"versions_before": before})
+
+
+# -- checkpoint ------------------------------------------------------------------------------
+def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    campaign = sweep.campaign
+    running = {w.id: w for w in ex.list_workloads(ref)}
+    _prepare_moves(sweep, running)
+    done = []
+    for move in queries.moves(sweep, MoveState.PLANNED):
+        engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
+        checkpoint = move.policy == WorkloadPolicy.CHECKPOINT and portability.rule(engine).checkpointable
+        if move.workload_ref not in running:
+            # Either it ended by itself, or a worker died after the agent checkpointed (or stopped)
+            # it and before this was recorded. Asking again with the same operation id tells which:
+            # the agent answers with the first result, or fails because nothing was ever started.
+            entry = _recover_move(sweep, ex, ref, move, engine, checkpoint)
+            if entry is not None:
+                done.append(entry)
+            continue
+        if move.policy == WorkloadPolicy.WAIT:
+            waited = timezone.now() - move.created_at
+            if campaign.wait_limit is None or waited < campaign.wait_limit:
+                raise WaitMore(policy.WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish",
+                               _origin(move))
+            if not campaign.cold_restart_allowed:
+                raise PermanentExecutorError(
+                    f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
+                    "and cold restart is not allowed")
+        if checkpoint:
+            done.append(_checkpointed(sweep, move, engine, _take_checkpoint(sweep, ex, ref, move, engine)))
+        else:
+            if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
+                raise PermanentExecutorError(
+                    f"workload {move.workload_name or move.workload_ref} cannot be checkpointed ({engine}) "
+                    "and cold restart is not allowed")
+            ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
+            done.append(_stopped(sweep, ex, move))
+    return StepResult({"workloads": done})
+
+
+def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
+    """One WorkloadMove per workload running on the node, with its policy and its image's needs."""
+    campaign = sweep.campaign
+    # Plain statements: this runs for every node, and compiling the ORM's cost more than running them.
+    have = queries.moved_refs(sweep.pk)
+    missing = [ref for ref in running if ref not in have]
+    if not missing:
+        return
+    known = queries.running_workloads(sweep.node.cluster_id, missing)
+    planned = _planned_moves(sweep)
+    facts = source_facts(sweep)
+    moves = []
+    for ref in missing:
+        info, row = running[ref], known.get(ref)
+        engine = (row.checkpoint_engine if row else info.checkpoint_engine) or CheckpointEngine.NONE
+        needed = requirements(info, row, engine, facts)
+        gpus = info.gpus or (row.gpus if row else 0)
+        moves.append(WorkloadMove(
+            sweep=sweep, workload=row, workload_ref=ref, workload_name=info.name, gpus=gpus,
+            policy=policy.workload_policy(campaign, ref, info.name, row.policy if row else ""),
+            detail={"engine": engine, "requires": needed.as_dict(),
+                    "planned": (planned.get(ref) or {}).get("action", ""),
+                    **({"origin": info.origin} if info.origin else {})}))
+    queries.insert_moves(moves)
+
+
+def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
+    planned = sweep.planned or {}  # loaded with the sweep: it is copied at start and never changes
+    return {m["workload"]: m for m in planned.get("moves", []) if "arrived_from" not in m}
+
+
+def _origin(move: WorkloadMove) -> dict[str, str]:
+    """For the evidence: {"origin": "undeclared-found-by-agent"} when no scheduler declared the workload's
+    GPUs and the node's agent found it holding some (WorkloadInfo.origin); {} for a declared one."""
+    origin = move.detail.get("origin")
+    return {"origin": str(origin)} if origin else {}
+
+
+def _take_checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMove, engine: str) -> CheckpointResult:
+    """The move's checkpoint; after an interruption the step is retried under a new operation id."""
+    try:
+        return ex.checkpoint(ref, move.workload_ref, engine, move_op(sweep, move, "ck"),
+                             requires=move.detail.get("requires"))
+    except InterruptedOperation as exc:
+        raise _renamed(move, "ck", exc) from exc
+
+
+def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> TemporaryExecutorError:
+    """Record that the move's `step` runs again under a new operation id; the step is retried."""
+    tries = dict(move.detail.get("tries") or {})
+    tries[step] = int(tries.get(step, 0)) + 1
+    move.detail = {**move.detail, "tries": tries}
+    WorkloadMove.objects.filter(pk=move.pk).update(detail=move.detail)
+    return TemporaryExecutorError(f"{exc}; it runs again under a new operation id")
+
+
+def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
+    who = ex.restarted_by(move.workload_ref)
+    entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
+             "restarted_by": who or "nobody: its owner must start it again", **_origin(move)}
+    record_move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
+    return entry
+
+
+def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
+    entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
+             "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
+             "requires": move.detail.get("requires"), **_origin(move)}
+    home = move.detail.get("planned") == "return_home"
+    fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
+                              "steps_before": result.steps}
+    if home:  # planned to come back here after the reboot (the image stays valid on this node)
+        fields.update(state=MoveState.PARKED, target_node_id=sweep.node_id)
+        record_move(sweep, sweep.lease_owner, move, EvidenceKind.PARKED,
+                    {**entry, "restore": "on this node after its reboot"}, **fields)
+    else:
+        record_move(sweep, sweep.lease_owner, move, EvidenceKind.CHECKPOINTED, entry, state=MoveState.CHECKPOINTED,
+                    **fields)
+    return entry
+
+
+def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMove, engine: str,
+                  checkpoint: bool) -> dict[str, Any] | None:
+    """A planned move whose workload no longer runs: checkpointed before a crash, or finished."""
+    name = move.workload_name or move.workload_ref
+    if checkpoint:
+        try:
+            result: CheckpointResult | None = _take_checkpoint(sweep, ex, ref, move, engine)
+        except PermanentExecutorError:
+            result = None
+        if result is not None:
+            return _checkpointed(sweep, move, engine, result)
+    elif move.policy != WorkloadPolicy.WAIT:
+        try:
+            ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
+        except PermanentExecutorError:
+            pass
+        else:
+            return _stopped(sweep, ex, move)
+    record_move(sweep, sweep.lease_owner, move, EvidenceKind.FINISHED,
+                {"workload": name, "action": "ended by itself before it was moved", **_origin(move)},
+                state=MoveState.FINISHED)
+    return None
+
+
+# -- migrate -------------------------------------------------------------------------------
+def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    planned = _planned_moves(sweep)
+    done = []
+    for move in queries.moves(sweep, MoveState.CHECKPOINTED):  # a target chosen before a retry loads when used
+        plan_entry = planned.get(move.workload_ref, {})
+        if move.target_node_id is None:
+            target = choose_target(sweep, move, plan_entry.get("to"))
+            if target is None:
+                done.append(_park_or_fail(sweep, move))
+                continue
+            # Recorded before the restore: a retry after a crash goes to the same node with the same
+            # operation id, so the workload is restored once, never on two nodes.
+            queries.update_move(move.pk, {"target_node": target}, queries.untargeted_guard())
+            move.target_node, move.target_node_id = target, target.pk
+        assert move.target_node is not None
+        target = move.target_node
+        try:
+            result = ex.restore(node_ref(target), move.checkpoint_id, move_op(sweep, move, "restore"))
+        except InterruptedOperation as exc:
+            raise _renamed(move, "restore", exc) from exc
+        seen = _resumed(ex, node_ref(target), result.workload_id)
+        if seen is None:
+            raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")
+        as_planned = plan_entry.get("to") == target.pk
+        entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
+                 "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
+                 "steps_before": move.steps_before, "steps_after": seen.steps, "as_planned": as_planned}
+        record_move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+                    new_workload_ref=result.workload_id, steps_after=seen.steps, inventory_to=target,
+                    detail={**move.detail, "planned_target": plan_entry.get("to"), "as_planned": as_planned})
+        done.append(entry)
+    return StepResult({"workloads": done})
+
+
+def _resumed(ex: Executor, ref: NodeRef, workload_id: str) -> WorkloadInfo | None:
+    return next((w for w in ex.list_workloads(ref) if w.id == workload_id), None)
+
+
+def _park_or_fail(sweep: NodeSweep, move: WorkloadMove) -> dict[str, Any]:
+    """No receiver is free now: keep the checkpoint for this node's return if it stays valid here."""
+    name = move.workload_name or move.workload_ref
+    needed = portability.from_dict(move.detail.get("requires") or {})
+    after = portability.node_facts(sweep.node.gpu_model, {**source_facts(sweep), **sweep.target})
+    if not portability.compatible(needed, after):
+        raise PermanentExecutorError(f"no node where the checkpoint of {name} is valid has {move.gpus} free GPUs, "
+                                     f"and it would not be valid on {sweep.node.name} after the patch")
+    entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "restore": "on this node after its reboot",
+             "why": "no compatible node with room; the checkpoint stays valid here after the patch"}
+    record_move(sweep, sweep.lease_owner, move, EvidenceKind.PARKED, entry, state=MoveState.PARKED,
+                target_node_id=sweep.node_id)
+    return entry
+
+
+# -- patch, reboot -------------------------------------------------------------------------
+def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    # A failed or unfinished checkpoint never leads to a patch.
+    left = len(queries.moves(sweep, MoveState.PLANNED, MoveState.CHECKPOINTED))
+    if left:
+        raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
+    results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
+               for component, version in sorted(sweep.target.items())]
+    patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000]}
+               for r in results]
+    return StepResult({"patches": patches}, {"patched_at": timezone.now()})
+
+
+def _reboot(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    ex.reboot(ref, op_id(sweep, "reboot"))
+    return StepResult()
+
+
+# -- verify --------------------------------------------------------------------------------
+def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    result = ex.verify(ref)
+    wrong = {c: {"want": v, "got": result.versions.get(c)} for c, v in sweep.target.items()
+             if result.versions.get(c) != v}
+    if wrong or not result.healthy:
+        raise PermanentExecutorError(f"verification failed: healthy={result.healthy} versions={wrong}")
+    verified = {c: result.versions[c] for c in sweep.target}
+    # The health gates, before the node may return to service: a failing one keeps it out.
+    gate = gate_check(sweep, sweep.lease_owner, ex, ref, dict(sweep.target), "health")
+    if not gate.passed:
+        summaries = "; ".join(f"{c.name}: {c.summary}" for c in gate.checks if c.status == "failed")
+        raise HealthGateFailed(f"health gate failed: {summaries}"[:4000])
+
+    def record_versions() -> None:
+        # The inventory learns the new versions from the campaign, and the node's exposures are
+        # remediated with this sweep as their evidence (node_versions_changed, on commit).
+        inventory.record_versions(sweep.node_id, verified, ChangeSource.CAMPAIGN, reference(sweep))
+
+    data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000],
+            "health_gates": {c.name: c.status for c in gate.checks}}
+    return StepResult(data, {"versions_after": result.versions}, after=record_versions)
+
+
+def gates_of(campaign: Campaign) -> HealthGates:
+    return HealthGates(dcgm_level=int(campaign.dcgm_level), site_checks=tuple(campaign.site_checks or ()) or None)
+
+
+def gate_check(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, expected: dict[str, str],
+               step: str) -> HealthResult:
+    """Run the node's health gates and keep every check with its output in the evidence (the expected
+    versions only where the back end has no health gates of its own)."""
+    if isinstance(ex, SupportsHealthGates):
+        result = ex.health(ref, expected, gates_of(sweep.campaign), op_id(sweep, step))
+    else:
+        result = versions_gate(ex, ref, expected)
+    record(sweep, worker, EvidenceKind.HEALTH_CHECKED, {"expected": expected, **result.as_dict()})
+    return result
+
+
+# -- return --------------------------------------------------------------------------------
+def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
+    ex.return_to_service(ref, op_id(sweep, "return"))
+    kept = foreign_hold(sweep, ex, ref)
+    # Checkpoints parked for this node come back now that it admits work again.
+    restored = []
+    for move in queries.moves(sweep, MoveState.PARKED):
+        result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"home-{move.pk}"))
+        entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
+                 "to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,
+                 "steps_after": result.steps, "after_reboot": True}
+        record_move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+                    new_workload_ref=result.workload_id, steps_after=result.steps, inventory_to=sweep.node)
+        restored.append(entry)
+    data: dict[str, Any] = {"workloads": restored} if restored else {}
+    if kept:
+        data["foreign_hold_kept"] = kept
+    return StepResult(data, service_state=ServiceState.OFFLINE if kept else None)
+
+
+def foreign_hold(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> dict[str, Any]:
+    """For a node swept while someone else held it: that hold, still there (it is theirs to lift)."""
+    planned = sweep.planned or {}
+    if not planned.get("held_by"):
+        return {}
+    held_now = ex.maintenance_hold(ref) if isinstance(ex, SupportsMaintenanceHolds) else ""
+    return {"held_before": planned["held_by"].get("hold"), "held_now": held_now}
+
+
+STEPS: dict[str, Callable[[NodeSweep, Executor, NodeRef], StepResult]] = {
+    SweepState.DRAINING: _drain,
+    SweepState.CHECKPOINTING: _checkpoint,
+    SweepState.MIGRATING: _migrate,
+    SweepState.PATCHING: _patch,
+    SweepState.REBOOTING: _reboot,
+    SweepState.VERIFYING: _verify,
+    SweepState.RETURNING: _return,
+}
