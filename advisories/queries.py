@@ -21,6 +21,9 @@ from gpusweep.db.bulk import default_values, marks
 from gpusweep.db.names import Columns, Derived, Table, pairs
 from inventory.models import Node, NodeComponent
 
+# Statements only one engine runs (the others have their own path), for the statement test.
+ONLY = {"postgresql": frozenset({"refresh_all_deadlines", "ANALYZE", "FLEET_WIDE", "FLEET_WIDE_RESET"})}
+
 E, EC = Table(Exposure), Columns(Exposure)  # the table UPDATEs and DELETEs name, unaliased
 XE = Table(Exposure, "e")
 R = Table(AffectedRange, "r")

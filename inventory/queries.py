@@ -21,6 +21,13 @@ from gpusweep.db.names import Columns, Derived, Table
 from inventory.choices import WorkloadKind
 from inventory.models import Cluster, Node, NodeComponent, Workload
 
+# Statements only one engine runs (the other has its own), and those run through the prepared
+# cursor (server-side binding on PostgreSQL), for the statement test.
+ONLY = {"postgresql": frozenset({"flush_nodes", "flush_processes"}),
+        "sqlite": frozenset({"FLUSH_NODE", "FLUSH_PROCESSES"})}
+PREPARED = frozenset({"service_states", "set_service_state", "node_components", "UPDATE_COMPONENT",
+                      "WORKLOAD_AND_TWIN", "WORKLOAD_GONE", "WORKLOAD_BACK", "WORKLOAD_MOVED", "UNLINK_WORKLOAD"})
+
 NODES, COMPONENTS, WORKLOADS = Columns(Node), Columns(NodeComponent), Columns(Workload)
 WORKLOAD_NODES = Columns(Workload.nodes.through)
 N, C, NC, W = Table(Node, "n"), Table(Cluster, "c"), Table(NodeComponent, "nc"), Table(Workload, "w")
