@@ -6,11 +6,13 @@ slower) and a node's recompute runs on every changed heartbeat (bench/heartbeat.
 compiling ORM queries cost more than running them. Every table and column name comes from the
 models (gpusweep.db.names); the derived relations (m: the matches, v: the fleet's distinct
 versions, x: the node matches, d: the deadlines) name their columns after the fields they carry.
+A statement is built once per shape (lru_cache: its scope's and VALUES lists' lengths).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -90,6 +92,7 @@ def in_list(column: str, ids: Sequence[Any] | None) -> tuple[str, list[Any]]:
     return f" AND {column} IN ({marks(ids)})", list(ids)
 
 
+@functools.lru_cache(maxsize=256)
 def version_matches(n_scope: str, r_scope: str) -> str:
     """Distinct fleet versions (in scope) inside a range, with the range's terms."""
     inner = ", ".join(f"{getattr(NC if model is NodeComponent else N, name)} AS {V.bare(name)}"
@@ -107,6 +110,7 @@ def version_matches(n_scope: str, r_scope: str) -> str:
         """
 
 
+@functools.lru_cache(maxsize=256)
 def with_matches(count: int) -> str:
     """`WITH m(...) AS (VALUES ...)`: `count` match rows (at least one)."""
     return f"WITH {M.header()} AS (VALUES {M.values(max(count, 1))})"
@@ -143,10 +147,12 @@ ORPHANS = f"""
        OR NOT EXISTS (SELECT 1 FROM {R} WHERE {R.id} = {E.affected_range_id})"""
 
 
+@functools.lru_cache(maxsize=256)
 def any_exposure(a_scope: str) -> str:
     return f"SELECT 1 FROM {E} WHERE 1 = 1 {a_scope} LIMIT 1"
 
 
+@functools.lru_cache(maxsize=256)
 def clusters_of_nodes(n_scope: str) -> str:
     return f"SELECT DISTINCT {NODES.cluster_id} FROM {NODES} WHERE 1 = 1 {n_scope}"
 
@@ -178,11 +184,13 @@ def insert_new(with_m: str, d_values: str, n_scope: str) -> tuple[str, list[Any]
 ON_CONFLICT_SKIP = " ON CONFLICT DO NOTHING"  # insert_new's guarded form (a concurrent recompute)
 
 
+@functools.lru_cache(maxsize=256)
 def deadline_values(count: int) -> str:
     """`d(...) AS (VALUES ...)`: deadlines of `count` (range, cluster) pairs for new exposures."""
     return f"{D_NEW.header()} AS (VALUES {D_NEW.values(max(count, 1))})"
 
 
+@functools.lru_cache(maxsize=256)
 def reopen(with_m: str, scope: str) -> str:
     """Back in range after a remediation: the state of its match; params: m's, stamp, state, scope's."""
     return f"""
@@ -194,6 +202,7 @@ def reopen(with_m: str, scope: str) -> str:
         """
 
 
+@functools.lru_cache(maxsize=256)
 def remediate(with_m: str, states: str, scope: str) -> str:
     """Out of range: remediated, or withdrawn (a presumed one at the same version). Params: m's,
     presumed, withdrawn, remediated, stamp, stamp, remediated_by, the states', scope's."""
@@ -210,10 +219,12 @@ def remediate(with_m: str, states: str, scope: str) -> str:
         """
 
 
+@functools.lru_cache(maxsize=256)
 def delete_in_state(scope: str) -> str:
     return f"DELETE FROM {EC} WHERE {EC.state} = %s {scope}"
 
 
+@functools.lru_cache(maxsize=256)
 def follow_versions(states: str, scope: str) -> str:
     """Still exposed, another version within the range. Params: stamp, the states', scope's."""
     return f"""
@@ -224,6 +235,7 @@ def follow_versions(states: str, scope: str) -> str:
         """
 
 
+@functools.lru_cache(maxsize=256)
 def follow_scope(with_m: str, scope: str) -> str:
     """Open and presumed follow the match's state. Params: m's, stamp, open, presumed, scope's."""
     return f"""
@@ -234,6 +246,7 @@ def follow_scope(with_m: str, scope: str) -> str:
         """
 
 
+@functools.lru_cache(maxsize=256)
 def expire_acceptances(bases: str) -> str:
     """Accepted risks past expiry, exposed again. Params: the bases', presumed, open, stamp,
     risk_accepted, stamp."""
@@ -258,6 +271,7 @@ RANGE_TERMS = f"""
     WHERE 1 = 1"""
 
 
+@functools.lru_cache(maxsize=256)
 def deadline_groups(states: str, pending: bool, n_scope: str, a_scope: str) -> str:
     """(range, cluster, first_seen) of active exposures (without a deadline when `pending`)."""
     return f"""
@@ -271,6 +285,7 @@ def _pending(pending: bool) -> str:
     return f"AND {E.deadline} IS NULL" if pending else ""
 
 
+@functools.lru_cache(maxsize=256)
 def set_deadlines(groups: int, states: str, pending: bool, n_scope: str, a_scope: str) -> str:
     """The deadlines of `groups` (range, cluster, first_seen) groups. Params: the groups', the
     states', the scopes'."""
@@ -286,10 +301,12 @@ def set_deadlines(groups: int, states: str, pending: bool, n_scope: str, a_scope
         """
 
 
+@functools.lru_cache(maxsize=256)
 def active_ranges(states: str) -> str:
     return f"SELECT DISTINCT {EC.affected_range_id} FROM {EC} WHERE {EC.state} IN ({states})"
 
 
+@functools.lru_cache(maxsize=256)
 def refresh_all_deadlines(rows: int, states: str) -> str:
     """Every active deadline (PostgreSQL): `rows` (range, cluster, fixed, days, source). Params: the
     rows', the states'."""

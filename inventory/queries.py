@@ -4,14 +4,15 @@ Plain SQL where the benches measured the ORM's query compiling as the cost: an a
 (bench/heartbeat.py: a short one is one read, a changed one a dozen statements), the writes of
 every campaign step (bench/sweep.py, bench/sweep_cpu.py: set_service_state, record_versions,
 move_workload, through the prepared cursor) and a fleet's sync (bench/inventory.py: 600,000
-component rows read). Names come from the models (gpusweep.db.names); values are parameters,
-choices included.
+component rows read). Names come from the models (gpusweep.db.names); values are parameters.
+A statement whose shape depends on a count is built once per count (lru_cache).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import connection
@@ -35,22 +36,25 @@ N, C, NC, W = Table(Node, "n"), Table(Cluster, "c"), Table(NodeComponent, "nc"),
 
 # -- syncs (services.apply_snapshot) ------------------------------------------------------
 
-def node_scope(names: Sequence[str] | None) -> str:
-    """select_rows' condition for a cluster's nodes (all, or the ones named): params cluster, names."""
+@functools.lru_cache(maxsize=512)
+def node_scope(names: int | None) -> str:
+    """select_rows' condition for a cluster's nodes (all, or `names` named): params cluster, names."""
     if names is None:
         return f"{NODES.cluster_id} = %s"
-    return f"{NODES.cluster_id} = %s AND {NODES.name} IN ({marks(names)})"
+    return f"{NODES.cluster_id} = %s AND {NODES.name} IN ({marks(range(names))})"
 
 
 _COMPONENTS = f"SELECT {NC.id}, {NC.node_id}, {NC.component}, {NC.version}, {NC.source} FROM {NC}"
 COMPONENTS_OF_CLUSTER = f"{_COMPONENTS} JOIN {N} ON {N.id} = {NC.node_id} WHERE {N.cluster_id} = %s"
 
 
+@functools.lru_cache(maxsize=512)
 def components_of_nodes(count: int) -> str:
     """(id, node, component, version, source) of the components of `count` nodes."""
     return f"{_COMPONENTS} WHERE {NC.node_id} IN ({marks(range(count))})"
 
 
+@functools.lru_cache(maxsize=512)
 def touch_nodes(count: int, heard: bool) -> str:
     """last_seen (and heartbeat_at when `heard`: the agent's own word) of `count` nodes: params
     stamp, (stamp), ids."""
@@ -58,12 +62,14 @@ def touch_nodes(count: int, heard: bool) -> str:
     return f"UPDATE {NODES} SET {NODES.last_seen} = %s{also} WHERE {NODES.id} IN ({marks(range(count))})"
 
 
+@functools.lru_cache(maxsize=512)
 def forget_digests(count: int) -> str:
     """Empty the heartbeat digest of `count` nodes (their next heartbeat is a full one): param ids."""
     return (f"UPDATE {NODES} SET {NODES.heartbeat_digest} = '' WHERE {NODES.id} IN ({marks(range(count))}) "
             f"AND {NODES.heartbeat_digest} <> ''")
 
 
+@functools.lru_cache(maxsize=512)
 def workload_scope(kinds: int, active: bool = False, nodes: int = 0, scheduler_ids: int = 0) -> str:
     """select_rows' condition for a cluster's workloads of `kinds` kinds, `active` (not gone), on
     `nodes` nodes, with `scheduler_ids` ids: params cluster, kinds, nodes, scheduler ids."""
@@ -85,18 +91,21 @@ UPDATE_COMPONENT = (f"UPDATE {COMPONENTS} SET {COMPONENTS.version} = %s, {COMPON
 
 # -- a campaign's writes (services.set_service_state, record_versions, move_workload) ------
 
+@functools.lru_cache(maxsize=512)
 def service_states(count: int) -> str:
     """(id, name, cluster name, service_state) of `count` nodes not in a state: params ids, state."""
     return (f"SELECT {N.id}, {N.name}, {C.name}, {N.service_state} FROM {N} JOIN {C} ON {C.id} = {N.cluster_id} "
             f"WHERE {N.id} IN ({marks(range(count))}) AND {N.service_state} <> %s")
 
 
+@functools.lru_cache(maxsize=512)
 def set_service_state(count: int) -> str:
     """params state, updated_at, ids."""
     return (f"UPDATE {NODES} SET {NODES.service_state} = %s, {NODES.updated_at} = %s "
             f"WHERE {NODES.id} IN ({marks(range(count))})")
 
 
+@functools.lru_cache(maxsize=512)
 def node_components(count: int) -> str:
     """(node name, cluster name, component id, component, version) of one node and its rows of
     `count` components (one row with NULLs when it has none of them): params names, node id."""
@@ -149,6 +158,7 @@ V = Derived("v", id=(Node, "id"), counter=(Node, "heartbeat_counter"), seen=(Nod
 _PROCESS = f"{W.kind} = '{WorkloadKind.PROCESS}'"  # a choice, not a name
 
 
+@functools.lru_cache(maxsize=512)
 def flush_nodes(count: int) -> str:
     """PostgreSQL: `count` nodes' counter, last_seen and heartbeat_at, never backwards: params
     (id, counter, seen) per node."""
@@ -159,6 +169,7 @@ def flush_nodes(count: int) -> str:
             f"WHERE {N.id} = {V.id}")
 
 
+@functools.lru_cache(maxsize=512)
 def flush_processes(count: int) -> str:
     """PostgreSQL: the nodes' own processes seen with them (a full heartbeat stamps them too)."""
     return (f"UPDATE {W} SET {WORKLOADS.last_seen} = {V.seen} "
@@ -183,7 +194,7 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
 
     stamp = db_datetime(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     yield f"SELECT {NODES.id} FROM {NODES} WHERE {node_scope(None)}", [1]
-    yield f"SELECT {NODES.id} FROM {NODES} WHERE {node_scope(['a', 'b'])}", [1, "a", "b"]
+    yield f"SELECT {NODES.id} FROM {NODES} WHERE {node_scope(2)}", [1, "a", "b"]
     yield COMPONENTS_OF_CLUSTER, [1]
     yield components_of_nodes(2), [1, 2]
     yield touch_nodes(1, False), [stamp, 1]

@@ -393,7 +393,7 @@ def _apply_nodes(
     else:  # a partial snapshot needs only its own nodes
         names = sorted(observed_names)
         rows = [row for i in range(0, len(names), BATCH) for row in select_rows(
-            Node, columns, queries.node_scope(names[i:i + BATCH]), [cluster.pk, *names[i:i + BATCH]])]
+            Node, columns, queries.node_scope(len(names[i:i + BATCH])), [cluster.pk, *names[i:i + BATCH]])]
     existing: dict[str, dict[str, Any]] = {row[1]: dict(zip(columns, row, strict=True)) for row in rows}
     started = result.lap("load_nodes", started)
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]

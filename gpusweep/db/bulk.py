@@ -73,21 +73,44 @@ def _defaulted(model: type[models.Model], given: tuple[str, ...]) -> tuple[model
                  and not (f.default is NOT_PROVIDED and f.db_default is not NOT_PROVIDED))
 
 
+def _varies(field: models.Field[Any, Any]) -> bool:
+    """A default computed at each insert: a callable one (a JSONField's dict too), or the time."""
+    return callable(field.default) or getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+
+
+@functools.cache
+def _fixed_defaults(model: type[models.Model], given: tuple[str, ...]) -> tuple[Any, ...]:
+    # Constant defaults in database form, once (the engine and a heartbeat insert a few rows often).
+    return tuple(None if _varies(f) else db_value(f, f.get_default()) for f in _defaulted(model, given))
+
+
 def default_values(model: type[models.Model], given: Sequence[str]) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """The fields an INSERT of `given` adds (insert_fields) and their values now, in database form."""
-    fields = _defaulted(model, tuple(given))
-    now = timezone.now()
-    values = tuple(db_value(f, now if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
-                            else f.get_default()) for f in fields)
+    """The fields an INSERT of `given` adds and their values now, in database form."""
+    key = tuple(given)
+    fields = _defaulted(model, key)
+    values = _fixed_defaults(model, key)
+    if any(map(_varies, fields)):
+        now = timezone.now()
+        values = tuple(db_value(f, _default(f, now)) if _varies(f) else value
+                       for f, value in zip(fields, values, strict=True))
     return tuple(f.attname for f in fields), values
+
+
+def _default(field: models.Field[Any, Any], now: dt.datetime) -> Any:
+    return now if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False) else field.get_default()
 
 
 def insert_sql(model: type[models.Model], columns: Sequence[str], count: int, suffix: str = "") -> str:
     """One INSERT of `count` rows of `columns` into `model`'s table, placeholders for the values, then
     `suffix` (e.g. ON CONFLICT DO NOTHING)."""
+    return _insert_sql(model, tuple(columns), count, suffix)
+
+
+@functools.lru_cache(maxsize=1024)
+def _insert_sql(model: type[models.Model], columns: tuple[str, ...], count: int, suffix: str) -> str:
     table = Columns(model)
     row = f"({marks(columns)})"
-    return f"INSERT INTO {table} ({table.list(tuple(columns))}) VALUES {', '.join([row] * count)}{suffix}"
+    return f"INSERT INTO {table} ({table.list(columns)}) VALUES {', '.join([row] * count)}{suffix}"
 
 
 FEW = 8  # rows insert_rows writes with one INSERT rather than COPY

@@ -7,7 +7,8 @@ A ``Table``'s attributes are its fields' columns (by field name or attname: ``no
 ``node_id`` are one column), qualified by the alias (or the table when it has none); ``Columns``
 gives them bare, for an UPDATE's SET list and an INSERT's column list. A name that is no
 concrete field raises at once, so a renamed field fails where its SQL is built, not when it runs.
-Both engines quote identifiers alike ("name"), so the names are built once, at import.
+Both engines quote identifiers alike ("name"), so the names are built once, at import or on
+first use.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class Columns:
     def __getattr__(self, name: str) -> str:
         if name.startswith("_"):
             raise AttributeError(name)
-        return quote(column(self._model, name))
+        value = quote(column(self._model, name))
+        setattr(self, name, value)  # kept: a statement built per call looks its names up again
+        return value
 
     def list(self, names: tuple[str, ...] | list[str]) -> str:
         """`a, b, c`: the columns of the fields `names`, comma-separated."""
@@ -64,7 +67,9 @@ class Table(Columns):
     def __getattr__(self, name: str) -> str:
         if name.startswith("_"):
             raise AttributeError(name)
-        return self._prefix + quote(column(self._model, name))
+        value = self._prefix + quote(column(self._model, name))
+        setattr(self, name, value)
+        return value
 
 
 class Derived:

@@ -47,10 +47,14 @@ def _public(module: ModuleType) -> dict[str, Any]:
     others = set().union(*getattr(module, "ONLY", {}).values()) - skip
     return {name: value for name, value in vars(module).items()
             if not name.startswith("_") and name != "examples" and name not in others
-            and ((inspect.isfunction(value) and value.__module__ == module.__name__)
+            and ((_function(value) and value.__module__ == module.__name__)
                  or (name.isupper() and isinstance(value, str | tuple) and SQL.search(" ".join(value)
                                                                                        if isinstance(value, tuple)
                                                                                        else value)))}
+
+
+def _function(value: Any) -> bool:
+    return callable(value) and not inspect.isclass(value) and hasattr(value, "__module__")
 
 
 def _counting(function: Callable[..., Any], calls: dict[str, list[Any]], name: str) -> Callable[..., Any]:
@@ -74,7 +78,7 @@ def _run(sql: str, params: list[Any], prepared: bool) -> None:
 def test_every_statement_runs(name: str, monkeypatch: pytest.MonkeyPatch):
     module = importlib.import_module(name)
     public = _public(module)
-    calls: dict[str, list[Any]] = {n: [] for n, value in public.items() if inspect.isfunction(value)}
+    calls: dict[str, list[Any]] = {n: [] for n, value in public.items() if _function(value)}
     for function in calls:
         monkeypatch.setattr(module, function, _counting(public[function], calls, function))
     prepared_names = getattr(module, "PREPARED", frozenset())
@@ -91,6 +95,6 @@ def test_every_statement_runs(name: str, monkeypatch: pytest.MonkeyPatch):
             raise AssertionError(f"{name}: {exc}\n{sql}\nparams {params}") from exc
     assert not [n for n, made in calls.items() if not made], "functions examples() never calls"
     texts = " ".join(sql for sql, _params in statements)
-    constants = [(n, part) for n, value in public.items() if not inspect.isfunction(value)
+    constants = [(n, part) for n, value in public.items() if not _function(value)
                  for part in (value if isinstance(value, tuple) else (value,))]
     assert not [n for n, part in constants if part not in texts], "constants no statement of examples() holds"
