@@ -28,38 +28,12 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from advisories import components
+from advisories import queries as q
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
-from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
-from inventory.bulk import marks, read_date, read_datetime
-from inventory.models import Cluster, Node, NodeComponent
-
-# Tables for the raw statements: a node's recompute runs on every changed heartbeat, where
-# compiling ORM queries would cost more than running them.
-E = Exposure._meta.db_table
-R = AffectedRange._meta.db_table
-N = Node._meta.db_table
-NC = NodeComponent._meta.db_table
-A = Advisory._meta.db_table
-RC = AffectedRange.cves.through._meta.db_table
-CV = CVE._meta.db_table
-KEV = KevEntry._meta.db_table
-P = DeadlinePolicy._meta.db_table
-OV = ClusterDeadlineOverride._meta.db_table
-
-# v is a distinct (component, branch, version_key, os_family, product_line, ...) seen in the fleet,
-# r a range; true when that version is inside the range. Empty range fields mean "any".
-IN_RANGE = """
-    r.component = v.component
-    AND (r.os_family = '' OR r.os_family = v.os_family)
-    AND (r.product_line = '' OR r.product_line = v.product_line)
-    AND (r.lower_key IS NULL OR v.version_key > r.lower_key OR (r.lower_inclusive AND v.version_key = r.lower_key))
-    AND (r.upper_key IS NULL OR v.version_key < r.upper_key OR (r.upper_inclusive AND v.version_key = r.upper_key))
-"""
-# A node's facts as text, compared by equality (PostgreSQL's jsonb text form is canonical; SQLite
-# stores the text the ORM wrote).
-FACTS = "CAST(n.facts AS TEXT)"
-TUPLE = ("component", "branch", "version_key", "os_family", "product_line", "gpu_model", "facts")
-MATCH_COLUMNS = ", ".join([*TUPLE, "range_id", "advisory_id", "severity", "state"])
+from advisories.models import Advisory, ClusterDeadlineOverride, DeadlinePolicy
+from gpusweep.db.bulk import marks
+from gpusweep.db.reads import read_date, read_datetime, rowcount
+from inventory.models import Cluster
 
 
 def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: str,
@@ -72,22 +46,7 @@ def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: st
     gives the planner its true size, so the plans are hash joins, linear in the fleet, rather
     than every node tested against every range.
     """
-    cursor.execute(
-        f"""
-        SELECT DISTINCT v.component, v.branch, v.version_key, v.os_family, v.product_line, v.gpu_model, v.facts,
-               r.id, r.advisory_id, r.severity, r.basis, r.scope, r.condition
-        FROM (
-            SELECT DISTINCT nc.component AS component, nc.branch AS branch, nc.version_key AS version_key,
-                   n.os_family AS os_family, n.product_line AS product_line, n.gpu_model AS gpu_model,
-                   {FACTS} AS facts
-            FROM {NC} nc JOIN {N} n ON n.id = nc.node_id
-            WHERE nc.version_key IS NOT NULL {n_scope}
-        ) v
-        JOIN {R} r ON r.component = v.component
-        WHERE {IN_RANGE} {r_scope}
-        """,
-        [*n_params, *r_params],
-    )
+    cursor.execute(q.version_matches(n_scope, r_scope), [*n_params, *r_params])
     rows = []
     scoped: set[int] = set()
     for *tuple_, range_id, advisory_id, severity, basis, scope, condition in cursor.fetchall():
@@ -147,20 +106,7 @@ def _with_matches(rows: list[Any]) -> tuple[str, list[Any]]:
     """A `WITH m(...) AS (VALUES ...)` prefix holding `rows` (one impossible row when empty)."""
     if not rows:
         rows = [("", "", "", "", "", "", "", 0, 0, "", "")]
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
-    return f"WITH m({MATCH_COLUMNS}) AS (VALUES {values})", [value for row in rows for value in row]
-
-
-# Every node component inside a range: nc / n joined to m by equality.
-NODE_MATCHES = f"""
-    SELECT nc.node_id AS node_id, m.range_id AS range_id, m.advisory_id AS advisory_id,
-           nc.component AS component, nc.version AS version, m.severity AS severity, m.state AS state,
-           n.gone_at AS gone_at, n.cluster_id AS cluster_id
-    FROM m
-    JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
-    JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
-                  AND n.gpu_model = m.gpu_model AND {FACTS} = m.facts
-"""
+    return q.with_matches(len(rows)), [value for row in rows for value in row]
 
 
 def _fleet_wide_settings(cursor: Any, reset: bool = False) -> None:
@@ -174,22 +120,8 @@ def _fleet_wide_settings(cursor: Any, reset: bool = False) -> None:
     """
     if connection.vendor != "postgresql":
         return
-    if reset:
-        for name in ("enable_nestloop", "enable_mergejoin", "work_mem", "jit"):
-            cursor.execute(f"RESET {name}")
-        return
-    cursor.execute("SET LOCAL enable_nestloop = off")
-    cursor.execute("SET LOCAL enable_mergejoin = off")
-    cursor.execute("SET LOCAL work_mem = '128MB'")
-    cursor.execute("SET LOCAL jit = off")
-
-
-def _rowcount(cursor: Any) -> int:
-    # Python's sqlite3 reports -1 for statements that start with WITH; SQLite itself knows.
-    if cursor.rowcount >= 0:
-        return int(cursor.rowcount)
-    cursor.execute("SELECT changes()")
-    return int(cursor.fetchone()[0])
+    for statement in q.FLEET_WIDE_RESET if reset else q.FLEET_WIDE:
+        cursor.execute(statement)
 
 
 @dataclass
@@ -203,12 +135,7 @@ class RecomputeResult:
     deadlines_set: int = 0
 
 
-def _in(column: str, ids: Sequence[int] | None) -> tuple[str, list[int]]:
-    if ids is None:
-        return "", []
-    if not ids:
-        return " AND 1 = 0", []
-    return f" AND {column} IN ({marks(ids)})", list(ids)
+_in = q.in_list
 
 
 def _states(states: Sequence[str]) -> tuple[str, list[str]]:
@@ -237,20 +164,9 @@ class _Run:
         return self.rules
 
     def scope(self) -> tuple[str, list[int]]:
-        n_scope, n_params = _in(f"{E}.node_id", self.node_ids)
-        a_scope, a_params = _in(f"{E}.advisory_id", self.advisory_ids)
+        n_scope, n_params = _in(q.E.node_id, self.node_ids)
+        a_scope, a_params = _in(q.E.advisory_id, self.advisory_ids)
         return n_scope + a_scope, [*n_params, *a_params]
-
-
-# The m row of an exposure's node component and range (its state), for the UPDATEs.
-MATCH_OF_EXPOSURE = f"""
-    SELECT m.state FROM m
-    JOIN {NC} nc ON nc.component = m.component AND nc.branch = m.branch AND nc.version_key = m.version_key
-    JOIN {N} n ON n.id = nc.node_id AND n.os_family = m.os_family AND n.product_line = m.product_line
-                  AND n.gpu_model = m.gpu_model AND {FACTS} = m.facts
-    WHERE nc.node_id = {E}.node_id AND nc.component = {E}.component AND m.range_id = {E}.affected_range_id"""
-CURRENT_VERSION = (f"(SELECT nc2.version FROM {NC} nc2 WHERE nc2.node_id = {E}.node_id "
-                   f"AND nc2.component = {E}.component)")
 
 
 def recompute(
@@ -275,15 +191,15 @@ def recompute(
         fleet_wide = node_ids is None
         if fleet_wide:
             _fleet_wide_settings(cursor)
-        n_scope, n_params = _in("n.id", node_ids)
-        r_scope, r_params = _in("r.advisory_id", advisory_ids)
+        n_scope, n_params = _in(q.N.id, node_ids)
+        r_scope, r_params = _in(q.R.advisory_id, advisory_ids)
         matches, scoped = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
         run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids, scoped)
         had_rows = _had_rows(run)
         result.opened = _insert_new(run, matches, now)
         if result.opened > 10_000 and connection.vendor == "postgresql":
             # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
-            cursor.execute(f"ANALYZE {E}")
+            cursor.execute(q.ANALYZE)
         if had_rows:
             result.reopened = _reopen(run)
             result.remediated, result.withdrawn = _remediate(run, remediated_by)
@@ -291,9 +207,7 @@ def recompute(
             result.restated = _follow_scope(run)
             if node_ids is None and advisory_ids is None:
                 # References are not database constraints (see Exposure): a full run drops orphans.
-                cursor.execute(f"""
-                    DELETE FROM {E} WHERE NOT EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id)
-                       OR NOT EXISTS (SELECT 1 FROM {R} r WHERE r.id = {E}.affected_range_id)""")
+                cursor.execute(q.ORPHANS)
         if fleet_wide:
             _fleet_wide_settings(cursor, reset=True)
         advisories = Advisory.objects.all() if advisory_ids is None else Advisory.objects.filter(id__in=advisory_ids)
@@ -308,16 +222,9 @@ def _had_rows(run: _Run) -> bool:
     """False when nothing is recorded yet in scope (a first run): the UPDATE steps have nothing to revisit."""
     if run.node_ids is not None:
         return True
-    a_scope, a_params = _in(f"{E}.advisory_id", run.advisory_ids)
-    run.cursor.execute(f"SELECT 1 FROM {E} WHERE 1 = 1 {a_scope} LIMIT 1", a_params)
+    a_scope, a_params = _in(q.E.advisory_id, run.advisory_ids)
+    run.cursor.execute(q.any_exposure(a_scope), a_params)
     return run.cursor.fetchone() is not None
-
-
-# The node matches are joined to the deadlines (per range and cluster) once they are complete:
-# PostgreSQL, unable to estimate the VALUES joins, would otherwise join the two small lists first
-# and carry every cluster's copy of each match through the join with the nodes (ten times the
-# rows, sorted on disk). An OFFSET keeps the subquery a unit of its own.
-_FENCE = {False: "", True: "OFFSET 0"}
 
 
 def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
@@ -328,53 +235,36 @@ def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
     if run.node_ids is None:
         cluster_ids = list(Cluster.objects.values_list("id", flat=True))
     else:
-        n_scope, n_params = _in("id", run.node_ids)
-        run.cursor.execute(f"SELECT DISTINCT cluster_id FROM {N} WHERE 1 = 1 {n_scope}", n_params)
+        n_scope, n_params = _in(q.NODES.id, run.node_ids)
+        run.cursor.execute(q.clusters_of_nodes(n_scope), n_params)
         cluster_ids = [row[0] for row in run.cursor.fetchall()]
     if not cluster_ids:
         return 0
     d_values, d_params = _deadline_values(run.rules_for(range_ids), range_ids, cluster_ids, now)
-    n_scope, n_params = _in("n.id", run.node_ids)
-    insert = f"""
-        {run.with_m}, {d_values}
-        -- Existing (node, range) rows are skipped by an anti-join.
-        INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                         state, first_seen, deadline, deadline_source, fixed_by_version, remediated_by,
-                         risk_reason, justification, updated_at)
-        SELECT x.node_id, x.advisory_id, x.range_id, x.component, x.version, x.severity,
-               x.state, %s, d.deadline, d.deadline_source, '', '', '', '', %s
-        FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope} {_FENCE[connection.vendor == "postgresql"]}) x
-        JOIN d ON d.range_id = x.range_id AND d.cluster_id = x.cluster_id
-        WHERE x.gone_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = x.node_id AND e.affected_range_id = x.range_id)
-        """
-    params = [*run.m_params, *d_params, run.stamp, run.stamp, *n_params]
+    n_scope, n_params = _in(q.N.id, run.node_ids)
+    # The node matches are joined to the deadlines (per range and cluster) once they are complete:
+    # PostgreSQL, unable to estimate the VALUES joins, would otherwise join the two small lists first
+    # and carry every cluster's copy of each match through the join with the nodes (ten times the
+    # rows, sorted on disk). An OFFSET keeps the subquery a unit of its own (queries.insert_new).
+    insert, defaults = q.insert_new(run.with_m, d_values, n_scope)
+    params = [*run.m_params, *d_params, run.stamp, run.stamp, *defaults, *n_params]
     # ON CONFLICT costs a speculative index probe per row (a third of a fleet-wide insert), and
     # only another recompute committing the same rows meanwhile needs it: that race makes the
     # plain insert fail inside its savepoint, and the guarded one runs instead.
     try:
         with transaction.atomic():
             run.cursor.execute(insert, params)
-            return _rowcount(run.cursor)
+            return rowcount(run.cursor)
     except IntegrityError:
-        run.cursor.execute(insert + " ON CONFLICT DO NOTHING", params)
-        return _rowcount(run.cursor)
+        run.cursor.execute(insert + q.ON_CONFLICT_SKIP, params)
+        return rowcount(run.cursor)
 
 
 def _reopen(run: _Run) -> int:
     """Back in range after a remediation (a downgrade, a reimaged node): open (or presumed) again."""
     scope, params = run.scope()
-    run.cursor.execute(
-        f"""
-        {run.with_m}
-        UPDATE {E} SET state = ({MATCH_OF_EXPOSURE} LIMIT 1), remediated_at = NULL, fixed_by_version = '',
-               remediated_by = '', deadline = NULL, detected_version = COALESCE({CURRENT_VERSION}, detected_version),
-               updated_at = %s
-        WHERE state = %s {scope} AND EXISTS ({MATCH_OF_EXPOSURE})
-        """,
-        [*run.m_params, run.stamp, ExposureState.REMEDIATED, *params],
-    )
-    return _rowcount(run.cursor)
+    run.cursor.execute(q.reopen(run.with_m, scope), [*run.m_params, run.stamp, ExposureState.REMEDIATED, *params])
+    return rowcount(run.cursor)
 
 
 # Within one statement, rows to drop rather than remediate carry this state for a moment.
@@ -392,24 +282,15 @@ def _remediate(run: _Run, remediated_by: str) -> tuple[int, int]:
     scope, params = run.scope()
     states, s_params = _states(sorted(ExposureState.TRACKED))
     run.cursor.execute(
-        f"""
-        {run.with_m}
-        UPDATE {E} SET state = CASE WHEN state = %s AND {CURRENT_VERSION} = detected_version THEN %s ELSE %s END,
-               remediated_at = %s, updated_at = %s, remediated_by = %s,
-               fixed_by_version = COALESCE({CURRENT_VERSION}, '(component removed)')
-        WHERE state IN ({states}) {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
-          AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
-          AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
-                          AND nc3.component = {E}.component AND nc3.version_key IS NULL)
-        """,
+        q.remediate(run.with_m, states, scope),
         [*run.m_params, ExposureState.PRESUMED, _WITHDRAWN, ExposureState.REMEDIATED, run.stamp, run.stamp,
          remediated_by[:200], *s_params, *params],
     )
-    changed = _rowcount(run.cursor)
+    changed = rowcount(run.cursor)
     if not changed:
         return 0, 0
-    run.cursor.execute(f"DELETE FROM {E} WHERE state = %s {scope}", [_WITHDRAWN, *params])
-    withdrawn = _rowcount(run.cursor)
+    run.cursor.execute(q.delete_in_state(scope), [_WITHDRAWN, *params])
+    withdrawn = rowcount(run.cursor)
     return changed - withdrawn, withdrawn
 
 
@@ -417,15 +298,7 @@ def _follow_versions(run: _Run) -> None:
     """Still exposed but moved within the range: record the version now seen."""
     scope, params = run.scope()
     states, s_params = _states(sorted(ExposureState.TRACKED))
-    run.cursor.execute(
-        f"""
-        UPDATE {E} SET detected_version = {CURRENT_VERSION}, updated_at = %s
-        WHERE state IN ({states}) {scope}
-          AND EXISTS (SELECT 1 FROM {NC} nc4 WHERE nc4.node_id = {E}.node_id AND nc4.component = {E}.component
-                      AND nc4.version <> {E}.detected_version)
-        """,
-        [run.stamp, *s_params, *params],
-    )
+    run.cursor.execute(q.follow_versions(states, scope), [run.stamp, *s_params, *params])
 
 
 def _follow_scope(run: _Run) -> int:
@@ -437,17 +310,10 @@ def _follow_scope(run: _Run) -> int:
     if not scoped:
         return 0
     scope, params = run.scope()
-    r_scope, r_params = _in(f"{E}.affected_range_id", scoped)
-    run.cursor.execute(
-        f"""
-        {run.with_m}
-        UPDATE {E} SET state = ({MATCH_OF_EXPOSURE} LIMIT 1), updated_at = %s
-        WHERE state IN (%s, %s) {scope} {r_scope}
-          AND EXISTS ({MATCH_OF_EXPOSURE} AND m.state <> {E}.state)
-        """,
-        [*run.m_params, run.stamp, ExposureState.OPEN, ExposureState.PRESUMED, *params, *r_params],
-    )
-    return _rowcount(run.cursor)
+    r_scope, r_params = _in(q.E.affected_range_id, scoped)
+    run.cursor.execute(q.follow_scope(run.with_m, scope + r_scope),
+                       [*run.m_params, run.stamp, ExposureState.OPEN, ExposureState.PRESUMED, *params, *r_params])
+    return rowcount(run.cursor)
 
 
 def expire_acceptances(now: dt.datetime | None = None) -> int:
@@ -456,15 +322,9 @@ def expire_acceptances(now: dt.datetime | None = None) -> int:
     stamp = connection.ops.adapt_datetimefield_value(now)
     bases, b_params = _states(sorted(RangeBasis.PRESUMED))
     with connection.cursor() as cursor:  # one plain statement: it runs with every recompute
-        cursor.execute(
-            f"""
-            UPDATE {E} SET state = CASE WHEN affected_range_id IN (SELECT id FROM {R} WHERE basis IN ({bases}))
-                                        THEN %s ELSE %s END, updated_at = %s
-            WHERE state = %s AND risk_expires_at < %s
-            """,
-            [*b_params, ExposureState.PRESUMED, ExposureState.OPEN, stamp, ExposureState.RISK_ACCEPTED, stamp],
-        )
-        return _rowcount(cursor)
+        cursor.execute(q.expire_acceptances(bases), [*b_params, ExposureState.PRESUMED, ExposureState.OPEN, stamp,
+                                                     ExposureState.RISK_ACCEPTED, stamp])
+        return rowcount(cursor)
 
 
 def _end_of_day(day: dt.date) -> dt.datetime:
@@ -479,19 +339,6 @@ class RangeTerms(NamedTuple):
     published: dt.datetime | None
 
 
-_POLICY_DAYS = ("critical_days", "high_days", "medium_days", "low_days")
-# The policy with every cluster override (a row each, or one with NULLs): one statement.
-_POLICY_AND_OVERRIDES = (f"SELECT {', '.join(f'p.{f}' for f in _POLICY_DAYS)}, p.basis, p.use_kev, "
-                         f"o.cluster_id, o.severity, o.days FROM {P} p LEFT JOIN {OV} o ON 1 = 1 WHERE p.id = 1")
-# Ranges with their advisory's terms and each CVE's KEV due date (NULL when not in KEV, or no CVE).
-_RANGE_TERMS = f"""
-    SELECT r.id, r.severity, a.severity, a.initial_release_date, c.cve_id, k.due_date
-    FROM {R} r JOIN {A} a ON a.id = r.advisory_id
-    LEFT JOIN {RC} rc ON rc.affectedrange_id = r.id LEFT JOIN {CV} c ON c.id = rc.cve_id
-    LEFT JOIN {KEV} k ON k.cve_id = c.cve_id
-    WHERE 1 = 1"""
-
-
 class DeadlineRules:
     """The policy, KEV due dates and cluster overrides, loaded once for a set of ranges (plain
     statements: a node's recompute on each changed heartbeat loads them)."""
@@ -499,7 +346,7 @@ class DeadlineRules:
     def __init__(self, range_ids: Iterable[int] = ()) -> None:
         self.overrides: dict[tuple[int, str], int]
         with connection.cursor() as cursor:
-            cursor.execute(_POLICY_AND_OVERRIDES)
+            cursor.execute(q.POLICY_AND_OVERRIDES)
             rows = cursor.fetchall()
         if not rows:  # no policy row yet: the defaults, stored
             self.policy = DeadlinePolicy.current()
@@ -520,9 +367,9 @@ class DeadlineRules:
         missing = sorted(set(range_ids) - self.ranges.keys())
         if not missing:
             return
-        scope, params = _in("r.id", missing)
+        scope, params = _in(q.R.id, missing)
         with connection.cursor() as cursor:
-            cursor.execute(_RANGE_TERMS + scope, params)
+            cursor.execute(q.RANGE_TERMS + scope, params)
             rows = cursor.fetchall()
         for range_id, severity, advisory_severity, published, cve_id, due in rows:
             self.ranges[range_id] = RangeTerms(severity, advisory_severity, read_datetime(published))
@@ -539,7 +386,7 @@ class DeadlineRules:
 def _deadline_values(
     rules: DeadlineRules, range_ids: set[int], cluster_ids: list[int], first_seen: dt.datetime
 ) -> tuple[str, list[Any]]:
-    """`d(range_id, cluster_id, deadline, deadline_source) AS (VALUES ...)` for new exposures."""
+    """`d(range, cluster, deadline, deadline_source) AS (VALUES ...)` for new exposures."""
     rows: list[Any] = []
     for range_id in sorted(range_ids):
         for cluster_id in cluster_ids:
@@ -547,8 +394,7 @@ def _deadline_values(
             rows += [range_id, cluster_id, connection.ops.adapt_datetimefield_value(deadline), source]
     if not rows:
         rows = [0, 0, None, ""]
-    values = ", ".join(["(%s, %s, %s, %s)"] * (len(rows) // 4))
-    return f"d(range_id, cluster_id, deadline, deadline_source) AS (VALUES {values})", rows
+    return q.deadline_values(len(rows) // 4), rows
 
 
 def assign_deadlines(
@@ -564,19 +410,11 @@ def assign_deadlines(
     """
     if refresh and node_ids is None and advisory_ids is None and connection.vendor == "postgresql":
         return _refresh_all_deadlines()
-    n_scope, n_params = _in(f"{E}.node_id", node_ids)
-    a_scope, a_params = _in(f"{E}.advisory_id", advisory_ids)
-    pending = "" if refresh else f"AND {E}.deadline IS NULL"
+    n_scope, n_params = _in(q.E.node_id, node_ids)
+    a_scope, a_params = _in(q.E.advisory_id, advisory_ids)
     states, s_params = _states(sorted(ExposureState.ACTIVE))
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:  # part of the caller's, if any
-        cursor.execute(
-            f"""
-            SELECT DISTINCT {E}.affected_range_id, n.cluster_id, {E}.first_seen
-            FROM {E} JOIN {N} n ON n.id = {E}.node_id
-            WHERE {E}.state IN ({states}) {pending} {n_scope} {a_scope}
-            """,
-            [*s_params, *n_params, *a_params],
-        )
+        cursor.execute(q.deadline_groups(states, not refresh, n_scope, a_scope), [*s_params, *n_params, *a_params])
         groups = [(range_id, cluster_id, read_datetime(first_seen)) for range_id, cluster_id, first_seen
                   in cursor.fetchall()]
         if not groups:
@@ -589,21 +427,11 @@ def assign_deadlines(
         for range_id, cluster_id, first_seen in groups:
             deadline, source = rules.deadline(range_id, cluster_id, first_seen)
             params += [range_id, cluster_id, adapt(first_seen), adapt(deadline), source]
-        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(groups))
         if node_ids is None:
             _fleet_wide_settings(cursor)
-        cursor.execute(
-            f"""
-            WITH d(range_id, cluster_id, first_seen, deadline, deadline_source) AS (VALUES {values})
-            UPDATE {E} SET deadline = d.deadline, deadline_source = d.deadline_source
-            FROM d, {N} n
-            WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
-              AND d.first_seen = {E}.first_seen AND {E}.state IN ({states}) {pending} {n_scope} {a_scope}
-              AND ({E}.deadline IS NULL OR {E}.deadline <> d.deadline OR {E}.deadline_source <> d.deadline_source)
-            """,
-            [*params, *s_params, *n_params, *a_params],
-        )
-        updated = _rowcount(cursor)
+        cursor.execute(q.set_deadlines(len(groups), states, not refresh, n_scope, a_scope),
+                       [*params, *s_params, *n_params, *a_params])
+        updated = rowcount(cursor)
         if node_ids is None:
             _fleet_wide_settings(cursor, reset=True)
         return updated
@@ -625,7 +453,7 @@ def _refresh_all_deadlines() -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         _fleet_wide_settings(cursor)
         states, s_params = _states(sorted(ExposureState.ACTIVE))
-        cursor.execute(f"SELECT DISTINCT affected_range_id FROM {E} WHERE state IN ({states})", s_params)
+        cursor.execute(q.active_ranges(states), s_params)
         range_ids = {row[0] for row in cursor.fetchall()}
         cluster_ids = list(Cluster.objects.values_list("id", flat=True))
         if not range_ids or not cluster_ids:
@@ -638,20 +466,8 @@ def _refresh_all_deadlines() -> int:
                 fixed = one if one == two else None
                 days = None if fixed is not None else (one - _EPOCHS[0]).days
                 params += [range_id, cluster_id, fixed, days, source]
-        values = ", ".join(["(%s::bigint, %s::bigint, %s::timestamptz, %s::integer, %s)"] * (len(params) // 5))
-        new = f"COALESCE(d.fixed, {E}.first_seen + d.days * INTERVAL '1 day')"
-        cursor.execute(
-            f"""
-            WITH d(range_id, cluster_id, fixed, days, source) AS (VALUES {values})
-            UPDATE {E} SET deadline = {new}, deadline_source = d.source
-            FROM d, {N} n
-            WHERE n.id = {E}.node_id AND d.range_id = {E}.affected_range_id AND d.cluster_id = n.cluster_id
-              AND {E}.state IN ({states})
-              AND ({E}.deadline IS DISTINCT FROM {new} OR {E}.deadline_source <> d.source)
-            """,
-            [*params, *s_params],
-        )
-        updated = _rowcount(cursor)
+        cursor.execute(q.refresh_all_deadlines(len(params) // 5, states), [*params, *s_params])
+        updated = rowcount(cursor)
         _fleet_wide_settings(cursor, reset=True)
         return updated
 

@@ -53,7 +53,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _events(sweep_ids: list[int], campaign_of: dict[int, int], start: datetime) -> Iterator[tuple[Any, ...]]:
     """Ten node events per sweep, as the engine writes them (hashes are placeholders: nothing verifies here)."""
-    from inventory.bulk import db_datetime, db_json
+    from gpusweep.db.bulk import db_datetime, db_json
 
     for index, sweep_id in enumerate(sweep_ids):
         at = start + timedelta(seconds=index)
@@ -78,7 +78,7 @@ def build_fleet(nodes: int, exposures_per_node: int) -> list[int]:
 
     from advisories.models import Exposure
     from campaigns.models import Campaign, NodeSweep
-    from inventory.bulk import db_datetime, insert_rows
+    from gpusweep.db.bulk import db_datetime, insert_rows
     from inventory.models import Cluster, Node
 
     now = timezone.now()
@@ -108,7 +108,7 @@ def add_finished(node_ids: list[int], numbers: range, per_campaign: int) -> int:
     from django.utils import timezone
 
     from campaigns.models import Campaign, EvidenceEvent, NodeSweep
-    from inventory.bulk import insert_rows
+    from gpusweep.db.bulk import insert_rows
 
     now = timezone.now()
     owner = User.objects.get(username="bench")
@@ -138,7 +138,7 @@ PER_SWEEP = 10  # events _events writes per sweep
 def _append(count: int) -> None:
     """`count` new events of the running campaign, as between two scrapes."""
     from campaigns.models import Campaign, EvidenceEvent, NodeSweep
-    from inventory.bulk import insert_rows
+    from gpusweep.db.bulk import insert_rows
 
     campaign = Campaign.objects.get(status="running")
     first = EvidenceEvent.objects.filter(campaign=campaign).count() // PER_SWEEP

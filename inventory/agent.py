@@ -34,7 +34,7 @@ from gpusweep_agent.heartbeat import content_digest
 
 from gpusweep.errors import error_body, error_response
 from gpusweep.parsers import JSONInputError, load_json
-from inventory import heartbeats
+from inventory import heartbeats, queries
 from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
 from inventory.models import Cluster, Node
 from inventory.services import (
@@ -214,18 +214,10 @@ def _stale(newest: int) -> JsonResponse:
     return JsonResponse({**error_body(detail), "newest_counter": newest}, status=409)
 
 
-_NODE, _CLUSTER = Node._meta.db_table, Cluster._meta.db_table
-# The node's row, locked: two heartbeats of one node arriving together are applied in turn.
-_LOCK_NODE = (f'SELECT id, heartbeat_counter FROM "{_NODE}" WHERE cluster_id = %s AND name = %s'
-              + (" FOR UPDATE" if connection.features.has_select_for_update else ""))
-_TAKE_COUNTER = (f'UPDATE "{_NODE}" SET heartbeat_counter = %s, heartbeat_digest = %s '
-                 "WHERE cluster_id = %s AND name = %s AND heartbeat_counter < %s")
-
-
 def _cluster(name: str) -> Cluster | None:
     """The cluster by name, with only id and name loaded (the rest deferred): one plain statement."""
     with connection.cursor() as cursor:
-        cursor.execute(f'SELECT id, name FROM "{_CLUSTER}" WHERE name = %s', [name])
+        cursor.execute(queries.CLUSTER_BY_NAME, [name])
         row = cursor.fetchone()
     return None if row is None else Cluster.from_db(connection.alias, ["id", "name"], row)
 
@@ -237,7 +229,7 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
     with transaction.atomic(), connection.cursor() as cursor:
         # Plain statements here and in apply_snapshot: compiling ORM queries cost a changed
         # heartbeat more CPU than running them.
-        cursor.execute(_LOCK_NODE, [cluster.pk, node.name])
+        cursor.execute(queries.LOCK_NODE, [cluster.pk, node.name])
         row = cursor.fetchone()
         if row is not None:
             node_id, newest = row
@@ -249,7 +241,7 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
             workload_kinds=frozenset({WorkloadKind.PROCESS}),
         )
         result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
-        cursor.execute(_TAKE_COUNTER, [counter, digest, cluster.pk, node.name, counter])
+        cursor.execute(queries.TAKE_COUNTER, [counter, digest, cluster.pk, node.name, counter])
         if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))
@@ -303,10 +295,6 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
     })
 
 
-_SHORT_READ = (f'SELECT n.id, n.heartbeat_digest, n.heartbeat_counter, n.gone_at FROM "{_NODE}" n '
-               f'JOIN "{_CLUSTER}" c ON c.id = n.cluster_id WHERE c.name = %s AND n.name = %s')
-
-
 def _short(payload: dict[str, Any], cluster_name: str, node_name: str, counter: int) -> JsonResponse:
     """A heartbeat of the digest alone: one indexed read, then the counter through heartbeats."""
     errors: dict[str, str] = {}
@@ -320,7 +308,7 @@ def _short(payload: dict[str, Any], cluster_name: str, node_name: str, counter: 
     if errors:
         return _errors("invalid heartbeat", errors)
     with connection.cursor() as cursor:  # a plain statement: the ORM's compiling would cost more than it
-        cursor.execute(_SHORT_READ, [cluster_name, node_name])
+        cursor.execute(queries.SHORT_READ, [cluster_name, node_name])
         row = cursor.fetchone()
     if row is None or row[1] != digest or row[3] is not None:
         # Unknown node, other content, or a node marked gone: the full heartbeat decides.

@@ -35,8 +35,9 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
-from inventory.bulk import db_datetime
-from inventory.models import Node, Workload
+from gpusweep.db.bulk import db_datetime
+from inventory import queries
+from inventory.models import Node
 
 log = logging.getLogger(__name__)
 BATCH = 2000
@@ -196,31 +197,16 @@ def flush() -> int:
 
 
 def _write(rows: list[tuple[int, int, dt.datetime]]) -> None:
-    nodes = connection.ops.quote_name(Node._meta.db_table)
-    workloads = connection.ops.quote_name(Workload._meta.db_table)
     rows.sort()  # one lock order for every flusher and full heartbeat
     with transaction.atomic(), connection.cursor() as cursor:
         for start in range(0, len(rows), BATCH):
             chunk = rows[start:start + BATCH]
             if connection.vendor == "postgresql":
-                values = ", ".join(["(%s::bigint, %s::bigint, %s::timestamptz)"] * len(chunk))
                 params = [value for row in chunk for value in row]
-                cursor.execute(
-                    f"UPDATE {nodes} AS n SET heartbeat_counter = GREATEST(n.heartbeat_counter, v.counter), "
-                    "last_seen = GREATEST(n.last_seen, v.seen), heartbeat_at = GREATEST(n.heartbeat_at, v.seen) "
-                    f"FROM (VALUES {values}) AS v(id, counter, seen) WHERE n.id = v.id", params)
+                cursor.execute(queries.flush_nodes(len(chunk)), params)
                 # The node's own processes were seen with it (a full heartbeat stamps them too).
-                cursor.execute(
-                    f"UPDATE {workloads} AS w SET last_seen = v.seen FROM (VALUES {values}) AS v(id, counter, seen) "
-                    "WHERE w.node_id = v.id AND w.kind = 'process' AND w.gone_at IS NULL "
-                    "AND (w.last_seen IS NULL OR w.last_seen < v.seen)", params)
+                cursor.execute(queries.flush_processes(len(chunk)), params)
             else:
                 stamped = [(counter, db_datetime(seen), node_id) for node_id, counter, seen in chunk]
-                cursor.executemany(
-                    f"UPDATE {nodes} SET heartbeat_counter = MAX(heartbeat_counter, %s), "
-                    "last_seen = MAX(COALESCE(last_seen, ''), %s), heartbeat_at = MAX(COALESCE(heartbeat_at, ''), %s) "
-                    "WHERE id = %s", [(c, s, s, i) for c, s, i in stamped])
-                cursor.executemany(
-                    f"UPDATE {workloads} SET last_seen = %s WHERE node_id = %s AND kind = 'process' "
-                    "AND gone_at IS NULL AND (last_seen IS NULL OR last_seen < %s)",
-                    [(s, i, s) for _c, s, i in stamped])
+                cursor.executemany(queries.FLUSH_NODE, [(c, s, s, i) for c, s, i in stamped])
+                cursor.executemany(queries.FLUSH_PROCESSES, [(s, i, s) for _c, s, i in stamped])

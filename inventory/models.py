@@ -66,7 +66,7 @@ class Node(models.Model):
     last_seen = models.DateTimeField(null=True, blank=True)
     # The counter (nonce) of the newest heartbeat accepted from the node's agent: a heartbeat must
     # carry a larger one, so a replayed or older heartbeat changes nothing (inventory/agent.py). A
-    # database default, since bulk inserts (inventory/bulk.py) name their columns.
+    # database default as well, for statements that do not name the column.
     heartbeat_counter = models.PositiveBigIntegerField(default=0, db_default=0)
     # The node's own agent's last heartbeat: last_seen is refreshed by scheduler syncs too, so it
     # cannot tell a silent agent from a node its scheduler still lists.

@@ -30,7 +30,9 @@ from django.db import connection, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 from django.utils import timezone
 
-from inventory.bulk import db_datetime, db_json, insert_rows, marks, prepared_cursor, select_rows
+from gpusweep.db.bulk import db_datetime, db_json, insert_rows
+from gpusweep.db.reads import prepared_cursor, select_rows
+from inventory import queries
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
@@ -341,14 +343,13 @@ def apply_snapshot(
             ).update(last_seen=now)
         elif node_ids:
             # An agent's heartbeat is its node's own word: stamped in the same statement, so free.
-            heard = ", heartbeat_at = %s" if source == ChangeSource.AGENT else ""
+            heard = source == ChangeSource.AGENT
             stamp = db_datetime(now)
             ids = list(node_ids.values())
             with connection.cursor() as cursor:
                 for start in range(0, len(ids), BATCH):
                     batch = ids[start:start + BATCH]
-                    cursor.execute(f"UPDATE {_NODE} SET last_seen = %s{heard} WHERE id IN ({marks(batch)})",
-                                   [stamp, *([stamp] if heard else []), *batch])
+                    cursor.execute(queries.touch_nodes(len(batch), heard), [stamp, *([stamp] if heard else []), *batch])
         started = result.lap("last_seen", started)
         if source != ChangeSource.AGENT and result.versions_changed:
             _forget_digests(sorted(result.versions_changed))
@@ -368,8 +369,7 @@ def _forget_digests(node_ids: Sequence[int]) -> None:
     with connection.cursor() as cursor:
         for start in range(0, len(node_ids), BATCH):
             batch = node_ids[start:start + BATCH]
-            cursor.execute(f"UPDATE {_NODE} SET heartbeat_digest = '' WHERE id IN ({marks(batch)}) "
-                           "AND heartbeat_digest <> ''", batch)
+            cursor.execute(queries.forget_digests(len(batch)), batch)
 
 
 def _apply_nodes(
@@ -386,25 +386,23 @@ def _apply_nodes(
     started = time.perf_counter()
     columns = ("id", "name", "gone_at", *NODE_FIELDS)
     observed_names = {node.name for node in snapshot.nodes}
-    # Plain statements (inventory.bulk.select_rows): compiling ORM queries costs a heartbeat more
+    # Plain statements (inventory/queries.py): compiling ORM queries costs a heartbeat more
     # than running them, and the ORM's per-row work would dominate a 600,000-row read.
     if snapshot.complete:
-        rows = select_rows(Node, columns, "cluster_id = %s", [cluster.pk])
+        rows = select_rows(Node, columns, queries.node_scope(None), [cluster.pk])
     else:  # a partial snapshot needs only its own nodes
         names = sorted(observed_names)
         rows = [row for i in range(0, len(names), BATCH) for row in select_rows(
-            Node, columns, f"cluster_id = %s AND name IN ({marks(names[i:i + BATCH])})",
-            [cluster.pk, *names[i:i + BATCH]])]
+            Node, columns, queries.node_scope(len(names[i:i + BATCH])), [cluster.pk, *names[i:i + BATCH]])]
     existing: dict[str, dict[str, Any]] = {row[1]: dict(zip(columns, row, strict=True)) for row in rows}
     started = result.lap("load_nodes", started)
     relevant_ids = [row["id"] for name, row in existing.items() if name in observed_names]
     current_components: dict[int, dict[str, tuple[int, str, str]]] = {}
     if relevant_ids:
-        select = f"SELECT nc.id, nc.node_id, nc.component, nc.version, nc.source FROM {_COMPONENT} nc"
         if snapshot.complete:
-            sql, params = f"{select} JOIN {_NODE} n ON n.id = nc.node_id WHERE n.cluster_id = %s", [cluster.pk]
+            sql, params = queries.COMPONENTS_OF_CLUSTER, [cluster.pk]
         else:
-            sql, params = f"{select} WHERE nc.node_id IN ({marks(relevant_ids)})", relevant_ids
+            sql, params = queries.components_of_nodes(len(relevant_ids)), relevant_ids
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             for comp_id, node_id, component, version, set_by in cursor.fetchall():
@@ -523,7 +521,7 @@ def _apply_components(
                 ((node_id, c, v.raw, v.key, v.branch, source, stamp) for node_id, c, v in creates))
     if updates:  # one plain statement, executed per row (pipelined by psycopg): no CASE to compile
         with connection.cursor() as cursor:
-            cursor.executemany(_COMPONENT_UPDATE, updates)
+            cursor.executemany(queries.UPDATE_COMPONENT, updates)
     for start in range(0, len(deletes), BATCH):
         NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()
 
@@ -545,23 +543,21 @@ def _apply_workloads(
             Node.objects.filter(cluster=cluster, name__in=missing_nodes).values_list("name", "id"))}
     kinds = sorted(snapshot.workload_kinds | {w.kind for w in snapshot.workloads})
     columns = ("id", "kind", "scheduler_id", "gone_at", *WORKLOAD_FIELDS)
-    base, b_params = f"cluster_id = %s AND kind IN ({marks(kinds)})", [cluster.pk, *kinds]
+    b_params = [cluster.pk, *kinds]
 
     def load(where: str, params: list[Any]) -> list[dict[str, Any]]:
         return [dict(zip(columns, row, strict=True)) for row in select_rows(Workload, columns, where, params)]
 
     # Active workloads (in scope), then any finished ones the snapshot reports again; finished
     # history is never loaded wholesale (a cluster ends millions of jobs).
-    active, a_params = f"{base} AND gone_at IS NULL", b_params
-    scope = list(node_ids.values())
-    if not snapshot.complete:
-        active, a_params = f"{active} AND node_id IN ({marks(scope)})", [*a_params, *scope]
-    rows = load(active, a_params) if snapshot.complete or scope else []  # no node: no workload of one
+    scope = [] if snapshot.complete else list(node_ids.values())
+    active = queries.workload_scope(len(kinds), active=True, nodes=len(scope))
+    rows = load(active, [*b_params, *scope]) if snapshot.complete or scope else []  # no node: no workload of one
     existing = {(found["kind"], found["scheduler_id"]): found for found in rows}
     returning = sorted({w.scheduler_id for w in snapshot.workloads if (w.kind, w.scheduler_id) not in existing})
     for start in range(0, len(returning), BATCH):
         batch = returning[start:start + BATCH]
-        for found in load(f"{base} AND scheduler_id IN ({marks(batch)})", [*b_params, *batch]):
+        for found in load(queries.workload_scope(len(kinds), scheduler_ids=len(batch)), [*b_params, *batch]):
             existing.setdefault((found["kind"], found["scheduler_id"]), found)
     creates: list[Workload] = []
     updates: list[Workload] = []
@@ -654,12 +650,9 @@ def _apply_workload_nodes(
     return changed
 
 
-_NODE, _COMPONENT = Node._meta.db_table, NodeComponent._meta.db_table
+# The fields these inserts give (insert_rows fills every other one with its default).
 _COMPONENT_INSERT = ("node_id", "component", "version", "version_key", "branch", "source", "updated_at")
-_COMPONENT_UPDATE = (f"UPDATE {_COMPONENT} SET version = %s, version_key = %s, branch = %s, source = %s, "
-                     "updated_at = %s WHERE id = %s")
-_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "agent_token_sha256", "last_seen", "gone_at", "created_at",
-                "updated_at")
+_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "last_seen", "created_at", "updated_at")
 
 
 def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime) -> None:
@@ -672,7 +665,7 @@ def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime)
             value = getattr(observed, f)
             value = defaults[f] if value is None else value
             values.append(db_json(value) if f in ("labels", "facts") else value)
-        return (cluster.pk, observed.name, *values, "", stamp, None, stamp, stamp)
+        return (cluster.pk, observed.name, *values, stamp, stamp, stamp)
 
     insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))
 
@@ -699,10 +692,8 @@ def _log(
 # ChangeLog row (source "campaign", with the campaign and sweep as reference) and a version
 # change reaches the exposures through node_versions_changed like any other source's.
 
-_CLUSTER, _WORKLOAD = Cluster._meta.db_table, Workload._meta.db_table
-_WORKLOAD_NODES = Workload.nodes.through._meta.db_table
-# These run on every step of every node: plain statements through the prepared cursor, since
-# compiling them through the ORM cost the engine more CPU than running them.
+# These run on every step of every node: plain statements (inventory/queries.py) through the
+# prepared cursor, since compiling them through the ORM cost the engine more CPU than running them.
 
 
 def set_service_state(node_ids: Sequence[int], state: str, source: str, reference: str = "",
@@ -717,15 +708,12 @@ def set_service_state(node_ids: Sequence[int], state: str, source: str, referenc
         with prepared_cursor() as cursor:
             for start in range(0, len(ids), BATCH):
                 batch = ids[start:start + BATCH]
-                cursor.execute(f"SELECT n.id, n.name, c.name, n.service_state FROM {_NODE} n JOIN {_CLUSTER} c "
-                               f"ON c.id = n.cluster_id WHERE n.id IN ({marks(batch)}) AND n.service_state <> %s",
-                               [*batch, state])
+                cursor.execute(queries.service_states(len(batch)), [*batch, state])
                 rows = cursor.fetchall()
                 if not rows:
                     continue
                 changed = [row[0] for row in rows]
-                cursor.execute(f"UPDATE {_NODE} SET service_state = %s, updated_at = %s WHERE id IN ({marks(changed)})",
-                               [state, db_datetime(now), *changed])
+                cursor.execute(queries.set_service_state(len(changed)), [state, db_datetime(now), *changed])
                 logs += [_Log(source, ChangeAction.UPDATE, "node", node_id, f"{cluster}/{name}"[:300],
                               {"service_state": [before, state]}, user_id, reference)
                          for node_id, name, cluster, before in rows]
@@ -748,11 +736,8 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
     names = sorted(parsed)
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         # The node and its current rows of these components, in one read.
-        which = f"IN ({marks(names)})" if names else "IS NULL"  # never null: no component
         with prepared_cursor() as cursor:
-            cursor.execute(f"SELECT n.name, c.name, nc.id, nc.component, nc.version FROM {_NODE} n "
-                           f"JOIN {_CLUSTER} c ON c.id = n.cluster_id LEFT JOIN {_COMPONENT} nc "
-                           f"ON nc.node_id = n.id AND nc.component {which} WHERE n.id = %s", [*names, node_id])
+            cursor.execute(queries.node_components(len(names)), [*names, node_id])
             rows = cursor.fetchall()
         if not rows:
             raise Node.DoesNotExist(f"node {node_id} does not exist")
@@ -773,7 +758,7 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
         if diff:
             insert_rows(NodeComponent, _COMPONENT_INSERT, creates)
             with prepared_cursor() as cursor:
-                cursor.executemany(_COMPONENT_UPDATE, updates)
+                cursor.executemany(queries.UPDATE_COMPONENT, updates)
             _write_logs([_Log(source, ChangeAction.UPDATE, "node", node_id, f"{rows[0][1]}/{rows[0][0]}"[:300],
                               diff, user_id, reference)], now)
             _forget_digests([node_id])
@@ -785,16 +770,10 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
                   user_id: int | None = None) -> bool:
     """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
-    # Only the workload rows are locked (never the cluster's row: every move of the cluster would wait).
-    lock = (" FOR UPDATE OF w" if connection.features.has_select_for_update_of
-            else " FOR UPDATE" if connection.features.has_select_for_update else "")
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         # The workload, and any row its target's own source already made for it, in one read.
         with prepared_cursor() as cursor:
-            cursor.execute(f"SELECT w.id, w.node_id, w.kind, w.scheduler_id, c.name FROM {_WORKLOAD} w "
-                           f"JOIN {_CLUSTER} c ON c.id = w.cluster_id WHERE w.id = %s OR (w.scheduler_id = %s "
-                           f"AND w.cluster_id = (SELECT cluster_id FROM {_WORKLOAD} WHERE id = %s)){lock}",
-                           [workload_id, scheduler_id, workload_id])
+            cursor.execute(queries.WORKLOAD_AND_TWIN, [workload_id, scheduler_id, workload_id])
             rows = cursor.fetchall()
             row = next((r for r in rows if r[0] == workload_id), None)
             if row is None or (row[1] == node_id and row[3] == scheduler_id):
@@ -807,17 +786,15 @@ def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str
             if twin is not None:
                 # The target's own source (an agent heartbeat) reported the restored workload first:
                 # that row is the workload from now on, and this one ends here.
-                cursor.execute(f"UPDATE {_WORKLOAD} SET gone_at = %s WHERE id = %s", [stamp, workload_id])
-                cursor.execute(f"UPDATE {_WORKLOAD} SET node_id = %s, gone_at = NULL, last_seen = %s WHERE id = %s",
-                               [node_id, stamp, twin[0]])
+                cursor.execute(queries.WORKLOAD_GONE, [stamp, workload_id])
+                cursor.execute(queries.WORKLOAD_BACK, [node_id, stamp, twin[0]])
                 changes["superseded_by"] = [None, twin[0]]
                 moved_id = twin[0]
             else:
-                cursor.execute(f"UPDATE {_WORKLOAD} SET node_id = %s, scheduler_id = %s, gone_at = NULL, "
-                               "last_seen = %s WHERE id = %s", [node_id, scheduler_id, stamp, workload_id])
+                cursor.execute(queries.WORKLOAD_MOVED, [node_id, scheduler_id, stamp, workload_id])
                 moved_id = workload_id
-            cursor.execute(f"DELETE FROM {_WORKLOAD_NODES} WHERE workload_id = %s", [moved_id])
-            cursor.execute(f"INSERT INTO {_WORKLOAD_NODES} (workload_id, node_id) VALUES (%s, %s)", [moved_id, node_id])
+            cursor.execute(queries.UNLINK_WORKLOAD, [moved_id])
+        insert_rows(Workload.nodes.through, ("workload", "node"), [(moved_id, node_id)])
         _write_logs([_Log(source, ChangeAction.UPDATE, "workload", workload_id,
                           f"{cluster}/{kind}:{before_ref}"[:300], changes, user_id, reference)], now)
     return True

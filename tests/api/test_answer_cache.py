@@ -100,7 +100,7 @@ def test_a_hit_is_the_answer_the_view_renders(fleet, settings, url):
 
 
 def test_every_kind_of_write_shows_in_the_next_get(fleet):
-    from inventory.bulk import insert_rows
+    from gpusweep.db.bulk import insert_rows
     from inventory.models import Node, NodeComponent
 
     client, _ = _token_client(_user("viewer", Role.VIEWER))
@@ -126,7 +126,7 @@ def test_every_kind_of_write_shows_in_the_next_get(fleet):
     assert pool() == "in-a-savepoint"
     # A table the node list reads only through its serializer: the components (COPY on PostgreSQL
     # beyond bulk.FEW rows, one INSERT below).
-    from inventory.bulk import FEW
+    from gpusweep.db.bulk import FEW
 
     for names in (["cuda"], [f"extra{i}" for i in range(FEW + 1)]):
         before = client.get(NODES).json()["results"]

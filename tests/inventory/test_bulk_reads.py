@@ -1,4 +1,4 @@
-"""inventory.bulk.select_rows reads what the ORM's values_list reads, on every engine."""
+"""gpusweep.db.reads.select_rows reads what the ORM's values_list reads, on every engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from inventory.bulk import select_rows
+from gpusweep.db.reads import select_rows
 from inventory.choices import ClusterKind, WorkloadKind
 from inventory.models import Cluster, Node, Workload
 
@@ -44,7 +44,7 @@ def _fields(instance):
 
 @pytest.mark.parametrize("prepared", [False, True])
 def test_select_instances_gives_what_filter_gives(prepared):
-    from inventory.bulk import loader, prepared_cursor, select_instances
+    from gpusweep.db.reads import loader, prepared_cursor, select_instances
 
     when = dt.datetime(2026, 11, 30, 7, 0, 0, 123456, tzinfo=dt.UTC)
     cluster = Cluster.objects.create(name="lab", kind=ClusterKind.STATIC, connection={"url": "x"}, last_synced_at=when)
