@@ -1,7 +1,13 @@
 """Suite-wide pytest rules.
 
 Under CI=true no test may be skipped: a missing Slurm, CRIU, Chromium or database is a
-failure there. Outside CI a skip must say how to get what is missing.
+failure there. Outside CI a skip must say how to get what is missing. The one exception is a
+service the pass is not configured for: .ci/run runs the suite once on the embedded SQLite
+default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` is deselected
+(not skipped) in the pass without that service; in the other pass it runs, and a skip fails.
+
+Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the tests that share one
+outside resource (a real Slurm cluster, CRIU, a browser) run on one worker, one after another.
 """
 
 from __future__ import annotations
@@ -14,6 +20,51 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # The one skip CI allows: the end-to-end suite against a real Kubernetes cluster, which no CI
 # machine has (tests/kube/test_real_cluster.py); its skip reason starts with this.
 REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFIG"
+# marker -> (the environment variable that configures the service, the URL schemes it takes)
+SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
+# marker -> xdist group, the first that matches: tests sharing an outside resource, one at a time.
+GROUPS = ("slurm", "criu", "browser")
+# Files using CRIU (or its restore of real processes) without the criu marker on every test.
+CRIU_FILES = ("tests/campaigns/test_kubernetes_campaign.py",)
+
+
+def _missing_services() -> set[str]:
+    return {mark for mark, (name, schemes) in SERVICES.items() if not os.environ.get(name, "").startswith(schemes)}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One fast hasher in the test process: each user made with the default PBKDF2 costs ~0.6 s
+    of CPU. Processes a test starts keep the real hashers (they hash and check their own users)."""
+    from django.conf import settings
+
+    if settings.configured:
+        from django.contrib.auth import hashers
+
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+        hashers.get_hashers.cache_clear()
+        hashers.get_hashers_by_algorithm.cache_clear()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    missing = sorted(_missing_services())
+    if IN_CI and missing:
+        return f"CI=true: tests marked {' or '.join(missing)} are deselected (.ci/run's PostgreSQL pass runs them)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((mark for mark in GROUPS if item.get_closest_marker(mark)), None)
+        if group is None and item.nodeid.startswith(CRIU_FILES):
+            group = "criu"
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    missing = _missing_services() if IN_CI else set()
+    unserved = [item for item in items if any(item.get_closest_marker(mark) for mark in missing)]
+    if unserved:
+        config.hook.pytest_deselected(items=unserved)
+        dropped = set(map(id, unserved))
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 def _exempt(report: pytest.TestReport) -> bool:
