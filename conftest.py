@@ -6,8 +6,9 @@ service the pass is not configured for: .ci/run runs the suite once on the embed
 default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` is deselected
 (not skipped) in the pass without that service; in the other pass it runs, and a skip fails.
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the tests that share one
-outside resource (a real Slurm cluster, CRIU, a browser) run on one worker, one after another.
+Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the test files that share one
+outside resource (a real Slurm cluster, CRIU, a browser: GROUPS) run on one worker, one test after
+another.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFIG"
 # marker -> (the environment variable that configures the service, the URL schemes it takes)
 SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
-# marker -> xdist group, the first that matches: tests sharing an outside resource, one at a time.
-GROUPS = ("slurm", "criu", "browser")
-# Files using CRIU (or its restore of real processes) without the criu marker on every test.
-CRIU_FILES = ("tests/campaigns/test_kubernetes_campaign.py",)
+# xdist group -> the test files sharing that outside resource: one worker runs a group's files one
+# test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
+# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
+GROUPS = {
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
+              "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
+              "tests/inventory/test_slurm_sync.py"),
+    "criu": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py", "tests/faults/test_faults.py",
+             "tests/campaigns/test_kubernetes_campaign.py"),
+    "browser": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
+                "tests/ui/test_walk_browser.py"),
+}
+GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
 
 
 def _missing_services() -> set[str]:
@@ -52,13 +62,26 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadgroup: each group of GROUPS is one scope (one worker); every other test its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ResourceGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUP_OF_FILE.get(nodeid.split("::", 1)[0], nodeid)
+
+    return ResourceGroups(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = next((mark for mark in GROUPS if item.get_closest_marker(mark)), None)
-        if group is None and item.nodeid.startswith(CRIU_FILES):
-            group = "criu"
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    strays = sorted({item.nodeid.split("::", 1)[0] for item in items if item.nodeid.split("::", 1)[0]
+                     not in GROUP_OF_FILE and any(item.get_closest_marker(group) for group in GROUPS)})
+    if strays:
+        raise pytest.UsageError(f"add {', '.join(strays)} to conftest.GROUPS: its tests share a Slurm cluster, "
+                                "CRIU or the browser with others, so they must run on one xdist worker")
     missing = _missing_services() if IN_CI else set()
     unserved = [item for item in items if any(item.get_closest_marker(mark) for mark in missing)]
     if unserved:
