@@ -1,11 +1,18 @@
-# Two commands for users: `make run` and `make test`. Both create .venv when missing.
+# Two commands for users: `make run` and `make test` (on the embedded SQLite default, or on what
+# DATABASE_URL and CELERY_BROKER_URL name); `make test-postgres` runs pytest again on the local
+# PostgreSQL + Redis. All create .venv when missing.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 STAMP := $(VENV)/.installed
+# pytest-xdist workers (0: one process); tests sharing a Slurm cluster, CRIU or the browser keep
+# to one worker (conftest.py's xdist groups).
+PYTEST_WORKERS ?= auto
+POSTGRES_URL ?= postgres://root@127.0.0.1:5432/test
+REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test lint typecheck pytest venv migrate demo clean
+.PHONY: run test test-postgres lint typecheck pytest venv migrate demo clean
 
 $(STAMP): requirements.txt requirements.lock agent/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,9 +38,12 @@ typecheck: venv
 	$(BIN)/mypy
 
 pytest: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+test-postgres: venv
+	DATABASE_URL=$(POSTGRES_URL) CELERY_BROKER_URL=$(REDIS_URL) $(MAKE) pytest
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

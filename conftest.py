@@ -1,7 +1,14 @@
 """Suite-wide pytest rules.
 
 Under CI=true no test may be skipped: a missing Slurm, CRIU, Chromium or database is a
-failure there. Outside CI a skip must say how to get what is missing.
+failure there. Outside CI a skip must say how to get what is missing. The one exception is a
+service the pass is not configured for: .ci/run runs the suite once on the embedded SQLite
+default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` is deselected
+(not skipped) in the pass without that service; in the other pass it runs, and a skip fails.
+
+Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the test files that share one
+outside resource (a real Slurm cluster, CRIU, a browser: GROUPS) run on one worker, one test after
+another.
 """
 
 from __future__ import annotations
@@ -14,6 +21,76 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # The one skip CI allows: the end-to-end suite against a real Kubernetes cluster, which no CI
 # machine has (tests/kube/test_real_cluster.py); its skip reason starts with this.
 REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFIG"
+# marker -> (the environment variable that configures the service, the URL schemes it takes)
+SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
+# xdist group -> the test files sharing that outside resource: one worker runs a group's files one
+# test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
+# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites). The
+# Slurm, CRIU and real-worker campaign tests are one group: with them on two workers at once the
+# Slurm accounting and GPU-holder tests failed in the PostgreSQL pass (each passes alone).
+GROUPS = {
+    "slurm-criu": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
+                   "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
+                   "tests/inventory/test_slurm_sync.py", "agent/tests/test_agent_checkpoint.py",
+                   "agent/tests/test_agent_cuda.py", "tests/faults/test_faults.py",
+                   "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_e2e.py"),
+    "browser": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
+                "tests/ui/test_walk_browser.py"),
+}
+MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
+GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
+
+
+def _missing_services() -> set[str]:
+    return {mark for mark, (name, schemes) in SERVICES.items() if not os.environ.get(name, "").startswith(schemes)}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One fast hasher in the test process: each user made with the default PBKDF2 costs ~0.6 s
+    of CPU. Processes a test starts keep the real hashers (they hash and check their own users)."""
+    from django.conf import settings
+
+    if settings.configured:
+        from django.contrib.auth import hashers
+
+        settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+        hashers.get_hashers.cache_clear()
+        hashers.get_hashers_by_algorithm.cache_clear()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    missing = sorted(_missing_services())
+    if IN_CI and missing:
+        return f"CI=true: tests marked {' or '.join(missing)} are deselected (.ci/run's PostgreSQL pass runs them)"
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """--dist loadgroup: each group of GROUPS is one scope (one worker); every other test its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ResourceGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return GROUP_OF_FILE.get(nodeid.split("::", 1)[0], nodeid)
+
+    return ResourceGroups(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    strays = sorted({item.nodeid.split("::", 1)[0] for item in items if item.nodeid.split("::", 1)[0]
+                     not in GROUP_OF_FILE and any(item.get_closest_marker(mark) for mark in MARKED_GROUPS)})
+    if strays:
+        raise pytest.UsageError(f"add {', '.join(strays)} to conftest.GROUPS: its tests share a Slurm cluster, "
+                                "CRIU or the browser with others, so they must run on one xdist worker")
+    missing = _missing_services() if IN_CI else set()
+    unserved = [item for item in items if any(item.get_closest_marker(mark) for mark in missing)]
+    if unserved:
+        config.hook.pytest_deselected(items=unserved)
+        dropped = set(map(id, unserved))
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 def _exempt(report: pytest.TestReport) -> bool:

@@ -43,6 +43,8 @@ def deadline() -> dt.datetime:
     return Exposure.objects.get(node__name="l1").deadline
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_a_policy_change_answers_at_once_and_a_worker_recomputes_ending_with_the_later_change(
         fleet, settings, tmp_path: Path):
     url = os.environ.get("CELERY_BROKER_URL", "")
@@ -107,6 +109,7 @@ def test_a_recompute_superseded_by_a_later_change_yields_whichever_runs_first(
     assert not DeadlinePolicy.current().recomputing
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize("basis", ["publication", "first_exposure"])
 def test_the_fleet_wide_update_sets_the_deadlines_the_rule_gives_each_exposure(basis):

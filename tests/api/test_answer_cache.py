@@ -21,7 +21,7 @@ from conftest import need
 from gpusweep import datagen
 from gpusweep.roles import Role
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 NODES = "/api/v1/inventory/nodes/?limit=100"
 EXPOSURES = "/api/v1/advisories/exposures/?state=open&ordering=-deadline&limit=100"

@@ -33,7 +33,7 @@ from inventory.versions import parse_version
 from tests.campaigns.fleet import FIXED, add_node, user
 from tests.helpers import REPO, clean_env, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 STEP_S = 0.3
 

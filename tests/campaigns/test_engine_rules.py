@@ -191,7 +191,8 @@ def test_a_failing_canary_halts_the_campaign_with_no_other_node_drained(people):
     assert EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.CANARY_FAILED).exists()
 
 
-def test_the_canary_soaks_before_the_next_wave_and_the_soak_is_in_the_evidence(people):
+def test_the_canary_soaks_before_the_next_wave_and_the_soak_is_in_the_evidence(people, time_machine):
+    time_machine.move_to(timezone.now(), tick=True)  # a clock that runs, and is moved past the soak below
     make_fleet(nodes=3, spares=2)
     requester, approver = people
     campaign = approved_campaign(requester, approver, canary="1", soak_s=2, parallelism_per_cluster="2")
@@ -201,9 +202,7 @@ def test_the_canary_soaks_before_the_next_wave_and_the_soak_is_in_the_evidence(p
     assert states[0] == (1, SweepState.DONE) and {s for _w, s in states[1:]} == {SweepState.PENDING}
     soaking = EvidenceEvent.objects.get(campaign=campaign, kind=EvidenceKind.SOAKING)
     assert soaking.data["soak_s"] == 2
-    import time
-
-    time.sleep(2.2)
+    time_machine.shift(timedelta(seconds=2.2))
     assert drive(campaign.pk).status == CampaignStatus.COMPLETED
     soaked = EvidenceEvent.objects.get(campaign=campaign, kind=EvidenceKind.SOAKED)
     assert soaked.data["soaked_s"] >= 2 and soaked.at > soaking.at

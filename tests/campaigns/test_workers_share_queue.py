@@ -19,7 +19,7 @@ from conftest import need
 from gpusweep.celery import app
 from tests.helpers import REPO, clean_env, stop_process_group, wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 TASK = "advisories.tasks.refresh_deadlines"  # with a generation never reached: reads one row, changes nothing
 TASKS = 40
 

@@ -37,7 +37,7 @@ from inventory.versions import parse_version
 from tests.campaigns.fleet import FIXED, user
 from tests.helpers import REPO, clean_env, free_port, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.criu, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.criu, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 SWEPT = ("gpu00", "gpu01")
 NODES = (*SWEPT, "spare00")
 

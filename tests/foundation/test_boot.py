@@ -90,6 +90,8 @@ def test_the_embedded_default_is_ready_within_60_seconds(tmp_path: Path):
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.postgres
+@pytest.mark.redis
 def test_postgres_and_redis_are_configuration_only(tmp_path: Path):
     db = os.environ.get("DATABASE_URL", "")
     broker = os.environ.get("CELERY_BROKER_URL", "")

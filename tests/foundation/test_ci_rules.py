@@ -57,3 +57,26 @@ def test_fine():
     result = pytester.runpytest_subprocess("-p", "no:django")
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=1, skipped=1)
+
+
+def test_a_test_needing_postgres_is_deselected_without_it_and_runs_with_it_under_ci(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    pytester.makeconftest((REPO / "conftest.py").read_text())
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.postgres
+def test_on_postgres():
+    assert True
+
+def test_anywhere():
+    assert True
+""")
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    sqlite_pass = pytester.runpytest_subprocess("-p", "no:django")
+    assert sqlite_pass.ret == pytest.ExitCode.OK
+    sqlite_pass.assert_outcomes(passed=1, deselected=1)
+    monkeypatch.setenv("DATABASE_URL", "postgres://root@127.0.0.1:5432/none")
+    postgres_pass = pytester.runpytest_subprocess("-p", "no:django")
+    postgres_pass.assert_outcomes(passed=2)

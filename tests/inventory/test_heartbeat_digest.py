@@ -43,7 +43,7 @@ from tests.inventory.test_agent_heartbeat import (
     workload,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from tests.helpers import REPO, clean_env, stop_process_group, wait_for
 from tests.kube.apiserver import KubeApiServer
 from tests.kube.objects import gpu_node
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -274,6 +274,7 @@ def test_queue_depth_counts_the_messages_waiting_in_the_broker(private_queue):
     assert value(samples, "gpusweep_celery_queue_depth", queue=private_queue) == 3
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_scrapes_folding_at_once_count_every_event_once():
     """Four threads (four connections, as four web processes) fold the same new events together."""

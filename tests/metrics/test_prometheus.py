@@ -182,6 +182,8 @@ def _timeline(prom: Prometheus, campaign_id: int) -> list[dict[str, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
 @pytest.mark.django_db(transaction=True)
 def test_prometheus_sees_the_node_sweeps_of_a_campaign_move_through_their_states(tmp_path: Path, settings):
     _need_services()

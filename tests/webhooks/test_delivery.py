@@ -30,7 +30,7 @@ from tests.webhooks.receiver import Receiver
 from webhooks.choices import DeliveryState, EventType
 from webhooks.models import Delivery, Subscription
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 SECRET = "s3cret-for-the-receiver-only"
 BACKOFF_MS = 400
