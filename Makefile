@@ -6,8 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
 STAMP := $(VENV)/.installed
-# pytest-xdist workers (0: one process); tests sharing a Slurm cluster, CRIU or the browser keep
-# to one worker (conftest.py's xdist groups).
+# pytest-xdist workers (0: one process) for the tests that share no outside resource; those that
+# do (conftest.py's GROUPS: Slurm, CRIU, the browser) run after them in one process.
 PYTEST_WORKERS ?= auto
 POSTGRES_URL ?= postgres://root@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
@@ -38,7 +38,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 pytest: venv
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	bash scripts/pytest-phases.sh $(BIN) $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

@@ -6,14 +6,17 @@ service the pass is not configured for: .ci/run runs the suite once on the embed
 default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` is deselected
 (not skipped) in the pass without that service; in the other pass it runs, and a skip fails.
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) the test files that share one
-outside resource (a real Slurm cluster, CRIU, a browser: GROUPS) run on one worker, one test after
-another.
+Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
+browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
+another. `make pytest` goes further and runs them in a phase of their own, after the others
+(`--resource-groups without` on every core, then `--resource-groups only` in one process): their
+timing bounds hold on a machine that runs nothing else, as they did when the suite was serial.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -33,7 +36,8 @@ GROUPS = {
                    "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
                    "tests/inventory/test_slurm_sync.py", "agent/tests/test_agent_checkpoint.py",
                    "agent/tests/test_agent_cuda.py", "tests/faults/test_faults.py",
-                   "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_e2e.py"),
+                   "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_e2e.py",
+                   "tests/inventory/test_heartbeat_digest.py", "tests/foundation/test_boot.py"),
     "browser": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
                 "tests/ui/test_walk_browser.py"),
 }
@@ -79,6 +83,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return ResourceGroups(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--resource-groups", choices=("with", "without", "only"), default="with",
+                     help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
+                          "or run only them (make pytest: `without` on every core, then `only` in one process)")
+
+
+def _keep(config: pytest.Config, items: list[pytest.Item], keep: Callable[[pytest.Item], bool]) -> None:
+    dropped = [item for item in items if not keep(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     strays = sorted({item.nodeid.split("::", 1)[0] for item in items if item.nodeid.split("::", 1)[0]
                      not in GROUP_OF_FILE and any(item.get_closest_marker(mark) for mark in MARKED_GROUPS)})
@@ -86,11 +104,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError(f"add {', '.join(strays)} to conftest.GROUPS: its tests share a Slurm cluster, "
                                 "CRIU or the browser with others, so they must run on one xdist worker")
     missing = _missing_services() if IN_CI else set()
-    unserved = [item for item in items if any(item.get_closest_marker(mark) for mark in missing)]
-    if unserved:
-        config.hook.pytest_deselected(items=unserved)
-        dropped = set(map(id, unserved))
-        items[:] = [item for item in items if id(item) not in dropped]
+    _keep(config, items, lambda item: not any(item.get_closest_marker(mark) for mark in missing))
+    groups = config.getoption("resource_groups")
+    if groups != "with":
+        _keep(config, items, lambda item: (item.nodeid.split("::", 1)[0] in GROUP_OF_FILE) == (groups == "only"))
 
 
 def _exempt(report: pytest.TestReport) -> bool:
