@@ -3,7 +3,7 @@ slurmctld, slurmdbd into the machine's MariaDB, four `slurmd -N` nodes, a real n
 batch jobs whose payload is a step counter under gpusweep-run, checkpointed with real CRIU and the
 signal engine. The engine is driven synchronously, as Celery would run its tasks
 (tests/campaigns/fleet.py ``drive``). The reboot is the agents' modelled one (the agent restarts
-with the patched versions and restarts that node's slurmd; see docs/architecture.md, "Slurm").
+with the patched versions and restarts that node's slurmd; see docs/architecture/campaigns.md, Slurm).
 
 One cluster for the module; each test resumes every node and starts its own jobs."""
 

@@ -8,7 +8,7 @@ as a site's /etc/gpusweep-agent.json would.
 
 The agents' simulated reboot (`reboot_command=simulate`) restarts the agent with the patched
 versions and, through `simulated_reboot_hook`, that node's slurmd: on one host nothing more of
-a reboot can happen (see docs/architecture.md, "Slurm").
+a reboot can happen (see docs/architecture/campaigns.md, Slurm).
 """
 
 from __future__ import annotations
