@@ -63,7 +63,10 @@ def compare(order: str, a: str, b: str) -> int:
 
 
 def sort(order: str, versions: list[str]) -> list[str]:
-    return sorted(versions, key=cmp_to_key(lambda a, b: compare(order, a, b)))
+    def by_order(a: str, b: str) -> int:
+        return compare(order, a, b)
+
+    return sorted(versions, key=cmp_to_key(by_order))
 
 
 _DPKG_VERSION = re.compile(r"^(\d+:)?[0-9][A-Za-z0-9.+~:-]*$")

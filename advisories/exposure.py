@@ -30,6 +30,7 @@ from django.utils import timezone
 from advisories import components
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
 from advisories.models import CVE, Advisory, AffectedRange, ClusterDeadlineOverride, DeadlinePolicy, Exposure, KevEntry
+from advisories.osv import OS_PACKAGE
 from inventory.bulk import marks, read_date, read_datetime
 from inventory.models import Cluster, Node, NodeComponent
 
@@ -398,12 +399,13 @@ def _remediate(run: _Run, remediated_by: str) -> tuple[int, int]:
                remediated_at = %s, updated_at = %s, remediated_by = %s,
                fixed_by_version = COALESCE({CURRENT_VERSION}, '(component removed)')
         WHERE state IN ({states}) {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
+          AND {E}.component <> %s  -- OS package exposures: advisories.osmatch keeps them
           AND EXISTS (SELECT 1 FROM {N} n WHERE n.id = {E}.node_id AND n.gone_at IS NULL)
           AND NOT EXISTS (SELECT 1 FROM {NC} nc3 WHERE nc3.node_id = {E}.node_id
                           AND nc3.component = {E}.component AND nc3.version_key IS NULL)
         """,
         [*run.m_params, ExposureState.PRESUMED, _WITHDRAWN, ExposureState.REMEDIATED, run.stamp, run.stamp,
-         remediated_by[:200], *s_params, *params],
+         remediated_by[:200], *s_params, *params, OS_PACKAGE],
     )
     changed = _rowcount(run.cursor)
     if not changed:
