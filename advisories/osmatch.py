@@ -103,7 +103,7 @@ def _ranges(advisory_ids: Sequence[int] | None) -> list[OsRange]:
             for r in rows.only("id", "advisory_id", "scope", "condition", "severity")]
 
 
-def _notices() -> list[LivepatchNotice]:
+def livepatch_notices() -> list[LivepatchNotice]:
     out = []
     for r in AffectedRange.objects.filter(component=OS_LIVEPATCH).select_related("advisory").prefetch_related("cves"):
         out.append(LivepatchNotice(r.advisory.publisher_id, frozenset(c.cve_id for c in r.cves.all()),
@@ -130,19 +130,26 @@ def livepatched(livepatch: dict[str, Any] | None, codename: str, uname_r: str,
     if not livepatch or livepatch.get("state") != "applied":
         return {}
     fixed = {str(c): f"livepatch ({livepatch.get('tool', 'agent')} reports it)" for c in livepatch.get("fixes", [])}
-    release = dv.kernel_release(uname_r)
     version = str(livepatch.get("version", ""))
-    if release is None or not version.isdigit():
+    if not version.isdigit():
         return fixed
-    upstream, abi, flavour = release
-    series = ".".join(upstream.split(".")[:2])
     for notice in notices:
-        base = _ABI.match(notice.kernel)
-        if (notice.codename == codename and notice.flavour in (flavour, f"{flavour}-{series}") and base
-                and base[1] == upstream and abi >= int(base[2]) and int(version) >= notice.version):
+        if covers(notice, codename, uname_r) and int(version) >= notice.version:
             for cve in notice.cve_ids:
                 fixed.setdefault(cve, f"livepatch {notice.publisher_id}")
     return fixed
+
+
+def covers(notice: LivepatchNotice, codename: str, uname_r: str) -> bool:
+    """Whether a Livepatch notice's patch applies to this running kernel (release, flavour, from its base)."""
+    release = dv.kernel_release(uname_r)
+    base = _ABI.match(notice.kernel)
+    if release is None or base is None:
+        return False
+    upstream, abi, flavour = release
+    series = ".".join(upstream.split(".")[:2])
+    return (notice.codename == codename and notice.flavour in (flavour, f"{flavour}-{series}")
+            and base[1] == upstream and abi >= int(base[2]))
 
 
 def _running_version(index: SetIndex, uname_r: str) -> str:
@@ -226,7 +233,7 @@ def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[i
     if not ranges:
         return RecomputeResult()  # nothing to match (and a removed range took its exposures with it)
     groups = _groups(node_ids)
-    notices = _notices() if any(r.kernel for r in ranges) else []
+    notices = livepatch_notices() if any(r.kernel for r in ranges) else []
     index = _sets({key[0] for key in groups})
     by_ecosystem: dict[str, list[OsRange]] = defaultdict(list)
     for rng in ranges:

@@ -172,3 +172,21 @@ def test_a_full_sql_recompute_leaves_os_exposures_alone(cluster):
     recompute()
     assert Exposure.objects.get(node=node).state == "open"
     assert json.loads(json.dumps(recompute_os().__dict__))["opened"] == 0  # idempotent
+
+
+def test_the_plan_says_livepatch_where_a_notice_covers_the_running_kernel_and_reboot_for_the_rest(cluster, tmp_path):
+    from advisories.osplan import remedies, targets
+
+    covered = Node.objects.create(cluster=cluster, name="covered")
+    report(covered, kernel_packages("4.15.0-70", "4.15.0-70.79", "generic", "linux"), kernel="4.15.0-70-generic",
+           release=BIONIC, livepatch={"tool": "canonical-livepatch", "state": "nothing-to-apply", "fixes": []})
+    too_old = Node.objects.create(cluster=cluster, name="too-old")  # below the notice's base kernel 4.15.0-69
+    report(too_old, kernel_packages("4.15.0-60", "4.15.0-60.67", "generic", "linux"), kernel="4.15.0-60-generic",
+           release=BIONIC)
+    usn = bionic_kernel_usn(tmp_path)
+    ingest_documents(resolve(str(usn)).items())
+    ingest_documents(resolve(str(OSV / "LSN-0066-1.json")).items())
+    plan = remedies([covered.id, too_old.id])
+    assert (plan[covered.id].kind, plan[covered.id].livepatch) == ("livepatch", {"LSN-0066-1": 66})
+    assert (plan[too_old.id].kind, plan[too_old.id].kernel) == ("reboot", {"linux": "4.15.0-99.100"})
+    assert targets(Exposure.objects.get(node=covered).advisory_id) == {"Ubuntu:18.04:LTS": {"linux": "4.15.0-99.100"}}
