@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from advisories import distro_versions as dv
@@ -112,10 +113,16 @@ def livepatch_notices() -> list[LivepatchNotice]:
     return out
 
 
-def _sets(set_ids: set[int]) -> dict[int, SetIndex]:
+def _sets(set_ids: set[int], ranges: list[OsRange], kernels: set[str]) -> dict[int, SetIndex]:
+    """The sets' packages the ranges can hit: built from their sources, named among their
+    binaries, or the running kernels' own (a few hundred rows of a set's thousands)."""
     index = {s.id: SetIndex(s.ecosystem, str(s.os_release.get("VERSION_CODENAME", "")))
              for s in PackageSet.objects.filter(id__in=set_ids)}
-    rows = Package.objects.filter(package_set_id__in=set_ids).values_list(
+    sources = {r.package for r in ranges}
+    names = {b for r in ranges for b in r.binaries}
+    names |= {f"{prefix}{k}" for k in kernels if k for prefix in ("linux-image-", "linux-image-unsigned-",
+                                                                    "linux-modules-")}
+    rows = Package.objects.filter(Q(source__in=sources) | Q(name__in=names), package_set_id__in=set_ids).values_list(
         "package_set_id", "name", "version", "source", "source_version")
     for set_id, name, version, source, source_version in rows.iterator(chunk_size=5000):
         entry = index[set_id]
@@ -213,16 +220,30 @@ def os_scope(advisory_ids: Sequence[int]) -> list[int] | None:
 Key = tuple[int, int]  # (node id, range id)
 
 
-def _groups(node_ids: Sequence[int] | None) -> dict[tuple[int, str, str], list[tuple[int, bool]]]:
-    """Nodes with a package set by (set, running kernel, livepatch state): (node id, gone) each."""
-    nodes = Node.objects.filter(package_set__isnull=False)
-    if node_ids is not None:
-        nodes = nodes.filter(id__in=node_ids)
-    groups: dict[tuple[int, str, str], list[tuple[int, bool]]] = defaultdict(list)
-    for node_id, set_id, kernel, livepatch, gone_at in nodes.values_list(
-            "id", "package_set_id", "running_kernel", "livepatch", "gone_at").iterator(chunk_size=5000):
-        groups[(set_id, kernel, json.dumps(livepatch, sort_keys=True))].append((node_id, gone_at is not None))
+E = Exposure._meta.db_table
+N = Node._meta.db_table
+Group = tuple[int, str, str | None]  # (package set, running kernel, livepatch as the database's text)
+
+
+def _groups(node_ids: Sequence[int] | None) -> dict[Group, list[tuple[int, bool]]]:
+    """Nodes with a package set by (set, running kernel, livepatch state): (node id, gone) each.
+    The livepatch is kept as the database's text, which the inserts compare it with."""
+    scope, params = _in("id", node_ids)
+    groups: dict[Group, list[tuple[int, bool]]] = defaultdict(list)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id, package_set_id, running_kernel, CAST(livepatch AS TEXT), gone_at FROM {N} "
+                       f"WHERE package_set_id IS NOT NULL {scope}", params)
+        for node_id, set_id, kernel, livepatch, gone_at in cursor.fetchall():
+            groups[(set_id, kernel, livepatch)].append((node_id, gone_at is not None))
     return groups
+
+
+def _in(column: str, ids: Sequence[int] | None) -> tuple[str, list[int]]:
+    if ids is None:
+        return "", []
+    if not ids:
+        return " AND 1 = 0", []
+    return f" AND {column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
 
 def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None,
@@ -232,58 +253,76 @@ def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[i
     ranges = _ranges(advisory_ids)
     if not ranges:
         return RecomputeResult()  # nothing to match (and a removed range took its exposures with it)
+    node_ids = sorted(set(node_ids)) if node_ids is not None else None
     groups = _groups(node_ids)
     notices = livepatch_notices() if any(r.kernel for r in ranges) else []
-    index = _sets({key[0] for key in groups})
+    index = _sets({key[0] for key in groups}, ranges, {key[1] for key in groups})
     by_ecosystem: dict[str, list[OsRange]] = defaultdict(list)
     for rng in ranges:
         by_ecosystem[rng.ecosystem].append(rng)
     wanted: dict[Key, Verdict] = {}
     seen: dict[Key, str] = {}
-    for (set_id, kernel, livepatch_text), members in groups.items():
-        entry = index[set_id]
-        patched = livepatched(json.loads(livepatch_text), entry.codename, kernel, notices)
+    inserts: list[tuple[Group, OsRange, Verdict]] = []
+    for group, members in groups.items():
+        entry = index[group[0]]
+        patched = livepatched(json.loads(group[2] or "null"), entry.codename, group[1], notices)
         for rng in by_ecosystem.get(entry.ecosystem, []):
-            found = verdict(rng, entry, kernel, patched)
+            found = verdict(rng, entry, group[1], patched)
+            if found.state:
+                inserts.append((group, rng, found))
             for node_id, gone in members:
                 if found.state and not gone:
                     wanted[(node_id, rng.id)] = found
                 elif found.version:
                     seen[(node_id, rng.id)] = found.version
     with transaction.atomic():
-        result = _write(wanted, seen, {r.id: r for r in ranges}, node_ids, now, remediated_by)
+        result = _restate_existing(wanted, seen, list({r.id for r in ranges}), node_ids, now, remediated_by)
+        result.opened = _insert(inserts, node_ids, now)
         assign_deadlines(node_ids=node_ids, advisory_ids=sorted({r.advisory_id for r in ranges}))
     return result
 
 
-def _write(wanted: dict[Key, Verdict], seen: dict[Key, str], ranges: dict[int, OsRange],
-           node_ids: Sequence[int] | None, now: dt.datetime, remediated_by: str) -> RecomputeResult:
-    """Insert, reopen, remediate and restate exposures to match `wanted`; ids of gone nodes are kept."""
+def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[int] | None, now: dt.datetime) -> int:
+    """New exposures, one INSERT ... SELECT per (group, range): the nodes of a group share the verdict."""
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    scope, params = _in("n.id", node_ids)
+    opened = 0
+    with connection.cursor() as cursor:
+        for (set_id, kernel, livepatch), rng, v in inserts:
+            done = v.state == ExposureState.REMEDIATED
+            same_livepatch = "n.livepatch IS NULL" if livepatch is None else "CAST(n.livepatch AS TEXT) = %s"
+            cursor.execute(
+                f"""
+                INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
+                                 state, first_seen, deadline_source, fixed_by_version, remediated_at, remediated_by,
+                                 risk_reason, justification, note, updated_at)
+                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, '', %s, %s, %s, '', '', %s, %s
+                FROM {N} n
+                WHERE n.package_set_id = %s AND n.running_kernel = %s AND {same_livepatch} AND n.gone_at IS NULL
+                  {scope}
+                  AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = n.id AND e.affected_range_id = %s)
+                """,
+                [rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
+                 v.version[:128] if done else "", stamp if done else None, v.note[:200] if done else "",
+                 v.note[:200], stamp, set_id, kernel, *([] if livepatch is None else [livepatch]), *params, rng.id])
+            if not done:
+                opened += max(cursor.rowcount, 0)
+    return opened
+
+
+def _restate_existing(wanted: dict[Key, Verdict], seen: dict[Key, str], range_ids: list[int],
+                      node_ids: Sequence[int] | None, now: dt.datetime, remediated_by: str) -> RecomputeResult:
+    """Reopen, remediate and restate the exposures there are to match `wanted`; gone nodes keep theirs."""
     result = RecomputeResult()
-    current = Exposure.objects.filter(affected_range_id__in=list(ranges), component=OS_PACKAGE)
+    current = Exposure.objects.filter(affected_range_id__in=range_ids, component=OS_PACKAGE)
     if node_ids is not None:
         current = current.filter(node_id__in=node_ids)
     gone = set(Node.objects.filter(gone_at__isnull=False).values_list("id", flat=True)) if current.exists() else set()
-    new: list[Exposure] = []
     changed: list[Exposure] = []
-    have: set[Key] = set()
     for exposure in current.only("id", "node_id", "affected_range_id", "state", "detected_version", "note"):
         key = (exposure.node_id, exposure.affected_range_id)
-        have.add(key)
         if _restate(exposure, wanted.get(key), seen.get(key, ""), key[0] in gone, now, remediated_by, result):
             changed.append(exposure)
-    for key, v in wanted.items():
-        if key in have:
-            continue
-        done = v.state == ExposureState.REMEDIATED
-        rng = ranges[key[1]]
-        new.append(Exposure(node_id=key[0], affected_range_id=key[1], advisory_id=rng.advisory_id,
-                            component=OS_PACKAGE, severity=rng.severity, detected_version=v.version[:128],
-                            state=v.state, note=v.note,
-                            first_seen=now, remediated_at=now if done else None,
-                            remediated_by=v.note if done else "", fixed_by_version=v.version if done else ""))
-    Exposure.objects.bulk_create(new, batch_size=2000)
-    result.opened = sum(1 for e in new if e.state == ExposureState.OPEN)
     Exposure.objects.bulk_update(changed, ["state", "detected_version", "note", "remediated_at", "remediated_by",
                                            "fixed_by_version", "deadline", "updated_at"], batch_size=2000)
     return result

@@ -76,6 +76,9 @@ class Package(models.Model):
     class Meta:
         ordering = ["package_set_id", "name", "arch"]
         constraints = [models.UniqueConstraint(fields=["package_set", "name", "arch"], name="package_unique_per_set")]
+        # Advisories look packages up by the source they were built from, or by name (osmatch).
+        indexes = [models.Index(fields=["source"], name="package_source_idx"),
+                   models.Index(fields=["name"], name="package_name_idx")]
 
     def __str__(self) -> str:
         return f"{self.name}={self.version}"
