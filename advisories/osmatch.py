@@ -32,10 +32,10 @@ from django.utils import timezone
 
 from advisories import distro_versions as dv
 from advisories.choices import ExposureState
-from advisories.exposure import RecomputeResult, assign_deadlines
+from advisories.exposure import DeadlineRules, RecomputeResult, _rowcount, assign_deadlines
 from advisories.models import AffectedRange, Exposure
 from advisories.osv import OS_LIVEPATCH, OS_PACKAGE
-from inventory.models import Node, Package, PackageSet
+from inventory.models import Cluster, Node, Package, PackageSet
 
 _KERNEL_BINARY = re.compile(r"^linux-(?:image|image-unsigned|modules)-(\d+\.\d+\.\d+)-(\d+)-([a-z][a-z0-9-]*)$")
 _ABI = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+)-(\d+)")
@@ -283,30 +283,42 @@ def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[i
 
 
 def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[int] | None, now: dt.datetime) -> int:
-    """New exposures, one INSERT ... SELECT per (group, range): the nodes of a group share the verdict."""
-    stamp = connection.ops.adapt_datetimefield_value(now)
+    """New exposures, one INSERT ... SELECT per (group, range): the nodes of a group share the verdict,
+    and each gets its deadline (per range and cluster, DeadlineRules) as it is inserted."""
+    if not inserts:
+        return 0
+    adapt = connection.ops.adapt_datetimefield_value
+    stamp = adapt(now)
     scope, params = _in("n.id", node_ids)
+    rules = DeadlineRules({rng.id for _g, rng, _v in inserts})
+    clusters = list(Cluster.objects.values_list("id", flat=True))
     opened = 0
     with connection.cursor() as cursor:
         for (set_id, kernel, livepatch), rng, v in inserts:
             done = v.state == ExposureState.REMEDIATED
+            d_params: list[Any] = []
+            for cluster_id in clusters:
+                deadline, source = rules.deadline(rng.id, cluster_id, now)
+                d_params += [cluster_id, None if done else adapt(deadline), "" if done else source]
+            d_values = ", ".join(["(%s, %s, %s)"] * len(clusters))
             same_livepatch = "n.livepatch IS NULL" if livepatch is None else "CAST(n.livepatch AS TEXT) = %s"
             cursor.execute(
                 f"""
+                WITH d(cluster_id, deadline, deadline_source) AS (VALUES {d_values})
                 INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                                 state, first_seen, deadline_source, fixed_by_version, remediated_at, remediated_by,
-                                 risk_reason, justification, note, updated_at)
-                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, '', %s, %s, %s, '', '', %s, %s
-                FROM {N} n
+                                 state, first_seen, deadline, deadline_source, fixed_by_version, remediated_at,
+                                 remediated_by, risk_reason, justification, note, updated_at)
+                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, d.deadline, d.deadline_source, %s, %s, %s, '', '', %s, %s
+                FROM {N} n JOIN d ON d.cluster_id = n.cluster_id
                 WHERE n.package_set_id = %s AND n.running_kernel = %s AND {same_livepatch} AND n.gone_at IS NULL
                   {scope}
                   AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = n.id AND e.affected_range_id = %s)
                 """,
-                [rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
+                [*d_params, rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
                  v.version[:128] if done else "", stamp if done else None, v.note[:200] if done else "",
                  v.note[:200], stamp, set_id, kernel, *([] if livepatch is None else [livepatch]), *params, rng.id])
             if not done:
-                opened += max(cursor.rowcount, 0)
+                opened += _rowcount(cursor)
     return opened
 
 
