@@ -302,14 +302,14 @@ def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[in
                 d_params += [cluster_id, None if done else adapt(deadline), "" if done else source]
             d_values = ", ".join(["(%s, %s, %s)"] * len(clusters))
             same_livepatch = "n.livepatch IS NULL" if livepatch is None else "CAST(n.livepatch AS TEXT) = %s"
-            deadline = "NULL" if done else "d.deadline"  # an all-NULL VALUES column would be typed text
+            deadline_sql = "NULL" if done else "d.deadline"  # an all-NULL VALUES column would be typed text
             cursor.execute(
                 f"""
                 WITH d(cluster_id, deadline, deadline_source) AS (VALUES {d_values})
                 INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
                                  state, first_seen, deadline, deadline_source, fixed_by_version, remediated_at,
                                  remediated_by, risk_reason, justification, note, updated_at)
-                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, {deadline}, d.deadline_source, %s, %s, %s, '', '', %s, %s
+                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, {deadline_sql}, d.deadline_source, %s, %s, %s, '', '', %s, %s
                 FROM {N} n JOIN d ON d.cluster_id = n.cluster_id
                 WHERE n.package_set_id = %s AND n.running_kernel = %s AND {same_livepatch} AND n.gone_at IS NULL
                   {scope}

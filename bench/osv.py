@@ -39,8 +39,9 @@ def build(nodes: int, images: int, packages: int) -> None:
     from inventory.packages import package_set, parse_os_report
 
     clusters = Cluster.objects.bulk_create([Cluster(name=f"bench-{i}", kind="slurm") for i in range(10)])
-    sets = [package_set(parse_os_report({"os": {"release": JAMMY, "packages": image_packages(i, packages)}}))
-            for i in range(images)]
+    reports = [parse_os_report({"os": {"release": JAMMY, "packages": image_packages(i, packages)}})
+               for i in range(images)]
+    sets = [package_set(report) for report in reports if report is not None]
     rows = [Node(cluster=clusters[i % 10], name=f"n{i:06}", package_set=sets[i % images],
                  running_kernel="5.15.0-1042-nvidia" if i % 2 else "5.15.0-1073-nvidia") for i in range(nodes)]
     Node.objects.bulk_create(rows, batch_size=5000)
