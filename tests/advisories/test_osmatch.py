@@ -190,3 +190,21 @@ def test_the_plan_says_livepatch_where_a_notice_covers_the_running_kernel_and_re
     assert (plan[covered.id].kind, plan[covered.id].livepatch) == ("livepatch", {"LSN-0066-1": 66})
     assert (plan[too_old.id].kind, plan[too_old.id].kernel) == ("reboot", {"linux": "4.15.0-99.100"})
     assert targets(Exposure.objects.get(node=covered).advisory_id) == {"Ubuntu:18.04:LTS": {"linux": "4.15.0-99.100"}}
+
+
+def test_os_advisories_and_their_exposures_show_in_the_api_and_the_console(client, cluster):
+    from django.contrib.auth.models import Group, User
+
+    node = Node.objects.create(cluster=cluster, name="gpu01")
+    report(node, driver_packages(DRIVER_OLD))
+    ingest_documents(resolve(str(OSV / "USN-5547-1.json")).items())
+    user = User.objects.create_user("viewer-user", password="pw-long-enough-1")
+    user.groups.add(Group.objects.get(name="viewer"))
+    client.force_login(user)
+    advisory = Exposure.objects.get().advisory
+    detail = client.get(f"/api/v1/advisories/advisories/{advisory.id}/").json()
+    assert detail["publisher_id"] == "USN-5547-1" and len(detail["ranges"]) == 24
+    rows = client.get("/api/v1/advisories/exposures/").json()["results"]
+    assert [r["detected_version"] for r in rows] == [DRIVER_OLD]
+    for page in (f"/advisories/{advisory.id}/", "/advisories/", "/advisories/exposures/"):
+        assert client.get(page).status_code == 200, page
