@@ -101,6 +101,7 @@ class SourceKind(ChoiceSet):
     FEED = "feed"
     GITHUB = "github"
     INDEX = "index"
+    BUNDLE = "bundle"
     CHOICES = [
         (FILE, "File"),
         (FOLDER, "Folder"),
@@ -108,6 +109,7 @@ class SourceKind(ChoiceSet):
         (FEED, "ROLIE/Atom/RSS feed"),
         (GITHUB, "NVIDIA GitHub repository"),
         (INDEX, "NVIDIA JSON index"),
+        (BUNDLE, "OSV bundle (zip)"),
     ]
 
 

@@ -31,6 +31,7 @@ from advisories import components
 from advisories import queries as q
 from advisories.choices import DeadlineBasis, ExposureState, RangeBasis
 from advisories.models import Advisory, ClusterDeadlineOverride, DeadlinePolicy
+from advisories.osv import OS_PACKAGE
 from gpusweep.db.bulk import marks
 from gpusweep.db.reads import read_date, read_datetime, rowcount
 from inventory.models import Cluster
@@ -284,7 +285,7 @@ def _remediate(run: _Run, remediated_by: str) -> tuple[int, int]:
     run.cursor.execute(
         q.remediate(run.with_m, states, scope),
         [*run.m_params, ExposureState.PRESUMED, _WITHDRAWN, ExposureState.REMEDIATED, run.stamp, run.stamp,
-         remediated_by[:200], *s_params, *params],
+         remediated_by[:200], *s_params, *params, OS_PACKAGE],
     )
     changed = rowcount(run.cursor)
     if not changed:

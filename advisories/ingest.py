@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -12,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from advisories import csaf
+from advisories import csaf, osv
 from advisories.choices import (
     EventKind,
     ExposureState,
@@ -26,6 +27,7 @@ from advisories.choices import (
 from advisories.csaf import DocumentError, ParsedAdvisory, ParsedRange, ReviewNote, version_tuple
 from advisories.exposure import recompute
 from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange, Exposure, ReviewItem, SourceState
+from advisories.osmatch import os_scope, recompute_os
 from advisories.signals import announce_matched
 from inventory.versions import parse_version, sort_key
 
@@ -173,6 +175,7 @@ def ingest_documents(
     changed += Advisory.objects.filter(exposures_at__isnull=True, ranges_unknown=False).values_list("id", flat=True)
     if changed:
         recompute(advisory_ids=changed)
+        recompute_os(advisory_ids=os_scope(changed))
         announce_matched(changed)
     return summary
 
@@ -188,7 +191,7 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
     With `exposures` the advisory's exposures are recomputed in the same transaction; a batch
     (ingest_documents) turns that off and recomputes once for every changed advisory.
     """
-    parsed = csaf.parse(doc.content, doc.name)
+    parsed = parse_document(doc)
     integrity = integrity_of(parsed.content_sha256, doc.published_sha256)
     ranges, notes = _keyed_ranges(parsed)
 
@@ -201,7 +204,7 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
         if existing is not None and not existing.ranges_unknown:
             same = (existing.content_sha256 == parsed.content_sha256 and existing.integrity == integrity
                     and existing.published_sha256 == (doc.published_sha256 or ""))
-            older = version_tuple(parsed.tracking_version) < version_tuple(existing.tracking_version)
+            older = _older(parsed.tracking_version, existing.tracking_version)
             if same or older:
                 _save_validators(doc)
                 return "unchanged", existing.id, _open_review(existing), existing.integrity
@@ -214,7 +217,8 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
             }]
         _fill(advisory, parsed, doc, integrity)
         advisory.save()
-        cves = _upsert_cves(parsed)
+        # A distribution's record does not overwrite what the vendor's bulletin says of a CVE.
+        cves = _upsert_cves(parsed, fill_only=osv.looks_like(doc.content))
         advisory.cves.set(cves.values())
         _replace_review(advisory, notes)
         _replace_ranges(advisory, parsed, _with_mappings(advisory, ranges), cves)
@@ -233,8 +237,26 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
         _save_validators(doc)
         if exposures:
             recompute(advisory_ids=[advisory.id])
+            recompute_os(advisory_ids=os_scope([advisory.id]))
             announce_matched([advisory.id])
     return outcome, advisory.id, review, integrity
+
+
+def parse_document(doc: FetchedDocument) -> ParsedAdvisory:
+    """A CSAF document, or a distribution's OSV record or Livepatch notice (advisories.osv)."""
+    if osv.looks_like(doc.content):
+        return osv.parse(doc.content, doc.name)
+    return csaf.parse(doc.content, doc.name)
+
+
+_RFC3339 = r"\d{4}-\d\d-\d\dT"
+
+
+def _older(new: str, old: str) -> bool:
+    """CSAF tracking versions in their order; OSV's `modified` times (UTC, RFC 3339) as text."""
+    if re.match(_RFC3339, new) and re.match(_RFC3339, old):
+        return new < old
+    return version_tuple(new) < version_tuple(old)
 
 
 def _key(component: str, version: str | None) -> str | None:
@@ -336,7 +358,7 @@ def _fill(advisory: Advisory, parsed: ParsedAdvisory, doc: FetchedDocument, inte
     advisory.exposures_at = None
 
 
-def _upsert_cves(parsed: ParsedAdvisory) -> dict[str, CVE]:
+def _upsert_cves(parsed: ParsedAdvisory, fill_only: bool = False) -> dict[str, CVE]:
     existing = {c.cve_id: c for c in CVE.objects.filter(cve_id__in=[p.cve_id for p in parsed.cves])}
     result: dict[str, CVE] = {}
     for p in parsed.cves:
@@ -349,6 +371,10 @@ def _upsert_cves(parsed: ParsedAdvisory) -> dict[str, CVE]:
         cve = existing.get(p.cve_id)
         if cve is None:
             cve = CVE.objects.create(cve_id=p.cve_id, **values)
+        elif fill_only:
+            missing = {k: v for k, v in values.items() if v not in ("", None) and getattr(cve, k) in ("", None)}
+            if missing:
+                CVE.objects.filter(pk=cve.pk).update(**missing)
         elif any(getattr(cve, k) != v for k, v in values.items()):
             for k, v in values.items():
                 setattr(cve, k, v)

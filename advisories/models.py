@@ -154,6 +154,9 @@ class Exposure(models.Model):
     # What made the change that remediated it: "campaign 12, sweep 34" for a campaign's verified
     # patch, or the inventory source ("agent", "slurm", ...) that reported the new version.
     remediated_by = models.CharField(max_length=200, blank=True)
+    # Why an OS package exposure stands as it does: "reboot pending" (the fixed kernel is installed,
+    # an older one runs), "livepatch" (remediated by a livepatch), the binary package matched.
+    note = models.CharField(max_length=200, blank=True, default="", db_default="")
     # The approver's decision: an accepted risk (until risk_expires_at) or not affected (with a
     # CSAF/VEX justification); who decided and why.
     risk_approver = models.ForeignKey(

@@ -205,7 +205,8 @@ def reopen(with_m: str, scope: str) -> str:
 @functools.lru_cache(maxsize=256)
 def remediate(with_m: str, states: str, scope: str) -> str:
     """Out of range: remediated, or withdrawn (a presumed one at the same version). Params: m's,
-    presumed, withdrawn, remediated, stamp, stamp, remediated_by, the states', scope's."""
+    presumed, withdrawn, remediated, stamp, stamp, remediated_by, the states', scope's, and the OS
+    package component (advisories.osmatch keeps those exposures)."""
     return f"""
         {with_m}
         UPDATE {EC} SET {EC.state} = CASE WHEN {EC.state} = %s AND {CURRENT_VERSION} = {EC.detected_version}
@@ -213,6 +214,7 @@ def remediate(with_m: str, states: str, scope: str) -> str:
                {EC.remediated_at} = %s, {EC.updated_at} = %s, {EC.remediated_by} = %s,
                {EC.fixed_by_version} = COALESCE({CURRENT_VERSION}, '(component removed)')
         WHERE {EC.state} IN ({states}) {scope} AND NOT EXISTS ({MATCH_OF_EXPOSURE})
+          AND {EC.component} <> %s
           AND EXISTS (SELECT 1 FROM {N} WHERE {N.id} = {E.node_id} AND {N.gone_at} IS NULL)
           AND NOT EXISTS (SELECT 1 FROM {NC3} WHERE {pairs(NC3, E, ('node_id', 'component'))}
                           AND {NC3.version_key} IS NULL)
@@ -340,7 +342,7 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     yield sql + ON_CONFLICT_SKIP, [*match, 1, 1, stamp, "policy", stamp, stamp, *defaults, *n_params]
     yield reopen(with_m, e_scope), [*match, stamp, "remediated", *e_params]
     yield remediate(with_m, marks(["open"]), e_scope), [*match, "presumed", "withdrawn", "remediated", stamp, stamp,
-                                                       "", "open", *e_params]
+                                                       "", "open", *e_params, "os_package"]
     yield delete_in_state(e_scope), ["withdrawn", *e_params]
     yield follow_versions(marks(["open"]), e_scope), [stamp, "open", *e_params]
     yield follow_scope(with_m, e_scope), [*match, stamp, "open", "presumed", *e_params]

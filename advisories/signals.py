@@ -17,7 +17,8 @@ from django.db import transaction
 from django.dispatch import Signal, receiver
 
 from advisories.exposure import recompute
-from inventory.signals import node_versions_changed
+from advisories.osmatch import recompute_os
+from inventory.signals import node_packages_changed, node_versions_changed
 
 advisories_matched = Signal()
 
@@ -32,3 +33,10 @@ def recompute_changed_nodes(sender: Any, node_ids: Iterable[int] = (), reference
     ids = sorted(set(node_ids))
     if ids:
         recompute(node_ids=ids, remediated_by=reference)
+
+
+@receiver(node_packages_changed, dispatch_uid="advisories.rematch_node_packages")
+def rematch_node_packages(sender: Any, node_ids: Iterable[int] = (), reference: str = "", **kwargs: Any) -> None:
+    ids = sorted(set(node_ids))
+    if ids:
+        recompute_os(node_ids=ids, remediated_by=reference)

@@ -18,6 +18,7 @@ import html
 import io
 import json
 import re
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,8 +172,12 @@ class FolderSource(Source):
             if path.suffix.lower() == ".csv":
                 indexes.append(path)
                 continue
+            if path.suffix.lower() == ".zip":
+                yield from BundleSource(str(path), self.client).items()
+                continue
             if path.suffix.lower() != ".json":
-                yield Skipped(str(path), "not a CSAF document (.json) or NVIDIA's CVE index (.csv)")
+                yield Skipped(str(path), "not a CSAF or OSV document (.json), an OSV bundle (.zip) or NVIDIA's "
+                              "CVE index (.csv)")
                 continue
             try:
                 content = path.read_bytes()
@@ -392,9 +397,73 @@ class IndexSource(Source):
         yield from _index_rows(content, self.location)
 
 
+# An osv.dev bundle (all.zip of an ecosystem) holds tens of thousands of small records: a member
+# above this is not one, and the whole is read from memory.
+BUNDLE_MEMBER_MAX = 16 * 1024 * 1024
+
+
+class BundleSource(Source):
+    """An osv.dev-style bundle: a zip of OSV records (a local path or a URL, fetched conditionally).
+    Each member is a document of its own ("bundle.zip!USN-7328-2.json"), rejected alone."""
+
+    kind = SourceKind.BUNDLE
+
+    def items(self) -> Iterator[Item]:
+        try:
+            body = self._body()
+        except DocumentError as exc:
+            yield exc
+            return
+        if body is None:
+            yield NotModified(self.location)
+            return
+        try:
+            archive = zipfile.ZipFile(io.BytesIO(body))
+        except zipfile.BadZipFile as exc:
+            yield DocumentError(self.location, f"not a zip bundle: {exc}")
+            return
+        with archive:
+            for info in sorted(archive.infolist(), key=lambda i: i.filename):
+                yield from self._member(archive, info)
+
+    def _body(self) -> bytes | None:
+        if not self.location.startswith(("http://", "https://")):
+            try:
+                return Path(self.location).read_bytes()
+            except OSError as exc:
+                raise DocumentError(self.location, f"cannot read: {exc.strerror}") from None
+        state = SourceState.objects.filter(url=self.location).first()
+        response = self.client.get(self.location, etag=state.etag if state else "",
+                                   last_modified=state.last_modified if state else "")
+        assert response is not None
+        if response.not_modified:
+            return None
+        # Saved before the members are read: each member is a document with its own outcome.
+        SourceState.objects.update_or_create(
+            url=self.location, defaults={"etag": response.etag, "last_modified": response.last_modified})
+        return response.body
+
+    def _member(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Iterator[Item]:
+        name = f"{self.location}!{info.filename}"
+        if info.is_dir():
+            return
+        if not info.filename.lower().endswith(".json"):
+            yield Skipped(name, "not an OSV record (.json)")
+            return
+        if info.file_size > BUNDLE_MEMBER_MAX:
+            yield DocumentError(name, f"{info.file_size} bytes: larger than any OSV record ({BUNDLE_MEMBER_MAX})")
+            return
+        try:
+            content = archive.read(info)
+        except (zipfile.BadZipFile, OSError, RuntimeError) as exc:
+            yield DocumentError(name, f"cannot read from the bundle: {exc}")
+            return
+        yield FetchedDocument(name, content, self.kind, None)
+
+
 PREFIXES: dict[str, type[Source]] = {
     "file": FileSource, "folder": FolderSource, "url": UrlSource, "feed": FeedSource,
-    "github": GitHubSource, "index": IndexSource,
+    "github": GitHubSource, "index": IndexSource, "bundle": BundleSource,
 }
 
 
@@ -406,6 +475,8 @@ def resolve(spec: str, client: HttpClient | None = None) -> Source:
     kind, sep, rest = spec.partition(":")
     if sep and kind in PREFIXES and not rest.startswith("//"):
         return PREFIXES[kind](rest, client)
+    if spec.split("?")[0].lower().endswith(".zip"):
+        return BundleSource(spec, client)
     if spec.startswith(("http://", "https://")):
         return (UrlSource if spec.split("?")[0].endswith(".json") else FeedSource)(spec, client)
     path = Path(spec)

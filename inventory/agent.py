@@ -34,7 +34,7 @@ from gpusweep_agent.heartbeat import content_digest
 
 from gpusweep.errors import error_body, error_response
 from gpusweep.parsers import JSONInputError, load_json
-from inventory import heartbeats, queries
+from inventory import heartbeats, packages, queries
 from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
 from inventory.models import Cluster, Node
 from inventory.services import (
@@ -277,9 +277,12 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _errors("unknown cluster", {"cluster": f"no cluster named {cluster_name!r}"})
     try:
         node, workloads = parse_heartbeat(payload, cluster_name, node_name)
+        os_report = packages.parse_os_report(payload)
         digest = content_digest(payload)
         result, node_id = _apply(cluster, node, workloads, counter, digest)
     except PayloadError as exc:
+        return _errors("invalid heartbeat", exc.errors)
+    except packages.OsReportError as exc:
         return _errors("invalid heartbeat", exc.errors)
     except InventoryError as exc:
         return _errors("invalid heartbeat", {"facts": str(exc)})
@@ -287,6 +290,8 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _stale(exc.newest)
     if node_id is None:  # registered by this heartbeat
         node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
+    with transaction.atomic():
+        packages.apply_os_report(node_id, os_report, reference="agent")
     return JsonResponse({
         "node_id": node_id,
         "changed": result.changed_components.get(node_name, []),

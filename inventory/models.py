@@ -41,6 +41,49 @@ class Cluster(models.Model):
         return self.name
 
 
+class PackageSet(models.Model):
+    """The installed OS packages of an image, stored once: nodes built from one image share it.
+
+    Keyed by the digest of its content (the ecosystem and every package), so 100,000 nodes in 50
+    images are 50 sets, and a heartbeat whose set is known writes no package row.
+    """
+
+    digest = models.CharField(max_length=64, unique=True)
+    # The OSV ecosystem its packages are versioned in ("Ubuntu:22.04:LTS", "AlmaLinux:9"); '' unknown.
+    ecosystem = models.CharField(max_length=64, blank=True, db_index=True)
+    os_release = models.JSONField(default=dict, blank=True)  # ID, VERSION_ID, VERSION_CODENAME of /etc/os-release
+    package_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["ecosystem", "digest"]
+
+    def __str__(self) -> str:
+        return f"{self.ecosystem or 'unknown'} {self.digest[:12]} ({self.package_count} packages)"
+
+
+class Package(models.Model):
+    """One installed binary package of a set, with the source package it was built from."""
+
+    package_set = models.ForeignKey(PackageSet, on_delete=models.CASCADE, related_name="packages")
+    name = models.CharField(max_length=200)
+    version = models.CharField(max_length=200)
+    arch = models.CharField(max_length=32, blank=True)
+    # dpkg's ${source:Package} / ${source:Version}; rpm's source RPM name and EVR. '' = the binary's own.
+    source = models.CharField(max_length=200, blank=True)
+    source_version = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["package_set_id", "name", "arch"]
+        constraints = [models.UniqueConstraint(fields=["package_set", "name", "arch"], name="package_unique_per_set")]
+        # Advisories look packages up by the source they were built from, or by name (osmatch).
+        indexes = [models.Index(fields=["source"], name="package_source_idx"),
+                   models.Index(fields=["name"], name="package_name_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.version}"
+
+
 class Node(models.Model):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     name = models.CharField(max_length=200)
@@ -76,6 +119,14 @@ class Node(models.Model):
     # Emptied when another source changes what the agent reports, so the agent sends everything again.
     heartbeat_digest = models.CharField(max_length=64, blank=True, default="", db_default="")
     gone_at = models.DateTimeField(null=True, blank=True)
+    # What the node's agent reads of its OS (inventory/packages.py): the image's package set, the
+    # kernel running now (uname -r: a fixed kernel installed but not booted fixes nothing) and the
+    # livepatch state ({"tool": "canonical-livepatch", "state": "applied", "fixes": [CVE ids],
+    # "modules": {...}}). Database defaults: bulk inserts name their columns.
+    package_set = models.ForeignKey(PackageSet, null=True, blank=True, on_delete=models.SET_NULL,
+                                    related_name="nodes")
+    running_kernel = models.CharField(max_length=100, blank=True, default="", db_default="")
+    livepatch = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -8,3 +8,7 @@ product line, OS, facts) changed, so exposure recomputation stays incremental.
 from django.dispatch import Signal
 
 node_versions_changed = Signal()
+
+# Sent after commit when a node's package set, running kernel or livepatch state changed
+# (inventory.packages), with `node_ids` and `reference` (what changed them).
+node_packages_changed = Signal()

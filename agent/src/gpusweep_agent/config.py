@@ -42,6 +42,8 @@ class AgentConfig:
     service_url: str = ""
     heartbeat_interval: float = 30.0
     heartbeat_max_backoff: float = 300.0
+    # Report the OS in heartbeats (osinfo.py: os-release, installed packages, running kernel, livepatch).
+    report_os: bool = True
     criu: str = "criu"
     # Flush a checkpoint's images to disk before it counts as taken (the node is patched and rebooted next).
     checkpoint_fsync: bool = True

@@ -45,8 +45,13 @@ FULL_EVERY_S = 3600.0
 
 
 def content_digest(payload: dict[str, Any]) -> str:
-    """SHA-256 (hex) of a heartbeat's content in canonical JSON; the service computes the same."""
+    """SHA-256 (hex) of a heartbeat's content in canonical JSON; the service computes the same.
+
+    The optional ``os`` object counts only when present, so a heartbeat without one keeps the
+    digest it had before the object existed."""
     content = {name: payload.get(name) for name in DIGEST_FIELDS}
+    if payload.get("os") is not None:
+        content["os"] = payload["os"]
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -85,10 +90,11 @@ class HeartbeatSender:
         facts: Callable[[], dict[str, Any]], workloads: Callable[[], list[dict[str, Any]]],
         interval: float = 30.0, max_backoff: float = 300.0, timeout: float = 10.0,
         rng: random.Random | None = None, full_every: float = FULL_EVERY_S,
+        os_report: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.url = service_url.rstrip("/") + HEARTBEAT_PATH
         self.cluster, self.node, self.key, self.endpoint = cluster, node, key, endpoint
-        self.facts, self.workloads = facts, workloads
+        self.facts, self.workloads, self.os_report = facts, workloads, os_report
         self.interval, self.max_backoff, self.timeout = interval, max_backoff, timeout
         self.failures = 0
         self.counter = 0
@@ -106,8 +112,11 @@ class HeartbeatSender:
             {k: v for k, v in w.items() if k not in ("id", "pid", "state")}
             for w in self.workloads() if w.get("state", "running") in LIVE_STATES
         ]
-        return {"schema": SCHEMA, "cluster": self.cluster, "node": self.node, "agent_version": __version__,
-                "endpoint": self.endpoint, "sent_at": utcnow(), "facts": self.facts(), "workloads": workloads}
+        payload = {"schema": SCHEMA, "cluster": self.cluster, "node": self.node, "agent_version": __version__,
+                   "endpoint": self.endpoint, "sent_at": utcnow(), "facts": self.facts(), "workloads": workloads}
+        if self.os_report is not None and (os_report := self.os_report()) is not None:
+            payload["os"] = os_report
+        return payload
 
     def send(self) -> dict[str, Any]:
         """One heartbeat: the digest alone while the content is what the service acknowledged."""

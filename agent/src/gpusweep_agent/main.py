@@ -13,6 +13,7 @@ from types import FrameType
 from .agent import Agent
 from .config import ConfigError, add_arguments, load_config
 from .heartbeat import HeartbeatSender
+from .osinfo import OsProbe
 from .server import AgentServer
 
 log = logging.getLogger("gpusweep_agent")
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             config.service_url, config.cluster, config.node, config.key, config.endpoint,
             facts=agent.facts, workloads=agent.list_workloads,
             interval=config.heartbeat_interval, max_backoff=config.heartbeat_max_backoff,
+            os_report=OsProbe().report if config.report_os else None,
         )
         threading.Thread(target=heartbeat.run, name="heartbeat", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()

@@ -1,0 +1,150 @@
+"""A node's OS as its agent reports it: the release, the installed packages, the running kernel and
+the livepatch state (the heartbeat's optional ``os`` object, docs/agent-wire-format.md).
+
+Packages are stored per image, not per node: a PackageSet is keyed by the digest of its content,
+so the many nodes of one image share one set, and a heartbeat whose set is the node's already
+writes nothing. A set that is new is written once (its packages in one bulk insert), whichever
+of its nodes reports it first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from inventory.models import Node, Package, PackageSet
+from inventory.signals import node_packages_changed
+
+MAX_PACKAGES = 20_000
+LIVEPATCH_STATES = ("applied", "nothing-to-apply", "applying", "failed", "disabled", "unknown")
+
+# /etc/os-release's ID to the OSV ecosystem's name.
+_ECOSYSTEMS = {"ubuntu": "Ubuntu", "debian": "Debian", "almalinux": "AlmaLinux", "rocky": "Rocky Linux",
+               "rhel": "Red Hat"}
+
+
+class OsReportError(ValueError):
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class OsReport:
+    release: dict[str, str]
+    ecosystem: str
+    packages: tuple[tuple[str, str, str, str, str], ...] | None  # name, version, arch, source, source version
+    running_kernel: str
+    livepatch: dict[str, Any] | None
+
+    @property
+    def digest(self) -> str:
+        content = json.dumps([self.ecosystem, sorted(self.packages or ())], separators=(",", ":"))
+        return hashlib.sha256(content.encode()).hexdigest()
+
+
+def ecosystem_of(release: dict[str, str]) -> str:
+    """OSV's ecosystem for an os-release: Ubuntu:22.04:LTS, Debian:12, AlmaLinux:9, Rocky Linux:9."""
+    name = _ECOSYSTEMS.get(release.get("ID", "").lower(), "")
+    version = release.get("VERSION_ID", "")
+    if not name or not version:
+        return ""
+    if name == "Ubuntu":
+        return f"Ubuntu:{version}:LTS" if "LTS" in release.get("VERSION", "") else f"Ubuntu:{version}"
+    if name == "Red Hat":
+        return f"Red Hat:enterprise_linux:{version.split('.')[0]}"
+    return f"{name}:{version.split('.')[0]}"
+
+
+def _strings(value: Any, errors: dict[str, str], where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        errors[where] = "expected an object of strings"
+        return {}
+    return value
+
+
+def _packages(value: Any, errors: dict[str, str]) -> tuple[tuple[str, str, str, str, str], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_PACKAGES:
+        errors["os.packages"] = f"expected a list of at most {MAX_PACKAGES} packages"
+        return None
+    rows = []
+    for i, row in enumerate(value):
+        if (not isinstance(row, list) or not 2 <= len(row) <= 5 or not all(isinstance(c, str) for c in row)
+                or not row[0] or not row[1] or any(len(c) > 200 for c in row)):
+            errors[f"os.packages[{i}]"] = "expected [name, version, arch, source, source version] (strings)"
+            return None
+        name, version, arch, source, source_version = (*row, "", "", "")[:5]
+        rows.append((name, version, arch, source, source_version))
+    return tuple(sorted(set(rows)))
+
+
+def parse_os_report(payload: dict[str, Any]) -> OsReport | None:
+    """The heartbeat's ``os`` object; None when the agent sent none (its probes found nothing)."""
+    value = payload.get("os")
+    if value is None:
+        return None
+    errors: dict[str, str] = {}
+    if not isinstance(value, dict):
+        raise OsReportError({"os": "expected an object"})
+    release = _strings(value.get("release", {}), errors, "os.release")
+    kernel = value.get("running_kernel", "")
+    if not isinstance(kernel, str) or len(kernel) > 100:
+        errors["os.running_kernel"] = "expected uname -r (at most 100 characters)"
+        kernel = ""
+    livepatch = value.get("livepatch")
+    if livepatch is not None and (not isinstance(livepatch, dict) or livepatch.get("state") not in LIVEPATCH_STATES
+                                  or not isinstance(livepatch.get("fixes", []), list)):
+        errors["os.livepatch"] = f"expected {{tool, state (one of {', '.join(LIVEPATCH_STATES)}), fixes: [...]}}"
+    packages = _packages(value.get("packages"), errors)
+    if errors:
+        raise OsReportError(errors)
+    return OsReport(release={k: release[k] for k in ("ID", "VERSION_ID", "VERSION_CODENAME", "VERSION")
+                             if k in release},
+                    ecosystem=ecosystem_of(release), packages=packages, running_kernel=kernel.strip(),
+                    livepatch=livepatch)
+
+
+def package_set(report: OsReport) -> PackageSet:
+    """The set of these packages, written once for every node that has it."""
+    digest = report.digest
+    found = PackageSet.objects.filter(digest=digest).first()
+    if found is not None:
+        return found
+    try:
+        with transaction.atomic():
+            created = PackageSet.objects.create(digest=digest, ecosystem=report.ecosystem, os_release=report.release,
+                                                package_count=len(report.packages or ()))
+            Package.objects.bulk_create([
+                Package(package_set=created, name=n, version=v, arch=a, source=s, source_version=sv)
+                for n, v, a, s, sv in report.packages or ()], batch_size=2000)
+            return created
+    except IntegrityError:  # another node of the image wrote it meanwhile
+        return PackageSet.objects.get(digest=digest)
+
+
+def apply_os_report(node_id: int, report: OsReport | None, reference: str = "") -> bool:
+    """Point the node at its package set, record its kernel and livepatch; True when any changed
+    (advisories then rematch the node's OS package exposures)."""
+    if report is None:
+        return False
+    current = Node.objects.filter(pk=node_id).values("package_set__digest", "running_kernel", "livepatch").first()
+    if current is None:
+        return False
+    changes: dict[str, Any] = {}
+    if report.packages is not None and current["package_set__digest"] != report.digest:
+        changes["package_set"] = package_set(report)
+    if current["running_kernel"] != report.running_kernel:
+        changes["running_kernel"] = report.running_kernel
+    if current["livepatch"] != report.livepatch:
+        changes["livepatch"] = report.livepatch
+    if not changes:
+        return False
+    Node.objects.filter(pk=node_id).update(**changes)
+    transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
+    return True

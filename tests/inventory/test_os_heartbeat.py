@@ -1,0 +1,59 @@
+"""The heartbeat's os object on the server: package sets stored once per image."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from inventory.models import Node, Package, PackageSet
+from inventory.packages import apply_os_report, ecosystem_of, parse_os_report
+from tests.inventory.test_agent_heartbeat import cluster, fleet_secret, heartbeat_payload, post  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OS = {"release": {"ID": "ubuntu", "VERSION_ID": "22.04", "VERSION_CODENAME": "jammy", "VERSION": "22.04.4 LTS"},
+      "packages": [["linux-image-5.15.0-1042-nvidia", "5.15.0-1042.42", "amd64", "linux-signed-nvidia",
+                    "5.15.0-1042.42"], ["bash", "5.1-6ubuntu1", "amd64", "bash", "5.1-6ubuntu1"]],
+      "running_kernel": "5.15.0-1042-nvidia", "livepatch": {"tool": "canonical-livepatch", "state": "applied",
+                                                            "version": "66", "fixes": []}}
+
+
+def test_a_heartbeat_with_its_os_points_the_node_at_its_package_set(client, cluster):  # noqa: F811
+    answer = post(client, {**heartbeat_payload("570.86.15"), "os": OS})
+    assert answer.status_code == 200, answer.content
+    node = Node.objects.get(name="gpu01")
+    assert node.package_set is not None and node.package_set.ecosystem == "Ubuntu:22.04:LTS"
+    assert node.running_kernel == "5.15.0-1042-nvidia" and node.livepatch["state"] == "applied"
+    assert Package.objects.get(name="bash").source == "bash"
+    # Another node of the image: the same set, no package written again.
+    other = post(client, {**heartbeat_payload("570.86.15"), "node": "gpu02", "os": OS}, identity="local/gpu02")
+    assert other.status_code == 200, other.content
+    assert PackageSet.objects.count() == 1 and Package.objects.count() == 2
+    assert Node.objects.get(name="gpu02").package_set_id == node.package_set_id
+
+
+def test_an_invalid_os_object_is_refused_with_its_field(client, cluster):  # noqa: F811
+    answer = post(client, {**heartbeat_payload("570.86.15"), "os": {**OS, "packages": [["bash"]]}})
+    assert answer.status_code == 400
+    assert "os.packages[0]" in answer.json()["errors"]
+    answer = post(client, {**heartbeat_payload("570.86.15"), "os": {**OS, "livepatch": {"state": "sideways"}}})
+    assert "os.livepatch" in answer.json()["errors"]
+
+
+def test_an_unchanged_os_report_writes_nothing(cluster):  # noqa: F811
+    node = Node.objects.create(cluster=cluster, name="gpu01")
+    report = parse_os_report({"os": OS})
+    assert apply_os_report(node.id, report)
+    with CaptureQueriesContext(connection) as queries:
+        assert not apply_os_report(node.id, report)
+    assert len(queries) == 1  # the node's current set, kernel and livepatch: one read, no write
+
+
+def test_ecosystems_from_os_release():
+    assert ecosystem_of({"ID": "ubuntu", "VERSION_ID": "22.04", "VERSION": "22.04.4 LTS (Jammy Jellyfish)"}) \
+        == "Ubuntu:22.04:LTS"
+    assert ecosystem_of({"ID": "debian", "VERSION_ID": "12"}) == "Debian:12"
+    assert ecosystem_of({"ID": "almalinux", "VERSION_ID": "9.4"}) == "AlmaLinux:9"
+    assert ecosystem_of({"ID": "rocky", "VERSION_ID": "8.10"}) == "Rocky Linux:8"
+    assert ecosystem_of({"ID": "arch"}) == ""
