@@ -23,7 +23,10 @@ from tests.helpers import REPO
 # package (its SQL into campaigns/engine/queries.py); gpusweep/views.py and overview.py move to the
 # console app; gpusweep/datagen.py (the answer cache) classifies statements and is being replaced.
 PENDING = ("campaigns/engine.py", "campaigns/engine/", "gpusweep/views.py", "gpusweep/overview.py",
-           "gpusweep/datagen.py")
+           "gpusweep/datagen.py",
+           # the OS package matching of issue 30 (its INSERT ... SELECT per package-set group), still to
+           # move into advisories/queries.py
+           "advisories/osmatch.py")
 # SQL outside a queries.py that touches no table: the health check's liveness probe.
 PLACES = ("gpusweep/db/", "gpusweep/health.py")
 
@@ -37,8 +40,8 @@ WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def _app_files() -> Iterator[Path]:
     for config in apps.get_app_configs():
         root = Path(config.path)
-        if REPO not in root.parents:
-            continue  # Django's and third-party apps
+        if REPO not in root.parents or "site-packages" in root.parts:
+            continue  # Django's and third-party apps (also when the venv is inside the checkout)
         for path in sorted(root.rglob("*.py")):
             if "migrations" not in path.parts:  # a migration is frozen to the schema of its day
                 yield path
