@@ -21,6 +21,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gpusweep import secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
@@ -61,7 +62,11 @@ class ClusterSerializer(serializers.ModelSerializer):
             isinstance(k, str) and isinstance(v, str) and v.replace("_", "").isalnum() and v.upper() == v
             for k, v in value.items()
         ):
-            raise ValidationError("map each secret to the NAME of an environment variable (e.g. GPUSWEEP_KUBE_TOKEN)")
+            raise ValidationError("map each secret to the NAME of an environment variable "
+                                  "(e.g. GPUSWEEP_SECRET_KUBE_TOKEN)")
+        problems = [f"{k}: {p}" for k, v in value.items() if (p := secret_env.problem(v))]
+        if problems:
+            raise ValidationError(problems)
         return value
 
     def get_node_count(self, obj: Cluster) -> int:
