@@ -7,8 +7,13 @@ failure there. Outside CI a skip must say how to get what is missing.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+
+# The evidence digest store lives outside the database; test databases start their ids afresh, so
+# each session (and the workers and servers it starts) gets its own empty store.
+os.environ["GPUSWEEP_EVIDENCE_DIGEST_DIR"] = tempfile.mkdtemp(prefix="gpusweep-digests-")
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # The one skip CI allows: the end-to-end suite against a real Kubernetes cluster, which no CI
@@ -35,6 +40,12 @@ def need(condition: bool, reason: str) -> None:
     """Skip with `reason` when `condition` is false (and so fail under CI)."""
     if not condition:
         pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _own_digest_store(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
+    """Each test its own digest store: ids restart when a test's database is rolled back or flushed."""
+    settings.GPUSWEEP_EVIDENCE_DIGEST_DIR = tmp_path_factory.mktemp("digests")
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def _exceptions(campaign: Campaign, nodes: list[dict[str, Any]], moves: list[dic
 
 
 def campaign_report(campaign_id: int, actor: str) -> dict[str, Any]:
-    exported = evidence.export(campaign_id, actor)  # seals the current heads (recorded in the chain)
+    exported = evidence.export_for_reading(campaign_id)  # a GET writes nothing: an unstored "check" seal
     campaign = Campaign.objects.select_related("requested_by", "approved_plan__created_by").get(pk=campaign_id)
     problems = evidence.verify_campaign(campaign)
     seal = exported["seals"][-1] if exported["seals"] else None
