@@ -42,12 +42,6 @@ def need(condition: bool, reason: str) -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(autouse=True)
-def _own_digest_store(settings, tmp_path_factory):  # type: ignore[no-untyped-def]
-    """Each test its own digest store: ids restart when a test's database is rolled back or flushed."""
-    settings.GPUSWEEP_EVIDENCE_DIGEST_DIR = tmp_path_factory.mktemp("digests")
-
-
 @pytest.fixture
 def make_user(db: None):  # type: ignore[no-untyped-def]
     """make_user("vera", "viewer", ...) -> a user holding those roles, password "pw-<name>-12345"."""
