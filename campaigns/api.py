@@ -300,7 +300,7 @@ class CampaignViewSet(viewsets.ModelViewSet):
         "intact": serializers.BooleanField(), "problems": serializers.ListField(child=serializers.CharField())}))
     @action(detail=True, methods=["get"])
     def evidence(self, request: Request, pk: str | None = None) -> Response:
-        """The whole log with its signed seals and, for events after the newest stored seal, a "check" seal
+        """The whole log with its signed seals and, for events after the newest stored seal, an "export" seal
         signed now and not stored (a GET writes nothing; POST .../seal/ stores one). The auditor's export:
         check it offline with `python -m campaigns.verify --digests`; and the result of checking it now."""
         campaign = self.get_object()

@@ -234,7 +234,7 @@ def export(campaign_id: int, actor: str = "system") -> dict[str, Any]:
 
 def export_for_reading(campaign_id: int) -> dict[str, Any]:
     """The export a GET answers: nothing written. Events after the newest stored seal (a campaign
-    still running) are covered by a "check" seal signed now and not stored, unless the digest store
+    still running) are covered by an "export" seal signed now and not stored, unless the digest store
     shows the database rewritten (then nothing new is signed and the check says why)."""
     campaign = Campaign.objects.get(pk=campaign_id)
     exported = build_export(campaign)
@@ -242,7 +242,7 @@ def export_for_reading(campaign_id: int) -> dict[str, Any]:
         digests.check_history(campaign_id, stored_head_at(campaign_id))
     except digests.DigestMismatch:
         return exported
-    exported["seals"].append(_unsaved_seal(campaign, _next_seal_number(campaign)))
+    exported["seals"].append(_unsaved_seal(campaign, _next_seal_number(campaign), "export"))
     return exported
 
 
@@ -259,7 +259,8 @@ def verify_campaign(campaign: Campaign) -> list[str]:
     return problems + (verify.check_digests(exported, recorded, public_key) if recorded else [])
 
 
-def _unsaved_seal(campaign: Campaign, number: int) -> dict[str, Any]:
-    body = _seal_body(campaign, number, "check", timezone.now())
-    return {"number": number, "reason": "check", "at": body["at"], "body": body,
+def _unsaved_seal(campaign: Campaign, number: int, reason: str = "check") -> dict[str, Any]:
+    """A seal of the current heads, signed now and stored nowhere (``stored``: false; no digest)."""
+    body = _seal_body(campaign, number, reason, timezone.now())
+    return {"number": number, "reason": reason, "at": body["at"], "body": body, "stored": False,
             "signature": signing.sign(verify.seal_message(body)), "key_id": signing.key_id()}
