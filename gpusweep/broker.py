@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from queue import Empty
 from time import monotonic
 from typing import Any
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         partial = final + ".part"  # its suffix is not "<queue>.msg": _get skips it
@@ -37,12 +38,12 @@ class Channel(filesystem.Channel):
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: str, timeout: float | None = None) -> Any:
         try:
             return super()._get(queue)
         except ValueError as exc:  # a message left half written by an older writer: skipped, never fatal
             log.error("broker: dropped an unreadable message on queue %s: %s", queue, exc)
-            raise filesystem.Empty() from exc
+            raise Empty() from exc
 
 
 class Transport(filesystem.Transport):
