@@ -111,6 +111,7 @@ def _page_context(request: HttpRequest, campaign: Campaign) -> dict[str, Any]:
                    campaign.events.select_related("sweep__node").order_by("-at", "-id")[:40]],
         "actions": board.valid_actions(campaign, plan, request.user, authors),
         "labels": board.ACTION_LABELS,
+        "can_seal": has_role(request.user, Role.OPERATOR, Role.APPROVER),
         "advisories": advisories,
         "windows": board.windows_text(campaign.windows),
         "reports": [(fmt.upper(), f"/campaigns/{campaign.pk}/report.{fmt}") for fmt in ("pdf", "csv", "json")

@@ -130,5 +130,7 @@ def test_a_get_of_evidence_writes_nothing_and_sealing_is_a_post(completed, make_
     assert EvidenceSeal.objects.count() == before[0]
     trusted = Client()
     trusted.force_login(make_user("abe", "approver"))
+    assert 'id="seal"' in trusted.get(f"/campaigns/{completed.pk}/").content.decode()
+    assert 'id="seal"' not in viewer.get(f"/campaigns/{completed.pk}/").content.decode()
     assert trusted.post(f"/campaigns/{completed.pk}/seal/").status_code == 302
     assert EvidenceSeal.objects.count() == before[0] + 1
