@@ -16,9 +16,14 @@ timing bounds hold on a machine that runs nothing else, as they did when the sui
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 
 import pytest
+
+# The evidence digest store lives outside the database; test databases start their ids afresh, so
+# each session (and the workers and servers it starts) gets its own empty store.
+os.environ["GPUSWEEP_EVIDENCE_DIGEST_DIR"] = tempfile.mkdtemp(prefix="gpusweep-digests-")
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # The one skip CI allows: the end-to-end suite against a real Kubernetes cluster, which no CI

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from advisories import csaf, osv
+from advisories import bounds, csaf, osv
 from advisories.choices import (
     EventKind,
     ExposureState,
@@ -191,6 +191,7 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
     With `exposures` the advisory's exposures are recomputed in the same transaction; a batch
     (ingest_documents) turns that off and recomputes once for every changed advisory.
     """
+    bounds.check(doc.content, doc.name)  # before the parser: too deep or too big is one bad document
     parsed = parse_document(doc)
     integrity = integrity_of(parsed.content_sha256, doc.published_sha256)
     ranges, notes = _keyed_ranges(parsed)

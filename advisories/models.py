@@ -204,6 +204,8 @@ class DeadlinePolicy(models.Model):
     use_kev = models.BooleanField(
         default=True, help_text="A CVE in CISA's Known Exploited Vulnerabilities catalogue takes its due date."
     )
+    risk_max_days = models.PositiveIntegerField(
+        default=365, help_text="The longest an approver may accept a risk for, in days (set in the admin).")
     updated_at = models.DateTimeField(auto_now=True)
     # Every change to the policy or an override raises `generation`; the recompute that follows (a
     # task, advisories.exposure.refresh_deadlines) records the generation it applied. Until they are

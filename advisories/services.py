@@ -63,6 +63,9 @@ def accept_risk(exposure_id: int, user: User, reason: str, expires_at: dt.dateti
     """An approver accepts the risk until `expires_at`; the exposure stays listed and counted."""
     if expires_at <= timezone.now():
         raise DecisionError("expiry must be in the future")
+    longest = DeadlinePolicy.current().risk_max_days
+    if expires_at > timezone.now() + dt.timedelta(days=longest):
+        raise DecisionError(f"a risk may be accepted for at most {longest} days (the policy's risk_max_days)")
     before = _decide(exposure_id, frozenset({ExposureState.OPEN, ExposureState.PRESUMED, ExposureState.RISK_ACCEPTED}),
                      "only open or presumed exposures can be accepted", state=ExposureState.RISK_ACCEPTED,
                      risk_approver=_who(user), risk_reason=reason, risk_expires_at=expires_at, justification="")

@@ -152,7 +152,8 @@ class CampaignViewSet(viewsets.ModelViewSet):
     extra_query_params = {"compare": {"old", "new"}}
     write_roles = {Role.OPERATOR}
     # The console's table of who may do what (campaigns.board), so the UI and the API agree.
-    action_roles = {**{name: {role} for name, role in board.ACTION_ROLES.items()}, "seal": {Role.OPERATOR}}
+    action_roles = {**{name: {role} for name, role in board.ACTION_ROLES.items()},
+                    "seal": {Role.OPERATOR, Role.APPROVER}}
     http_method_names = ["get", "post", "patch", "put", "head", "options"]
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -299,10 +300,11 @@ class CampaignViewSet(viewsets.ModelViewSet):
         "intact": serializers.BooleanField(), "problems": serializers.ListField(child=serializers.CharField())}))
     @action(detail=True, methods=["get"])
     def evidence(self, request: Request, pk: str | None = None) -> Response:
-        """The whole log with its signed seals, after a fresh seal of the current heads (the auditor's
-        export; check it offline with `python -m campaigns.verify`), and the result of checking it now."""
+        """The whole log with its signed seals and, for events after the newest stored seal, an "export" seal
+        signed now and not stored (a GET writes nothing; POST .../seal/ stores one). The auditor's export:
+        check it offline with `python -m campaigns.verify --digests`; and the result of checking it now."""
         campaign = self.get_object()
-        exported = evidence.export(campaign.pk, services.actor_of(_user(request)))
+        exported = evidence.export_for_reading(campaign.pk)  # a GET writes nothing (seal: POST .../seal/)
         problems = evidence.verify_campaign(campaign)
         return Response({**exported, "intact": not problems, "problems": problems})
 

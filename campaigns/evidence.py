@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from campaigns import signing, verify
+from campaigns import digests, signing, verify
 from campaigns.choices import EvidenceKind, SweepState
 from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep
 from campaigns.signals import evidence_recorded
@@ -119,9 +119,24 @@ def node_event(sweep: NodeSweep, kind: str, actor: str, data: dict[str, Any] | N
 
 
 def head_signature(campaign_id: int, sweep_id: int, seq: int, head: str) -> str:
-    """The stored form of a finished node chain's signed head: key id, head, signature."""
-    signature = signing.sign(verify.seal_message(verify.node_head_body(campaign_id, sweep_id, seq, head)))
+    """The stored form of a finished node chain's signed head: key id, head, signature; also appended to
+    the digest store, after the digests' history is found still in the database (else DigestMismatch)."""
+    digests.check_history(campaign_id, stored_head_at(campaign_id))
+    body = verify.node_head_body(campaign_id, sweep_id, seq, head)
+    signature = signing.sign(verify.seal_message(body))
+    digests.record_after_commit(campaign_id, "node_head", body, signature, signing.key_id())
     return f"{signing.key_id()}:{head}:{signature}"
+
+
+def stored_head_at(campaign_id: int) -> Any:
+    """head_at(chain, seq): the stored hash of event `seq` of a chain of the campaign (None: its own)."""
+    def head_at(chain: int | None, seq: int) -> str:
+        if seq == 0:
+            return ""
+        rows = (EvidenceEvent.objects.filter(campaign_id=campaign_id, sweep__isnull=True, seq=seq) if chain is None
+                else EvidenceEvent.objects.filter(campaign_id=campaign_id, sweep_id=chain, node_seq=seq))
+        return rows.values_list("hash", flat=True).first() or "<missing>"
+    return head_at
 
 
 def sign_node_head(sweep: NodeSweep) -> None:
@@ -152,11 +167,13 @@ def seal(campaign: Campaign, reason: str, actor: str = "system") -> EvidenceSeal
 
     The seal is then recorded in the campaign chain itself ("sealed"), so a removed seal shows.
     """
+    digests.check_history(campaign.pk, stored_head_at(campaign.pk))
     number = _next_seal_number(campaign)
     now = timezone.now()
     body = _seal_body(campaign, number, reason, now)
     sealed = EvidenceSeal.objects.create(campaign=campaign, number=number, at=now, reason=reason, body=body,
                                          signature=signing.sign(verify.seal_message(body)), key_id=signing.key_id())
+    digests.record_after_commit(campaign.pk, "seal", body, sealed.signature, sealed.key_id)
     campaign_event(campaign, EvidenceKind.SEALED, actor, {"seal": number, "reason": reason, "root": body["root"],
                                                           "campaign_seq": body["campaign_seq"],
                                                           "nodes": len(body["nodes"])})
@@ -215,16 +232,35 @@ def export(campaign_id: int, actor: str = "system") -> dict[str, Any]:
     return build_export(Campaign.objects.get(pk=campaign_id))
 
 
+def export_for_reading(campaign_id: int) -> dict[str, Any]:
+    """The export a GET answers: nothing written. Events after the newest stored seal (a campaign
+    still running) are covered by an "export" seal signed now and not stored, unless the digest store
+    shows the database rewritten (then nothing new is signed and the check says why)."""
+    campaign = Campaign.objects.get(pk=campaign_id)
+    exported = build_export(campaign)
+    try:
+        digests.check_history(campaign_id, stored_head_at(campaign_id))
+    except digests.DigestMismatch:
+        return exported
+    exported["seals"].append(_unsaved_seal(campaign, _next_seal_number(campaign), "export"))
+    return exported
+
+
 def verify_campaign(campaign: Campaign) -> list[str]:
-    """Every problem in the stored log, found by the same check an auditor runs on an export."""
+    """Every problem in the stored log, found by the same check an auditor runs on an export, and
+    against the digest store (when it holds this campaign's digests)."""
     exported = build_export(campaign)
     # Events after the newest stored seal (a campaign still running) are checked against a seal of
     # the current heads made now and not stored; the stored seals still pin everything before.
     exported["seals"].append(_unsaved_seal(campaign, _next_seal_number(campaign)))
-    return verify.verify_export(exported, signing.private_key().public_key())
+    public_key = signing.private_key().public_key()
+    problems = verify.verify_export(exported, public_key)
+    recorded = digests.store().read(campaign.pk)
+    return problems + (verify.check_digests(exported, recorded, public_key) if recorded else [])
 
 
-def _unsaved_seal(campaign: Campaign, number: int) -> dict[str, Any]:
-    body = _seal_body(campaign, number, "check", timezone.now())
-    return {"number": number, "reason": "check", "at": body["at"], "body": body,
+def _unsaved_seal(campaign: Campaign, number: int, reason: str = "check") -> dict[str, Any]:
+    """A seal of the current heads, signed now and stored nowhere (``stored``: false; no digest)."""
+    body = _seal_body(campaign, number, reason, timezone.now())
+    return {"number": number, "reason": reason, "at": body["at"], "body": body, "stored": False,
             "signature": signing.sign(verify.seal_message(body)), "key_id": signing.key_id()}

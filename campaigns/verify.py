@@ -237,12 +237,73 @@ def verify_export(export: dict[str, Any], public_key: Any) -> list[str]:
     return problems
 
 
+# --- the digest store: each seal and signed node head also kept outside the database -----------------
+# One JSON line per record, in a file per campaign (campaigns.digests writes them), chained as
+# CloudTrail chains its digest files: ``digest = sha256(prev + canonical(entry))`` over the line's
+# other fields. A database writer who rewrites a chain and has it signed again cannot make these
+# older records match: they pin the heads as they were signed.
+
+
+def digest_of(prev: str, entry: dict[str, Any]) -> str:
+    fields = {k: v for k, v in entry.items() if k not in ("prev", "digest")}
+    return hashlib.sha256((prev + canonical(fields)).encode()).hexdigest()
+
+
+def digest_problems(digests: list[dict[str, Any]]) -> list[str]:
+    """Problems of the digest chain itself (a line edited, removed or inserted)."""
+    problems, prev = [], ""
+    for expected, entry in enumerate(digests, start=1):
+        if int(entry.get("n", 0)) != expected or entry.get("prev", "") != prev:
+            problems.append(f"digest #{entry.get('n')}: does not follow digest #{expected - 1} (store edited)")
+        if digest_of(entry.get("prev", ""), entry) != entry.get("digest"):
+            problems.append(f"digest #{entry.get('n')}: its hash does not match (store edited)")
+        prev = str(entry.get("digest", ""))
+    return problems
+
+
+def pinned_heads(entry: dict[str, Any]) -> list[tuple[int | None, int, str]]:
+    """The (chain, number, head) a digest record pins: None is the campaign's own chain."""
+    record = entry["record"]
+    if entry["kind"] == "node_head":
+        return [(int(record["sweep"]), int(record["seq"]), str(record["head"]))]
+    return [(None, int(record["campaign_seq"]), str(record["campaign_head"]))] + [
+        (int(s), int(n), str(h)) for s, n, h in record.get("nodes", [])]
+
+
+def check_digests(export: dict[str, Any], digests: list[dict[str, Any]], public_key: Any) -> list[str]:
+    """Every way the export departs from the digests kept outside the database."""
+    problems = digest_problems(digests)
+    chains = _chains(export, [])
+    # Seals signed for one answer and stored nowhere ("stored": false) have no digest, by design.
+    stored = {int(s["number"]): s for s in export.get("seals", []) if s.get("stored", True)}
+    digested_seals = set()
+    for entry in digests:
+        label = f"digest #{entry.get('n')} ({entry.get('kind')})"
+        if not _signature_ok(public_key, str(entry.get("signature", "")), seal_message(entry["record"])):
+            problems.append(f"{label}: signature not valid for this public key")
+            continue
+        for chain, seq, head in pinned_heads(entry):
+            if _head_at(chains.get(chain, {}), seq) != head:
+                name = "the campaign chain" if chain is None else f"node sweep {chain}"
+                problems.append(f"{label}: {name} no longer has the head signed at #{seq} (rewritten or removed)")
+        if entry["kind"] == "seal":
+            number = int(entry["record"]["number"])
+            digested_seals.add(number)
+            if number not in stored or stored[number]["signature"] != entry["signature"]:
+                problems.append(f"{label}: seal {number} is missing from the evidence or differs (removed or replaced)")
+    for number in sorted(set(stored) - digested_seals):
+        problems.append(f"seal {number} is in no digest: signed without the digest store")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m campaigns.verify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export", type=Path, help="a campaign evidence export (JSON)")
     parser.add_argument("--public-key", required=True,
                         help="the service's Ed25519 public key: a PEM file, or its base64 text")
+    parser.add_argument("--digests", type=Path, default=None,
+                        help="the campaign's file from the digest store (campaign-ID.jsonl), fetched from the store")
     args = parser.parse_args(argv)
     try:
         export = json.loads(args.export.read_text(encoding="utf-8"))
@@ -250,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         key_text = key_arg.read_bytes() if key_arg.exists() else args.public_key.encode()
         public_key = load_public_key(key_text)
         problems = verify_export(export, public_key)
+        if args.digests is not None:
+            lines = args.digests.read_text(encoding="utf-8").splitlines()
+            problems += check_digests(export, [json.loads(line) for line in lines if line.strip()], public_key)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"cannot check {args.export}: {exc}", file=sys.stderr)
         return 2

@@ -111,6 +111,7 @@ def _page_context(request: HttpRequest, campaign: Campaign) -> dict[str, Any]:
                    campaign.events.select_related("sweep__node").order_by("-at", "-id")[:40]],
         "actions": board.valid_actions(campaign, plan, request.user, authors),
         "labels": board.ACTION_LABELS,
+        "can_seal": has_role(request.user, Role.OPERATOR, Role.APPROVER),
         "advisories": advisories,
         "windows": board.windows_text(campaign.windows),
         "reports": [(fmt.upper(), f"/campaigns/{campaign.pk}/report.{fmt}") for fmt in ("pdf", "csv", "json")
@@ -131,6 +132,8 @@ def campaign_board(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    if action == "seal":  # an explicit, CSRF-protected POST: the only way a page stores a seal
+        return _seal(request, pk)
     role = board.ACTION_ROLES.get(action)
     if role is None:
         return HttpResponse(status=404)
@@ -164,6 +167,15 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     return redirect("campaigns-ui:campaign-detail", pk=pk)
 
 
+def _seal(request: HttpRequest, pk: int) -> HttpResponse:
+    if not has_role(request.user, Role.OPERATOR, Role.APPROVER):
+        raise PermissionDenied("sealing needs the operator or approver role")
+    get_object_or_404(Campaign, pk=pk)
+    services.seal_now(pk, request.user if isinstance(request.user, User) else None)
+    messages.success(request, "Evidence sealed: the current heads are signed and kept in the digest store.")
+    return redirect("campaigns-ui:campaign-detail", pk=pk)
+
+
 def _event_rows(campaign: Campaign) -> list[dict[str, Any]]:
     rows = []
     for e in EvidenceEvent.objects.filter(campaign=campaign).select_related("sweep__node").order_by("at", "id"):
@@ -192,8 +204,7 @@ def campaign_evidence(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
             f"campaign-{campaign.pk}-evidence.csv", header,
             [[r[h] if h != "data" else json.dumps(r["data"], sort_keys=True) for h in header] for r in rows],
         )
-    user = request.user if isinstance(request.user, User) else None
-    exported = evidence.export(campaign.pk, services.actor_of(user))
+    exported = evidence.export_for_reading(campaign.pk)  # a GET writes nothing (seal: POST .../seal/)
     problems = evidence.verify_campaign(campaign)
     response = JsonResponse({**exported, "verified": not problems, "problems": problems},
                             json_dumps_params={"indent": 2})

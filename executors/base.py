@@ -429,7 +429,11 @@ def executor_name(cluster: Cluster | None) -> str:
     if cluster is not None:
         chosen = (cluster.connection or {}).get("executor")
         if chosen:
-            return str(chosen)
+            # A user writes the connection: only a registered name, never a dotted path to import.
+            if not isinstance(chosen, str) or chosen not in ALIASES:
+                raise ImproperlyConfigured(f"cluster {cluster.name}: executor {chosen!r} is not one of "
+                                           f"{', '.join(sorted(ALIASES))}")
+            return chosen
     return str(getattr(settings, "GPUSWEEP_EXECUTOR", "") or os.environ.get("GPUSWEEP_EXECUTOR", DEFAULT_EXECUTOR))
 
 

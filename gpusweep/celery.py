@@ -6,8 +6,11 @@ import os
 
 from celery import Celery
 
+from gpusweep import broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusweep.settings")
 
+broker.register()  # filesystem:// writes each message atomically (gpusweep.broker)
 app = Celery("gpusweep")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

@@ -15,9 +15,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+# Every name the service reads for its own settings: a webhook or cluster may never name one
+# (gpusweep.secret_env), whatever prefix a deployment allows.
+OWN_NAMES: set[str] = set()
 
 
 def env_str(name: str, default: str | None = None) -> str:
+    OWN_NAMES.add(name)
     value = os.environ.get(name)
     if value is None:
         if default is None:
@@ -27,6 +31,7 @@ def env_str(name: str, default: str | None = None) -> str:
 
 
 def env_bool(name: str, default: bool) -> bool:
+    OWN_NAMES.add(name)
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -39,6 +44,7 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    OWN_NAMES.add(name)
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -52,6 +58,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
+    OWN_NAMES.add(name)
     raw = os.environ.get(name)
     if raw is None:
         return list(default)
@@ -60,6 +67,7 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_url(name: str, default: str, *, schemes: set[str]) -> str:
     """A URL whose scheme must be one of `schemes` (checked before anything connects)."""
+    OWN_NAMES.add(name)
     value = os.environ.get(name, default).strip()
     scheme = urlsplit(value).scheme
     # "db+postgresql" style prefixes are not accepted: one spelling per engine keeps docs simple.
@@ -75,6 +83,7 @@ def persistent_secret(var_dir: Path, env_name: str, *, generate: bool, min_lengt
     Two processes starting at once (web and worker) must agree on one value, hence O_EXCL.
     Returns "" when absent and not generated; callers decide whether that is an error.
     """
+    OWN_NAMES.add(env_name)
     value = os.environ.get(env_name, "").strip()
     if value:
         if len(value) < min_length:

@@ -5,15 +5,21 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
+
+from gpusweep.roles import user_roles
 
 # Probes and login are the only open pages; the API and its schema authenticate themselves (DRF
 # answers 401/403), and so does /metrics (its bearer token). The API docs page is a page: without
 # a login it redirects to the login form.
 OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/")
 DOCS_PREFIX = "/api/docs/"
+# Pages a logged-in user without a role may still reach: their own login session (log out, change
+# password) and the admin site, which checks is_staff itself. Every other page needs a role, as the
+# API does (issue 28 item 4).
+ROLELESS_PREFIXES = ("/accounts/", "/admin/")
 
 View = TypeVar("View", bound=Callable[..., Any])
 
@@ -56,11 +62,20 @@ class LoginRequiredMiddleware:
             token_user = _token_user(request)
             if token_user is not None:
                 request.user = token_user
-                return self.get_response(request)
+                return self.get_response(request) if user_roles(token_user) else _no_role(request)
             if request.headers.get("Authorization"):
                 return JsonResponse({"detail": "invalid, expired or revoked token (or this page takes a login)"},
                                     status=401)
             if request.headers.get("Accept", "").startswith("application/json"):
                 return JsonResponse({"detail": "Authentication required."}, status=401)
             return redirect_to_login(request.get_full_path(), settings.LOGIN_URL)
+        if not path.startswith(ROLELESS_PREFIXES) and not user_roles(request.user):
+            return _no_role(request)
         return self.get_response(request)
+
+
+def _no_role(request: HttpRequest) -> HttpResponse:
+    detail = "your account holds no role (viewer, operator, approver or admin): ask an admin for one"
+    if request.headers.get("Accept", "").startswith("application/json") or request.headers.get("Authorization"):
+        return JsonResponse({"detail": detail}, status=403)
+    return HttpResponseForbidden(f"403 Forbidden: {detail}", content_type="text/plain")

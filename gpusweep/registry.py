@@ -109,3 +109,16 @@ def merged(parts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             raise ImproperlyConfigured(f"two sections of a page give {', '.join(sorted(clash))}")
         context.update(part)
     return context
+
+
+# The executors a cluster's `connection.executor` may name (executors' ready() registers its
+# ALIASES): the inventory API and admin check a name against it without importing the executors app,
+# and nothing a user writes is ever imported as a dotted path (issue 28 item 5).
+executor_names: set[str] = set()
+
+
+def executor_problem(name: object) -> str:
+    """What is wrong with `name` as a cluster's executor ("" when it is a registered one)."""
+    if isinstance(name, str) and name in executor_names:
+        return ""
+    return f"executor {name!r} is not one of the registered executors: {', '.join(sorted(executor_names))}"

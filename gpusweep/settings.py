@@ -254,6 +254,12 @@ GPUSWEEP_AGENT_FLEET_SECRET = persistent_secret(VAR_DIR, "GPUSWEEP_AGENT_FLEET_S
 GPUSWEEP_EVIDENCE_KEY_FILE = env_str(
     "GPUSWEEP_EVIDENCE_KEY_FILE", str(VAR_DIR / "evidence-signing-key.pem") if DEBUG else "")
 GPUSWEEP_EVIDENCE_KEY_GENERATE = DEBUG
+# Every seal and signed node head is also appended here, outside the database (campaigns.digests).
+GPUSWEEP_EVIDENCE_DIGEST_DIR = Path(env_str("GPUSWEEP_EVIDENCE_DIGEST_DIR", str(VAR_DIR / "evidence-digests")))
+GPUSWEEP_EVIDENCE_DIGEST_STORE = env_str("GPUSWEEP_EVIDENCE_DIGEST_STORE", "")
+# A webhook's authorization_env or a cluster's secret_env may name only variables with one of these
+# prefixes, never one of the service's own settings (gpusweep.secret_env).
+GPUSWEEP_SECRET_ENV_PREFIXES = env_list("GPUSWEEP_SECRET_ENV_PREFIXES", ["GPUSWEEP_SECRET_"])
 GPUSWEEP_IMPORT_MAX_BYTES = env_int("GPUSWEEP_IMPORT_MAX_MB", 100, minimum=1) * 1024 * 1024
 GPUSWEEP_SLURM_TIMEOUT_S = float(env_int("GPUSWEEP_SLURM_TIMEOUT_S", 30, minimum=1))
 GPUSWEEP_AGENT_HEARTBEAT_S = env_int("GPUSWEEP_AGENT_HEARTBEAT_S", 30, minimum=5)

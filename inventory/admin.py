@@ -1,6 +1,41 @@
+from typing import Any
+
+from django import forms
 from django.contrib import admin
 
+from gpusweep import registry, secret_env
+from inventory.choices import CheckpointEngine
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+
+
+class ClusterForm(forms.ModelForm):
+    """The API's checks on what an admin writes: a registered executor, allowed secret names
+    (the admin builds the form's fields from the ModelAdmin)."""
+
+    def clean_connection(self) -> Any:
+        value = self.cleaned_data.get("connection") or {}
+        chosen = value.get("executor") if isinstance(value, dict) else None
+        if chosen is not None and (problem := registry.executor_problem(chosen)):
+            raise forms.ValidationError(problem)
+        return value
+
+    def clean_secret_env(self) -> Any:
+        value = self.cleaned_data.get("secret_env") or {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError("an object mapping each secret to an environment variable's name")
+        problems = [f"{k}: {p}" for k, v in value.items() if (p := secret_env.problem(str(v)))]
+        if problems:
+            raise forms.ValidationError(problems)
+        return value
+
+
+class WorkloadForm(forms.ModelForm):
+    """Only a registered checkpoint engine (the model's field has no choices: engines register)."""
+    def clean_checkpoint_engine(self) -> str:
+        value = str(self.cleaned_data.get("checkpoint_engine") or "")
+        if value not in CheckpointEngine.values():
+            raise forms.ValidationError(f"one of the registered engines: {', '.join(CheckpointEngine.values())}")
+        return value
 
 
 class NodeComponentInline(admin.TabularInline):
@@ -11,6 +46,7 @@ class NodeComponentInline(admin.TabularInline):
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
+    form = ClusterForm
     list_display = ("name", "kind", "sync_enabled", "last_synced_at")
     list_filter = ("kind",)
 
@@ -32,6 +68,7 @@ class NodeComponentAdmin(admin.ModelAdmin):
 
 @admin.register(Workload)
 class WorkloadAdmin(admin.ModelAdmin):
+    form = WorkloadForm
     list_display = ("scheduler_id", "kind", "cluster", "node", "gpus", "state", "checkpoint_engine", "policy")
     list_filter = ("kind", "cluster", "checkpoint_engine", "policy")
     search_fields = ("scheduler_id", "name")

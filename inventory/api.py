@@ -21,11 +21,12 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from gpusweep import registry, secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
-from inventory.choices import ChangeAction, ChangeSource, ClusterKind, ServiceState
+from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ClusterKind, ServiceState
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.services import InventoryError, check_labels
 from inventory.versions import VersionError, normalize_component, parse_version
@@ -53,6 +54,8 @@ class ClusterSerializer(serializers.ModelSerializer):
                 f"{', '.join(secret_like)}: secrets never go in the database; name an environment variable "
                 "in secret_env instead"
             )
+        if "executor" in value and (problem := registry.executor_problem(value["executor"])):
+            raise ValidationError(f"connection.executor: {problem}")
         return value
 
     def validate_secret_env(self, value: Any) -> dict[str, str]:
@@ -61,7 +64,11 @@ class ClusterSerializer(serializers.ModelSerializer):
             isinstance(k, str) and isinstance(v, str) and v.replace("_", "").isalnum() and v.upper() == v
             for k, v in value.items()
         ):
-            raise ValidationError("map each secret to the NAME of an environment variable (e.g. GPUSWEEP_KUBE_TOKEN)")
+            raise ValidationError("map each secret to the NAME of an environment variable "
+                                  "(e.g. GPUSWEEP_SECRET_KUBE_TOKEN)")
+        problems = [f"{k}: {p}" for k, v in value.items() if (p := secret_env.problem(v))]
+        if problems:
+            raise ValidationError(problems)
         return value
 
     def get_node_count(self, obj: Cluster) -> int:
@@ -115,6 +122,12 @@ class WorkloadSerializer(serializers.ModelSerializer):
                   "gpus", "started_at", "time_limit", "checkpoint_engine", "policy", "engine", "engine_version",
                   "model_name", "model_version", "last_seen", "gone_at"]
         read_only_fields = [f for f in fields if f not in ("policy", "checkpoint_engine")]
+
+    def validate_checkpoint_engine(self, value: Any) -> str:
+        # The registered engines only (executors.portability): any other name made every later plan a 500.
+        if not isinstance(self.initial_data.get("checkpoint_engine"), str) or value not in CheckpointEngine.values():
+            raise ValidationError(f"one of the registered checkpoint engines: {', '.join(CheckpointEngine.values())}")
+        return str(value)
 
 
 class ChangeLogSerializer(serializers.ModelSerializer):

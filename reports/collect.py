@@ -1,9 +1,9 @@
 """What each auditor's report says, as plain data (JSON types only); render.py turns it into
 JSON, CSV and PDF, so the three formats of a report never disagree.
 
-Reports read the other apps' tables and write none, except that a campaign report seals the
-evidence heads first (``campaigns.evidence.export``, itself recorded in the campaign's chain), so
-the signed head it prints is one an auditor can check the exported log against.
+Reports read the other apps' tables and write none: a campaign report signs the current evidence
+heads for itself without storing the seal (``campaigns.evidence.export_for_reading``), so the signed
+head it prints is one an auditor can check the exported log against, and a GET writes nothing.
 
 Every report starts with ``report``: its title, when and by whom it was made, what it covers
 and how to verify it.
@@ -121,7 +121,7 @@ def _exceptions(campaign: Campaign, nodes: list[dict[str, Any]], moves: list[dic
 
 
 def campaign_report(campaign_id: int, actor: str) -> dict[str, Any]:
-    exported = evidence.export(campaign_id, actor)  # seals the current heads (recorded in the chain)
+    exported = evidence.export_for_reading(campaign_id)  # a GET writes nothing: an unstored "export" seal
     campaign = Campaign.objects.select_related("requested_by", "approved_plan__created_by").get(pk=campaign_id)
     problems = evidence.verify_campaign(campaign)
     seal = exported["seals"][-1] if exported["seals"] else None

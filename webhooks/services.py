@@ -31,6 +31,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gpusweep import secret_env
 from webhooks import payloads, queue
 from webhooks.choices import DeliveryState, EventType
 from webhooks.models import Delivery, Event, Subscription
@@ -82,8 +83,8 @@ def subscription_errors(fields: dict[str, Any]) -> dict[str, str]:
     if url is not None and not str(url).lower().startswith(("http://", "https://")):
         errors["url"] = "an http(s) URL"
     env = fields.get("authorization_env") or ""
-    if env and not (env.replace("_", "").isalnum() and env.upper() == env):
-        errors["authorization_env"] = "the NAME of an environment variable, e.g. JIRA_AUTHORIZATION"
+    if env and (problem := secret_env.problem(str(env))):
+        errors["authorization_env"] = problem
     secret = fields.get("secret")
     if secret is not None and len(str(secret)) < 16:
         errors["secret"] = "at least 16 characters"
@@ -128,6 +129,8 @@ def _post(subscription: Subscription, delivery: Delivery) -> tuple[int | None, s
                "X-Gpusweep-Delivery": str(delivery.pk),
                "X-Gpusweep-Signature": sign(subscription.secret, timestamp, body)}
     if subscription.authorization_env:
+        if secret_env.own(subscription.authorization_env):  # written before the allow-list, or by hand
+            return None, "", f"{subscription.authorization_env} is one of the service's own settings: never sent"
         credential = os.environ.get(subscription.authorization_env, "")
         if not credential:
             return None, "", f"environment variable {subscription.authorization_env} is not set"

@@ -33,6 +33,7 @@ import json
 import os
 from typing import Any, Protocol
 
+from gpusweep import secret_env
 from inventory.choices import CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import Cluster
 from inventory.services import ObservedNode, ObservedWorkload, Snapshot
@@ -109,6 +110,8 @@ def api_client_for(cluster: Cluster) -> tuple[Any, float]:
 
     connection = cluster.connection or {}
     secrets = cluster.secret_env or {}
+    if own := sorted(v for v in secrets.values() if secret_env.own(str(v))):  # never hand the service's keys on
+        raise KubernetesError(f"cluster {cluster.name}: {', '.join(own)} are the service's own settings, not secrets")
     timeout = float(connection.get("timeout_s", 30))
     if connection.get("host"):
         configuration = client.Configuration()

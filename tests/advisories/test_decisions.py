@@ -66,7 +66,8 @@ def test_accepting_a_risk_writes_its_evidence(presumed):
     approver, anna = client_for("approver")
     exposure = Exposure.objects.get(state="open")
     response = approver.post(f"{API}/exposures/{exposure.id}/accept_risk/",
-                             {"reason": "lab cluster, isolated network", "expires_at": "2099-01-01T00:00:00Z"},
+                             {"reason": "lab cluster, isolated network",
+                              "expires_at": (dt.datetime.now(dt.UTC) + dt.timedelta(days=300)).isoformat()},
                              content_type="application/json")
     assert response.status_code == 200 and response.json()["state"] == "risk_accepted"
     assert AdvisoryEvent.objects.get(kind="risk_accepted").user == anna
@@ -148,7 +149,7 @@ def test_a_revoked_or_expired_acceptance_of_a_presumed_exposure_is_presumed_agai
     from advisories.exposure import expire_acceptances
 
     anna = User.objects.create_user("anna")
-    future = dt.datetime(2099, 1, 1, tzinfo=dt.UTC)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(days=300)
     services.accept_risk(presumed.id, anna, "R550 retires next month", future)
     assert services.revoke_risk(presumed.id, anna).state == "presumed"
     services.accept_risk(presumed.id, anna, "R550 retires next month", future)

@@ -67,7 +67,7 @@ def fleet() -> Cluster:
     services.mark_not_affected(Exposure.objects.get(node__name="decided-r550", advisory__publisher_id="5703").id,
                                approver, "vulnerable_code_not_in_execute_path", "no display stack on these nodes")
     services.accept_risk(Exposure.objects.get(node__name="open-r570", advisory__publisher_id="5670").id, approver,
-                         "lab cluster, isolated", dt.datetime(2099, 1, 1, tzinfo=dt.UTC))
+                         "lab cluster, isolated", dt.datetime.now(dt.UTC) + dt.timedelta(days=300))
     from tests.advisories.conftest import set_version
 
     set_version(remediated, "driver", "535.274.02")

@@ -92,7 +92,7 @@ def test_it_refuses_secret_values_in_cluster_settings():
             "secret_env": {"token": "eyJhbGciOiJSUzI1NiIsImtpZCI6"}}
     response = admin.post(f"{BASE}/clusters/", body, format="json")
     assert response.status_code == 400 and "environment variable" in str(response.json())
-    body["secret_env"] = {"token": "GPUSWEEP_KUBE_TOKEN_PROD"}
+    body["secret_env"] = {"token": "GPUSWEEP_SECRET_KUBE_TOKEN_PROD"}
     leaked = {**body, "connection": {"host": "https://k8s:6443", "bearer_token": "eyJhbGci"}}
     response = admin.post(f"{BASE}/clusters/", leaked, format="json")
     assert response.status_code == 400 and "bearer_token: secrets never go in the database" in str(response.json())

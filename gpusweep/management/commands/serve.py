@@ -1,8 +1,10 @@
 """Run the web UI, a Celery worker and Celery beat together in one terminal session.
 
 For development and the demo. Production runs each as its own service (see
-docker-compose.yml). If any of the three exits, the others are stopped too, so a broken
-worker is never hidden behind a web UI that still answers.
+docker-compose.yml). A worker or beat that dies is started again, and the restart is logged
+(issue 28: one bad broker message used to stop the whole service); one that keeps dying at
+start-up (RESTART_LIMIT times within RESTART_WINDOW_S) stops everything instead, as does the
+web server exiting, so a broken install is never hidden behind a web UI that still answers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+
+RESTARTABLE = ("worker", "beat")
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
 
 
 class Command(BaseCommand):
@@ -60,14 +66,21 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         exit_code = 0
+        restarts: dict[str, list[float]] = {name: [] for name in RESTARTABLE}
         while not stopping:
-            for name, child in children.items():
+            for name, child in list(children.items()):
                 code = child.poll()
-                if code is not None:
-                    self.stderr.write(f"{name} exited with status {code}; stopping the others")
-                    exit_code = code or 1
-                    stopping = True
-                    break
+                if code is None:
+                    continue
+                if self._may_restart(name, restarts):
+                    self.stderr.write(f"{name} exited with status {code}; restarting it "
+                                      f"(restart {len(restarts[name])} in {RESTART_WINDOW_S:.0f} s)")
+                    children[name] = subprocess.Popen(commands[name])
+                    continue
+                self.stderr.write(f"{name} exited with status {code}; stopping the others")
+                exit_code = code or 1
+                stopping = True
+                break
             time.sleep(0.3)
         for child in children.values():
             if child.poll() is None:
@@ -79,6 +92,14 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 child.kill()
         sys.exit(exit_code)
+
+    @staticmethod
+    def _may_restart(name: str, restarts: dict[str, list[float]]) -> bool:
+        if name not in restarts:
+            return False
+        now = time.monotonic()
+        restarts[name] = [t for t in restarts[name] if now - t < RESTART_WINDOW_S] + [now]
+        return len(restarts[name]) <= RESTART_LIMIT
 
     def _load_demo_advisories(self) -> None:
         """Ingest the shared NVIDIA corpus (or the bundled sample without it); unchanged documents cost nothing."""
