@@ -4,8 +4,9 @@ from django import forms
 from django.contrib import admin
 
 from gpusweep import registry, secret_env
+from gpusweep.admin import ReadOnlyAdmin
 from inventory.choices import CheckpointEngine
-from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
+from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Package, PackageSet, Workload
 
 
 class ClusterForm(forms.ModelForm):
@@ -79,3 +80,17 @@ class ChangeLogAdmin(admin.ModelAdmin):
     list_display = ("time", "source", "action", "object_type", "object_repr")
     list_filter = ("source", "action", "object_type")
     readonly_fields = [f.name for f in ChangeLog._meta.fields]
+
+
+# Package sets come from the agents' reports (inventory.packages): shown, never edited by hand.
+@admin.register(PackageSet)
+class PackageSetAdmin(ReadOnlyAdmin):
+    list_display = ("digest", "ecosystem", "package_count", "created_at")
+    list_filter = ("ecosystem",)
+    search_fields = ("digest",)
+
+
+@admin.register(Package)
+class PackageAdmin(ReadOnlyAdmin):
+    list_display = ("name", "version", "arch", "source", "source_version", "package_set")
+    search_fields = ("name", "source")
