@@ -12,7 +12,7 @@ from django.utils.module_loading import import_string
 # Probes and login are the only open pages; the API and its schema authenticate themselves (DRF
 # answers 401/403), and so does /metrics (its bearer token). The API docs page is a page: without
 # a login it redirects to the login form.
-OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/")
+OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/", "/favicon.ico")
 DOCS_PREFIX = "/api/docs/"
 
 View = TypeVar("View", bound=Callable[..., Any])
