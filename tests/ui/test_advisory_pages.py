@@ -53,7 +53,7 @@ def test_the_advisory_page_puts_the_summary_first_and_ranges_in_words(client: Cl
     assert re.search(r'id="exposed-count">Exposed nodes<span class="big">2</span>prod: 2', page)
     # 5703's published hash does not match: both hashes shown.
     assert advisory.published_sha256 in page and advisory.content_sha256 in page
-    assert f"/campaigns/new/?advisories={advisory.pk}" in page
+    assert f"/campaigns/new/?advisories={advisory.public_id}" in page
     assert 'href="https://www.cve.org/CVERecord?id=CVE-' in page
     client.logout()
     reader = _login(client, make_user, "vera", "viewer")
