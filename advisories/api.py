@@ -13,14 +13,16 @@ from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from advisories import coverage, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
+from advisories.identifiers import PublicAdvisoryFilter, resolve
 from advisories.models import (
     CVE,
     Advisory,
@@ -39,6 +41,9 @@ from gpusweep.routers import ApiRouter
 # --- serializers ---------------------------------------------------------------------------
 
 MAX_DEADLINE_DAYS = 3650
+PUBLIC = "the advisory's public id, e.g. nvidia-5703 (its database id never leaves the service)"
+# The publisher's own bulletin number (5703), kept beside the public id for existing clients.
+BULLETIN = "the publisher's bulletin number, e.g. 5703"
 
 
 class CVESerializer(serializers.ModelSerializer):
@@ -52,7 +57,7 @@ class AffectedRangeSerializer(serializers.ModelSerializer):
     cves: serializers.SlugRelatedField[CVE] = serializers.SlugRelatedField(
         slug_field="cve_id", many=True, read_only=True
     )
-    advisory = serializers.CharField(source="advisory.publisher_id", read_only=True)
+    advisory = serializers.CharField(source="advisory.public_id", read_only=True, help_text=PUBLIC)
 
     class Meta:
         model = AffectedRange
@@ -62,7 +67,8 @@ class AffectedRangeSerializer(serializers.ModelSerializer):
 
 
 class ReviewItemSerializer(serializers.ModelSerializer):
-    advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True)
+    advisory = serializers.CharField(source="advisory.public_id", read_only=True, help_text=PUBLIC)
+    advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True, help_text=BULLETIN)
     resolved_by = serializers.CharField(source="resolved_by.username", read_only=True, default=None, allow_null=True)
 
     class Meta:
@@ -76,6 +82,7 @@ class AdvisorySerializer(serializers.ModelSerializer):
     cves: serializers.SlugRelatedField[CVE] = serializers.SlugRelatedField(
         slug_field="cve_id", many=True, read_only=True
     )
+    id = serializers.CharField(source="public_id", read_only=True, help_text=PUBLIC)
     open_exposures = serializers.IntegerField(read_only=True, required=False)
     presumed_exposures = serializers.IntegerField(read_only=True, required=False)
     open_review_items = serializers.IntegerField(read_only=True, required=False)
@@ -111,7 +118,8 @@ class AdvisoryDetailSerializer(AdvisorySerializer):
 class ExposureSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True)
     cluster = serializers.CharField(source="node.cluster.name", read_only=True)
-    advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True)
+    advisory = serializers.CharField(source="advisory.public_id", read_only=True, help_text=PUBLIC)
+    advisory_id = serializers.CharField(source="advisory.publisher_id", read_only=True, help_text=BULLETIN)
     fixed_version = serializers.CharField(source="affected_range.fixed_version", read_only=True)
     remediation = serializers.CharField(source="affected_range.remediation", read_only=True)
     cves = serializers.SerializerMethodField()
@@ -209,7 +217,7 @@ class AdvisoryFilter(FilterSet):
 
 class CVEFilter(FilterSet):
     severity = MultipleChoiceFilter(choices=Severity.choices())
-    advisory = django_filters.CharFilter(field_name="advisories__publisher_id")
+    advisory = PublicAdvisoryFilter(field_name="advisories")
 
     class Meta:
         model = CVE
@@ -217,7 +225,7 @@ class CVEFilter(FilterSet):
 
 
 class AffectedRangeFilter(FilterSet):
-    advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
+    advisory = PublicAdvisoryFilter(field_name="advisory")
 
     class Meta:
         model = AffectedRange
@@ -228,7 +236,7 @@ class ExposureFilter(FilterSet):
     severity = MultipleChoiceFilter(choices=Severity.choices())
     state = MultipleChoiceFilter(choices=ExposureState.choices())
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
-    advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
+    advisory = PublicAdvisoryFilter(field_name="advisory")
     overdue = BooleanFilter(method="filter_overdue", help_text="open and past its deadline")
 
     class Meta:
@@ -245,6 +253,11 @@ class ExposureFilter(FilterSet):
 # --- viewsets -----------------------------------------------------------------------------------
 
 
+BY_PUBLIC_ID = extend_schema(parameters=[OpenApiParameter("id", OpenApiTypes.STR, OpenApiParameter.PATH,
+                                                          description=PUBLIC)])
+
+
+@extend_schema_view(retrieve=BY_PUBLIC_ID, vex=BY_PUBLIC_ID)
 class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AdvisoryFilter
     ordering_fields = ["initial_release_date", "current_release_date", "severity", "publisher_id", "title",
@@ -260,6 +273,15 @@ class AdvisoryViewSet(viewsets.ReadOnlyModelViewSet):
                 open_items.values("advisory").annotate(n=Count("id")).values("n")[:1]), 0),
         )
         return queryset
+
+    def get_object(self) -> Advisory:
+        """By public id (`/advisories/nvidia-5703/`): the database id is no address."""
+        advisory = resolve(str(self.kwargs.get(self.lookup_url_kwarg or self.lookup_field, "")))
+        if advisory is None:
+            raise NotFound("no advisory with this public id (e.g. nvidia-5703)")
+        found = self.get_queryset().get(pk=advisory.pk)
+        self.check_object_permissions(self.request, found)
+        return found
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return AdvisoryDetailSerializer if self.action == "retrieve" else AdvisorySerializer
@@ -341,18 +363,19 @@ class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     @action(detail=False, methods=["get"])
     def vex(self, request: Request) -> Response:
-        """CSAF 2.0 VEX for the filtered exposures' bulletins (e.g. ?advisory=5703&cluster=prod)."""
+        """CSAF 2.0 VEX for the filtered exposures' bulletins (e.g. ?advisory=nvidia-5703&cluster=prod)."""
         exposures = self.filter_queryset(self.get_queryset())
         advisories = Advisory.objects.filter(id__in=exposures.values("advisory_id")).prefetch_related("cves")
-        if request.query_params.get("advisory"):
-            advisories = Advisory.objects.filter(publisher_id=request.query_params["advisory"])
+        named = resolve(request.query_params.get("advisory") or "")
+        if named is not None:  # an unknown one was refused by the filter
+            advisories = Advisory.objects.filter(pk=named.pk).prefetch_related("cves")
         # Filtered to some exposures (a state, a cluster ...): those only, not the rest of the inventory.
         unfiltered = set(request.query_params) <= {"advisory", "format"}
         return Response(vex_document(advisories.order_by("publisher_id"), exposures, inventory=unfiltered))
 
 
 class ReviewItemFilter(FilterSet):
-    advisory = django_filters.CharFilter(field_name="advisory__publisher_id")
+    advisory = PublicAdvisoryFilter(field_name="advisory")
 
     class Meta:
         model = ReviewItem

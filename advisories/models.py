@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.db import models
 
@@ -36,6 +38,12 @@ class CVE(models.Model):
 
     def __str__(self) -> str:
         return self.cve_id
+
+
+def public_id(publisher: str, publisher_id: str) -> str:
+    """`<publisher>-<bulletin id>`, lower case: the publisher part has no hyphen, so the first one splits."""
+    name = re.sub(r"[^a-z0-9]", "", publisher.lower()) or "advisory"
+    return f"{name}-{re.sub(r'[^a-z0-9._-]+', '-', publisher_id.lower()).strip('-')}"
 
 
 class Advisory(models.Model):
@@ -76,6 +84,11 @@ class Advisory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.publisher} {self.publisher_id}"
+
+    @property
+    def public_id(self) -> str:
+        """The one identifier that leaves the service (API, URLs, webhooks, reports): `nvidia-5703`."""
+        return public_id(self.publisher, self.publisher_id)
 
 
 class AffectedRange(models.Model):

@@ -146,7 +146,8 @@ def needing_review() -> list[dict[str, Any]]:
         n=Count("id")).values_list("advisory_id", "n"))
     presumed = {pk: c.presumed_nodes for pk, c in counts.cached().items() if c.presumed_nodes}
     ids = set(review) | set(presumed)
-    return [{"pk": a.pk, "publisher": a.publisher, "publisher_id": a.publisher_id, "title": a.title,
+    return [{"pk": a.pk, "public_id": a.public_id, "publisher": a.publisher, "publisher_id": a.publisher_id,
+             "title": a.title,
              "severity": a.severity, "open_review": review.get(a.pk, 0), "presumed": presumed.get(a.pk, 0)}
             for a in Advisory.objects.filter(pk__in=ids).order_by("-current_release_date")[:20]]
 

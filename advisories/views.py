@@ -9,13 +9,14 @@ from typing import Any
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, F, IntegerField, Min, OuterRef, Q, QuerySet, Subquery, Value, When
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from advisories import components, counts, coverage, display, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
+from advisories.identifiers import resolve
 from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, paginate
@@ -91,8 +92,10 @@ def _sort_key(name: str, advisory: Advisory) -> tuple[int, Any]:
     return (1, value)
 
 
-def advisory_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    advisory = get_object_or_404(Advisory, pk=pk)
+def advisory_detail(request: HttpRequest, public_id: str) -> HttpResponse:
+    advisory = resolve(public_id)
+    if advisory is None:
+        raise Http404("no advisory with this public id (e.g. nvidia-5703)")
     active = advisory.exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
     by_cluster = list(active.values("node__cluster__name").annotate(
         nodes=Count("node", distinct=True), earliest=Min("deadline")).order_by("node__cluster__name"))
@@ -148,7 +151,7 @@ def exposure_decide(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Exposure of {exposure.node.name}: {decision.replace('_', ' ')} recorded.")
-    return redirect("advisories-ui:advisory-detail", pk=exposure.advisory_id)
+    return redirect("advisories-ui:advisory-detail", public_id=exposure.advisory.public_id)
 
 
 @require_POST
@@ -172,7 +175,7 @@ def review_resolve(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Review item {item.key}: resolved.")
-    return redirect("advisories-ui:advisory-detail", pk=item.advisory_id)
+    return redirect("advisories-ui:advisory-detail", public_id=item.advisory.public_id)
 
 
 EXPOSURE_SORTS = {
@@ -196,8 +199,9 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
         exposures = exposures.filter(severity=filters["severity"])
     if filters["cluster"]:
         exposures = exposures.filter(node__cluster__name=filters["cluster"])
-    if filters["advisory"].isdigit():
-        exposures = exposures.filter(advisory_id=int(filters["advisory"]))
+    if filters["advisory"]:  # a public id; one that no advisory has lists nothing
+        named = resolve(filters["advisory"])
+        exposures = exposures.filter(advisory_id=named.pk) if named else exposures.none()
     now = timezone.now()
     if filters["overdue"] in ("1", "true", "yes", "on"):
         exposures = exposures.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED], deadline__lt=now)

@@ -18,6 +18,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from advisories.identifiers import PublicAdvisoryField
 from campaigns import board, evidence, services
 from campaigns.choices import CampaignStatus
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan, WorkloadMove
@@ -36,6 +37,8 @@ class CampaignSerializer(serializers.ModelSerializer):
     requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None,
                                          allow_null=True)
     approvals = serializers.SerializerMethodField()
+    # Public ids in and out (["nvidia-5703"]): an advisory's database id is no part of the API.
+    advisories = PublicAdvisoryField(many=True, required=False)
 
     class Meta:
         model = Campaign

@@ -16,7 +16,7 @@ from campaigns import board, evidence, services, wizard
 from campaigns.models import Campaign, EvidenceEvent
 from gpusweep.middleware import accepts_token
 from gpusweep.pages import csv_response, installed, paginate
-from gpusweep.roles import Role, has_role
+from gpusweep.roles import Role, has_role, user_roles
 
 
 def campaign_list(request: HttpRequest) -> HttpResponse:
@@ -138,7 +138,8 @@ def campaign_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     if role is None:
         return HttpResponse(status=404)
     if not has_role(request.user, role):
-        raise PermissionDenied(f"{action} needs the {role.value} role")
+        raise PermissionDenied(f"{action.replace('_', ' ').capitalize()} needs the {role.value} role; your roles: "
+                               f"{', '.join(sorted(r.value for r in user_roles(request.user))) or 'none'}")
     user = request.user if isinstance(request.user, User) else None
     try:
         if action == "plan":

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from advisories import counts
 from advisories.choices import ExposureState
+from advisories.identifiers import resolve_all
 from advisories.models import Advisory, Exposure
 from campaigns import services
 from campaigns.choices import Placement
@@ -160,9 +161,11 @@ def _utc_iso(text: str) -> str:
 
 
 def initial_from(query: Any) -> dict[str, Any]:
-    """The wizard's starting values from a link: ?advisories=1&advisories=2&clusters=prod&nodes=a,b."""
+    """The wizard's starting values from a link: ?advisories=nvidia-5703&clusters=prod&nodes=a,b (advisories
+    by public id; a form's own ids are still read)."""
     initial: dict[str, Any] = {}
-    ids = [int(i) for i in query.getlist("advisories") if i.isdigit()]
+    found, _unknown = resolve_all([v for v in query.getlist("advisories") if not v.isdigit()])
+    ids = [int(i) for i in query.getlist("advisories") if i.isdigit()] + [a.pk for a in found]
     if ids:
         initial["advisories"] = ids
         names = Advisory.objects.filter(pk__in=ids).values_list("publisher_id", flat=True)

@@ -56,7 +56,12 @@ class RolePermission(BasePermission):
         action = getattr(view, "action", None)
         action_roles: dict[str, set[Role]] = getattr(view, "action_roles", {})
         if action in action_roles:
-            return has_role(user, *action_roles[action])
+            allowed = has_role(user, *action_roles[action])
+            if not allowed:  # say which role it takes, not DRF's generic refusal (read per request)
+                self.message = (f"{str(action).replace('_', ' ')} needs the "
+                                f"{' or '.join(sorted(r.value for r in action_roles[action]))} role; "
+                                f"yours: {', '.join(sorted(r.value for r in held))}")
+            return allowed
         if request.method in SAFE_METHODS:
             return True
         write_roles: set[Role] = getattr(view, "write_roles", {Role.ADMIN})

@@ -229,6 +229,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Fields named "policy" in several serializers: one enum, named after its one choice set.
+    # Each webhook event's body as a component (webhooks/schemas.py), after the default enum hook.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "webhooks.schemas.add_to_openapi"],
     "ENUM_NAME_OVERRIDES": {"WorkloadPolicyEnum": "inventory.choices.WorkloadPolicy.choices",
                             "WebhookEventTypeEnum": "webhooks.choices.EventType.choices"},
 }
@@ -288,6 +290,8 @@ GPUSWEEP_WEBHOOK_TIMEOUT_S = float(env_int("GPUSWEEP_WEBHOOK_TIMEOUT_S", 10, min
 GPUSWEEP_WEBHOOK_BACKOFF_MS = env_int("GPUSWEEP_WEBHOOK_BACKOFF_MS", 10000, minimum=1)
 GPUSWEEP_WEBHOOK_MAX_ATTEMPTS = env_int("GPUSWEEP_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 GPUSWEEP_WEBHOOK_DUE_SOON_DAYS = env_int("GPUSWEEP_WEBHOOK_DUE_SOON_DAYS", 7, minimum=1)
+# Where people open the console: webhook bodies link back with absolute URLs under it (no trailing slash).
+GPUSWEEP_BASE_URL = env_url("GPUSWEEP_BASE_URL", "http://127.0.0.1:8000", schemes={"http", "https"}).rstrip("/")
 
 # --- advisories -------------------------------------------------------------------------
 # Named advisory sources: GPUSWEEP_ADVISORY_SOURCES="nvidia=github:https://raw...|https://github.com/...atom,

@@ -25,6 +25,8 @@ FILE = {(200, "application/pdf"): OpenApiTypes.BINARY, (200, "text/csv"): OpenAp
         (200, "application/json"): OpenApiTypes.OBJECT}
 FMT = OpenApiParameter("fmt", str, OpenApiParameter.PATH, enum=list(render.FORMATS), description="pdf, csv or json")
 ID = OpenApiParameter("id", int, OpenApiParameter.PATH)
+ADVISORY_ID = OpenApiParameter("id", str, OpenApiParameter.PATH,
+                               description="the advisory's public id, e.g. nvidia-5703")
 
 
 class FirstRenderer(BaseContentNegotiation):
@@ -42,7 +44,7 @@ class ReportView(APIView):
     kind = ""
     params: set[str] = set()
 
-    def _answer(self, request: Request, pk: int | None, fmt: str) -> HttpResponse:
+    def _answer(self, request: Request, pk: int | str | None, fmt: str) -> HttpResponse:
         refuse_unknown_params(request, self.params)
         try:
             return respond(self.kind, pk, fmt, request.user, request.query_params.get("cluster") or None)
@@ -63,8 +65,8 @@ class CampaignReport(ReportView):
 class AdvisoryReport(ReportView):
     kind = "advisory"
 
-    @extend_schema(parameters=[ID, FMT], responses=FILE, operation_id="reports_advisory")
-    def get(self, request: Request, id: int, fmt: str) -> HttpResponse:
+    @extend_schema(parameters=[ADVISORY_ID, FMT], responses=FILE, operation_id="reports_advisory")
+    def get(self, request: Request, id: str, fmt: str) -> HttpResponse:
         """Every node ever exposed to the advisory and its outcome."""
         return self._answer(request, id, fmt)
 
@@ -88,8 +90,8 @@ class Router:
         return [
             re_path(r"^campaigns/(?P<id>[0-9]{1,18})/report\.(?P<fmt>pdf|csv|json)$", CampaignReport.as_view(),
                     name="campaign-report"),
-            re_path(r"^advisories/(?P<id>[0-9]{1,18})/report\.(?P<fmt>pdf|csv|json)$", AdvisoryReport.as_view(),
-                    name="advisory-report"),
+            re_path(r"^advisories/(?P<id>[a-z0-9]+-[^/]{1,60})/report\.(?P<fmt>pdf|csv|json)$",
+                    AdvisoryReport.as_view(), name="advisory-report"),
             re_path(r"^pending\.(?P<fmt>pdf|csv|json)$", PendingReport.as_view(), name="pending-report"),
         ]
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from advisories import coverage
 from advisories.choices import ExposureState
-from advisories.models import Advisory, AffectedRange, Exposure
+from advisories.models import Advisory, AffectedRange, Exposure, public_id
 from campaigns import evidence
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
@@ -43,7 +43,7 @@ def _header(title: str, covers: str, verify: str, actor: str) -> dict[str, Any]:
 
 
 def _advisory_summary(advisory: Advisory) -> dict[str, Any]:
-    return {"id": advisory.pk, "publisher_id": advisory.publisher_id, "title": advisory.title,
+    return {"id": advisory.public_id, "publisher_id": advisory.publisher_id, "title": advisory.title,
             "severity": advisory.severity, "integrity": advisory.integrity,
             "content_sha256": advisory.content_sha256,
             "cves": [{"cve": c.cve_id, "base_score": c.base_score, "severity": c.severity}
@@ -265,7 +265,8 @@ def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
         exposures = exposures.filter(node__cluster__name=cluster)
     # Plain tuples and small lookup tables: a fleet has hundreds of thousands of pending rows, and
     # building a model instance (with its node, advisory and range) for each took minutes.
-    advisories = dict(Advisory.objects.values_list("pk", "publisher_id"))
+    advisories = {pk: public_id(publisher, number)  # public ids: the database id stays inside
+                  for pk, publisher, number in Advisory.objects.values_list("pk", "publisher", "publisher_id")}
     fixed = dict(AffectedRange.objects.values_list("pk", "fixed_version"))
     clusters = dict(Cluster.objects.values_list("pk", "name"))
     now = timezone.now()

@@ -6,6 +6,6 @@ from reports import views
 
 urlpatterns = [
     path("campaigns/<int:pk>/report.<str:fmt>", views.campaign_report, name="campaign-report"),
-    path("advisories/<int:pk>/report.<str:fmt>", views.advisory_report, name="advisory-report"),
+    path("advisories/<str:public_id>/report.<str:fmt>", views.advisory_report, name="advisory-report"),
     path("advisories/pending.<str:fmt>", views.pending_report, name="pending-report"),
 ]

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 
-from advisories.models import Advisory
+from advisories.identifiers import resolve
 from campaigns.models import Campaign
 from gpusweep.middleware import accepts_token
 from gpusweep.roles import user_roles
@@ -23,24 +23,25 @@ def actor_of(user: Any) -> str:
     return f"user:{user.get_username()}" if getattr(user, "is_authenticated", False) else "system"
 
 
-def build(kind: str, pk: int | None, actor: str, cluster: str | None = None) -> tuple[str, dict[str, Any],
+def build(kind: str, pk: int | str | None, actor: str, cluster: str | None = None) -> tuple[str, dict[str, Any],
                                                                                         list[render.Section]]:
     """(file name without extension, data, sections) of one report; Http404 for an unknown object."""
     if kind == "campaign":
         if pk is None or not Campaign.objects.filter(pk=pk).exists():
             raise Http404("no such campaign")
-        data = collect.campaign_report(pk, actor)
+        data = collect.campaign_report(int(pk), actor)
         return f"campaign-{pk}-report", data, render.campaign_sections(data)
-    if kind == "advisory":
-        if pk is None or not Advisory.objects.filter(pk=pk).exists():
+    if kind == "advisory":  # by public id (nvidia-5703)
+        advisory = resolve(str(pk or ""))
+        if advisory is None:
             raise Http404("no such advisory")
-        data = collect.advisory_report(pk, actor)
-        return f"advisory-{pk}-report", data, render.advisory_sections(data)
+        data = collect.advisory_report(advisory.pk, actor)
+        return f"advisory-{advisory.public_id}-report", data, render.advisory_sections(data)
     data = collect.pending_report(actor, cluster)
     return "pending-patches" + (f"-{cluster}" if cluster else ""), data, render.pending_sections(data)
 
 
-def respond(kind: str, pk: int | None, fmt: str, user: Any, cluster: str | None = None) -> HttpResponse:
+def respond(kind: str, pk: int | str | None, fmt: str, user: Any, cluster: str | None = None) -> HttpResponse:
     if fmt not in render.FORMATS:
         raise Http404("a report is pdf, csv or json")
     name, data, sections = build(kind, pk, actor_of(user), cluster)
@@ -64,9 +65,9 @@ def campaign_report(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
 
 
 @accepts_token
-def advisory_report(request: HttpRequest, pk: int, fmt: str) -> HttpResponse:
+def advisory_report(request: HttpRequest, public_id: str, fmt: str) -> HttpResponse:
     _reader(request)
-    return respond("advisory", pk, fmt, request.user)
+    return respond("advisory", public_id, fmt, request.user)
 
 
 @accepts_token

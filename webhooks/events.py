@@ -20,12 +20,13 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from advisories.choices import ExposureState
-from advisories.models import Advisory, Exposure
+from advisories.models import Advisory, Exposure, public_id
 from campaigns.choices import EvidenceKind
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
 from webhooks.choices import EventType
 from webhooks.models import Subscription
 from webhooks.services import emit
+from webhooks.wire import absolute
 
 # The campaign-level evidence kinds that are state changes, and the state each leads to.
 STATE_AFTER = {
@@ -48,14 +49,14 @@ def _campaign_facts(campaign: Campaign) -> dict[str, Any]:
     plan = campaign.approved_plan or campaign.plans.order_by("-version").first()
     summary = (plan.content.get("summary") or {}) if plan else {}
     waves = (plan.content.get("waves") or []) if plan else []
-    return {"campaign": campaign.pk, "name": campaign.name, "advisories": list(
-                campaign.advisories.values_list("publisher_id", flat=True)),
+    return {"campaign": campaign.pk, "name": campaign.name,
+            "advisories": sorted(a.public_id for a in campaign.advisories.only("publisher", "publisher_id")),
             "requested_by": str(campaign.requested_by or ""), "approvals_required": campaign.approvals_required,
             "plan_version": plan.version if plan else None, "nodes": summary.get("nodes"),
             "expected_start": waves[0]["start"] if waves else None,
             "expected_end": summary.get("expected_end"), "deadline": campaign.deadline,
             "started_at": campaign.started_at, "finished_at": campaign.finished_at,
-            "url": f"/campaigns/{campaign.pk}/"}
+            "url": absolute(f"/campaigns/{campaign.pk}/")}
 
 
 def on_evidence(campaign_id: int, sweep_id: int | None, kind: str, seq: int, hash: str, actor: str, at: datetime,
@@ -81,7 +82,7 @@ def on_evidence(campaign_id: int, sweep_id: int | None, kind: str, seq: int, has
              {"node": sweep.node.name, "cluster": sweep.node.cluster.name, "campaign": sweep.campaign_id,
               "campaign_name": sweep.campaign.name, "sweep": sweep_id, "state": sweep.state, "error": sweep.error,
               "evidence": {"kind": kind, "seq": seq, "hash": hash, "actor": actor, "at": at, "data": data},
-              "url": f"/campaigns/{sweep.campaign_id}/"})
+              "url": absolute(f"/campaigns/{sweep.campaign_id}/")})
 
 
 def on_advisories_matched(advisory_ids: list[int]) -> None:
@@ -97,10 +98,10 @@ def on_advisories_matched(advisory_ids: list[int]) -> None:
              f"advisory:{advisory.pk}",
              f"{advisory.publisher} {advisory.publisher_id} ({advisory.severity}) affects {sum(clusters.values())} "
              f"exposures: {advisory.title}"[:300],
-             {"advisory": advisory.publisher_id, "title": advisory.title, "severity": advisory.severity,
+             {"advisory": advisory.public_id, "title": advisory.title, "severity": advisory.severity,
               "tracking_version": advisory.tracking_version, "cves": [c.cve_id for c in advisory.cves.all()],
               "integrity": advisory.integrity, "exposures_by_cluster": clusters,
-              "url": f"/advisories/{advisory.pk}/"})
+              "url": absolute(f"/advisories/{advisory.public_id}/")})
 
 
 def scan_deadlines(now: datetime | None = None) -> int:
@@ -113,7 +114,8 @@ def scan_deadlines(now: datetime | None = None) -> int:
     for kind, window in ((EventType.EXPOSURE_OVERDUE, {"deadline__lt": now}),
                          (EventType.EXPOSURE_DUE_SOON, {"deadline__gte": now, "deadline__lt": soon})):
         groups = (Exposure.objects.filter(state=ExposureState.OPEN, **window)
-                  .values("advisory_id", "advisory__publisher_id", "advisory__severity", "node__cluster_id",
+                  .values("advisory_id", "advisory__publisher", "advisory__publisher_id", "advisory__severity",
+                          "node__cluster_id",
                           "node__cluster__name").annotate(n=Count("id"), first=Min("deadline")).order_by())
         for group in groups:
             nodes = list(Exposure.objects.filter(state=ExposureState.OPEN, advisory_id=group["advisory_id"],
@@ -121,13 +123,14 @@ def scan_deadlines(now: datetime | None = None) -> int:
                          .order_by("deadline", "node__name").values_list("node__name", flat=True)[:SAMPLE])
             word = "overdue since" if kind == EventType.EXPOSURE_OVERDUE else "due by"
             first = group["first"].date()
+            advisory = public_id(group["advisory__publisher"], group["advisory__publisher_id"])
             event = emit(kind, f"{kind}:{group['advisory_id']}:{group['node__cluster_id']}:{first}",
                          f"advisory:{group['advisory_id']}",
-                         f"{group['n']} exposures to {group['advisory__publisher_id']} in "
+                         f"{group['n']} exposures to {advisory} in "
                          f"{group['node__cluster__name']} {word} {first}",
-                         {"advisory": group["advisory__publisher_id"], "severity": group["advisory__severity"],
+                         {"advisory": advisory, "severity": group["advisory__severity"],
                           "cluster": group["node__cluster__name"], "exposures": group["n"],
                           "earliest_deadline": group["first"], "nodes": nodes,
-                          "url": f"/advisories/exposures/?advisory={group['advisory__publisher_id']}"})
+                          "url": absolute(f"/advisories/exposures/?advisory={advisory}")})
             emitted += event is not None
     return emitted

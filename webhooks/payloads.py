@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from webhooks import wire
 from webhooks.choices import EventType, Template
 
 SEVERITY_PRIORITY = {"critical": "Highest", "high": "High", "medium": "Medium", "low": "Low"}
@@ -71,5 +72,7 @@ BUILDERS = {Template.GENERIC: generic, Template.JIRA: jira, Template.SERVICENOW_
 
 def body_for(template: str, event: dict[str, Any], options: dict[str, Any]) -> bytes:
     """The exact bytes sent (and signed)."""
+    # Normalized again here: events stored before one date format and absolute links go out in it too.
+    event = wire.normalize(event)
     return json.dumps(BUILDERS[template](event, options or {}), sort_keys=True, separators=(",", ":"),
                       default=str).encode()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import os
 import time
@@ -32,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gpusweep import secret_env
-from webhooks import payloads, queue
+from webhooks import payloads, queue, wire
 from webhooks.choices import DeliveryState, EventType
 from webhooks.models import Delivery, Event, Subscription
 
@@ -101,7 +100,7 @@ def emit(kind: str, key: str, subject: str, summary: str, data: dict[str, Any]) 
     try:
         with transaction.atomic():
             event = Event.objects.create(kind=kind, key=key[:200], subject=subject[:200], summary=summary[:300],
-                                         data=json.loads(json.dumps(data, default=str)), at=timezone.now())
+                                         data=wire.normalize(data), at=timezone.now())
             Delivery.objects.bulk_create([Delivery(subscription=s, event=event) for s in subscriptions])
             for subscription in subscriptions:
                 queue.enqueue(subscription.pk)
@@ -111,7 +110,7 @@ def emit(kind: str, key: str, subject: str, summary: str, data: dict[str, Any]) 
 
 
 def event_body(event: Event) -> dict[str, Any]:
-    return {"id": event.pk, "kind": event.kind, "at": event.at.isoformat(), "subject": event.subject,
+    return {"id": event.pk, "kind": event.kind, "at": wire.rfc3339(event.at), "subject": event.subject,
             "summary": event.summary, "data": event.data}
 
 

@@ -108,9 +108,9 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
     user = User.objects.create_user("vera")
     user.groups.add(Group.objects.get(name="viewer"))
     client.force_login(user)
-    detail = client.get(f"/api/v1/advisories/advisories/{advisory.id}/").json()
+    detail = client.get(f"/api/v1/advisories/advisories/{advisory.public_id}/").json()
     assert detail["coverage"]["line"] == result.line()
     listed = client.get("/api/v1/advisories/advisories/").json()["results"]
     assert [a["coverage"]["line"] for a in listed] == [result.line()]
-    for url in (f"/advisories/{advisory.id}/", "/advisories/"):
+    for url in (f"/advisories/{advisory.public_id}/", "/advisories/"):
         assert result.line() in client.get(url).content.decode(), url

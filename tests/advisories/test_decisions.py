@@ -111,7 +111,7 @@ def test_an_admin_dismisses_or_maps_review_items_and_exposures_follow():
         response = admin.post(f"{API}/review-items/{other.id}/dismiss/", {"reason": "checked against the table"},
                               content_type="application/json")
         assert response.status_code == 200
-    assert viewer.get(f"{API}/advisories/{advisory.id}/").json()["needs_review"] is False
+    assert viewer.get(f"{API}/advisories/{advisory.public_id}/").json()["needs_review"] is False
     # A later revision keeps the admin's mapping (and the resolved items).
     data = json.loads((TEST_CSAF / "9004.json").read_bytes())
     data["document"]["tracking"]["version"] = "1.1.0"
@@ -125,7 +125,7 @@ def test_an_admin_dismisses_or_maps_review_items_and_exposures_follow():
 def test_the_pages_show_review_items_and_let_an_approver_decide(presumed):
     advisory = presumed.advisory
     admin, _ = client_for("admin")
-    page = admin.get(f"/advisories/{advisory.id}/").content.decode()
+    page = admin.get(f"/advisories/{advisory.public_id}/").content.decode()
     assert "Needs review" in page and "between R535 and R570" in page and "Dismiss" in page
     assert "Presumed exposed" in page and "move to a supported branch" in page
     approver, _ = client_for("approver")

@@ -117,12 +117,12 @@ def test_the_whole_fleet_and_the_api_give_valid_vex(fleet, client: Client):
     user = User.objects.create_user("vera")
     user.groups.add(Group.objects.get(name="viewer"))
     client.force_login(user)
-    advisory_id = Exposure.objects.filter(advisory__publisher_id="5703").values_list("advisory_id", flat=True)[0]
+    advisory_id = Exposure.objects.filter(advisory__publisher_id="5703").first().advisory.public_id
     from_api = client.get(f"/api/v1/advisories/advisories/{advisory_id}/vex/").json()
     assert schema_errors(from_api) == []
     assert statuses(from_api, "CVE-2025-23280") == statuses(
         json.loads(_vex_for("5703")), "CVE-2025-23280")
-    filtered = client.get("/api/v1/advisories/exposures/vex/", {"advisory": "5703", "state": "presumed"}).json()
+    filtered = client.get("/api/v1/advisories/exposures/vex/", {"advisory": "nvidia-5703", "state": "presumed"}).json()
     assert schema_errors(filtered) == []
     assert statuses(filtered, "CVE-2025-23280") == {"under_investigation": ["prod/presumed-r560/driver"]}
 

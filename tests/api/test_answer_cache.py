@@ -297,7 +297,7 @@ def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
     client, _ = _token_client(_user("viewer", Role.VIEWER))
     read = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?', re.I)
     for view, url in ((NodeViewSet, NODES + "&search=gpu&ordering=cluster__name&component=driver&branch=R570"),
-                      (ExposureViewSet, EXPOSURES + "&search=5703&cluster=c1&severity=critical&advisory=5703")):
+                      (ExposureViewSet, EXPOSURES + "&search=5703&cluster=c1&severity=critical&advisory=nvidia-5703")):
         settings.GPUSWEEP_RESPONSE_CACHE_S = 0
         with CaptureQueriesContext(connection) as queries:
             assert client.get(url).status_code == 200

@@ -77,11 +77,11 @@ def test_the_advisory_report_lists_every_exposed_node_with_its_outcome(seeded, m
 
     exposure = Exposure.objects.select_related("advisory", "node").order_by("pk").first()
     advisory = exposure.advisory
-    data = json.loads(_viewer(make_user).get(f"/advisories/{advisory.pk}/report.json").content)
+    data = json.loads(_viewer(make_user).get(f"/advisories/{advisory.public_id}/report.json").content)
     assert len(data["exposures"]) == Exposure.objects.filter(advisory=advisory).count()
     assert exposure.node.name in {row["node"] for row in data["exposures"]}
     assert sum(data["counts"].values()) == len(data["exposures"])
-    assert _viewer_pdf_ok(make_user, f"/advisories/{advisory.pk}/report.pdf")
+    assert _viewer_pdf_ok(make_user, f"/advisories/{advisory.public_id}/report.pdf")
 
 
 def _viewer_pdf_ok(make_user, url: str) -> bool:  # type: ignore[no-untyped-def]

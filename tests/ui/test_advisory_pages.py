@@ -46,18 +46,18 @@ def test_the_advisory_page_puts_the_summary_first_and_ranges_in_words(client: Cl
                                                                       fleet: Cluster):  # noqa: F811
     advisory = Advisory.objects.get(publisher_id="5703")
     operator = _login(client, make_user, "otto", "operator")
-    page = operator.get(f"/advisories/{advisory.pk}/").content.decode()
+    page = operator.get(f"/advisories/{advisory.public_id}/").content.decode()
     assert page.index('id="summary"') < page.index('id="exposures"') < page.index('id="ranges"')
     assert "R570 (Linux, Tesla): below 570.195.03, fixed in 570.195.03" in page
     assert "all_versions_prior" not in page and "{'" not in page and "prior_to_570_195_03" not in page
     assert re.search(r'id="exposed-count">Exposed nodes<span class="big">2</span>prod: 2', page)
     # 5703's published hash does not match: both hashes shown.
     assert advisory.published_sha256 in page and advisory.content_sha256 in page
-    assert f"/campaigns/new/?advisories={advisory.pk}" in page
+    assert f"/campaigns/new/?advisories={advisory.public_id}" in page
     assert 'href="https://www.cve.org/CVERecord?id=CVE-' in page
     client.logout()
     reader = _login(client, make_user, "vera", "viewer")
-    assert "Plan a campaign" not in reader.get(f"/advisories/{advisory.pk}/").content.decode()
+    assert "Plan a campaign" not in reader.get(f"/advisories/{advisory.public_id}/").content.decode()
 
 
 def test_the_exposure_list_searches_groups_and_exports_the_filtered_view(viewer: Client, fleet: Cluster):  # noqa: F811

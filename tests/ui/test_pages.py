@@ -44,7 +44,7 @@ def test_it_lists_advisories_with_integrity_and_exposed_nodes(viewer: Client, fl
 
 def test_the_advisory_page_names_exposed_nodes_and_fixed_versions(viewer: Client, fleet: Cluster):
     advisory = Advisory.objects.get(publisher_id="5703")
-    page = viewer.get(f"/advisories/{advisory.pk}/").content.decode()
+    page = viewer.get(f"/advisories/{advisory.public_id}/").content.decode()
     assert "570.195.03" in page and "580.95.05" in page and "535.274.02" in page
     assert "prod/gpu-old" in page and "prod/gpu-r535" in page
     assert "prod/gpu-fixed" not in page

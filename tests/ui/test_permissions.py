@@ -195,7 +195,7 @@ def test_every_role_reads_every_page(role: str, exposed: Exposure):
     client = Client()
     client.force_login(user(f"u-{role}", role))
     campaign = Campaign.objects.create(name="read me")
-    pages: list[Any] = ["/", "/advisories/", f"/advisories/{exposed.advisory_id}/", "/advisories/exposures/",
+    pages: list[Any] = ["/", "/advisories/", f"/advisories/{exposed.advisory.public_id}/", "/advisories/exposures/",
                         f"/nodes/{exposed.node_id}/", "/nodes/", "/campaigns/", f"/campaigns/{campaign.pk}/",
                         f"/campaigns/{campaign.pk}/board/", "/settings/"]
     for path in pages:

@@ -121,7 +121,7 @@ def test_a_bulletin_that_hits_the_fleet_and_overdue_exposures_are_announced(enqu
     finally:
         campaign_queue.ENQUEUE.pop(0)
     ingested = Event.objects.filter(kind=EventType.ADVISORY_INGESTED)
-    hit = set(Exposure.objects.filter(state__in=events.LIVE).values_list("advisory__publisher_id", flat=True))
+    hit = {e.advisory.public_id for e in Exposure.objects.filter(state__in=events.LIVE).select_related("advisory")}
     assert {e.data["advisory"] for e in ingested} == hit and hit
     assert all(sum(e.data["exposures_by_cluster"].values()) > 0 for e in ingested)
 

@@ -35,12 +35,20 @@
       return one;
     }));
     var opts = {
-      title: spec.title, width: Math.max(360, box.clientWidth || 720), height: 280,
+      title: spec.title, width: width(box), height: 280,
       scales: { x: { time: false } }, axes: [xAxis, { label: spec.ylabel }], series: series,
     };
-    new uPlot(opts, data, box);
+    var plot = new uPlot(opts, data, box);
     box.dataset.rendered = "true";
+    // The chart follows its box: a phone turned, a window resized (never wider than the page).
+    if (window.ResizeObserver) {
+      new ResizeObserver(function () {
+        if (width(box) !== plot.width) { plot.setSize({ width: width(box), height: 280 }); }
+      }).observe(box);
+    }
   }
+
+  function width(box) { return Math.max(200, Math.floor(box.clientWidth || 720)); }
 
   document.querySelectorAll("[data-chart]").forEach(draw);
 })();

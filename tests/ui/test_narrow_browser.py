@@ -1,0 +1,155 @@
+"""Every console page at a phone's 390 px and a desktop's 1280 px, as each role, in a real browser:
+no page scrolls sideways (wide tables scroll in their own box), none logs a console error, and
+none takes the server more than a second.
+
+The pages are found by walking the URL conf: a new console URL needs an example (EXAMPLES) or a
+reason it is no page (NOT_PAGES), or this test fails.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from advisories.models import Advisory
+from campaigns.models import Campaign
+from inventory.models import Node
+from tests.browser import page  # noqa: F401  (fixture)
+from tests.campaigns.fleet import approved_campaign, user
+from tests.ui.test_walk_browser import _demo_fleet
+from webhooks import queue, services
+from webhooks.models import Subscription
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+ROLES = ("viewer", "operator", "approver", "admin")
+WIDTHS = (390, 1280)
+SERVER_S = float(os.environ.get("GPUSWEEP_TEST_PAGE_S", "1.0"))
+# Not pages of their own: probes, Django's account forms, files, htmx fragments and POST-only actions.
+NOT_PAGES = {
+    "healthz", "readyz", "metrics", "login", "logout", "password_change", "password_change_done", "password_reset",
+    "password_reset_done", "password_reset_confirm", "password_reset_complete",
+    "campaign-report", "advisory-report", "pending-report", "campaigns-ui:campaign-evidence",
+    "campaigns-ui:campaign-board", "campaigns-ui:campaign-match", "campaigns-ui:campaign-preview",
+    "advisories-ui:exposure-bulk", "advisories-ui:exposure-decide", "advisories-ui:review-resolve",
+    "campaigns-ui:campaign-action", "accounts-ui:token-revoke", "webhooks-ui:subscription-delete",
+    "webhooks-ui:subscription-test", "webhooks-ui:delivery-replay",
+}
+
+
+def _names(patterns: list[Any], namespace: str = "", prefix: str = "") -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            if str(pattern.pattern).startswith(("api/", "admin/", "^api", "^admin")):
+                continue
+            inner = namespace + (f"{pattern.namespace}:" if pattern.namespace else "")
+            found += _names(pattern.url_patterns, inner, prefix + str(pattern.pattern))
+        elif isinstance(pattern, URLPattern) and not (prefix + str(pattern.pattern)).startswith(("api/", "admin/")):
+            found.append((namespace + (pattern.name or ""), prefix + str(pattern.pattern)))
+    return found
+
+
+def _examples() -> dict[str, dict[str, Any]]:
+    campaign = Campaign.objects.order_by("pk").first()
+    subscription = Subscription.objects.order_by("pk").first()
+    assert campaign is not None and subscription is not None
+    return {"advisories-ui:advisory-detail": {"public_id": Advisory.objects.get(publisher_id="5703").public_id},
+            "inventory-ui:node-detail": {"pk": Node.objects.order_by("pk").first().pk},  # type: ignore[union-attr]
+            "campaigns-ui:campaign-detail": {"pk": campaign.pk},
+            "webhooks-ui:subscription-edit": {"pk": subscription.pk}}
+
+
+def _console_urls() -> list[str]:
+    examples = _examples()
+    urls, missing = [], []
+    for name, route in _names(get_resolver().url_patterns):
+        if name in NOT_PAGES:
+            continue
+        if "<" in route and name not in examples:
+            missing.append(f"{name} ({route})")
+            continue
+        urls.append(reverse(name, kwargs=examples.get(name)))
+    assert not missing, f"console URLs with no example in EXAMPLES nor a reason in NOT_PAGES: {missing}"
+    return sorted(set(urls))
+
+
+def _data() -> None:
+    _demo_fleet()
+    people = {role: user(f"{role}-walker", role) for role in ROLES}
+    campaign = approved_campaign(people["operator"], people["approver"], name="walk sweep")
+    campaign.advisories.set(Advisory.objects.filter(publisher_id="5703"))
+    subscription = Subscription.objects.create(name="soc", url="https://soc.example/hook", secret="s" * 20)
+    queue.ENQUEUE.insert(0, lambda *args, **kwargs: None)
+    try:
+        services.send_test(subscription, people["admin"])
+    finally:
+        queue.ENQUEUE.pop(0)
+
+
+def _visit(tab: Any, url: str, logged: list[str]) -> list[str]:
+    """What is wrong with the page at `url` at both widths (loaded once per width); `logged` gets
+    the tab's console errors."""
+    problems: list[str] = []
+    for width in WIDTHS:
+        logged.clear()
+        tab.set_viewport_size({"width": width, "height": 844 if width < 600 else 900})
+        response = tab.goto(url, wait_until="load")
+        status = response.status if response else 0
+        # A role refused a page sees the 403 page; the browser logs the status itself as an error.
+        errors = [e for e in logged if not (status == 403 and "status of 403" in e)]
+        server = tab.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
+                              " return (n.responseStart - n.requestStart) / 1000; })()")
+        wide = tab.evaluate("document.documentElement.scrollWidth")
+        if status not in (200, 403):
+            problems.append(f"{url} @{width}: HTTP {status}")
+        if wide > width + 1:
+            culprit = tab.evaluate(WIDEST, width)
+            problems.append(f"{url} @{width}: {wide} px wide ({culprit})")
+        # A chart sizes to its box (ResizeObserver in charts.js): it never scrolls inside it either.
+        charts = tab.evaluate("[...document.querySelectorAll('[data-chart]')].filter(b => "
+                              "b.scrollWidth > b.clientWidth + 1).map(b => b.dataset.chart)")
+        if charts:
+            problems.append(f"{url} @{width}: charts wider than their box {charts}")
+        if errors:
+            problems.append(f"{url} @{width}: console errors {errors}")
+        if server > SERVER_S:
+            problems.append(f"{url} @{width}: {server:.2f} s on the server")
+    return problems
+
+
+# The element reaching furthest right outside any box that scrolls or clips, to say what overflows.
+WIDEST = """(width) => { let worst = null, right = width;
+  const clipped = el => { for (let p = el.parentElement; p; p = p.parentElement) {
+    if (getComputedStyle(p).overflowX !== 'visible') return true; } return false; };
+  for (const el of document.querySelectorAll('body *')) { const r = el.getBoundingClientRect().right;
+    if (r > right && !clipped(el)) { right = r; worst = el; } }
+  return worst ? `${worst.tagName.toLowerCase()}#${worst.id}.${worst.className} to ${Math.round(right)} px` : ''; }"""
+
+
+def test_every_console_page_fits_a_phone_and_a_desktop_for_every_role(page: Any, live_server: Any):  # noqa: F811
+    _data()
+    urls = _console_urls()
+    assert len(urls) >= 14, urls
+    problems: list[str] = []
+    logged: list[str] = []
+    page.on("console", lambda message: logged.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: logged.append(str(error)))
+    for role in ROLES:
+        client = Client()
+        client.force_login(user_for(role))
+        page.context.clear_cookies()
+        page.context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value,
+                                   "url": live_server.url}])
+        for url in urls:
+            problems += [f"[{role}] {p}" for p in _visit(page, live_server.url + url, logged)]
+    assert not problems, "\n".join(problems)
+
+
+def user_for(role: str) -> Any:
+    from django.contrib.auth.models import User
+
+    return User.objects.get(username=f"{role}-walker")
