@@ -16,8 +16,9 @@ from tests.api.conftest import seeded  # noqa: F401  (a fixture)
 pytestmark = pytest.mark.django_db
 
 # Not console pages: the API (DRF answers for itself, tests/foundation/test_access.py), the admin (its
-# own staff check), the login session's own pages, probes and static files.
-NOT_CONSOLE = ("api/", "admin/", "accounts/", "healthz", "readyz", "metrics", "static/")
+# own staff check), the login session's own pages, probes, static files and the favicon (a redirect
+# to a static file, open like them).
+NOT_CONSOLE = ("api/", "admin/", "accounts/", "healthz", "readyz", "metrics", "static/", "favicon.ico")
 EXAMPLES = {"int": "1", "str": "x", "slug": "x", "path": "x", "uuid": "00000000-0000-0000-0000-000000000000"}
 
 
