@@ -131,7 +131,7 @@ def insert_values(model: type[models.Model], names: Sequence[str], rows: Sequenc
     """The parameters of an INSERT of `rows` (instances), each field's value as the ORM saves it
     (its default where the instance kept it; auto_now and auto_now_add filled in)."""
     fields = [model._meta.get_field(name) for name in names]
-    return [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
+    return [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]  # type: ignore[union-attr]
 
 
 # -- reads of every step (select_rows' and select_instances' conditions) --------------------
