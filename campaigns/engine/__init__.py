@@ -31,7 +31,7 @@ The modules, in the order ``advance`` reaches them:
 - ``admission``: ``dispatch`` (window, canary, limits, wave order; completing a campaign);
 - ``reservations``: each wave's maintenance reservation;
 - ``naming``: node references, operation ids, the inventory's reference to a step;
-- ``queries``: the engine's hand-written SQL, all of it.
+- ``queries``: the engine's hand-written SQL, all of it; ``rows`` runs it.
 """
 
 from __future__ import annotations

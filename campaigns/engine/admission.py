@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from campaigns import evidence, policy
 from campaigns.choices import CampaignStatus, EvidenceKind, SweepState
-from campaigns.engine import queries
+from campaigns.engine import queries, rows
 from campaigns.engine.reservations import sync_reservations
 from campaigns.models import Campaign, EvidenceSeal, NodeSweep
 from campaigns.planner import Calendar, parse_blackouts, parse_windows
@@ -136,13 +136,13 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
             continue
         event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
                                             EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})
-        moved = queries.update_sweep(row["id"], {
+        moved = rows.update_sweep(row["id"], {
             "state": SweepState.DRAINING, "lease_owner": "", "attempt": 0, "step_started_at": now,
             "step_deadline": policy.step_deadline(campaign.step_timeout_s, now),
             "evidence_seq": event.node_seq, "evidence_head": event.hash,
         }, queries.pending_guard())
         if moved:
-            queries.insert_events([event])
+            rows.insert_events([event])
             in_cluster[cluster] += 1
             in_pool[pool] += 1
             admitted.append(row["id"])

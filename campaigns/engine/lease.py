@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.engine import queries
+from campaigns.engine import queries, rows
 from campaigns.engine.naming import actor, reference
 from campaigns.models import Campaign, NodeSweep, WorkloadMove
 from executors.base import TemporaryExecutorError
@@ -29,7 +29,7 @@ def claim(sweep: NodeSweep, worker: str) -> bool:
     now = timezone.now()
     fields = {"lease_owner": worker, "step_started_at": now,
               "step_deadline": policy.step_deadline(sweep.campaign.step_timeout_s, now)}
-    if not queries.claim_step(sweep.pk, sweep.state, now, fields):
+    if not rows.claim_step(sweep.pk, sweep.state, now, fields):
         return False
     sweep.attempt += 1
     sweep.lease_owner, sweep.step_started_at = worker, now
@@ -59,15 +59,15 @@ def write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], guard:
     fields = {"evidence_seq": head.node_seq, "evidence_head": head.hash, **fields}
     guard = guard if guard is not None else queries.lease_guard(sweep.state, worker)
     if read_status and connection.features.can_return_columns_from_insert:
-        status = queries.update_sweep_reading_status(sweep.pk, fields, guard)
+        status = rows.update_sweep_reading_status(sweep.pk, fields, guard)
         if status is None:
             return False
         sweep.campaign.status = status
-    elif not queries.update_sweep(sweep.pk, fields, guard):
+    elif not rows.update_sweep(sweep.pk, fields, guard):
         return False
     elif read_status:
         sweep.campaign.status = Campaign.objects.values_list("status", flat=True).get(pk=sweep.campaign_id)
-    queries.insert_events(events)
+    rows.insert_events(events)
     sweep.evidence_seq, sweep.evidence_head = head.node_seq or 0, head.hash
     return True
 
@@ -82,14 +82,14 @@ def record_move(sweep: NodeSweep, worker: str, move: WorkloadMove, kind: str, da
                 inventory_to: Node | None = None, **fields: Any) -> bool:
     """A workload move's conditional state change, its evidence and its inventory placement, together."""
     with transaction.atomic():
-        if not queries.update_move(move.pk, fields, queries.move_state_guard(move.state)):
+        if not rows.update_move(move.pk, fields, queries.move_state_guard(move.state)):
             return False
         event = evidence.prepare_node_event(sweep.campaign_id, sweep.pk, sweep.evidence_seq, sweep.evidence_head,
                                             kind, actor(worker), data)
-        if not queries.update_sweep(sweep.pk, {"evidence_seq": event.node_seq, "evidence_head": event.hash},
+        if not rows.update_sweep(sweep.pk, {"evidence_seq": event.node_seq, "evidence_head": event.hash},
                                     queries.lease_holder_guard(worker)):
             raise TemporaryExecutorError(f"node sweep {sweep.pk}: the lease was lost while recording {kind}")
-        queries.insert_events([event])
+        rows.insert_events([event])
         sweep.evidence_seq, sweep.evidence_head = event.node_seq or 0, event.hash
         if inventory_to is not None and move.workload_id is not None and fields.get("new_workload_ref"):
             inventory.move_workload(move.workload_id, inventory_to.pk, str(fields["new_workload_ref"]),

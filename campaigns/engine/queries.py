@@ -1,75 +1,55 @@
 """The engine's hand-written SQL, all of it: the statements every step runs (load, claim, transition,
-evidence, workload moves) and the choice of a restore target.
+evidence, workload moves) and the choice of a restore target. ``rows`` runs them.
 
 Plain SQL because the ORM spent more CPU compiling these statements than the database spends running
-them (issue 11). Values go through each field's own get_db_prep_save, so what is stored is exactly
-what the ORM would store (JSON, times).
+them (issue 11). Names come from the models (gpusweep.db.names); an INSERT lists every concrete
+field of its model, so a new defaulted field needs no change here. A statement whose shape depends on
+its fields or a count is built once per shape (lru_cache): the engine is on the bench's hot path.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from django.db import connection
-from django.db.models import Model
+from django.db import connection, models
 
 from campaigns.choices import CampaignStatus, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from executors import portability
-from inventory.bulk import insert_sql, loader, marks, prepared_cursor, select_instances, select_rows
+from gpusweep.db.bulk import insert_sql, marks
+from gpusweep.db.names import Columns, Table
+from gpusweep.db.reads import loader
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node, NodeComponent, Workload
 
-_SWEEPS = NodeSweep._meta
-_EVENTS = EvidenceEvent._meta
-_MOVES = WorkloadMove._meta
-_EVENT_FIELDS = ("campaign_id", "sweep_id", "seq", "node_seq", "kind", "actor", "at", "data", "prev_hash", "hash")
-_MOVE_FIELDS = tuple(f.attname for f in _MOVES.concrete_fields if not f.primary_key)
+# Run through the prepared cursor (server-side binding on PostgreSQL), for the statement test.
+PREPARED = frozenset({"LOAD_SWEEP", "update", "update_reading_status", "insert_events_sql", "insert_moves_sql"})
+
+S, C, N, K = Table(NodeSweep, "s"), Table(Campaign, "c"), Table(Node, "n"), Table(Cluster, "k")
+CAMPAIGN, SWEEP, W = Table(Campaign), Table(NodeSweep), Table(Workload, "w")  # CAMPAIGN, SWEEP: by table
+SWEEPS, MOVES, COMPONENTS, WORKLOADS = Columns(NodeSweep), Columns(WorkloadMove), Columns(NodeComponent), \
+    Columns(Workload)
+EVENT_FIELDS = tuple(f.attname for f in EvidenceEvent._meta.concrete_fields if not f.primary_key)
+MOVE_FIELDS = tuple(f.attname for f in WorkloadMove._meta.concrete_fields if not f.primary_key)
 
 
 # -- the sweep, loaded ---------------------------------------------------------------------
-@functools.cache
-def _load_sql() -> tuple[str, tuple[Any, ...]]:
-    parts = (loader(NodeSweep, "s", ("versions_before", "versions_after")), loader(Campaign, "c", ("name",)),
-             loader(Node, "n"), loader(Cluster, "k"))
-    q = connection.ops.quote_name
-    sql = (f"SELECT {', '.join(part.select for part in parts)} FROM {q(NodeSweep._meta.db_table)} s "
-           f"JOIN {q(Campaign._meta.db_table)} c ON c.id = s.campaign_id JOIN {q(Node._meta.db_table)} n "
-           f"ON n.id = s.node_id JOIN {q(Cluster._meta.db_table)} k ON k.id = n.cluster_id WHERE s.id = %s")
-    return sql, parts
+_LOADED = (loader(NodeSweep, "s", ("versions_before", "versions_after")), loader(Campaign, "c", ("name",)),
+           loader(Node, "n"), loader(Cluster, "k"))
+LOAD_SWEEP = (f"SELECT {', '.join(part.select for part in _LOADED)} FROM {S} JOIN {C} ON {C.id} = {S.campaign_id} "
+              f"JOIN {N} ON {N.id} = {S.node_id} JOIN {K} ON {K.id} = {N.cluster_id} WHERE {S.id} = %s")
 
 
-def load_sweep(sweep_id: int) -> NodeSweep | None:
-    """The sweep with its campaign, node and cluster, as select_related gives them: one plain statement
-    (compiling the join through the ORM cost more CPU than running it)."""
-    sql, parts = _load_sql()
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [sweep_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    at, objects = 0, []
-    for part in parts:
-        objects.append(part.build(row[at:at + part.width]))
-        at += part.width
-    sweep, campaign, node, cluster = objects
-    node.cluster, sweep.node, sweep.campaign = cluster, node, campaign
-    return cast(NodeSweep, sweep)
+def load_parts() -> tuple[Any, ...]:
+    """The Loaders of LOAD_SWEEP's row, in order: the sweep, its campaign, node and cluster."""
+    return _LOADED
 
 
 # -- conditional UPDATEs -------------------------------------------------------------------
-@functools.cache
-def _column(meta: Any, name: str) -> str:
-    """The quoted column of field `name` (or, given the table's name, the quoted table)."""
-    return connection.ops.quote_name(meta.get_field(name).column if name != meta.db_table else name)
-
-
-def _value(meta: Any, name: str, value: Any) -> Any:
-    return meta.get_field(name).get_db_prep_save(value, connection)
-
-
 @dataclass(frozen=True)
 class Guard:
     """The condition of a sweep's conditional UPDATE, as SQL after ``WHERE id = %s``."""
@@ -80,174 +60,179 @@ class Guard:
 
 def pending_guard() -> Guard:
     """The sweep's row while it is still pending (admission)."""
-    return Guard(f" AND {_column(_SWEEPS, 'state')} = %s", (SweepState.PENDING,))
+    return Guard(f" AND {SWEEPS.state} = %s", (SweepState.PENDING,))
 
 
 def lease_guard(state: str, worker: str) -> Guard:
     """The sweep's row, only while `worker` holds the lease of its step `state`."""
-    return Guard(f" AND {_column(_SWEEPS, 'state')} = %s AND {_column(_SWEEPS, 'lease_owner')} = %s",
-                 (state, worker))
+    return Guard(f" AND {SWEEPS.state} = %s AND {SWEEPS.lease_owner} = %s", (state, worker))
 
 
 def lease_holder_guard(worker: str) -> Guard:
     """The sweep's row while `worker` holds its lease, whatever the step."""
-    return Guard(f" AND {_column(_SWEEPS, 'lease_owner')} = %s", (worker,))
+    return Guard(f" AND {SWEEPS.lease_owner} = %s", (worker,))
+
+
+def claim_guard(state: str, now: Any) -> Guard:
+    """The sweep's step `state` with no live lease (none, or its deadline passed before `now`, in
+    database form)."""
+    return Guard(f" AND {SWEEPS.state} = %s AND ({SWEEPS.lease_owner} = %s OR {SWEEPS.step_deadline} < %s)",
+                 (state, "", now))
+
+
+COUNT_ATTEMPT = f"{SWEEPS.attempt} = {SWEEPS.attempt} + 1"  # a claim's extra assignment
 
 
 def not_aborted(guard: Guard, campaign_id: int) -> Guard:
     """`guard`, and the sweep's campaign not aborted (read in the same UPDATE)."""
-    campaigns = _column(Campaign._meta, Campaign._meta.db_table)
-    return Guard(f"{guard.sql} AND NOT EXISTS (SELECT 1 FROM {campaigns} WHERE {campaigns}."
-                 f"{_column(Campaign._meta, 'id')} = %s AND {campaigns}.{_column(Campaign._meta, 'status')} = %s)",
-                 (*guard.params, campaign_id, CampaignStatus.ABORTED))
+    return Guard(f"{guard.sql} AND NOT EXISTS (SELECT 1 FROM {CAMPAIGN} WHERE {CAMPAIGN.id} = %s "
+                 f"AND {CAMPAIGN.status} = %s)", (*guard.params, campaign_id, CampaignStatus.ABORTED))
 
 
 def move_state_guard(state: str) -> Guard:
     """A workload move's row while it is in `state`."""
-    return Guard(f" AND {_column(_MOVES, 'state')} = %s", (state,))
+    return Guard(f" AND {MOVES.state} = %s", (state,))
 
 
 def untargeted_guard() -> Guard:
     """A workload move's row while no target is recorded for it."""
-    return Guard(f" AND {_column(_MOVES, 'target_node')} IS NULL")
+    return Guard(f" AND {MOVES.target_node} IS NULL")
 
 
-def _update_sql(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: str) -> tuple[str, list[Any]]:
-    table = _column(meta, meta.db_table)
-    sets = ", ".join([*(f"{_column(meta, name)} = %s" for name in fields), *([also] if also else [])])
-    # A related row stands for its primary key, as in QuerySet.update().
-    values = [_value(meta, name, value.pk if isinstance(value, Model) else value) for name, value in fields.items()]
-    return f"UPDATE {table} SET {sets} WHERE {_column(meta, 'id')} = %s{guard.sql}", [*values, pk, *guard.params]
+@functools.lru_cache(maxsize=512)
+def update(model: type[models.Model], fields: tuple[str, ...], guard: str, also: str = "") -> str:
+    """UPDATE `model`'s row (param: its id) setting `fields` (params, in order; then `also`, more
+    assignments) where `guard` (a Guard's sql, its params last) holds."""
+    table = Columns(model)
+    sets = ", ".join([*(f"{getattr(table, name)} = %s" for name in fields), *([also] if also else [])])
+    return f"UPDATE {table} SET {sets} WHERE {table.id} = %s{guard}"
 
 
-def _update_row(meta: Any, pk: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
-    """UPDATE the row `pk` of `meta`'s table where `guard` holds (with `also`, more SQL assignments);
-    the number of rows changed (0 or 1)."""
-    with prepared_cursor() as cursor:
-        cursor.execute(*_update_sql(meta, pk, fields, guard, also))
-        return int(cursor.rowcount)
-
-
-def update_sweep(sweep_id: int, fields: dict[str, Any], guard: Guard, also: str = "") -> int:
-    return _update_row(_SWEEPS, sweep_id, fields, guard, also)
-
-
-def update_move(move_id: int, fields: dict[str, Any], guard: Guard) -> int:
-    return _update_row(_MOVES, move_id, fields, guard)
-
-
-def update_sweep_reading_status(sweep_id: int, fields: dict[str, Any], guard: Guard) -> str | None:
-    """update_sweep that also reads its campaign's status in the same statement (RETURNING):
-    None when no row changed."""
-    campaigns, sweeps = _column(Campaign._meta, Campaign._meta.db_table), _column(_SWEEPS, _SWEEPS.db_table)
-    status = (f"(SELECT {campaigns}.{_column(Campaign._meta, 'status')} FROM {campaigns} WHERE {campaigns}."
-              f"{_column(Campaign._meta, 'id')} = {sweeps}.{_column(_SWEEPS, 'campaign_id')})")
-    sql, params = _update_sql(_SWEEPS, sweep_id, fields, guard, "")
-    with prepared_cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {status}", params)
-        row = cursor.fetchone()
-    return None if row is None else str(row[0])
-
-
-def claim_step(sweep_id: int, state: str, now: Any, fields: dict[str, Any]) -> int:
-    """Take the lease of the sweep's step `state` (no live lease: none, or its deadline passed),
-    counting the attempt; the number of rows changed (0 or 1)."""
-    attempt = _column(_SWEEPS, "attempt")
-    guard = Guard(f" AND {_column(_SWEEPS, 'state')} = %s AND ({_column(_SWEEPS, 'lease_owner')} = %s"
-                  f" OR {_column(_SWEEPS, 'step_deadline')} < %s)",
-                  (state, "", _value(_SWEEPS, "step_deadline", now)))
-    return update_sweep(sweep_id, fields, guard, also=f"{attempt} = {attempt} + 1")
+@functools.lru_cache(maxsize=512)
+def update_reading_status(fields: tuple[str, ...], guard: str) -> str:
+    """update() of a sweep that also returns its campaign's status, read in the same statement."""
+    return (f"{update(NodeSweep, fields, guard)} RETURNING (SELECT {CAMPAIGN.status} FROM {CAMPAIGN} "
+            f"WHERE {CAMPAIGN.id} = {SWEEP.campaign_id})")
 
 
 # -- INSERTs -------------------------------------------------------------------------------
-def _insert(meta: Any, names: tuple[str, ...], rows: list[Any], suffix: str = "") -> None:
-    """INSERT `rows` (model instances) in one statement, each field's value as the ORM saves it
-    (auto_now and auto_now_add filled in)."""
-    fields = [meta.get_field(name) for name in names]
-    values = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
-    with prepared_cursor() as cursor:
-        cursor.execute(insert_sql(meta.model, names, len(rows), suffix), values)
+def insert_events_sql(count: int) -> str:
+    """INSERT `count` node events, every concrete field (EVENT_FIELDS)."""
+    return insert_sql(EvidenceEvent, EVENT_FIELDS, count)
 
 
-def insert_events(events: list[EvidenceEvent]) -> None:
-    """INSERT node events in one statement (append-only: nothing else writes these rows)."""
-    _insert(_EVENTS, _EVENT_FIELDS, events)
+def insert_moves_sql(count: int) -> str:
+    """INSERT `count` workload moves (MOVE_FIELDS); ON CONFLICT DO NOTHING (PostgreSQL, SQLite
+    3.24+): a repeat of the step leaves the moves it made."""
+    return insert_sql(WorkloadMove, MOVE_FIELDS, count, " ON CONFLICT DO NOTHING")
 
 
-def insert_moves(moves: list[WorkloadMove]) -> None:
-    """INSERT workload moves in one statement; ON CONFLICT DO NOTHING (PostgreSQL, SQLite 3.24+):
-    a repeat of the step leaves the moves it made."""
-    _insert(_MOVES, _MOVE_FIELDS, moves, " ON CONFLICT DO NOTHING")
+def insert_values(model: type[models.Model], names: Sequence[str], rows: Sequence[models.Model]) -> list[Any]:
+    """The parameters of an INSERT of `rows` (instances), each field's value as the ORM saves it
+    (its default where the instance kept it; auto_now and auto_now_add filled in)."""
+    fields = [model._meta.get_field(name) for name in names]
+    return [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]  # type: ignore[union-attr]
 
 
-# -- reads of every step -------------------------------------------------------------------
-def moves(sweep: NodeSweep, *states: str) -> list[WorkloadMove]:
-    """The sweep's workload moves in `states`, in their order (read by every step: plain SQL)."""
-    return select_instances(WorkloadMove, f"sweep_id = %s AND state IN ({marks(states)}) "
-                            "ORDER BY id", [sweep.pk, *states], prepared=True)
+# -- reads of every step (select_rows' and select_instances' conditions) --------------------
+@functools.lru_cache(maxsize=64)
+def moves_in_states(count: int) -> str:
+    """A sweep's workload moves in `count` states, in their order: params sweep, states."""
+    return f"{MOVES.sweep_id} = %s AND {MOVES.state} IN ({marks(range(count))}) ORDER BY {MOVES.id}"
 
 
-def moved_refs(sweep_id: int) -> set[str]:
-    """The workloads the sweep has a move for already."""
-    return {ref for ref, in select_rows(WorkloadMove, ("workload_ref",), "sweep_id = %s", [sweep_id], prepared=True)}
+MOVES_OF_SWEEP = f"{MOVES.sweep_id} = %s"
 
 
-def running_workloads(cluster_id: int, refs: list[str]) -> dict[str, Workload]:
-    """scheduler id -> the inventory's live workload of the cluster, for `refs`."""
-    return {w.scheduler_id: w for w in select_instances(
-        Workload, f"cluster_id = %s AND scheduler_id IN ({marks(refs)}) AND gone_at IS NULL "
-        "ORDER BY kind", [cluster_id, *refs], prepared=True)}  # the ORM's order: the last kind wins
+@functools.lru_cache(maxsize=512)
+def running_workloads(count: int) -> str:
+    """A cluster's live workloads with `count` scheduler ids: params cluster, ids. In the ORM's
+    order (by kind): where two share an id, the last kind wins."""
+    return (f"{WORKLOADS.cluster_id} = %s AND {WORKLOADS.scheduler_id} IN ({marks(range(count))}) "
+            f"AND {WORKLOADS.gone_at} IS NULL ORDER BY {WORKLOADS.kind}")
 
 
-def node_versions(node_id: int) -> dict[str, str]:
-    """component -> version of the node, as the inventory has them."""
-    return dict(select_rows(NodeComponent, ("component", "version"), "node_id = %s ORDER BY component",
-                            [node_id], prepared=True))
+NODE_VERSIONS = f"{COMPONENTS.node_id} = %s ORDER BY {COMPONENTS.component}"
 
 
 # -- the choice of a restore target ---------------------------------------------------------
-def _candidates(sweep: NodeSweep, needed: portability.Requirements, gpus: int) -> tuple[str, list[Any]]:
-    """Nodes of the sweep's cluster where a checkpoint needing `needed` is valid, with `gpus` free,
-    not being drained soon: the statement (each with its free GPUs) and its parameters."""
-    source = sweep.node
-    q = connection.ops.quote_name
-    nodes, components = q(Node._meta.db_table), q(NodeComponent._meta.db_table)
-    sweeps, workloads = q(NodeSweep._meta.db_table), q(Workload._meta.db_table)
-    where = ["n.cluster_id = %s", "n.service_state = %s", "n.gone_at IS NULL", "n.id <> %s"]
-    params: list[Any] = [source.cluster_id, ServiceState.IN_SERVICE, source.pk]
+_HAS = f"{N.id} IN (SELECT {COMPONENTS.node_id} FROM {COMPONENTS} WHERE {COMPONENTS.component} = %s"
+_LACKS = f"{N.id} NOT IN (SELECT {COMPONENTS.node_id} FROM {COMPONENTS} WHERE {COMPONENTS.component} = %s"
+_FREE = (f"{N.gpu_count} - COALESCE((SELECT SUM({W.gpus}) FROM {W} WHERE {W.node_id} = {N.id}"
+         f" AND {W.gone_at} IS NULL), 0)")
+_BUSY = f"{N.id} NOT IN (SELECT {SWEEPS.node_id} FROM {SWEEPS} WHERE {SWEEPS.state} IN "
+_NEXT = (f"{N.id} NOT IN (SELECT {SWEEPS.node_id} FROM {SWEEPS} WHERE {SWEEPS.campaign_id} = %s "
+         f"AND {SWEEPS.state} = %s AND {SWEEPS.wave} <= %s)")
+
+
+def _facts(needed: portability.Requirements) -> tuple[list[str], list[Any]]:
+    where, params = [], []
     for fact, value in needed.must.items():
         if fact == portability.GPU_MODEL:
-            where.append("n.gpu_model = %s")
+            where.append(f"{N.gpu_model} = %s")
             params.append(value)
         elif value:
-            where.append(f"n.id IN (SELECT node_id FROM {components} WHERE component = %s AND version = %s)")
+            where.append(f"{_HAS} AND {COMPONENTS.version} = %s)")
             params += [fact, value]
         else:
-            where.append(f"n.id NOT IN (SELECT node_id FROM {components} WHERE component = %s)")
+            where.append(f"{_LACKS})")
             params.append(fact)
     for fact, value in needed.if_reported.items():
-        where.append(f"n.id NOT IN (SELECT node_id FROM {components} WHERE component = %s AND version <> %s)")
+        where.append(f"{_LACKS} AND {COMPONENTS.version} <> %s)")
         params += [fact, value]
+    return where, params
+
+
+def candidates(sweep: NodeSweep, needed: portability.Requirements, gpus: int,
+               planned: int | None) -> tuple[str, list[Any]]:
+    """Nodes of the sweep's cluster where a checkpoint needing `needed` is valid, with `gpus` free,
+    not being drained soon, each with its free GPUs: the node `planned` alone, or (None) the
+    emptiest. The statement and its parameters, for Node.objects.raw."""
+    source = sweep.node
+    where = [f"{N.cluster_id} = %s", f"{N.service_state} = %s", f"{N.gone_at} IS NULL", f"{N.id} <> %s"]
+    params: list[Any] = [source.cluster_id, ServiceState.IN_SERVICE, source.pk]
+    facts, values = _facts(needed)
     # Nodes being swept now, and nodes of this campaign in this or the next wave (drained before
     # the workload settles), do not receive work.
     working = sorted(SweepState.WORKING)
-    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE state IN ({marks(working)}))")
-    params += working
-    where.append(f"n.id NOT IN (SELECT node_id FROM {sweeps} WHERE campaign_id = %s AND state = %s AND wave <= %s)")
-    params += [sweep.campaign_id, SweepState.PENDING, sweep.wave + 1]
-    free = (f"n.gpu_count - COALESCE((SELECT SUM(w.gpus) FROM {workloads} w WHERE w.node_id = n.id"
-            " AND w.gone_at IS NULL), 0)")
-    where.append(f"{free} >= %s")
-    params.append(gpus)
-    return f"SELECT n.*, {free} AS free FROM {nodes} n WHERE {' AND '.join(where)}", params
+    where += [*facts, f"{_BUSY}({marks(working)}))", _NEXT, f"{_FREE} >= %s"]
+    params += [*values, *working, sweep.campaign_id, SweepState.PENDING, sweep.wave + 1, gpus]
+    sql = f"SELECT n.*, {_FREE} AS free FROM {N} WHERE {' AND '.join(where)}"
+    if planned is not None:
+        return f"{sql} AND {N.id} = %s", [*params, planned]
+    return f"{sql} ORDER BY free DESC, {N.name} LIMIT 1", params
 
 
-def target_node(sweep: NodeSweep, needed: portability.Requirements, gpus: int, planned: int | None) -> Node | None:
-    """The planned target if it still qualifies (_candidates), else the emptiest that does."""
-    sql, params = _candidates(sweep, needed, gpus)
-    # The planned target alone first (it usually still fits): the emptiest node is a search of the
-    # whole cluster, each candidate's free GPUs summed, which at 10,000 nodes is the costly part.
-    target = next(iter(Node.objects.raw(f"{sql} AND n.id = %s", [*params, planned])), None) if planned else None
-    if target is None:
-        target = next(iter(Node.objects.raw(f"{sql} ORDER BY free DESC, n.name LIMIT 1", params)), None)
-    return target
+def examples() -> Iterator[tuple[str, list[Any]]]:
+    """Every statement above with parameters of the right shape (tests/foundation/test_sql_statements.py)."""
+    stamp = connection.ops.adapt_datetimefield_value(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    load_parts()
+    yield LOAD_SWEEP, [1]
+    fields = ("state", "lease_owner", "step_deadline")
+    claim = claim_guard("draining", stamp)
+    yield update(NodeSweep, fields, claim.sql, COUNT_ATTEMPT), ["draining", "w", stamp, 1, *claim.params]
+    for guard in (pending_guard(), lease_guard("draining", "w"), lease_holder_guard("w"),
+                  not_aborted(lease_guard("draining", "w"), 1)):
+        yield update(NodeSweep, fields, guard.sql), ["draining", "w", stamp, 1, *guard.params]
+        yield update_reading_status(fields, guard.sql), ["draining", "w", stamp, 1, *guard.params]
+    for guard in (move_state_guard("planned"), untargeted_guard()):
+        yield update(WorkloadMove, ("target_node",), guard.sql), [1, 1, *guard.params]
+    yield from _insert_examples()
+    yield f"SELECT {MOVES.id} FROM {MOVES} WHERE {moves_in_states(2)}", [1, "planned", "parked"]
+    yield f"SELECT {MOVES.workload_ref} FROM {MOVES} WHERE {MOVES_OF_SWEEP}", [1]
+    yield f"SELECT {WORKLOADS.id} FROM {WORKLOADS} WHERE {running_workloads(2)}", [1, "a", "b"]
+    yield f"SELECT {COMPONENTS.version} FROM {COMPONENTS} WHERE {NODE_VERSIONS}", [1]
+    sweep = NodeSweep(id=1, campaign_id=1, wave=0, node=Node(id=1, cluster_id=1))
+    needed = portability.Requirements(engine="signal", must={portability.GPU_MODEL: "h100", "driver": "570",
+                                                              "mig": ""}, if_reported={"cuda": "12.8"})
+    yield candidates(sweep, needed, 1, 2)
+    yield candidates(sweep, needed, 1, None)
+
+
+def _insert_examples() -> Iterator[tuple[str, list[Any]]]:
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    events = [EvidenceEvent(campaign_id=1, sweep_id=1, node_seq=n, kind="claimed", actor="w", at=at, hash="h")
+              for n in (1, 2)]
+    yield insert_events_sql(2), insert_values(EvidenceEvent, EVENT_FIELDS, events)
+    moves = [WorkloadMove(sweep_id=1, workload_ref="job-1", policy="checkpoint")]
+    yield insert_moves_sql(1), insert_values(WorkloadMove, MOVE_FIELDS, moves)

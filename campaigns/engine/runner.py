@@ -16,7 +16,7 @@ from typing import Any, cast
 from django.db import DatabaseError, IntegrityError, connection
 
 from campaigns.choices import CampaignStatus, EvidenceKind, SweepState
-from campaigns.engine import lease, queries, recovery
+from campaigns.engine import lease, recovery, rows
 from campaigns.engine.admission import dispatch
 from campaigns.engine.ending import NextStep, RunAgain, end_step, may_retry, retry
 from campaigns.engine.naming import node_ref
@@ -32,7 +32,7 @@ def advance(sweep_id: int, worker: str | None = None, max_steps: int | None = No
     """Run the sweep's steps from the current one while they succeed (at most `max_steps`, and then
     the lease is given back); return the state it rests in."""
     worker = worker or uuid.uuid4().hex[:16]
-    sweep = queries.load_sweep(sweep_id)
+    sweep = rows.load_sweep(sweep_id)
     if sweep is None or sweep.state not in SweepState.WORKING or not lease.claim(sweep, worker):
         return None
     state: str | None = sweep.state

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from campaigns import policy
 from campaigns.choices import EvidenceKind, MoveState, SweepState
-from campaigns.engine import queries
+from campaigns.engine import queries, rows
 from campaigns.engine.ending import StepResult
 from campaigns.engine.lease import record, record_move
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
@@ -73,7 +73,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     running = {w.id: w for w in ex.list_workloads(ref)}
     _prepare_moves(sweep, running)
     done = []
-    for move in queries.moves(sweep, MoveState.PLANNED):
+    for move in rows.moves(sweep, MoveState.PLANNED):
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
         checkpoint = move.policy == WorkloadPolicy.CHECKPOINT and portability.rule(engine).checkpointable
         if move.workload_ref not in running:
@@ -109,11 +109,11 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     """One WorkloadMove per workload running on the node, with its policy and its image's needs."""
     campaign = sweep.campaign
     # Plain statements: this runs for every node, and compiling the ORM's cost more than running them.
-    have = queries.moved_refs(sweep.pk)
+    have = rows.moved_refs(sweep.pk)
     missing = [ref for ref in running if ref not in have]
     if not missing:
         return
-    known = queries.running_workloads(sweep.node.cluster_id, missing)
+    known = rows.running_workloads(sweep.node.cluster_id, missing)
     planned = _planned_moves(sweep)
     facts = source_facts(sweep)
     moves = []
@@ -128,7 +128,7 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
             detail={"engine": engine, "requires": needed.as_dict(),
                     "planned": (planned.get(ref) or {}).get("action", ""),
                     **({"origin": info.origin} if info.origin else {})}))
-    queries.insert_moves(moves)
+    rows.insert_moves(moves)
 
 
 def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
@@ -214,7 +214,7 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
 def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     planned = _planned_moves(sweep)
     done = []
-    for move in queries.moves(sweep, MoveState.CHECKPOINTED):  # a target chosen before a retry loads when used
+    for move in rows.moves(sweep, MoveState.CHECKPOINTED):  # a target chosen before a retry loads when used
         plan_entry = planned.get(move.workload_ref, {})
         if move.target_node_id is None:
             target = choose_target(sweep, move, plan_entry.get("to"))
@@ -223,7 +223,7 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
                 continue
             # Recorded before the restore: a retry after a crash goes to the same node with the same
             # operation id, so the workload is restored once, never on two nodes.
-            queries.update_move(move.pk, {"target_node": target}, queries.untargeted_guard())
+            rows.update_move(move.pk, {"target_node": target}, queries.untargeted_guard())
             move.target_node, move.target_node_id = target, target.pk
         assert move.target_node is not None
         target = move.target_node
@@ -267,7 +267,7 @@ def _park_or_fail(sweep: NodeSweep, move: WorkloadMove) -> dict[str, Any]:
 # -- patch, reboot -------------------------------------------------------------------------
 def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     # A failed or unfinished checkpoint never leads to a patch.
-    left = len(queries.moves(sweep, MoveState.PLANNED, MoveState.CHECKPOINTED))
+    left = len(rows.moves(sweep, MoveState.PLANNED, MoveState.CHECKPOINTED))
     if left:
         raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
     results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
@@ -328,7 +328,7 @@ def _return(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     kept = foreign_hold(sweep, ex, ref)
     # Checkpoints parked for this node come back now that it admits work again.
     restored = []
-    for move in queries.moves(sweep, MoveState.PARKED):
+    for move in rows.moves(sweep, MoveState.PARKED):
         result = ex.restore(ref, move.checkpoint_id, op_id(sweep, f"home-{move.pk}"))
         entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
                  "to": sweep.node.name, "new_id": result.workload_id, "steps_before": move.steps_before,

@@ -3,7 +3,7 @@ executors.portability) and the node chosen to receive it."""
 
 from __future__ import annotations
 
-from campaigns.engine import queries
+from campaigns.engine import rows
 from campaigns.models import NodeSweep, WorkloadMove
 from executors import portability
 from executors.base import WorkloadInfo
@@ -13,12 +13,12 @@ from inventory.models import Node, Workload
 def choose_target(sweep: NodeSweep, move: WorkloadMove, planned: int | None) -> Node | None:
     """A node where the checkpoint is valid (executors.portability), with room, not being drained soon.
 
-    The facts the image needs and free GPUs are matched in SQL (queries.target_node): the planned
+    The facts the image needs and free GPUs are matched in SQL (rows.target_node, queries.candidates): the planned
     target if it still qualifies, else the emptiest. Written as SQL: compiling it through the ORM
     cost more CPU per node than running it.
     """
     needed = portability.from_dict(move.detail.get("requires") or {})
-    target = queries.target_node(sweep, needed, move.gpus, planned)
+    target = rows.target_node(sweep, needed, move.gpus, planned)
     if target is not None:
         target.cluster = sweep.node.cluster  # the same cluster, already loaded
     return target
@@ -44,4 +44,4 @@ def requirements(info: WorkloadInfo | None, row: Workload | None, engine: str,
 
 def source_facts(sweep: NodeSweep) -> dict[str, str]:
     """The facts of the node being swept, as portability reads them (its GPU model and versions)."""
-    return portability.node_facts(sweep.node.gpu_model, queries.node_versions(sweep.node_id))
+    return portability.node_facts(sweep.node.gpu_model, rows.node_versions(sweep.node_id))
