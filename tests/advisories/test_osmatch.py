@@ -202,9 +202,9 @@ def test_os_advisories_and_their_exposures_show_in_the_api_and_the_console(clien
     user.groups.add(Group.objects.get(name="viewer"))
     client.force_login(user)
     advisory = Exposure.objects.get().advisory
-    detail = client.get(f"/api/v1/advisories/advisories/{advisory.id}/").json()
+    detail = client.get(f"/api/v1/advisories/advisories/{advisory.public_id}/").json()
     assert detail["publisher_id"] == "USN-5547-1" and len(detail["ranges"]) == 24
     rows = client.get("/api/v1/advisories/exposures/").json()["results"]
     assert [r["detected_version"] for r in rows] == [DRIVER_OLD]
-    for page in (f"/advisories/{advisory.id}/", "/advisories/", "/advisories/exposures/"):
+    for page in (f"/advisories/{advisory.public_id}/", "/advisories/", "/advisories/exposures/"):
         assert client.get(page).status_code == 200, page

@@ -11,6 +11,7 @@ from campaigns import services
 from campaigns.choices import CampaignStatus, EvidenceKind, SweepState
 from campaigns.engine import runner
 from campaigns.models import EvidenceEvent, NodeSweep
+from executors import base as executors_base
 from executors.base import (
     Executor,
     NodeRef,
@@ -81,10 +82,15 @@ def people():
     return user("rita", "operator"), user("alan", "approver")
 
 
+@pytest.fixture(autouse=True)
+def core_only_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered as a site registers its own back end: a cluster may name only registered executors."""
+    monkeypatch.setitem(executors_base.ALIASES, "core-only", f"{CoreOnlyExecutor.__module__}.CoreOnlyExecutor")
+
+
 def core_only_fleet(nodes: int = 2) -> Any:
     fleet, cluster = make_fleet(nodes=nodes, spares=2)
-    Cluster.objects.filter(pk=cluster.pk).update(
-        connection={"executor": f"{CoreOnlyExecutor.__module__}.CoreOnlyExecutor"})
+    Cluster.objects.filter(pk=cluster.pk).update(connection={"executor": "core-only"})
     return fleet
 
 
