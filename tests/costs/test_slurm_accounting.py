@@ -106,4 +106,6 @@ def test_drain_cost_of_a_real_reservation_gives_the_hand_count(tmp_path):
     # started before it was set is the work computed again.
     assert hand["held"] == sorted([crosses, crosses_too]) and hand["running"] == [long]
     assert hand["held_requested_gpu_hours"] == round(2 * 10 / 60 + 1 * 5 / 60, 4)
-    assert cost.drain_gpu_hours == 0  # the baseline hour before any job is empty
+    # The drain is the net difference (#32): the baseline hour before any job is empty, so it is
+    # minus the GPU-hours of the day before the window, which ran these jobs.
+    assert round(cost.drain_gpu_hours, 4) == round(-hand["day_-1_gpu_hours"], 4)
