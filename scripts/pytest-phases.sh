@@ -5,9 +5,9 @@
 set -uo pipefail
 bin=$1 workers=$2
 shift 2
-"$bin/pytest" -n "$workers" --dist loadgroup --resource-groups without "$@"
+"$bin/pytest" -n "$workers" --dist loadgroup --resource-groups without --durations=15 "$@"
 first=$?
-"$bin/pytest" -p no:xdist --resource-groups only "$@"
+"$bin/pytest" -p no:xdist --resource-groups only --durations=0 "$@"
 second=$?
 # Exit 5 is "no test collected": fine for one phase when the other ran (ARGS naming one file),
 # never for both.

@@ -91,13 +91,16 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
 
             login("approver")
             page.goto(campaign_url)
-            page.click("button:has-text('Approve')")
+            # Wait for the POST's answer: navigating away at once could cancel the form's submission.
+            with page.expect_navigation():
+                page.click("button:has-text('Approve')")
             assert "Approved" in page.inner_text("#campaign-status")
 
             login("admin")
             page.goto(campaign_url)
             before = {c.name: max(_counts(c)) for c in counters}
-            page.click("button:has-text('Start')")
+            with page.expect_navigation():
+                page.click("button:has-text('Start')")
 
             def finished(p: Page = page) -> str | None:
                 p.goto(campaign_url)
