@@ -80,6 +80,8 @@ class MoveState(ChoiceSet):
     RETURNED = "returned"  # put back on its own node (abort / failure before the patch)
     FINISHED = "finished"  # it ended by itself while we waited
     FAILED = "failed"
+    # Its node's sweep failed and no node (its own included) took its checkpoint back: kept for an operator.
+    STRANDED = "stranded"
     CHOICES = [
         (PLANNED, "Planned"),
         (CHECKPOINTED, "Checkpointed"),
@@ -90,6 +92,7 @@ class MoveState(ChoiceSet):
         (RETURNED, "Returned to its node"),
         (FINISHED, "Finished by itself"),
         (FAILED, "Failed"),
+        (STRANDED, "Stranded: checkpoint kept, an operator must restore it"),
     ]
 
 
@@ -171,6 +174,7 @@ class EvidenceKind(ChoiceSet):
     FINISHED = "finished"
     RESTORED = "restored"
     RETURNED = "returned"
+    STRANDED = "stranded"
     DONE = "done"
     FAILED = "failed"
     ROLLED_BACK = "rolled_back"
@@ -213,6 +217,7 @@ class EvidenceKind(ChoiceSet):
         (FINISHED, "Workload ended by itself"),
         (RESTORED, "Workload restored"),
         (RETURNED, "Workload returned to its node"),
+        (STRANDED, "Workload stranded: checkpoint kept for an operator"),
         (DONE, "Node done"),
         (FAILED, "Node failed"),
         (ROLLED_BACK, "Node rolled back"),

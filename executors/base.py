@@ -57,6 +57,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from executors.portability import node_facts
+from inventory.choices import bare_process_ref
 
 if TYPE_CHECKING:
     from inventory.models import Cluster
@@ -139,6 +140,14 @@ BARE_PROCESS = "gpu-pid-"
 def is_bare_process(workload_id: str) -> bool:
     """Whether `workload_id` is a bare GPU process the node's agent found (BARE_PROCESS)."""
     return workload_id.startswith(BARE_PROCESS)
+
+
+def inventory_ref(node_name: str, workload_id: str) -> str:
+    """The inventory's (and so the plan's) id of a workload an executor lists on `node_name`: the same
+    id, except a bare process, whose pid the inventory qualifies with its node (bare_process_ref)."""
+    if is_bare_process(workload_id):
+        return bare_process_ref(node_name, workload_id[len(BARE_PROCESS):])
+    return workload_id
 
 
 @dataclass(frozen=True)

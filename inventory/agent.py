@@ -35,7 +35,7 @@ from gpusweep_agent.heartbeat import content_digest
 from gpusweep.errors import error_body, error_response
 from gpusweep.parsers import JSONInputError, load_json
 from inventory import heartbeats, packages, queries
-from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind
+from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind, bare_process_ref
 from inventory.models import Cluster, Node
 from inventory.services import (
     InventoryError,
@@ -157,7 +157,7 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
             errors[f"{where}scheduler_id"] = "required"
         if kind == "gpu_process":
             # A bare GPU process is known by its pid, unique only on its node.
-            scheduler_id = f"{node_name}:pid:{scheduler_id}"
+            scheduler_id = bare_process_ref(node_name, scheduler_id)
         workloads.append(ObservedWorkload(
             kind=WorkloadKind.PROCESS, scheduler_id=scheduler_id, node=node_name,
             name=_text(item, "name", errors, where),

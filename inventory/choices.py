@@ -31,6 +31,12 @@ class ServiceState(ChoiceSet):
     TERMINAL = frozenset({GONE})
 
 
+def bare_process_ref(node_name: str, pid: str) -> str:
+    """The inventory's id of a bare GPU process (in no pod or job): a pid is unique only on its node.
+    Executors name the same process ``gpu-pid-<pid>`` on its node (executors.base.inventory_ref)."""
+    return f"{node_name}:pid:{pid}"
+
+
 class WorkloadKind(ChoiceSet):
     SLURM_JOB = "slurm_job"
     K8S_POD = "k8s_pod"

@@ -154,9 +154,12 @@ def _final(sweep: NodeSweep, worker: str, outcome: Final) -> str | None:
         if not write(sweep, worker, final, {"from": sweep.state, **data}, state=final, lease_owner="",
                      step_deadline=None, error=str(data.get("error", ""))[:4000], sign=True):
             return None
-        if outcome.in_service:
-            inventory.set_service_state([sweep.node_id], ServiceState.IN_SERVICE, ChangeSource.CAMPAIGN,
-                                        reference(sweep))
+        # The node's service state says how the sweep left it: back in service; drained (as its
+        # drain step set it) when it was not patched; offline when patched or reverted and kept out.
+        if outcome.in_service or sweep.state not in SweepState.BEFORE_PATCH:
+            inventory.set_service_state([sweep.node_id],
+                                        ServiceState.IN_SERVICE if outcome.in_service else ServiceState.OFFLINE,
+                                        ChangeSource.CAMPAIGN, reference(sweep))
         if final == SweepState.FAILED:
             _charge_budget(sweep.campaign_id)
         sweep.state = final
@@ -167,8 +170,9 @@ def _charge_budget(campaign_id: int) -> None:
     """Halt the campaign once its failed nodes exceed its error budget."""
     counts = Counter(NodeSweep.objects.filter(campaign_id=campaign_id).values_list("state", flat=True))
     failed, total = counts[SweepState.FAILED], sum(counts.values())
-    allowed = policy.allowed_failures(Campaign.objects.values_list("error_budget", flat=True).get(pk=campaign_id),
-                                      total)
+    # Never every node: a campaign all of whose nodes failed halts (a one-node campaign at its first).
+    allowed = min(total - 1, policy.allowed_failures(
+        Campaign.objects.values_list("error_budget", flat=True).get(pk=campaign_id), total))
     if failed <= allowed:
         return
     campaign = evidence.lock_campaign(campaign_id)

@@ -23,7 +23,8 @@ from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveS
 from campaigns.engine.ending import Final, Outcome, may_retry, retry
 from campaigns.engine.lease import record, record_move
 from campaigns.engine.naming import move_op, node_ref, op_id
-from campaigns.engine.steps import foreign_hold, gate_check
+from campaigns.engine.steps import foreign_hold, gate_check, origin_of
+from campaigns.engine.targets import choose_target
 from campaigns.models import Campaign, NodeSweep, WorkloadMove
 from campaigns.queue import enqueue_now
 from executors.base import (
@@ -35,18 +36,24 @@ from executors.base import (
     SupportsRollback,
     TemporaryExecutorError,
 )
+from inventory.models import Node
 
 
-def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool = True) -> Outcome:
+def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool = True,
+               detail: dict[str, Any] | None = None) -> Outcome:
     """Fail the node once: record the error, unwind it if it was not patched, revert a failed patch or
-    health gate (`revert`), else leave it out of service; every error in the evidence."""
-    record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000]}, error=error[:4000])
+    health gate (`revert`), else leave it out of service; every error in the evidence (with `detail`:
+    the workload that caused it and its origin)."""
+    record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000], **(detail or {})},
+           error=error[:4000])
     if sweep.state in SweepState.BEFORE_PATCH:
         return unwind(sweep, worker, ex, SweepState.FAILED, error)
     if revert and sweep.state in (SweepState.PATCHING, SweepState.VERIFYING):
         return _revert(sweep, worker, ex, error)
-    # Patched (or partly): the node stays out of service for a human to look at.
-    data = {"error": error, "left": "out of service after its patch", "parked_checkpoints": _parked(sweep)}
+    # Patched (or partly): the node stays out of service for a human to look at; its parked
+    # workloads cannot wait for it and go elsewhere.
+    data = {"error": error, "left": "out of service after its patch",
+            **settle(sweep, worker, ex, home=False)}
     return Final(SweepState.FAILED, data, in_service=False)
 
 
@@ -73,7 +80,8 @@ def unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) 
             return retry(sweep, f"rollback: {exc}")
         state = "drained" if sweep.state != SweepState.PENDING else "untouched"
         failed: dict[str, Any] = {"error": error or f"rollback failed: {exc}", "unwind_error": str(exc),
-                                  "left": state, "workloads_returned": returned}
+                                  "left": state, "workloads_returned": returned,
+                                  **settle(sweep, worker, ex, home=False)}
         return Final(SweepState.FAILED, failed, in_service=False)
     data: dict[str, Any] = {"workloads_returned": returned, **({"error": error} if error else {})}
     kept = foreign_hold(sweep, ex, ref)
@@ -115,7 +123,7 @@ def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> Final:
     (charged to the budget)."""
     ref = node_ref(sweep.node)
     campaign = sweep.campaign
-    data: dict[str, Any] = {"error": error, "parked_checkpoints": _parked(sweep)}
+    data: dict[str, Any] = {"error": error}
     in_service = False
     try:
         if not isinstance(ex, SupportsRollback):
@@ -127,7 +135,7 @@ def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> Final:
         if not result.components:
             # Nothing was reinstalled (e.g. the GPU Operator's node keeps its skip label): it stays out.
             data["left"] = f"out of service: nothing reinstalled ({result.output[:500]})"
-            return Final(SweepState.FAILED, data, in_service=False)
+            return Final(SweepState.FAILED, {**data, **settle(sweep, worker, ex, home=False)}, in_service=False)
         if result.reboot_required:
             ex.reboot(ref, op_id(sweep, "revert-reboot"))
         facts = ex.facts(ref)
@@ -150,13 +158,57 @@ def _revert(sweep: NodeSweep, worker: str, ex: Executor, error: str) -> Final:
     except ExecutorError as exc:
         record(sweep, worker, EvidenceKind.REVERT_FAILED, {"error": str(exc)[:4000]})
         data.update(revert_error=str(exc)[:4000], left="out of service: the revert failed")
+    # Workloads parked for this node: home now that it is back on the versions they were taken on,
+    # or elsewhere when it stays out.
+    data.update(settle(sweep, worker, ex, home=in_service))
     return Final(SweepState.FAILED, data, in_service=in_service)
 
 
-def _parked(sweep: NodeSweep) -> list[dict[str, str]]:
-    """Checkpoints parked for this node's return that a failed sweep leaves for an operator."""
-    return [{"workload": w, "checkpoint_id": c} for w, c in WorkloadMove.objects.filter(
-        sweep=sweep, state=MoveState.PARKED).values_list("workload_ref", "checkpoint_id")]
+def settle(sweep: NodeSweep, worker: str, ex: Executor, home: bool) -> dict[str, Any]:
+    """Account for every workload of a failed sweep still held in a checkpoint (checkpointed or parked):
+    restored on its node when `home` (the node is back in service), else on another node where its
+    checkpoint is valid, else stranded: the checkpoint kept, the move named so, an operator alerted
+    (the stranded-workloads metric, the console). Returns what the sweep's last event records."""
+    restored: list[dict[str, Any]] = []
+    stranded: list[dict[str, Any]] = []
+    held = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
+                                       ).select_related("target_node__cluster").order_by("pk")
+    for move in held:
+        entry = _restore_somewhere(sweep, worker, ex, move, home)
+        (restored if entry is not None else stranded).append(entry or _strand(sweep, worker, move))
+    return {**({"workloads_restored": restored} if restored else {}),
+            **({"stranded_workloads": stranded} if stranded else {})}
+
+
+def _restore_somewhere(sweep: NodeSweep, worker: str, ex: Executor, move: WorkloadMove,
+                       home: bool) -> dict[str, Any] | None:
+    name = move.workload_name or move.workload_ref
+    choices: list[Node] = [sweep.node] if home else []
+    target = choose_target(sweep, move, None)
+    if target is not None:
+        choices.append(target)
+    for node in choices:
+        try:
+            result = ex.restore(node_ref(node), move.checkpoint_id, move_op(sweep, move, f"settle-{node.pk}"))
+        except (PermanentExecutorError, TemporaryExecutorError, InterruptedOperation):
+            continue  # the next choice; stranded when none is left
+        entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "from": sweep.node.name, "to": node.name,
+                 "new_id": result.workload_id, "steps_before": move.steps_before, "steps_after": result.steps,
+                 "after_failure": True, **origin_of(move)}
+        record_move(sweep, worker, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
+                    new_workload_ref=result.workload_id, steps_after=result.steps, target_node=node,
+                    inventory_to=node)
+        return entry
+    return None
+
+
+def _strand(sweep: NodeSweep, worker: str, move: WorkloadMove) -> dict[str, Any]:
+    entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
+             "node": sweep.node.name, **origin_of(move),
+             "to_do": "restore it when a compatible node is free: manage.py recover_stranded "
+                      f"{sweep.campaign_id} (or cancel it and start it again from scratch)"}
+    record_move(sweep, worker, move, EvidenceKind.STRANDED, entry, state=MoveState.STRANDED)
+    return entry
 
 
 # -- periodic ----------------------------------------------------------------------------

@@ -70,7 +70,8 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
         given_up = recovery.on_failure(sweep, worker, ex, f"gave up after {sweep.attempt} attempts: {exc}")
         return end_step(sweep, worker, given_up), False
     except PermanentExecutorError as exc:
-        failed = recovery.on_failure(sweep, worker, ex, str(exc), revert=not isinstance(exc, NotPatched))
+        failed = recovery.on_failure(sweep, worker, ex, str(exc), revert=not isinstance(exc, NotPatched),
+                                     detail=getattr(exc, "detail", None))
         return end_step(sweep, worker, failed), False
     except IntegrityError:
         return None, False  # another worker wrote this node's chain: the lease was lost

@@ -37,6 +37,7 @@ from executors.base import (
     SupportsMaintenanceHolds,
     TemporaryExecutorError,
     WorkloadInfo,
+    inventory_ref,
     versions_gate,
 )
 from inventory import services as inventory
@@ -49,6 +50,14 @@ class NotPatched(PermanentExecutorError):
 
 class HealthGateFailed(PermanentExecutorError):
     """The node's health gates failed after its reboot (the checks' outputs are in the evidence)."""
+
+
+class WorkloadFailed(PermanentExecutorError):
+    """The node fails because of one of its workloads: its evidence names the workload (and its origin)."""
+
+    def __init__(self, move: WorkloadMove, message: str) -> None:
+        super().__init__(message)
+        self.detail = {"workload": move.workload_name or move.workload_ref, **origin_of(move)}
 
 
 class WaitMore(Exception):
@@ -72,8 +81,10 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     campaign = sweep.campaign
     running = {w.id: w for w in ex.list_workloads(ref)}
     _prepare_moves(sweep, running)
+    planned = rows.moves(sweep, MoveState.PLANNED)
+    _wait_first(sweep, planned, running)
     done = []
-    for move in rows.moves(sweep, MoveState.PLANNED):
+    for move in planned:
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
         checkpoint = move.policy == WorkloadPolicy.CHECKPOINT and portability.rule(engine).checkpointable
         if move.workload_ref not in running:
@@ -84,25 +95,33 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             if entry is not None:
                 done.append(entry)
             continue
-        if move.policy == WorkloadPolicy.WAIT:
-            waited = timezone.now() - move.created_at
-            if campaign.wait_limit is None or waited < campaign.wait_limit:
-                raise WaitMore(policy.WAIT_POLL_S, f"waiting for {move.workload_name or move.workload_ref} to finish",
-                               _origin(move))
-            if not campaign.cold_restart_allowed:
-                raise PermanentExecutorError(
-                    f"workload {move.workload_name or move.workload_ref} still runs after the wait limit "
-                    "and cold restart is not allowed")
         if checkpoint:
             done.append(_checkpointed(sweep, move, engine, _take_checkpoint(sweep, ex, ref, move, engine)))
         else:
             if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
-                raise PermanentExecutorError(
-                    f"workload {move.workload_name or move.workload_ref} cannot be checkpointed ({engine}) "
-                    "and cold restart is not allowed")
+                raise WorkloadFailed(move, f"workload {move.workload_name or move.workload_ref} cannot be "
+                                           f"checkpointed ({engine}) and cold restart is not allowed")
             ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
             done.append(_stopped(sweep, ex, move))
     return StepResult({"workloads": done})
+
+
+def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, WorkloadInfo]) -> None:
+    """Every wait is decided before anything on the node stops: while a workload the policy waits for
+    still runs, none of its neighbours is checkpointed or stopped (each would stay frozen for the
+    whole wait, however long). Past the wait limit it is moved like the others, or the node fails
+    when a cold restart is not allowed."""
+    campaign = sweep.campaign
+    for move in moves:
+        if move.policy != WorkloadPolicy.WAIT or move.workload_ref not in running:
+            continue
+        name = move.workload_name or move.workload_ref
+        waited = timezone.now() - move.created_at
+        if campaign.wait_limit is None or waited < campaign.wait_limit:
+            raise WaitMore(policy.WAIT_POLL_S, f"waiting for {name} to finish", origin_of(move))
+        if not campaign.cold_restart_allowed:
+            raise WorkloadFailed(move, f"workload {name} still runs after the wait limit "
+                                       "and cold restart is not allowed")
 
 
 def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
@@ -113,12 +132,13 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     missing = [ref for ref in running if ref not in have]
     if not missing:
         return
-    known = rows.running_workloads(sweep.node.cluster_id, missing)
+    ids = {ref: inventory_ref(sweep.node.name, ref) for ref in missing}  # the plan's and inventory's ids
+    known = rows.running_workloads(sweep.node.cluster_id, list(ids.values()))
     planned = _planned_moves(sweep)
     facts = source_facts(sweep)
     moves = []
     for ref in missing:
-        info, row = running[ref], known.get(ref)
+        info, row = running[ref], known.get(ids[ref])
         engine = (row.checkpoint_engine if row else info.checkpoint_engine) or CheckpointEngine.NONE
         needed = requirements(info, row, engine, facts)
         gpus = info.gpus or (row.gpus if row else 0)
@@ -126,17 +146,22 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
             sweep=sweep, workload=row, workload_ref=ref, workload_name=info.name, gpus=gpus,
             policy=policy.workload_policy(campaign, ref, info.name, row.policy if row else ""),
             detail={"engine": engine, "requires": needed.as_dict(),
-                    "planned": (planned.get(ref) or {}).get("action", ""),
+                    "planned": (planned.get(ids[ref]) or {}).get("action", ""),
                     **({"origin": info.origin} if info.origin else {})}))
     rows.insert_moves(moves)
 
 
 def _planned_moves(sweep: NodeSweep) -> dict[str, dict[str, Any]]:
+    """The plan's moves of this node by the inventory's workload id (executors.base.inventory_ref)."""
     planned = sweep.planned or {}  # loaded with the sweep: it is copied at start and never changes
     return {m["workload"]: m for m in planned.get("moves", []) if "arrived_from" not in m}
 
 
-def _origin(move: WorkloadMove) -> dict[str, str]:
+def plan_entry(sweep: NodeSweep, planned: dict[str, dict[str, Any]], move: WorkloadMove) -> dict[str, Any]:
+    return planned.get(inventory_ref(sweep.node.name, move.workload_ref), {})
+
+
+def origin_of(move: WorkloadMove) -> dict[str, str]:
     """For the evidence: {"origin": "undeclared-found-by-agent"} when no scheduler declared the workload's
     GPUs and the node's agent found it holding some (WorkloadInfo.origin); {} for a declared one."""
     origin = move.detail.get("origin")
@@ -164,7 +189,7 @@ def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> Tempor
 def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
     who = ex.restarted_by(move.workload_ref)
     entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
-             "restarted_by": who or "nobody: its owner must start it again", **_origin(move)}
+             "restarted_by": who or "nobody: its owner must start it again", **origin_of(move)}
     record_move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
     return entry
 
@@ -172,7 +197,7 @@ def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, An
 def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
              "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
-             "requires": move.detail.get("requires"), **_origin(move)}
+             "requires": move.detail.get("requires"), **origin_of(move)}
     home = move.detail.get("planned") == "return_home"
     fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
                               "steps_before": result.steps}
@@ -205,7 +230,7 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
         else:
             return _stopped(sweep, ex, move)
     record_move(sweep, sweep.lease_owner, move, EvidenceKind.FINISHED,
-                {"workload": name, "action": "ended by itself before it was moved", **_origin(move)},
+                {"workload": name, "action": "ended by itself before it was moved", **origin_of(move)},
                 state=MoveState.FINISHED)
     return None
 
@@ -215,9 +240,9 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     planned = _planned_moves(sweep)
     done = []
     for move in rows.moves(sweep, MoveState.CHECKPOINTED):  # a target chosen before a retry loads when used
-        plan_entry = planned.get(move.workload_ref, {})
+        entry_of_plan = plan_entry(sweep, planned, move)
         if move.target_node_id is None:
-            target = choose_target(sweep, move, plan_entry.get("to"))
+            target = choose_target(sweep, move, entry_of_plan.get("to"))
             if target is None:
                 done.append(_park_or_fail(sweep, move))
                 continue
@@ -234,13 +259,13 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         seen = _resumed(ex, node_ref(target), result.workload_id)
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")
-        as_planned = plan_entry.get("to") == target.pk
+        as_planned = entry_of_plan.get("to") == target.pk
         entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
                  "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
                  "steps_before": move.steps_before, "steps_after": seen.steps, "as_planned": as_planned}
         record_move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
                     new_workload_ref=result.workload_id, steps_after=seen.steps, inventory_to=target,
-                    detail={**move.detail, "planned_target": plan_entry.get("to"), "as_planned": as_planned})
+                    detail={**move.detail, "planned_target": entry_of_plan.get("to"), "as_planned": as_planned})
         done.append(entry)
     return StepResult({"workloads": done})
 
@@ -255,8 +280,8 @@ def _park_or_fail(sweep: NodeSweep, move: WorkloadMove) -> dict[str, Any]:
     needed = portability.from_dict(move.detail.get("requires") or {})
     after = portability.node_facts(sweep.node.gpu_model, {**source_facts(sweep), **sweep.target})
     if not portability.compatible(needed, after):
-        raise PermanentExecutorError(f"no node where the checkpoint of {name} is valid has {move.gpus} free GPUs, "
-                                     f"and it would not be valid on {sweep.node.name} after the patch")
+        raise WorkloadFailed(move, f"no node where the checkpoint of {name} is valid has {move.gpus} free GPUs, "
+                                   f"and it would not be valid on {sweep.node.name} after the patch")
     entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "restore": "on this node after its reboot",
              "why": "no compatible node with room; the checkpoint stays valid here after the patch"}
     record_move(sweep, sweep.lease_owner, move, EvidenceKind.PARKED, entry, state=MoveState.PARKED,
