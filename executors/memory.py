@@ -219,14 +219,19 @@ class Fleet:
             data.setdefault("gpu_users", []).append({"pid": pid, "name": name, "owner_kind": owner_kind,
                                                      "owner_id": owner_id})
 
-    def fail_check(self, node: str, check: str, output: str = "") -> None:
-        """The node's health check `check` fails from now on, printing `output` ("" clears it)."""
+    def fail_check(self, node: str, check: str, output: str = "", times: int | None = None) -> None:
+        """The node's health check `check` fails from now on (or its next `times` runs), printing
+        `output` ("" clears it)."""
         with self.store.edit("nodes", node) as data:
             failing = data.setdefault("failing_checks", {})
+            left = data.setdefault("failing_times", {})
             if output:
                 failing[check] = output
+                if times is not None:
+                    left[check] = times
             else:
                 failing.pop(check, None)
+                left.pop(check, None)
 
     def set_healthy(self, node: str, healthy: bool) -> None:
         with self.store.edit("nodes", node) as data:
@@ -344,7 +349,8 @@ class MemoryExecutor(Executor):
                 if workload is None or workload["state"] != "running":
                     raise PermanentExecutorError(f"workload {workload_id} is not running on {node.identity}")
                 steps = _steps(workload, time.time())
-                workload.update(state="checkpointed", steps_base=steps)
+                # frozen_at: when it stopped running; its restore records how long it was frozen.
+                workload.update(state="checkpointed", steps_base=steps, frozen_at=time.time())
                 needed = requires if requires is not None else portability.requirements(
                     engine, _facts(data), gpus=int(workload["gpus"]),
                     inference_engine=workload["fingerprint"].get("engine", ""),
@@ -391,8 +397,10 @@ class MemoryExecutor(Executor):
                     wrong = portability.mismatches(portability.from_dict(checkpoint["requires"]), _facts(data))
                     if wrong:
                         raise PermanentExecutorError(f"incompatible restore target {target.identity}: {wrong}")
-                    new_id = f"wl-{uuid.uuid4().hex[:12]}"
-                    workload = dict(checkpoint["workload"], id=new_id, state="running", resumed_at=time.time())
+                    new_id, now = f"wl-{uuid.uuid4().hex[:12]}", time.time()
+                    taken = checkpoint["workload"]
+                    workload = dict(taken, id=new_id, state="running", resumed_at=now,
+                                    frozen_s=now - float(taken.get("frozen_at") or now))
                     data["workloads"][new_id] = workload
                 checkpoint["restored_as"] = f"{target.identity}:{new_id}"
                 return {"workload_id": new_id, "steps": workload["steps_base"]}
@@ -444,6 +452,12 @@ class MemoryExecutor(Executor):
                 names = ["gpus", *(["dcgm"] if gates.dcgm_level else []),
                          *(f"site:{n}" for n in (gates.site_checks or ()))]
                 failing = dict(data.get("failing_checks") or {})
+                for name, left in list((data.get("failing_times") or {}).items()):
+                    if left <= 1:  # this run is the last that fails
+                        data["failing_times"].pop(name)
+                        data["failing_checks"].pop(name, None)
+                    else:
+                        data["failing_times"][name] = left - 1
                 for name in dict.fromkeys([*names, *failing]):
                     bad = failing.get(name)
                     checks.append({"name": name, "status": "failed" if bad else "passed",

@@ -241,7 +241,10 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
             workload_kinds=frozenset({WorkloadKind.PROCESS}),
         )
         result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
-        cursor.execute(queries.TAKE_COUNTER, [counter, digest, cluster.pk, node.name, counter])
+        # Versions held for a campaign's gates: no digest, so the next heartbeat is a full one (a
+        # short one would leave them held after the campaign gives the node back).
+        taken = "" if result.held_versions.get(node.name) else digest
+        cursor.execute(queries.TAKE_COUNTER, [counter, taken, cluster.pk, node.name, counter])
         if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))

@@ -46,6 +46,11 @@ OUTRANKED_BY: dict[str, frozenset[str]] = {
     ChangeSource.AGENT: frozenset({ChangeSource.SLURM, ChangeSource.KUBERNETES}),
 }
 
+# The key in Node.facts of the versions a node's agent reported while a campaign patches it: the
+# campaign takes them into the inventory (and credits the remediation) once the node's health gates
+# pass; until then they are only "pending verification" (a failing gate reverts the node).
+PENDING_VERIFICATION = "pending_verification"
+
 # Node fields a snapshot may set; None in the snapshot means "not reported by this source".
 NODE_FIELDS = (
     "pool",
@@ -164,6 +169,8 @@ class SyncResult:
     errors: list[str] = field(default_factory=list)
     versions_changed: set[int] = field(default_factory=set)
     changed_components: dict[str, list[str]] = field(default_factory=dict)
+    # node name -> versions its agent reported while a campaign patches it, not yet taken (PENDING_VERIFICATION)
+    held_versions: dict[str, dict[str, str]] = field(default_factory=dict)
     # Seconds per phase, for bench/inventory.py and slow-sync investigations.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -412,14 +419,20 @@ def _apply_nodes(
     to_create: list[ObservedNode] = []
     to_update: list[Node] = []
     update_fields: set[str] = set()
+    facts_after: dict[str, Any] = {}  # name -> the facts written this time
     for observed in snapshot.nodes:
         row = existing.get(observed.name)
         values = {f: getattr(observed, f) for f in NODE_FIELDS if getattr(observed, f) is not None}
         if row is None:
             to_create.append(observed)
             continue
-        if "facts" in values:
-            values["facts"] = {**(row["facts"] or {}), **values["facts"]}
+        held_before = (row["facts"] or {}).get(PENDING_VERIFICATION)
+        if "facts" in values or (held_before and source == ChangeSource.AGENT):
+            values["facts"] = {**(row["facts"] or {}), **values.get("facts", {})}
+            if row["service_state"] != ServiceState.PATCHING and source == ChangeSource.AGENT:
+                # The campaign gave the node back: its agent's word counts again.
+                values["facts"].pop(PENDING_VERIFICATION, None)
+            facts_after[observed.name] = values["facts"]
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -439,6 +452,9 @@ def _apply_nodes(
                              {f: [_jsonable(b), _jsonable(a)] for f, (b, a) in diff.items()}, user_id))
 
     node_ids = {name: row["id"] for name, row in existing.items() if name in observed_names}
+    # Nodes a campaign is patching: their agent's versions wait for the campaign's gates.
+    held = {name: row for name, row in existing.items() if name in observed_names and source == ChangeSource.AGENT
+            and row["service_state"] == ServiceState.PATCHING}
     if to_create:
         _insert_nodes(cluster, to_create, now)
         created = dict(Node.objects.filter(cluster=cluster, created_at=now).values_list("name", "id"))
@@ -455,7 +471,9 @@ def _apply_nodes(
     if to_update:
         Node.objects.bulk_update(to_update, sorted(update_fields | {"updated_at"}), batch_size=BATCH)
     started = result.lap("nodes", started)
-    _apply_components(cluster, snapshot, parsed, node_ids, current_components, source, user_id, now, result, logs)
+    _apply_components(cluster, snapshot, parsed, node_ids, current_components, source, user_id, now, result, logs,
+                      held=set(held))
+    _hold_versions(cluster, held, facts_after, user_id, result, logs)
     started = result.lap("components", started)
     created_ids = {node_ids[observed.name] for observed in to_create}
     result.added = len(to_create)
@@ -489,6 +507,7 @@ def _apply_components(
     now: dt.datetime,
     result: SyncResult,
     logs: list[_Log],
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     creates: list[tuple[int, str, ParsedVersion]] = []
     updates: list[tuple[Any, ...]] = []
@@ -497,6 +516,10 @@ def _apply_components(
     for name, components in parsed.items():
         node_id = node_ids[name]
         have = current.get(node_id, {})
+        if name in held:
+            pending = {c: v.raw for c, v in components.items() if c not in have or have[c][1] != v.raw}
+            result.held_versions[name] = pending
+            continue
         diff: dict[str, list[str | None]] = {}
         for component, version in components.items():
             before = have.get(component)
@@ -524,6 +547,27 @@ def _apply_components(
             cursor.executemany(queries.UPDATE_COMPONENT, updates)
     for start in range(0, len(deletes), BATCH):
         NodeComponent.objects.filter(pk__in=deletes[start:start + BATCH]).delete()
+
+
+def _hold_versions(cluster: Cluster, held: dict[str, dict[str, Any]], facts_after: dict[str, Any],
+                   user_id: int | None, result: SyncResult, logs: list[_Log]) -> None:
+    """Keep what the agents of nodes under a campaign's patch reported as pending verification in the
+    node's facts (one change-log row when it changes), and drop it from nodes no longer held."""
+    for name, row in held.items():
+        pending = result.held_versions.get(name) or {}
+        facts = dict(facts_after.get(name, row["facts"]) or {})
+        before = facts.get(PENDING_VERIFICATION) or {}
+        if before.get("versions") == pending:
+            continue
+        if pending:
+            facts[PENDING_VERIFICATION] = {"versions": pending, "reported_at": timezone.now().isoformat()}
+        else:
+            facts.pop(PENDING_VERIFICATION, None)
+        Node.objects.filter(pk=row["id"]).update(facts=facts)
+        logs.append(_log(ChangeSource.AGENT, ChangeAction.UPDATE, "node", row["id"], _node_repr(cluster, name),
+                         {f"{PENDING_VERIFICATION}:{c}": [before.get("versions", {}).get(c), v]
+                          for c, v in pending.items()} or {PENDING_VERIFICATION: [before.get("versions"), None]},
+                         user_id))
 
 
 def _apply_workloads(
@@ -764,7 +808,20 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
             _forget_digests([node_id])
             transaction.on_commit(lambda: node_versions_changed.send(sender=Node, node_ids=[node_id],
                                                                      reference=reference or source))
+        _clear_pending(node_id, parsed)
     return sorted(key.split(":", 1)[1] for key in diff)
+
+
+def _clear_pending(node_id: int, recorded: dict[str, ParsedVersion]) -> None:
+    """The campaign recorded these versions: what the agent reported of them is no longer pending."""
+    facts = Node.objects.filter(pk=node_id).values_list("facts", flat=True).first() or {}
+    pending = dict((facts.get(PENDING_VERIFICATION) or {}).get("versions") or {})
+    if not pending:
+        return
+    left = {c: v for c, v in pending.items() if c not in recorded}
+    facts = {**facts, PENDING_VERIFICATION: {**facts[PENDING_VERIFICATION], "versions": left}} if left else {
+        k: v for k, v in facts.items() if k != PENDING_VERIFICATION}
+    Node.objects.filter(pk=node_id).update(facts=facts)
 
 
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",

@@ -109,16 +109,19 @@ class AgentProcess:
         return {**self.env, "GPUSWEEP_AGENT_ENDPOINT": f"http://127.0.0.1:{self.port}"}
 
 
-def site_check(root: Path) -> tuple[str, Callable[[str, str], None]]:
+def site_check(root: Path) -> tuple[str, Callable[..., None]]:
     """A real site health check for the agents under `root` (their `health_options`): it passes
-    until `fail(node, output)`, then prints `output` and exits 1 on that node."""
+    until `fail(node, output)`, then prints `output` and exits 1 on that node (with `once`, only
+    its next run fails)."""
     script = root / "site-check"
     script.write_text(f'#!/bin/sh\nflag="{root}/health-flag-$GPUSWEEP_AGENT_NODE"\n'
+                      f'once="{root}/health-once-$GPUSWEEP_AGENT_NODE"\n'
+                      'if [ -s "$once" ]; then cat "$once"; rm -f "$once"; exit 1; fi\n'
                       'if [ -s "$flag" ]; then cat "$flag"; exit 1; fi\necho "site check: ok"\n')
     script.chmod(0o755)
 
-    def fail(node: str, output: str) -> None:
-        (root / f"health-flag-{node}").write_text(output)
+    def fail(node: str, output: str, once: bool = False) -> None:
+        (root / f"health-{'once' if once else 'flag'}-{node}").write_text(output)
 
     return json.dumps({"site": {"commands": {"site": str(script)}}, "gpus": {"libnvidia_ml": ""}}), fail
 

@@ -24,7 +24,7 @@ from campaigns import services
 from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
 from inventory.choices import ServiceState
-from inventory.models import Cluster, Node, NodeComponent
+from inventory.models import Cluster, Node, NodeComponent, Workload
 from inventory.versions import parse_version
 from tests.campaigns.fleet import FIXED, OLD, approved_campaign, drive, make_fleet, user
 from tests.helpers import REPO
@@ -261,3 +261,44 @@ def test_the_console_form_sets_the_health_gates_and_the_rollback_policy(people, 
                                               "site_check_names": "nhc;reboot"})
     assert refused.status_code == 200 and "site check names" in refused.content.decode()
     assert not Campaign.objects.filter(name="bad").exists()
+
+
+def test_a_gate_failing_once_brings_the_node_back_with_its_parked_counters_resumed_with_no_gap(nodes, people,
+                                                                                                  tmp_path):
+    """Issue 25, done-when 2: placement "home", a site check failing once, after_rollback "return": the
+    node is reverted and returns, and every counter parked for it resumes there from where it stopped."""
+    agent = nodes.add("gpu00")
+    node = Node.objects.get(name="gpu00")
+    counters = {}
+    for index in range(3):
+        ref = f"wl-counter{index}"
+        counters[ref] = tmp_path / f"counter{index}.log"
+        agents.start_workload(agent, ref, counters[ref], megabytes=1, engine="signal")
+        Workload.objects.create(cluster=nodes.cluster, node=node, kind="process", scheduler_id=ref, name=ref, gpus=1,
+                                checkpoint_engine="signal")
+    for log in counters.values():
+        agents.wait_steps(log, 3)
+    nodes.fail("gpu00", ECC, once=True)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, soak_s=0, workload_placement="home",
+                                 after_rollback=AfterRollback.RETURN, site_checks=["site"], error_budget="1")
+    assert {m["action"] for m in campaign.approved_plan.content["nodes"][str(node.pk)]["moves"]} == {"return_home"}
+    services.start(campaign.pk, requester)
+    try:
+        campaign = drive(campaign.pk)
+        sweep = NodeSweep.objects.get(campaign=campaign, node=node)
+        assert sweep.state == SweepState.FAILED and "health gate failed" in sweep.error
+        node.refresh_from_db()
+        assert node.service_state == ServiceState.IN_SERVICE and not nodes.in_maintenance("gpu00")
+        assert nodes.facts("gpu00")["driver"] == OLD
+        [last] = _events(sweep, "failed")
+        assert last["left"] == "in service on its previous versions"
+        assert {w["to"] for w in last["workloads_restored"]} == {"gpu00"}
+        for log in counters.values():
+            before = len(agents.steps(log))
+            after = agents.wait_steps(log, before + 3)
+            assert agents.unbroken(after) == len(after), f"{log.name}: a gap or a restart"
+    finally:
+        for workload in agent.client.get("/v1/workloads").get("workloads", []):
+            if workload.get("pid"):
+                agents.kill_pid(int(workload["pid"]))

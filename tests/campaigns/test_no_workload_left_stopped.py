@@ -1,0 +1,285 @@
+"""No workload left stopped (issue 25): a property of the engine over every combination of workload
+policies on one node and every way its sweep can end.
+
+The node gpu00 runs five workloads, one per policy: `mig` (CRIU, checkpoint and move), `sig` (signal
+engine: its image needs nothing of the node, so with placement "home" it is parked for the node's
+return), `wait` (the campaign waits for it to end), `cold` (cold restart) and `none` (not
+checkpointable, stopped since a cold restart is allowed). Each run ends one way: done, a health gate
+failing for good (the node stays out) or once (it returns on its old versions), a failing patch, an
+abort at each step before the patch, or a worker killed right after each executor call (the lease
+runs out and the step is driven again). Afterwards every workload is running exactly once or is
+accounted for (stopped for its owner, ended by itself, or stranded with its checkpoint kept), none is
+left checkpointed or parked, and none was frozen longer than its own move: the wait of `wait` freezes
+nobody.
+
+Runs on the memory executor (a test double, executors/memory.py): the property is the engine's; the
+executors' own contract tests run the same operations against real Slurm, Kubernetes and agents.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from campaigns import engine, services
+from campaigns.choices import AfterRollback, CampaignStatus, MoveState, Placement, SweepState
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
+from executors.memory import Fleet, MemoryExecutor
+from inventory.choices import ServiceState
+from inventory.models import Cluster, Node, Workload
+from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, user
+
+pytestmark = pytest.mark.django_db
+
+WAIT_S = 1.2  # how long `wait` runs on after the sweep reaches the node
+FROZEN_MAX_S = 0.5  # a move on the memory executor takes milliseconds; a freeze through the wait takes WAIT_S
+POLICIES = {"mig": ("criu", ""), "sig": ("signal", ""), "wait": ("criu", "wait"), "cold": ("criu", "cold_restart"),
+            "none": ("none", "")}
+ENDS = ("done", "gate_stays_out", "gate_returns", "patch_fails", "abort_draining", "abort_checkpointing",
+        "abort_migrating")
+CALLS = ("drain", "checkpoint", "stop", "restore", "patch", "reboot", "verify", "health", "rollback",
+         "return_to_service", "undo")
+
+
+class WorkerDied(BaseException):
+    """Stands for SIGKILL right after an executor call: nothing after it runs."""
+
+
+@pytest.fixture
+def people():
+    return user("rita", "operator"), user("alan", "approver")
+
+
+def _fleet(tag: str) -> tuple[Fleet, Cluster, Node]:
+    fleet = Fleet()
+    fleet.reset()  # operation ids repeat across tests whose database rolled back
+    cluster = Cluster.objects.create(name=tag, kind="static", connection={"executor": "memory"})
+    node = add_node(fleet, cluster, "gpu00", labels={"sweep": tag}, workloads=0)
+    for spare in ("spare00", "spare01"):
+        add_node(fleet, cluster, spare, labels={"sweep": "no"}, workloads=0)
+    for name, (engine_name, _policy) in POLICIES.items():
+        ref = f"gpu00-{name}"
+        Workload.objects.create(cluster=cluster, node=node, kind="process", scheduler_id=ref, name=ref, gpus=2,
+                                checkpoint_engine=engine_name)
+        fleet.add_workload(tag, "gpu00", ref, name=ref, gpus=2, engine=engine_name, rate=1000)
+    return fleet, cluster, node
+
+
+def _campaign(people: tuple[Any, Any], tag: str, placement: str, end: str) -> Campaign:
+    requester, approver = people
+    return approved_campaign(
+        requester, approver, node_selector={"sweep": tag}, cold_restart_allowed=True, workload_placement=placement,
+        workload_overrides={f"gpu00-{n}": p for n, (_e, p) in POLICIES.items() if p},
+        after_rollback=AfterRollback.RETURN if end == "gate_returns" else AfterRollback.STAY_OUT,
+        error_budget="1")
+
+
+def _run(campaign: Campaign, fleet: Fleet, tag: str, on_step: Callable[[NodeSweep], None] | None = None) -> Campaign:
+    """Dispatch and advance one step at a time (as workers do), `wait` ending WAIT_S after the sweep
+    first looks at the node; a WorkerDied leaves the step to the lease's expiry and a later worker."""
+    services.start(campaign.pk, campaign.requested_by)
+    started, ended = time.monotonic(), False
+    for _ in range(2000):
+        if not ended and time.monotonic() - started > WAIT_S:
+            fleet.finish(f"{tag}/gpu00", "gpu00-wait")
+            ended = True
+        try:
+            engine.dispatch(campaign.pk)
+            for sweep in NodeSweep.objects.filter(campaign=campaign, state__in=SweepState.WORKING):
+                if on_step is not None:
+                    on_step(sweep)
+                engine.advance(sweep.pk, max_steps=1)
+        except WorkerDied:
+            NodeSweep.objects.filter(campaign=campaign).update(step_deadline=timezone.now() - timedelta(seconds=1))
+            continue
+        current = Campaign.objects.get(pk=campaign.pk)
+        busy = NodeSweep.objects.filter(campaign=campaign, state__in=SweepState.ACTIVE).exists()
+        if not busy and current.status not in (CampaignStatus.RUNNING, CampaignStatus.WAITING):
+            return current
+        time.sleep(0.02)
+    raise AssertionError(f"campaign {campaign.pk} never came to rest")
+
+
+def _assert_every_workload_accounted_for(fleet: Fleet, campaign: Campaign, tag: str) -> dict[str, str]:
+    """Each workload runs exactly once, or its move says where it is; none frozen through a wait."""
+    nodes = {key: node for key, node in fleet.snapshot()["nodes"].items() if key.startswith(f"{tag}/")}
+    running: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for key, node in nodes.items():
+        for workload in node["workloads"].values():
+            if workload["state"] == "running":
+                running.setdefault(workload["name"], []).append((key, workload))
+    moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=campaign)}
+    left = {m.workload_ref: m.state for m in moves.values()
+            if m.state in (MoveState.PLANNED, MoveState.CHECKPOINTED, MoveState.PARKED)}
+    assert not left, f"workloads left in a checkpoint with no way back: {left}"
+    where = {}
+    for name in POLICIES:
+        ref = f"gpu00-{name}"
+        copies = running.get(ref, [])
+        assert len(copies) <= 1, f"{ref} runs twice: {[k for k, _ in copies]}"
+        if copies:
+            key, workload = copies[0]
+            assert workload.get("frozen_s", 0.0) < FROZEN_MAX_S, (
+                f"{ref} was frozen {workload['frozen_s']:.2f} s (its own move takes milliseconds)")
+            where[name] = key
+            continue
+        move = moves.get(ref)
+        assert move is not None, f"{ref} stopped with no record of it"
+        assert move.state in (MoveState.STOPPED, MoveState.FINISHED, MoveState.STRANDED), (ref, move.state)
+        if move.state == MoveState.STRANDED:
+            assert EvidenceEvent.objects.filter(sweep=move.sweep, kind="stranded").exists()
+        where[name] = move.state
+    return where
+
+
+@pytest.mark.parametrize("placement", [Placement.MOVE, Placement.HOME])
+@pytest.mark.parametrize("end", ENDS)
+def test_every_workload_runs_or_is_accounted_for_at_every_end(people, placement, end):
+    tag = f"{end[:12]}-{placement}".replace("_", "-")
+    fleet, _cluster, node = _fleet(tag)
+    campaign = _campaign(people, tag, placement, end)
+    if end == "gate_stays_out":
+        fleet.fail_check(f"{tag}/gpu00", "site:ecc", "GPU 3: 12 uncorrectable ECC errors")
+    elif end == "gate_returns":
+        fleet.fail_check(f"{tag}/gpu00", "site:ecc", "GPU 3: 12 uncorrectable ECC errors", times=1)
+    elif end == "patch_fails":
+        fleet.inject("patch", f"{tag}/gpu00", "permanent")
+    aborted: list[str] = []
+
+    def abort_at(sweep: NodeSweep) -> None:
+        if end.startswith("abort_") and not aborted and sweep.state == end.removeprefix("abort_"):
+            services.abort(campaign.pk, campaign.requested_by, "operator's abort")
+            aborted.append(sweep.state)
+
+    done = _run(campaign, fleet, tag, abort_at)
+    where = _assert_every_workload_accounted_for(fleet, done, tag)
+    sweep = NodeSweep.objects.get(campaign=done, node=node)
+    node.refresh_from_db()
+    expected = {
+        "done": (SweepState.DONE, ServiceState.IN_SERVICE, CampaignStatus.COMPLETED),
+        "gate_stays_out": (SweepState.FAILED, ServiceState.OFFLINE, CampaignStatus.HALTED),
+        "gate_returns": (SweepState.FAILED, ServiceState.IN_SERVICE, CampaignStatus.HALTED),
+        "patch_fails": (SweepState.FAILED, ServiceState.OFFLINE, CampaignStatus.HALTED),
+    }.get(end, (SweepState.ROLLED_BACK, ServiceState.IN_SERVICE, CampaignStatus.ABORTED))
+    assert (sweep.state, node.service_state, done.status) == expected, (sweep.error, where)
+    if end.startswith("abort_"):
+        assert aborted, f"the sweep never reached {end}"
+    # A workload the wait did not concern was checkpointed only once the wait was over (or never).
+    if end not in ("abort_draining", "abort_checkpointing"):
+        assert where["wait"] == MoveState.FINISHED
+    if placement == Placement.HOME and end == "gate_returns":
+        assert where["sig"] == f"{tag}/gpu00", "the parked workload comes home once its node returns"
+    if end in ("gate_stays_out", "patch_fails"):
+        assert where["sig"].startswith(f"{tag}/spare"), "a node that stays out sends its parked work elsewhere"
+
+
+@pytest.mark.parametrize("placement", [Placement.MOVE, Placement.HOME])
+def test_a_worker_killed_after_any_executor_call_leaves_every_workload_accounted_for(people, placement, monkeypatch):
+    calls: list[str] = []
+    kill_at: list[int] = [0]
+
+    def counted(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: MemoryExecutor, *args: Any, **kwargs: Any) -> Any:
+            result = real(self, *args, **kwargs)
+            calls.append(name)
+            if len(calls) == kill_at[0]:
+                raise WorkerDied
+            return result
+        return call
+
+    for name in CALLS:
+        monkeypatch.setattr(MemoryExecutor, name, counted(name, getattr(MemoryExecutor, name)))
+    # A run with no death counts the calls a sweep makes; then one run dies after each of them.
+    total = None
+    k = 0
+    while total is None or k <= total:
+        tag = f"kill{k}-{placement}"
+        fleet, _cluster, node = _fleet(tag)
+        campaign = _campaign(people, tag, placement, "done")
+        calls.clear()
+        kill_at[0] = k
+        done = _run(campaign, fleet, tag)
+        if total is None:
+            total = len(calls)
+            assert total >= 8, calls
+        _assert_every_workload_accounted_for(fleet, done, tag)
+        sweep = NodeSweep.objects.get(campaign=done, node=node)
+        assert (sweep.state, done.status) == (SweepState.DONE, CampaignStatus.COMPLETED), (k, sweep.error)
+        assert fleet.snapshot()["nodes"][f"{tag}/gpu00"]["patches"] == {"driver": 1}, "patched once"
+        k += 1
+
+
+def _agent_reports(cluster: Cluster, node: Node, driver: str) -> None:
+    """The node's agent reports its versions, as its heartbeat does (inventory.agent -> apply_snapshot)."""
+    from inventory.choices import ChangeSource
+    from inventory.services import ObservedNode, Snapshot, apply_snapshot
+
+    apply_snapshot(cluster, Snapshot(nodes=[ObservedNode(node.name, components={"driver": driver, "cuda": "12.8"})],
+                                     complete=False, replace_components=True), ChangeSource.AGENT)
+
+
+def _exposure(node: Node) -> Any:
+    from advisories.exposure import recompute
+    from advisories.models import Advisory, AffectedRange, Exposure
+    from inventory.versions import parse_version
+
+    advisory = Advisory.objects.create(publisher_id="9901", title="GPU Display Driver", source_kind="file",
+                                       source="9901.json", severity="high")
+    AffectedRange.objects.create(advisory=advisory, product_id="linuxr570", component="driver", branch="R570",
+                                 os_family="linux", product_line="tesla", raw=f"all versions prior to {FIXED}",
+                                 upper_version=FIXED, upper_key=parse_version("driver", FIXED).key,
+                                 fixed_version=FIXED, severity="high")
+    recompute(node_ids=[node.pk])
+    return Exposure.objects.get(node=node, advisory=advisory)
+
+
+@pytest.mark.parametrize("gate", ["passes", "fails"])
+def test_an_agent_report_before_the_gates_is_held_and_credited_to_the_campaign_only_when_they_pass(
+        people, gate, django_capture_on_commit_callbacks):
+    from advisories.choices import ExposureState
+    from inventory.services import PENDING_VERIFICATION
+
+    tag = f"agent-first-{gate}"
+    fleet, cluster, node = _fleet(tag)
+    exposure = _exposure(node)
+    assert exposure.state == ExposureState.OPEN
+    if gate == "fails":
+        fleet.fail_check(f"{tag}/gpu00", "site:ecc", "GPU 3: 12 uncorrectable ECC errors")
+    campaign = _campaign(people, tag, Placement.MOVE, "done")
+    fleet.finish(f"{tag}/gpu00", "gpu00-wait")
+    services.start(campaign.pk, campaign.requested_by)
+    engine.dispatch(campaign.pk)
+    sweep = NodeSweep.objects.get(campaign=campaign, node=node)
+    while NodeSweep.objects.get(pk=sweep.pk).state != SweepState.VERIFYING:
+        engine.advance(sweep.pk, max_steps=1)
+    # Rebooted onto the new driver; its agent's heartbeat lands before the gates have run.
+    with django_capture_on_commit_callbacks(execute=True):
+        _agent_reports(cluster, node, FIXED)
+    node.refresh_from_db()
+    exposure.refresh_from_db()
+    assert node.components.get(component="driver").version == OLD, "not credited before the gates"
+    assert node.facts[PENDING_VERIFICATION]["versions"] == {"driver": FIXED}
+    assert exposure.state == ExposureState.OPEN and not exposure.remediated_by
+    with django_capture_on_commit_callbacks(execute=True):
+        engine.advance(sweep.pk, max_steps=1)  # verify: versions, then the health gates
+        sweep.refresh_from_db()
+        if gate == "fails":
+            # Reverted: the agent reports the old driver again, which it is.
+            _agent_reports(cluster, node, OLD)
+    node.refresh_from_db()
+    exposure.refresh_from_db()
+    assert PENDING_VERIFICATION not in node.facts
+    if gate == "passes":
+        driver = node.components.get(component="driver")
+        assert (driver.version, driver.source) == (FIXED, "campaign")
+        assert exposure.state == ExposureState.REMEDIATED
+        assert exposure.remediated_by == f"campaign {campaign.pk}, sweep {sweep.pk}"
+    else:
+        assert sweep.state == SweepState.FAILED and "health gate failed" in sweep.error
+        assert node.components.get(component="driver").version == OLD
+        assert exposure.state == ExposureState.OPEN and not exposure.remediated_by
