@@ -185,6 +185,8 @@ class EvidenceKind(ChoiceSet):
     REVERT_VERIFIED = "revert_verified"
     REVERT_FAILED = "revert_failed"
     ROLLBACK_CAMPAIGN = "rollback_campaign"
+    # A stranded workload restored by an operator after its sweep ended (manage.py recover_stranded).
+    RECOVERED = "workload_recovered"
     # A wave's maintenance reservation (executors.base.SupportsWaveReservations).
     RESERVATION_CREATED = "reservation_created"
     RESERVATION_DELETED = "reservation_deleted"
@@ -227,10 +229,11 @@ class EvidenceKind(ChoiceSet):
         (REVERT_VERIFIED, "Previous versions verified after the revert"),
         (REVERT_FAILED, "Revert failed"),
         (ROLLBACK_CAMPAIGN, "Rollback campaign created"),
+        (RECOVERED, "Stranded workload restored"),
         (RESERVATION_CREATED, "Wave's maintenance reservation created"),
         (RESERVATION_DELETED, "Wave's maintenance reservation deleted"),
     ]
     CAMPAIGN = frozenset({CREATED, EDITED, PLANNED, APPROVED, FULLY_APPROVED, STARTED, WAITING_FOR_WINDOW,
                           WINDOW_OPENED, PAUSED, RESUMED, HALTED, ABORTED, COMPLETED, SEALED, SOAKING, SOAKED,
-                          CANARY_FAILED, ROLLBACK_CAMPAIGN, RESERVATION_CREATED, RESERVATION_DELETED})
+                          CANARY_FAILED, ROLLBACK_CAMPAIGN, RECOVERED, RESERVATION_CREATED, RESERVATION_DELETED})
     NODE = frozenset(set(dict(CHOICES)) - CAMPAIGN)

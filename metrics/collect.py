@@ -27,8 +27,8 @@ from prometheus_client.registry import Collector
 
 from advisories.choices import ExposureState, Severity
 from advisories.models import Exposure
-from campaigns.choices import CampaignStatus, SweepState
-from campaigns.models import Campaign, NodeSweep
+from campaigns.choices import CampaignStatus, MoveState, SweepState
+from campaigns.models import Campaign, NodeSweep, WorkloadMove
 from gpusweep.celery import app as celery_app
 from inventory.choices import ServiceState
 from inventory.models import Node
@@ -104,6 +104,14 @@ def campaigns() -> Iterator[Metric]:
         if moments:
             quiet.add_metric(names, max(0.0, (now - max(moments)).total_seconds()))
     yield from (sweeps, status, quiet, timeout)
+    stranded = GaugeMetricFamily("gpusweep_workloads_stranded",
+                                 "Workloads a failed sweep could restore nowhere (checkpoint kept): "
+                                 "manage.py recover_stranded CAMPAIGN restores them", labels=labels)
+    for row in (WorkloadMove.objects.filter(state=MoveState.STRANDED).values("sweep__campaign_id",
+                                                                              "sweep__campaign__name")
+                .annotate(n=Count("id")).order_by()):
+        stranded.add_metric([str(row["sweep__campaign_id"]), row["sweep__campaign__name"]], row["n"])
+    yield stranded
 
 
 def _histogram(family: rollup.Family, rows: list[Any]) -> HistogramMetricFamily:

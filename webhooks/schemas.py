@@ -52,7 +52,9 @@ DATA: dict[str, dict[str, Any]] = {
     EventType.APPROVAL_REQUESTED: _object(CAMPAIGN),
     EventType.NODE_FAILED: _object({
         "node": TEXT, "cluster": TEXT, "campaign": COUNT, "campaign_name": TEXT, "sweep": COUNT, "state": TEXT,
-        "error": TEXT, "evidence": EVIDENCE, "url": URL}),
+        "error": TEXT, "evidence": EVIDENCE, "url": URL,
+        # Workloads the failed sweep could restore nowhere: checkpoint kept, an operator must act.
+        "stranded_workloads": {"type": "array", "items": {"type": "object"}}}),
     EventType.TEST: _object({"requested_by": TEXT}),
 }
 BODY: dict[str, dict[str, Any]] = {

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
+from campaigns import evidence
 from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.engine.ending import Final, Outcome, may_retry, retry
 from campaigns.engine.lease import record, record_move
-from campaigns.engine.naming import move_op, node_ref, op_id
+from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.steps import foreign_hold, gate_check, origin_of
 from campaigns.engine.targets import choose_target
 from campaigns.models import Campaign, NodeSweep, WorkloadMove
@@ -35,7 +37,10 @@ from executors.base import (
     PermanentExecutorError,
     SupportsRollback,
     TemporaryExecutorError,
+    get_executor,
 )
+from inventory import services as inventory
+from inventory.choices import ChangeSource, ServiceState
 from inventory.models import Node
 
 
@@ -209,6 +214,47 @@ def _strand(sweep: NodeSweep, worker: str, move: WorkloadMove) -> dict[str, Any]
                       f"{sweep.campaign_id} (or cancel it and start it again from scratch)"}
     record_move(sweep, worker, move, EvidenceKind.STRANDED, entry, state=MoveState.STRANDED)
     return entry
+
+
+# -- after the sweep -----------------------------------------------------------------------
+def recover_stranded(campaign_id: int, actor: str) -> list[dict[str, Any]]:
+    """Restore the campaign's stranded workloads where their checkpoints are valid now (their own node
+    again, once it is back in service, or any other with room); each one restored is a campaign event
+    and its move says where it went. What is still stranded is returned with why."""
+    outcome = []
+    for move in (WorkloadMove.objects.filter(sweep__campaign_id=campaign_id, state=MoveState.STRANDED)
+                 .select_related("sweep__node__cluster", "sweep__campaign").order_by("pk")):
+        sweep = move.sweep
+        ex = get_executor(sweep.node.cluster)
+        name = move.workload_name or move.workload_ref
+        home = sweep.node.service_state == ServiceState.IN_SERVICE
+        choices = [n for n in ([sweep.node] if home else []) + [choose_target(sweep, move, None)] if n is not None]
+        errors = []
+        for node in choices:
+            try:
+                result = ex.restore(node_ref(node), move.checkpoint_id, move_op(sweep, move, f"recover-{node.pk}"))
+            except (PermanentExecutorError, TemporaryExecutorError, InterruptedOperation) as exc:
+                errors.append(f"{node.name}: {exc}")
+                continue
+            entry = {"workload": name, "checkpoint_id": move.checkpoint_id, "from": sweep.node.name, "to": node.name,
+                     "new_id": result.workload_id, "steps_before": move.steps_before, "steps_after": result.steps,
+                     "sweep": sweep.pk, **origin_of(move)}
+            with transaction.atomic():
+                if not WorkloadMove.objects.filter(pk=move.pk, state=MoveState.STRANDED).update(
+                        state=MoveState.RESTORED, target_node=node, new_workload_ref=result.workload_id,
+                        steps_after=result.steps):
+                    break  # someone else recovered it meanwhile
+                if move.workload_id is not None:
+                    inventory.move_workload(move.workload_id, node.pk, result.workload_id, ChangeSource.CAMPAIGN,
+                                            reference(sweep))
+                evidence.campaign_event(evidence.lock_campaign(campaign_id), EvidenceKind.RECOVERED, actor, entry)
+            outcome.append({**entry, "state": "restored"})
+            break
+        else:
+            outcome.append({"workload": name, "checkpoint_id": move.checkpoint_id, "state": "stranded",
+                            "why": "; ".join(errors) or "no node in service where its checkpoint is valid has "
+                                                        f"{move.gpus} free GPUs"})
+    return outcome
 
 
 # -- periodic ----------------------------------------------------------------------------

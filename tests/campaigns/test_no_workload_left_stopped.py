@@ -283,3 +283,46 @@ def test_an_agent_report_before_the_gates_is_held_and_credited_to_the_campaign_o
         assert sweep.state == SweepState.FAILED and "health gate failed" in sweep.error
         assert node.components.get(component="driver").version == OLD
         assert exposure.state == ExposureState.OPEN and not exposure.remediated_by
+
+
+def test_a_workload_no_node_can_take_back_is_stranded_alerted_and_recovered_by_the_command(people):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from metrics.collect import DatabaseCollector
+
+    tag = "stranded"
+    fleet, _cluster, node = _fleet(tag)
+    fleet.finish(f"{tag}/gpu00", "gpu00-wait")
+    campaign = _campaign(people, tag, Placement.HOME, "patch_fails")
+    fleet.inject("patch", f"{tag}/gpu00", "permanent")
+    spares = Node.objects.filter(cluster=node.cluster, name__startswith="spare")
+
+    def spares_taken(sweep: NodeSweep) -> None:
+        # Once the moves are done the spares go out of service: the parked workload has nowhere to go.
+        if sweep.state == SweepState.PATCHING:
+            spares.update(service_state=ServiceState.OFFLINE)
+
+    done = _run(campaign, fleet, tag, spares_taken)
+    sweep = NodeSweep.objects.get(campaign=done, node=node)
+    stranded = WorkloadMove.objects.get(sweep=sweep, state=MoveState.STRANDED)
+    assert stranded.workload_ref == "gpu00-sig"
+    [failed] = EvidenceEvent.objects.filter(sweep=sweep, kind="failed")
+    assert [w["workload"] for w in failed.data["stranded_workloads"]] == ["gpu00-sig"]
+    assert "recover_stranded" in failed.data["stranded_workloads"][0]["to_do"]
+    gauges = {m.name: m for m in DatabaseCollector().collect()}
+    assert [(s.labels["campaign"], s.value) for s in gauges["gpusweep_workloads_stranded"].samples] == [
+        (str(done.pk), 1.0)]
+    with pytest.raises(CommandError, match="1 workload"):
+        call_command("recover_stranded", done.pk)
+    spares.filter(name="spare00").update(service_state=ServiceState.IN_SERVICE)
+    call_command("recover_stranded", done.pk, actor="alan")
+    stranded.refresh_from_db()
+    assert stranded.state == MoveState.RESTORED and stranded.target_node.name == "spare00"
+    running = [w for w in fleet.snapshot()["nodes"][f"{tag}/spare00"]["workloads"].values()
+               if w["name"] == "gpu00-sig" and w["state"] == "running"]
+    assert len(running) == 1
+    assert EvidenceEvent.objects.filter(campaign=done, sweep=None, kind="workload_recovered",
+                                        actor="user:alan").count() == 1
+    gauges = {m.name: m for m in DatabaseCollector().collect()}
+    assert gauges["gpusweep_workloads_stranded"].samples == []
