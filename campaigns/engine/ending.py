@@ -93,9 +93,11 @@ def end_step(sweep: NodeSweep, worker: str, outcome: Outcome) -> str | None:
     if isinstance(outcome, NextStep):
         return _next_step(sweep, worker, outcome.result)
     if isinstance(outcome, RunAgain):
+        # A wait is no failed attempt: the retries a temporary error gets are counted afresh after it.
+        again: dict[str, Any] = {"attempt": 0} if outcome.kind == EvidenceKind.WAITING else {}
         with transaction.atomic():
             if write(sweep, worker, outcome.kind, {"step": sweep.state, **outcome.data}, lease_owner="",
-                     step_deadline=timezone.now() + timedelta(seconds=outcome.countdown + 1)):
+                     step_deadline=timezone.now() + timedelta(seconds=outcome.countdown + 1), **again):
                 enqueue("advance", sweep.pk, outcome.countdown)
         return sweep.state
     return _final(sweep, worker, outcome)

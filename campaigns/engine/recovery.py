@@ -27,7 +27,7 @@ from campaigns.engine.lease import record, record_move
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.steps import foreign_hold, gate_check, origin_of
 from campaigns.engine.targets import choose_target
-from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from campaigns.queue import enqueue_now
 from executors.base import (
     Executor,
@@ -49,8 +49,27 @@ def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: 
     """Fail the node once: record the error, unwind it if it was not patched, revert a failed patch or
     health gate (`revert`), else leave it out of service; every error in the evidence (with `detail`:
     the workload that caused it and its origin)."""
-    record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000], **(detail or {})},
-           error=error[:4000])
+    # The failure is recorded before anything is undone, on the sweep too (its `error`): a worker
+    # that dies during the recovery leaves a sweep whose redrive resumes the recovery (resume_failure)
+    # and never runs the failed step again.
+    record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000], "revert": revert,
+                                                     **(detail or {})}, error=error[:4000])
+    return _recover(sweep, worker, ex, error, revert)
+
+
+def failure_recorded(sweep: NodeSweep) -> bool:
+    """Whether the sweep's current step failed for good and its recovery has not ended yet."""
+    return bool(sweep.error) and sweep.state in SweepState.WORKING
+
+
+def resume_failure(sweep: NodeSweep, worker: str, ex: Executor) -> Outcome:
+    """Go on with the recovery of a failure recorded before its worker died (same operation ids)."""
+    last = (EvidenceEvent.objects.filter(sweep=sweep, kind=EvidenceKind.STEP_FAILED).order_by("-node_seq")
+            .values_list("data", flat=True).first()) or {}
+    return _recover(sweep, worker, ex, sweep.error, bool(last.get("revert", True)))
+
+
+def _recover(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool) -> Outcome:
     if sweep.state in SweepState.BEFORE_PATCH:
         return unwind(sweep, worker, ex, SweepState.FAILED, error)
     if revert and sweep.state in (SweepState.PATCHING, SweepState.VERIFYING):
@@ -80,6 +99,7 @@ def unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) 
         for move in WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
                                                 ).select_related("target_node__cluster"):
             returned.append(_bring_back(sweep, worker, ex, ref, move))
+        _close_untouched(sweep, worker, ex, ref)
     except ExecutorError as exc:
         if final == SweepState.ROLLED_BACK and isinstance(exc, TemporaryExecutorError) and may_retry(sweep):
             return retry(sweep, f"rollback: {exc}")
@@ -93,6 +113,21 @@ def unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) 
     if kept:
         data["foreign_hold_kept"] = kept
     return Final(final, data, in_service=not kept)
+
+
+def _close_untouched(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef) -> None:
+    """Moves the sweep never began: a workload still running stays as it is; one that ended by
+    itself meanwhile (what a wait waits for) is recorded so."""
+    planned = list(WorkloadMove.objects.filter(sweep=sweep, state=MoveState.PLANNED))
+    if not planned:
+        return
+    running = {w.id for w in ex.list_workloads(ref)}
+    for move in planned:
+        if move.workload_ref not in running:
+            record_move(sweep, worker, move, EvidenceKind.FINISHED,
+                        {"workload": move.workload_name or move.workload_ref,
+                         "action": "ended by itself before it was moved", **origin_of(move)},
+                        state=MoveState.FINISHED)
 
 
 def _bring_back(sweep: NodeSweep, worker: str, ex: Executor, ref: NodeRef, move: WorkloadMove) -> dict[str, Any]:

@@ -9,6 +9,7 @@ so a node costs one task, not one per step; a worker that ends a sweep admits th
 from __future__ import annotations
 
 import logging
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any, cast
@@ -23,7 +24,7 @@ from campaigns.engine.naming import node_ref
 from campaigns.engine.steps import STEPS, NotPatched, WaitMore
 from campaigns.models import NodeSweep
 from campaigns.queue import enqueue_now
-from executors.base import Executor, PermanentExecutorError, TemporaryExecutorError, get_executor
+from executors.base import Executor, ExecutorError, PermanentExecutorError, TemporaryExecutorError, get_executor
 
 log = logging.getLogger("campaigns.engine")
 
@@ -58,9 +59,16 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
     next one)."""
     ex = executor_for(sweep)
     try:
+        if recovery.failure_recorded(sweep):
+            return end_step(sweep, worker, recovery.resume_failure(sweep, worker, ex)), False
         if sweep.state in SweepState.BEFORE_PATCH and sweep.campaign.status == CampaignStatus.ABORTED:
             return end_step(sweep, worker, recovery.unwind(sweep, worker, ex, SweepState.ROLLED_BACK, "")), False
-        result = STEPS[sweep.state](sweep, ex, node_ref(sweep.node))
+        try:
+            result = STEPS[sweep.state](sweep, ex, node_ref(sweep.node))
+        except (ExecutorError, WaitMore, DatabaseError):
+            raise
+        except Exception as exc:  # any other failure of a step is the back end's: recorded, retried
+            raise unexpected(exc) from exc
     except WaitMore as wait:
         waiting = RunAgain(wait.seconds, EvidenceKind.WAITING, {"reason": str(wait), **wait.detail})
         return end_step(sweep, worker, waiting), False
@@ -77,6 +85,13 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
         return None, False  # another worker wrote this node's chain: the lease was lost
     following = end_step(sweep, worker, NextStep(result))
     return following, following in SweepState.WORKING
+
+
+def unexpected(exc: Exception) -> TemporaryExecutorError:
+    """An exception that is no ExecutorError (a full disk's OSError, a bug in a back end) as a temporary
+    executor error whose retry event carries its traceback: retried, then failing the node, never silent."""
+    trace = "".join(traceback.format_exception(exc))[-3000:]
+    return TemporaryExecutorError(f"{type(exc).__name__}: {exc}\n{trace}")
 
 
 def _dispatch_after(campaign_id: int) -> None:

@@ -114,8 +114,8 @@ def _assert_every_workload_accounted_for(fleet: Fleet, campaign: Campaign, tag: 
             if workload["state"] == "running":
                 running.setdefault(workload["name"], []).append((key, workload))
     moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=campaign)}
-    left = {m.workload_ref: m.state for m in moves.values()
-            if m.state in (MoveState.PLANNED, MoveState.CHECKPOINTED, MoveState.PARKED)}
+    # (A move still planned is a workload never touched: it runs on, checked below.)
+    left = {m.workload_ref: m.state for m in moves.values() if m.state in (MoveState.CHECKPOINTED, MoveState.PARKED)}
     assert not left, f"workloads left in a checkpoint with no way back: {left}"
     where = {}
     for name in POLICIES:
@@ -326,3 +326,52 @@ def test_a_workload_no_node_can_take_back_is_stranded_alerted_and_recovered_by_t
                                         actor="user:alan").count() == 1
     gauges = {m.name: m for m in DatabaseCollector().collect()}
     assert gauges["gpusweep_workloads_stranded"].samples == []
+
+
+def test_a_step_that_failed_for_good_stays_failed_when_its_worker_dies_during_the_recovery(people, monkeypatch):
+    """Issue 28, item 6: the failure is recorded first; a worker killed before the revert finishes
+    leaves a sweep whose redrive resumes the revert and never runs the failed step again."""
+    from campaigns.engine import recovery
+
+    tag = "dies-in-recovery"
+    fleet, _cluster, node = _fleet(tag)
+    fleet.finish(f"{tag}/gpu00", "gpu00-wait")
+    fleet.fail_check(f"{tag}/gpu00", "site:ecc", "GPU 3: 12 uncorrectable ECC errors", times=1)  # fails once
+    campaign = _campaign(people, tag, Placement.MOVE, "gate_stays_out")
+    real = recovery._revert
+
+    def dies(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(recovery, "_revert", real)
+        raise WorkerDied
+
+    monkeypatch.setattr(recovery, "_revert", dies)
+    done = _run(campaign, fleet, tag)
+    sweep = NodeSweep.objects.get(campaign=done, node=node)
+    # Run again, the gate would have passed (it fails once): the node stays failed and reverted.
+    assert sweep.state == SweepState.FAILED and "health gate failed" in sweep.error
+    assert EvidenceEvent.objects.filter(sweep=sweep, kind="step_failed").count() == 1
+    assert EvidenceEvent.objects.filter(sweep=sweep, kind="reverted").count() == 1
+    assert not EvidenceEvent.objects.filter(sweep=sweep, kind="done").exists()
+    assert fleet.snapshot()["nodes"][f"{tag}/gpu00"]["versions"]["driver"] == OLD
+
+
+def test_an_exception_that_is_no_executor_error_is_retried_with_its_traceback_then_fails_the_node(people,
+                                                                                                monkeypatch):
+    """Issue 28, item 6: a full disk's OSError from a back end is never retried silently."""
+    tag = "full-disk"
+    fleet, _cluster, node = _fleet(tag)
+    campaign = _campaign(people, tag, Placement.MOVE, "done")
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(MemoryExecutor, "checkpoint", full)
+    done = _run(campaign, fleet, tag)
+    sweep = NodeSweep.objects.get(campaign=done, node=node)
+    retries = list(EvidenceEvent.objects.filter(sweep=sweep, kind="retry").order_by("node_seq"))
+    assert len(retries) == 4 and all("OSError: [Errno 28] No space left on device" in r.data["error"]
+                                     and "Traceback" in r.data["error"] for r in retries)
+    assert sweep.state == SweepState.FAILED and "gave up after 5 attempts: OSError" in sweep.error
+    # Nothing was patched and every workload is back on its node.
+    _assert_every_workload_accounted_for(fleet, done, tag)
+    assert fleet.snapshot()["nodes"][f"{tag}/gpu00"]["patches"] == {}
