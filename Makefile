@@ -1,6 +1,6 @@
 # Two commands for users: `make run` and `make test` (on the embedded SQLite default, or on what
-# DATABASE_URL and CELERY_BROKER_URL name); `make test-postgres` runs pytest again on the local
-# PostgreSQL + Redis. All create .venv when missing.
+# DATABASE_URL and CELERY_BROKER_URL name); `make test-postgres` runs every test that touches the
+# database or the broker again on the local PostgreSQL + Redis. All create .venv when missing.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -42,8 +42,10 @@ pytest: venv
 
 test: lint typecheck pytest
 
+# Every test that touches the database or the broker, again on PostgreSQL + Redis (the others read
+# neither and ran in `make test`: conftest.touches_database).
 test-postgres: venv
-	DATABASE_URL=$(POSTGRES_URL) CELERY_BROKER_URL=$(REDIS_URL) $(MAKE) pytest
+	DATABASE_URL=$(POSTGRES_URL) CELERY_BROKER_URL=$(REDIS_URL) $(MAKE) pytest PYTEST_ARGS="--database-tests-only $(PYTEST_ARGS)"
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache

@@ -92,6 +92,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--resource-groups", choices=("with", "without", "only"), default="with",
                      help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
                           "or run only them (make pytest: `without` on every core, then `only` in one process)")
+    parser.addoption("--database-tests-only", action="store_true",
+                     help="only the tests that touch the configured database or broker (conftest.touches_database): "
+                          "make test-postgres, after the whole suite ran on the SQLite default")
 
 
 def _keep(config: pytest.Config, items: list[pytest.Item], keep: Callable[[pytest.Item], bool]) -> None:
@@ -110,9 +113,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 "CRIU or the browser with others, so they must run on one xdist worker")
     missing = _missing_services() if IN_CI else set()
     _keep(config, items, lambda item: not any(item.get_closest_marker(mark) for mark in missing))
+    if config.getoption("database_tests_only"):
+        _keep(config, items, touches_database)
     groups = config.getoption("resource_groups")
     if groups != "with":
         _keep(config, items, lambda item: (item.nodeid.split("::", 1)[0] in GROUP_OF_FILE) == (groups == "only"))
+
+
+# What a test that touches the configured database or broker uses (besides the django_db mark and the
+# postgres, redis and uses_database marks): `make test-postgres` runs only these, since every other
+# test reads neither DATABASE_URL nor CELERY_BROKER_URL and ran, identically, in the SQLite pass.
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                               "live_server", "client", "admin_client", "admin_user", "django_user_model"})
+DATABASE_MARKS = ("django_db", "postgres", "redis", "uses_database")
+
+
+def touches_database(item: pytest.Item) -> bool:
+    return (any(item.get_closest_marker(mark) for mark in DATABASE_MARKS)
+            or bool(DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))))
 
 
 def _exempt(report: pytest.TestReport) -> bool:

@@ -38,7 +38,7 @@ from tests.helpers import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.uses_database]
 
 CHECKS = "not_a_server_error,response_schema_conformance,content_type_conformance,status_code_conformance"
 EXAMPLES = os.environ.get("GPUSWEEP_SCHEMATHESIS_EXAMPLES", "10")

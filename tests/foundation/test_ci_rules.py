@@ -80,3 +80,40 @@ def test_anywhere():
     monkeypatch.setenv("DATABASE_URL", "postgres://root@127.0.0.1:5432/none")
     postgres_pass = pytester.runpytest_subprocess("-p", "no:django")
     postgres_pass.assert_outcomes(passed=2)
+
+
+def test_the_postgresql_pass_runs_every_test_touching_a_database_and_only_those(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("CI", raising=False)  # no service is deselected for being absent here
+    pytester.makeconftest((REPO / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    django_db: x\n    postgres: x\n    redis: x\n    uses_database: x\n")
+    pytester.makepyfile("""
+import pytest
+
+@pytest.fixture
+def db():
+    return None
+
+@pytest.mark.django_db
+def test_marked():
+    assert True
+
+def test_with_the_db_fixture(db):
+    assert True
+
+@pytest.mark.uses_database
+def test_handing_database_url_to_a_process():
+    assert True
+
+@pytest.mark.redis
+def test_on_redis():
+    assert True
+
+def test_pure():
+    assert True
+""")
+    everything = pytester.runpytest_subprocess("-p", "no:django")
+    everything.assert_outcomes(passed=5)
+    postgres_pass = pytester.runpytest_subprocess("-p", "no:django", "--database-tests-only", "-v")
+    postgres_pass.assert_outcomes(passed=4, deselected=1)
+    assert "test_pure" not in postgres_pass.stdout.str().replace("deselected", "")
