@@ -28,6 +28,7 @@ from typing import Any
 from campaigns import policy
 from campaigns.choices import WaveGrowth
 from campaigns.planner import PlanError, canary_nodes, parse_limit
+from costs.gpumodel import model_key, same_model
 from executors import portability
 
 
@@ -183,7 +184,10 @@ class Params:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def gpu_memory(self, gpu_model: str) -> float:
-        return self.gpu_memory_by_model.get(gpu_model, self.gpu_memory_gib)
+        """GiB per GPU of `gpu_model`: its `gpu_memory_by_model` entry, named as the trace or the fleet names it
+        (`V100M32` is a `Tesla V100-SXM2-32GB`: costs.gpumodel), the exact name first; else the default."""
+        named = sorted(self.gpu_memory_by_model.items(), key=lambda item: model_key(item[0]) != model_key(gpu_model))
+        return next((gib for name, gib in named if same_model(name, gpu_model)), self.gpu_memory_gib)
 
     def checkpointable(self, task_name: str) -> bool:
         """A stable choice: the same task is checkpointable in every run and every strategy."""

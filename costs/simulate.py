@@ -77,6 +77,7 @@ class Result:
         return {
             "nodes": self.nodes, "gpus": self.gpus, "tasks": len(self.trace.tasks),
             "placed": len(self.trace.tasks) - self.placement.unplaced, "unplaced": self.placement.unplaced,
+            "unplaced_no_model": dict(self.placement.no_model),
             "skipped": dict(self.trace.skipped), "trace_days": round(self.trace.end / DAY, 2),
             "release": self.trace.at(self.release).isoformat(), "release_day": round(self.release / DAY, 2),
             "deadline_days": self.params.deadline_days, "severity": self.params.severity,

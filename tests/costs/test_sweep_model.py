@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from costs import fleet, synthetic
+from costs import fleet, report, synthetic
 from costs.fleet import SimNode
 from costs.inputs import params_from, read_trace
 from costs.model import ModelError, Params
@@ -98,6 +98,46 @@ def test_the_second_trace_is_the_generators_and_exposure_falls_with_parallelism(
     stats = trace_stats(text)
     assert (stats.rows, stats.gpu_tasks, stats.constrained) == (900, 900, sum(
         1 for line in text.splitlines()[1:] if line.split(",")[5]))
+
+
+def test_gpu_constraints_read_through_the_file_loaders_place_every_task_whose_model_the_fleet_has():
+    """The node file is read through the inventory's mapping (`Tesla T4`, `NVIDIA A10`, `Tesla
+    V100-SXM2-32GB`), the trace keeps openb's codes (`T4`, `A10|V100M32`): one rule reads both
+    (costs.gpumodel), so every constrained task goes to a node of a model it names; one constrained
+    to a model the fleet lacks is left out and said so, by its spec."""
+    nodes = fleet.from_file(FIXTURES / "synthetic_nodes.csv")
+    assert {n.gpu_model for n in nodes} == {"Tesla T4", "NVIDIA A10", "Tesla V100-SXM2-32GB"}
+    text = (FIXTURES / "synthetic_pods.csv").read_text() + "synth-pod-a100,4000,16384,1,1000,A100,BE,Running,0,,30\n"
+    params = params_from({"parallelism": "5"}, release_s=30 * D)
+    result = simulate(nodes, read_trace(text, params), params, strategies=("window",))
+    tasks, node_of = result.trace.tasks, result.placement.node_of
+    constrained = [i for i, t in enumerate(tasks) if t.gpu_models]
+    assert len(constrained) == 230
+    for i in constrained:
+        where = node_of[i]
+        if tasks[i].name == "synth-pod-a100":
+            assert where is None
+        else:
+            assert where is not None and tasks[i].runs_on(nodes[where].gpu_model), tasks[i].name
+    assert (result.placement.unplaced, result.placement.no_model) == (1, {"A100": 1})
+    assert result.facts()["unplaced_no_model"] == {"A100": 1}
+    assert "1 not placed, 1 of them constrained to GPU models this fleet lacks (A100: 1)" in report.sim_table(result)
+
+
+def test_on_the_second_trace_the_placed_work_is_the_files_every_day():
+    """Done-when 3 on the second trace: the simulator's busy share at the release, and the placed
+    trace's busy GPUs on every day, equal a count from the CSV alone (every task placed)."""
+    text = (FIXTURES / "synthetic_pods.csv").read_text()
+    nodes = fleet.from_file(FIXTURES / "synthetic_nodes.csv")
+    params = params_from({}, release_s=30 * D)
+    result = simulate(nodes, read_trace(text, params), params, strategies=("window",))
+    assert result.placement.unplaced == 0
+    assert result.utilization * result.gpus == pytest.approx(busy_at(text, 30 * D))
+    assert result.utilization == pytest.approx(0.5041, abs=1e-4)
+    placed = [t for t, n in zip(result.trace.tasks, result.placement.node_of, strict=True) if n is not None]
+    for day in range(60):
+        busy = sum(t.milli for t in placed if t.alive(day * D)) / 1000
+        assert busy == pytest.approx(busy_at(text, day * D)), day
 
 
 @pytest.mark.parametrize("value", ["0", "abc", "-1%"])
