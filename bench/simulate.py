@@ -1,11 +1,12 @@
 """Strategy simulator benchmark: the Alibaba GPU fleet and its trace, every strategy, two cadences each.
 
     .venv/bin/python bench/simulate.py [--release-day 100] [--severity high] [--data ../shared/data/...]
-        [--trace FILE] [--nodes FILE] [--sensitivity] [--parallelism 1%,5%]
+        [--trace FILE] [--nodes FILE] [--sensitivity] [--parallelism 1%,5%] [--param NAME=VALUE ...]
 
 `--trace` and `--nodes` take any pod/task CSV in the openb format (or sacct -P output) and any node
 file; `--sensitivity` also sweeps parallelism, window cadence, checkpointable share and wait limit,
-one at a time, and prints the table (costs.sensitivity).
+one at a time, and prints the table (costs.sensitivity); `--param` sets any other model parameter
+(`--param last_group=cold_restart`).
 
 Reads the 1,213 GPU nodes of `openb_node_list_gpu_node.csv` (through the inventory importer and
 its alibaba-openb-2023 mapping) and the 8,152 tasks of `openb_pod_list_default.csv`, places the
@@ -40,6 +41,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=Path, help="a node file (what import_nodes reads)")
     parser.add_argument("--parallelism", default="1%,5%", help="nodes at a time, comma separated")
     parser.add_argument("--sensitivity", action="store_true", help="also the one-at-a-time sensitivity table")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="any model parameter (costs.model.Params), e.g. last_group=cold_restart; repeatable")
     args = parser.parse_args()
     nodes_file = args.nodes or args.data / "openb_node_list_gpu_node.csv"
     pods_file = args.trace or args.data / "openb_pod_list_default.csv"
@@ -53,6 +56,7 @@ def main() -> int:
     django.setup()
     from costs import fleet, report
     from costs.inputs import deadline_days, is_sacct, params_from, read_trace
+    from costs.model import ModelError
     from costs.sensitivity import sensitivity, table
     from costs.simulate import simulate
     from costs.tracestats import trace_stats
@@ -60,8 +64,13 @@ def main() -> int:
     began = time.perf_counter()
     nodes = fleet.from_file(nodes_file)
     loaded_fleet = time.perf_counter()
-    params = params_from({"parallelism": args.parallelism}, severity=args.severity,
-                         deadline_days=deadline_days(args.severity), release_s=args.release_day * 86400)
+    given = dict(item.split("=", 1) for item in args.param if "=" in item)
+    try:
+        params = params_from({"parallelism": args.parallelism, **given}, severity=args.severity,
+                             deadline_days=deadline_days(args.severity), release_s=args.release_day * 86400)
+    except ModelError as exc:
+        print(f"bad parameter: {exc}", file=sys.stderr)
+        return 2
     text = pods_file.read_text(encoding="utf-8")
     trace = read_trace(text, params, source=pods_file.name)
     loaded_trace = time.perf_counter()

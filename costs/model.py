@@ -28,6 +28,7 @@ from typing import Any
 from campaigns import policy
 from campaigns.choices import WaveGrowth
 from campaigns.planner import PlanError, canary_nodes, parse_limit
+from costs.gpumodel import model_key, same_model
 from executors import portability
 
 
@@ -51,7 +52,8 @@ CADENCE_DAYS = {"monthly": 30.44, "quarterly": 91.31, "yearly": 365.25}
 PLACEMENTS = ("first_fit", "best_fit")
 CHECKPOINT_ENGINES = tuple(sorted(name for name, rule in portability.ENGINES.items() if rule.checkpointable))
 POLICIES = ("wait", "cold_restart")
-WAVE_ORDERS = ("own_work", "strict")
+LAST_GROUP = ("fail", "wait", "cold_restart")
+WAVE_ORDERS = ("strict", "own_work")
 
 
 # What each parameter means, for --help and the form (one line each).
@@ -76,15 +78,18 @@ HELP = {
     "checkpointable_share": "share of tasks that can be checkpointed",
     "checkpoint_s_per_gib": "checkpoint seconds per GiB",
     "restore_s_per_gib": "restore seconds per GiB",
-    "last_group": "driver-group rule for work left in the last group: wait or cold_restart",
+    "last_group": "work no node can receive (the last two waves of a driver group): fail (cold restart not "
+                  "allowed, a campaign's default: the engine fails the node, which stays unpatched), wait (the node "
+                  "waits for it up to the wait limit: not what the engine does) or cold_restart",
     "not_checkpointable": "work that cannot be checkpointed: wait or cold_restart",
     "checkpoint_engine": "how checkpointable work is checkpointed (executors.portability: cuda, criu, signal): "
                          "where its image is valid, so which nodes, patched ones too, may receive it",
     "canary": "the first wave as a campaign's canary: auto (one node per driver group and cluster), N nodes, or 0",
     "soak_minutes": "minutes the canary soaks before any other node drains",
     "wait_poll_s": "seconds between the engine's looks at a job a sweep waits for (it sees the end at the next look)",
-    "wave_order": "own_work: a node that only waits for its own work no longer holds the next waves; "
-                  "strict: every wave up to v-2 is done before wave v starts, waiting nodes too",
+    "wave_order": "strict (the engine): wave v starts once every wave up to v-2 is done, a node waiting for its "
+                  "own work too; own_work: a waiting node gives its slot back and holds no wave (not what the "
+                  "engine does)",
     "wave_growth": "how waves after the canary grow: fixed, linear or exponential",
     "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
@@ -122,10 +127,13 @@ class Params:
     checkpointable_share: float = 0.8
     checkpoint_s_per_gib: float = 1.0
     restore_s_per_gib: float = 0.7
-    # The driver-group rule: work left in the last group waits for its end (a campaign's default:
-    # cold restart not allowed) or cold-starts; work that cannot be checkpointed cold-starts (a
-    # campaign's default workload policy, "checkpoint", does that) or waits.
-    last_group: str = "wait"
+    # The driver-group rule, for work no node can receive (a `cuda` checkpoint needs the old driver:
+    # in the last two waves of a driver group none is left): "fail" is a campaign's default (cold
+    # restart not allowed): the engine checkpoints it, finds no receiver and fails the node, which
+    # stays unpatched (campaigns.engine.steps); "cold_restart" allows the cold restart; "wait" has
+    # the node wait for it (up to the wait limit), which the engine does not do. Work that cannot be
+    # checkpointed cold-starts (a campaign's default workload policy, "checkpoint", does that) or waits.
+    last_group: str = "fail"
     not_checkpointable: str = "cold_restart"
     checkpoint_engine: str = "cuda"
     # The rollout, as a campaign's defaults: a canary wave (one node per driver group and cluster),
@@ -137,9 +145,11 @@ class Params:
     wave_growth: str = "fixed"
     growth_step: int = 2
     # What holds the wave order (campaigns.policy.admits: wave v once every wave up to v-2 is done):
-    # "own_work" counts a node whose moves are done and that only waits for its own work as done for
-    # the order (it receives nothing meanwhile); "strict" waits for it to be patched.
-    wave_order: str = "own_work"
+    # "strict", the engine's dispatch: a node holds its slot and the order until it ends, while it
+    # waits for its own work too (it is draining: an active, working sweep). "own_work", a what-if:
+    # a node waiting for its own work gives both back (its moves come after the wait, to receivers
+    # that may have been drained meanwhile: the engine does not do this).
+    wave_order: str = "strict"
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -160,7 +170,7 @@ class Params:
             ("checkpointable_share", 0 <= self.checkpointable_share <= 1, "in [0, 1]"),
             ("checkpoint_s_per_gib", self.checkpoint_s_per_gib >= 0, ">= 0"),
             ("restore_s_per_gib", self.restore_s_per_gib >= 0, ">= 0"),
-            ("last_group", self.last_group in POLICIES, f"one of {', '.join(POLICIES)}"),
+            ("last_group", self.last_group in LAST_GROUP, f"one of {', '.join(LAST_GROUP)}"),
             ("not_checkpointable", self.not_checkpointable in POLICIES, f"one of {', '.join(POLICIES)}"),
             ("deadline_days", self.deadline_days > 0, "> 0"),
             ("checkpoint_engine", self.checkpoint_engine in CHECKPOINT_ENGINES,
@@ -183,7 +193,10 @@ class Params:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def gpu_memory(self, gpu_model: str) -> float:
-        return self.gpu_memory_by_model.get(gpu_model, self.gpu_memory_gib)
+        """GiB per GPU of `gpu_model`: its `gpu_memory_by_model` entry, named as the trace or the fleet names it
+        (`V100M32` is a `Tesla V100-SXM2-32GB`: costs.gpumodel), the exact name first; else the default."""
+        named = sorted(self.gpu_memory_by_model.items(), key=lambda item: model_key(item[0]) != model_key(gpu_model))
+        return next((gib for name, gib in named if same_model(name, gpu_model)), self.gpu_memory_gib)
 
     def checkpointable(self, task_name: str) -> bool:
         """A stable choice: the same task is checkpointable in every run and every strategy."""

@@ -39,7 +39,7 @@ class Resident:
 @dataclass(frozen=True)
 class Fate:
     # MIGRATE, RETURN_HOME (restored on its own node after the patch), COLD_START, FINISH_FIRST or
-    # BLOCKED (no capacity: it runs to its end)
+    # BLOCKED (no node can receive it and cold restart is not allowed: the engine fails its node)
     action: str
     to: int | None = None  # node index that receives it (MIGRATE)
 

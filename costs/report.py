@@ -87,7 +87,7 @@ def sim_table(result: Result) -> str:
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
     lines = [
         f"fleet: {facts['nodes']} nodes, {facts['gpus']} GPUs; trace: {facts['tasks']} GPU tasks over "
-        f"{facts['trace_days']} days ({facts['unplaced']} not placed; left out: {facts['skipped'] or 'none'})",
+        f"{facts['trace_days']} days ({unplaced_text(facts)}; left out: {facts['skipped'] or 'none'})",
         f"advisory: {facts['severity']}, deadline {facts['deadline_days']:g} days, released at day "
         f"{facts['release_day']} ({facts['release']}); GPUs busy then: {facts['utilization_at_release']:.2%}",
         "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
@@ -99,6 +99,16 @@ def sim_table(result: Result) -> str:
     lines.extend(holds_lines(result))
     lines.extend(stats_lines(result))
     return "\n".join(lines)
+
+
+def unplaced_text(facts: dict[str, Any]) -> str:
+    """`12 not placed, 5 of them constrained to GPU models this fleet lacks (A100: 5)`."""
+    text = f"{facts['unplaced']} not placed"
+    lacking = facts.get("unplaced_no_model") or {}
+    if lacking:
+        specs = ", ".join(f"{spec}: {n}" for spec, n in sorted(lacking.items()))
+        text += f", {sum(lacking.values())} of them constrained to GPU models this fleet lacks ({specs})"
+    return text
 
 
 def holds_lines(result: Result, most: int = 5) -> list[str]:

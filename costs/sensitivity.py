@@ -2,12 +2,13 @@
 
 Each axis (parallelism, window cadence, checkpointable share, wait limit) is varied alone, every
 other parameter as given; each point runs every strategy and keeps exposure node-days (and
-GPU-hours lost: idle plus recomputed). The best of the three is named per point.
+GPU-hours lost: idle plus recomputed, and the nodes a strategy left unpatched, whose node-days run
+to the trace's end: a floor). The best of the three is named per point.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from costs.fleet import SimNode
@@ -30,6 +31,8 @@ class Point:
     value: str
     exposure: dict[str, float]  # strategy -> node-days
     lost_gpu_hours: dict[str, float]  # strategy -> idle + recomputed
+    # strategy -> nodes left unpatched (their node-days counted to the trace's end: a floor)
+    unpatched: dict[str, int] = field(default_factory=dict)
 
     @property
     def best(self) -> str:
@@ -54,15 +57,17 @@ def sensitivity(nodes: list[SimNode], trace: Trace, base: Params,
             points.append(Point(axis=axis, value=_label(value),
                                 exposure={s: by[s].exposure_node_days for s in STRATEGIES},
                                 lost_gpu_hours={s: by[s].idle_gpu_hours + by[s].recomputed_gpu_hours
-                                                for s in STRATEGIES}))
+                                                for s in STRATEGIES},
+                                unpatched={s: result.nodes - by[s].nodes_patched for s in STRATEGIES}))
     return points
 
 
 def table(points: list[Point]) -> str:
     header = ["axis", "value", "window node-days", "drain node-days", "sweep node-days", "window GPU-h lost",
-              "drain GPU-h lost", "sweep GPU-h lost", "best"]
+              "drain GPU-h lost", "sweep GPU-h lost", "unpatched w/d/s", "best"]
     cells = [[p.axis, p.value, *(f"{p.exposure[s]:,.1f}" for s in STRATEGIES),
-              *(f"{p.lost_gpu_hours[s]:,.0f}" for s in STRATEGIES), p.best] for p in points]
+              *(f"{p.lost_gpu_hours[s]:,.0f}" for s in STRATEGIES),
+              "/".join(str(p.unpatched.get(s, 0)) for s in STRATEGIES), p.best] for p in points]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
              "  ".join("-" * w for w in widths)]

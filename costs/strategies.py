@@ -15,9 +15,12 @@ Tasks that would start on a node after it was drained go elsewhere in the fleet 
    takes no new work, waits for its tasks to end (killing what still runs after `wait_limit_h`),
    is patched, returns, and the next node starts.
 3. `sweep`: the campaign planner plans the sweep (`costs.planning.plan_sweep`: waves of k, the
-   receivers of moved work, the driver-group rule for the last group); wave after wave, each node
-   checkpoints its checkpointable tasks to their receivers, waits for those the plan lets finish
-   first, cold-starts the rest, and is patched. Tasks that arrived after R are moved if
+   receivers of moved work, the driver-group rule for the last group) and nodes are admitted as
+   the engine admits them; each node, in the engine's order, waits for the tasks the plan lets
+   finish first, then checkpoints its checkpointable tasks to their receivers, cold-starts the
+   rest, and is patched. Where cold restart is not allowed (`last_group` "fail", a campaign's
+   default) a node whose checkpoint has no receiver, or whose waited task outlives the wait limit,
+   fails as the engine fails it and stays unpatched. Tasks that arrived after R are moved if
    checkpointable, else follow `not_checkpointable`.
 """
 
@@ -33,7 +36,7 @@ from campaigns.planner import parse_limit
 from costs.fleet import SimNode
 from costs.model import CADENCE_DAYS, Params
 from costs.placement import Placement
-from costs.planning import COLD_START, FINISH_FIRST, MIGRATE, RETURN_HOME, Resident, SweepPlan, plan_sweep
+from costs.planning import BLOCKED, COLD_START, FINISH_FIRST, MIGRATE, RETURN_HOME, Resident, SweepPlan, plan_sweep
 from costs.trace import Task, Trace
 
 DAY = 86400.0
@@ -94,6 +97,15 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """A node the engine fails in a sweep (it stays unpatched), the workloads that failed it, and why."""
+
+    node: str
+    tasks: tuple[str, ...]
+    why: str  # "no receiver for its checkpoint" or "outlived the wait limit"
+
+
+@dataclass(frozen=True)
 class Hold:
     """A workload that held a node's patch: the node waited `hours` for it, then it `ended`."""
 
@@ -112,6 +124,7 @@ class Ledger:
         self.recomputed = 0.0
         self.cold = 0
         self.holds: list[Hold] = []
+        self.failures: list[Failure] = []
 
     def kill(self, task: Task, at: float) -> None:
         self.recomputed += self.scenario.kill_cost(task, at)
@@ -159,8 +172,9 @@ def _seen(since: float, moment: float, poll: float) -> float:
 
 
 def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: float, node: SimNode,
-              poll: float = 0.0) -> float:
-    """Wait for `tasks` to end (killing them at the wait limit); the moment the node is seen empty.
+              poll: float = 0.0, kill: bool = True) -> float:
+    """Wait for `tasks` to end (killing them at the wait limit, or with `kill` False leaving them
+    running); the moment the node is seen empty, or the wait limit.
 
     With `poll`, the waiter looks every `poll` seconds (the engine's WAIT_POLL_S): an end, or the
     wait limit, counts at the first look after it. Adds the node's free GPUs over the wait to the
@@ -170,11 +184,12 @@ def _wait_for(scenario: Scenario, ledger: Ledger, tasks: list[Task], since: floa
     killed = bool(limit) and until > since + limit * HOUR
     if killed:
         until = _seen(since, since + limit * HOUR, poll)
+    at_limit = "killed at the wait limit" if kill else "still running at the wait limit: the node failed"
     for task in tasks:
         if task.ends() > since:
-            ended = "killed at the wait limit" if task.alive(until) else "finished"
+            ended = at_limit if task.alive(until) else "finished"
             ledger.holds.append(Hold(node.name, task.name, (min(task.ends(), until) - since) / HOUR, ended))
-        if killed and task.alive(until):
+        if killed and kill and task.alive(until):
             ledger.kill(task, until)
     if until < INF:
         busy = sum(scenario.gpus(t) * (min(t.ends(), until) - since) for t in tasks)
@@ -236,9 +251,10 @@ def plan_of(scenario: Scenario, parallelism: str) -> SweepPlan:
 
 @dataclass
 class Turn:
-    """One node's turn in a sweep: when it is back (INF: never) and when it stops holding the wave
-    order and its slot (at once after its moves when it only waits for its own work and
-    `Params.wave_order` is "own_work"; else when it is back)."""
+    """One node's turn in a sweep: when it is back, patched (INF: never: it failed, or it waits for
+    work without end), and when it gives back its slot and stops holding the wave order (when it
+    ends, in the engine: patched or failed; with `Params.wave_order` "own_work", a what-if, as soon
+    as it waits for its own work)."""
 
     back: float
     released: float
@@ -246,7 +262,11 @@ class Turn:
 
 def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float,
                 planned: list[tuple[int, str]]) -> Turn:
-    """One node's turn from `begins`: move, wait, cold-start, patch."""
+    """One node's turn from `begins`, in the engine's order (campaigns.engine.steps): it waits first
+    for the work the policy waits for (`_wait_first`: nothing else on the node stops meanwhile), then
+    checkpoints and moves, or cold-starts, what still runs, and is patched. Without cold restarts
+    (`last_group` "fail", a campaign's default) the engine fails the node, which stays unpatched,
+    when a waited job outlives the wait limit or a checkpoint has no receiver (`_park_or_fail`)."""
     p = scenario.params
     todo = [(i, a) for i, a in planned if scenario.trace.tasks[i].alive(begins)]
     # Arrived after the plan was made: moved when checkpointable, else by policy.
@@ -255,27 +275,39 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
         if task.start > scenario.release:
             todo.append((i, MIGRATE if p.checkpointable(task.name) else
                          FINISH_FIRST if p.not_checkpointable == "wait" else COLD_START))
+    waits = (FINISH_FIRST, BLOCKED) if p.last_group == "wait" else (FINISH_FIRST,)
+    waiting = [scenario.trace.tasks[i] for i, action in todo if action in waits]
+    fails = p.last_group == "fail"
+    empty = _wait_for(scenario, ledger, waiting, begins, node, p.wait_poll_s, kill=not fails)
+    own_work = bool(waiting) and p.wave_order == "own_work"
+    if empty == INF:
+        return Turn(INF, begins if own_work else INF)
+    outlived = [t.name for t in waiting if fails and t.alive(empty)]
+    if outlived:  # past the wait limit, and no cold restart: the node fails as it is
+        ledger.failures.append(Failure(node.name, tuple(outlived), "outlived the wait limit"))
+        return Turn(INF, empty)
     moving = 0.0
-    waiting: list[Task] = []
+    unmovable: list[str] = []
     for i, action in todo:
         task = scenario.trace.tasks[i]
-        if action in (MIGRATE, RETURN_HOME):
-            seconds = scenario.checkpoint_s(task, node)
-            moving += seconds
-            # Paused while it moves; one restored at home after the patch waits for the patch too.
-            paused = seconds + (scenario.patch_s if action == RETURN_HOME else 0)
-            ledger.idle += scenario.gpus(task) * paused / HOUR
-        elif action == COLD_START:
-            ledger.kill(task, begins)
-        else:  # finish first, or no receiver for it: it runs to its end (or the wait limit) here
-            waiting.append(task)
-    empty = _wait_for(scenario, ledger, waiting, begins, node, p.wait_poll_s)
-    if empty == INF:
-        return Turn(INF, begins + moving if p.wave_order == "own_work" else INF)
-    done = max(begins + moving, empty) + scenario.patch_s
-    ledger.idle += node.gpus * (done - max(empty, begins)) / HOUR
-    own_work_only = waiting and p.wave_order == "own_work"
-    return Turn(done, min(done, begins + moving) if own_work_only else done)
+        if action in waits or not task.alive(empty):
+            continue
+        if action == COLD_START:
+            ledger.kill(task, empty)
+            continue
+        # Checkpointed: paused while it moves; one restored at home after the patch waits for the
+        # patch too; one without receiver is restored where it was when the node fails.
+        seconds = scenario.checkpoint_s(task, node)
+        moving += seconds
+        ledger.idle += scenario.gpus(task) * (seconds + (scenario.patch_s if action == RETURN_HOME else 0)) / HOUR
+        if action not in (MIGRATE, RETURN_HOME):
+            unmovable.append(task.name)
+    if unmovable:
+        ledger.failures.append(Failure(node.name, tuple(unmovable), "no receiver for its checkpoint"))
+        return Turn(INF, empty + moving)
+    done = empty + moving + scenario.patch_s
+    ledger.idle += node.gpus * (done - empty) / HOUR
+    return Turn(done, begins if own_work else done)
 
 
 def _planned(plan: SweepPlan) -> dict[int, list[tuple[int, str]]]:
@@ -289,10 +321,9 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
     """Execute the plan as the campaign engine admits nodes (`campaigns.policy.admits`, as
     `campaigns.engine.dispatch` calls it): in wave order, at most the plan's limit per cluster at
     once, a node of wave v only once every wave up to v - 2 is done (so the nodes receiving its work
-    have not started). Each node is treated on its own: with wave_order "own_work", one that waits for
-    work it cannot move (no receiver: up to the wait limit, as the policy says) is parked once its
-    moves are done: it gives its slot back and stops holding the order, and the other nodes go on;
-    "strict" keeps both until it is patched."""
+    have not started). A node holds its slot and the order until it is patched or fails, while it
+    waits for its own work too (`wave_order` "strict": to the engine a draining node is a working,
+    active sweep); "own_work" is the what-if where a waiting node gives both back at once."""
     plan = plan_of(scenario, parallelism)
     ledger = Ledger(scenario)
     patched = [INF] * len(scenario.nodes)
@@ -344,9 +375,30 @@ def _sweep_outcome(ledger: Ledger, plan: SweepPlan, parallelism: str, patched: l
     notes = [f"planned by campaigns.planner: {plan.summary.get('waves')} wave(s), "
              f"{plan.summary.get('migrations')} migration(s), {plan.summary.get('cold_starts')} cold start(s), "
              f"{plan.summary.get('finish_first')} finish first, {plan.summary.get('no_capacity')} without capacity"]
-    if any(t == INF for t in patched):
-        notes.append(f"{sum(1 for t in patched if t == INF)} node(s) never patched: a task without end "
-                     "holds its node (no wait limit)")
+    notes.extend(failure_notes(ledger.failures))
+    waiting = sum(1 for t in patched if t == INF) - len(ledger.failures)
+    if waiting:
+        notes.append(f"{waiting} node(s) never patched: a task without end holds its node (no wait limit)")
     outcome = ledger.outcome("sweep", parallelism, patched, notes)
     outcome.plan_summary = {**plan.summary, "expected_end": plan.expected_end}
     return outcome
+
+
+def failure_notes(failures: list[Failure], most: int = 5) -> list[str]:
+    """What the engine does where cold restart is not allowed, said once per run."""
+    if not failures:
+        return []
+    unmoved = sum(1 for f in failures if f.why != "outlived the wait limit")
+    named = ", ".join(f"{f.node} ({', '.join(f.tasks)}: {f.why})" for f in failures[:most])
+    more = f" and {len(failures) - most} more" if len(failures) > most else ""
+    notes = [f"{len(failures)} node(s) failed and stay unpatched, as the engine fails them when cold restart is "
+             f"not allowed (campaigns.engine.steps): {named}{more}"]
+    if unmoved:
+        notes.append(f"{unmoved} of them had work no node could receive: its checkpoint is valid only on a node "
+                     "like its own (a cuda image: the same GPU model, driver and CUDA), waves v-1 to v+1 take "
+                     "nothing and patched nodes run the new driver, so the last two waves of each driver group "
+                     "have no receiver; more nodes a wave put more nodes there (--last-group cold_restart: cold "
+                     "restarts instead)")
+    notes.append("a campaign halts once its failed nodes exceed its error budget (default 1); not simulated: "
+                 "the sweep goes on")
+    return notes

@@ -6,7 +6,8 @@ scheduled_time`, seconds from the trace start) has no time limits and no nodes: 
 says how both are modelled. Tasks that never started (no scheduled_time) and tasks without GPUs are
 left out and counted. A task deleted at the very end of the trace is taken as still running.
 `gpu_spec` (optional; `V100M16|V100M32`: the GPU models a task may run on, empty: any) is kept on
-the task and honoured where it is placed and where it may be moved.
+the task and honoured where it is placed and where it may be moved; its names are compared with
+the fleet's (`Tesla V100-SXM2-32GB`) by the one rule of `costs.gpumodel`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from costs.gpumodel import model_key, same_model
 from costs.model import Params
 from costs.sacct import Accounting
 
@@ -42,7 +44,8 @@ class Task:
     gpu_models: tuple[str, ...] = ()  # the GPU models it may run on (openb gpu_spec); empty: any
 
     def runs_on(self, gpu_model: str) -> bool:
-        return not self.gpu_models or gpu_model in self.gpu_models
+        """May it run on a GPU of `gpu_model`, however the fleet writes it (costs.gpumodel)?"""
+        return not self.gpu_models or any(same_model(wanted, gpu_model) for wanted in self.gpu_models)
 
     def ends(self) -> float:
         return self.end if self.end is not None else float("inf")
@@ -133,8 +136,8 @@ def from_openb(text: str, params: Params, origin: datetime = DEFAULT_ORIGIN, sou
 
 
 def gpu_spec(text: str) -> tuple[str, ...]:
-    """`V100M16|V100M32` -> ('V100M16', 'V100M32'); openb separates the models with `|`."""
-    return tuple(sorted({part.strip() for part in re.split(r"[|,;]", text) if part.strip()}))
+    """`V100M16|Tesla T4` -> ('T4', 'V100M16'): the models' keys (costs.gpumodel); openb separates them with `|`."""
+    return tuple(sorted({model_key(part) for part in re.split(r"[|,;]", text) if part.strip()}))
 
 
 def expand_hostlist(text: str) -> list[str]:

@@ -186,7 +186,8 @@ def simulate_page(request: HttpRequest) -> HttpResponse:
         except (Refused, InputError, TraceError, fleet.FleetError) as exc:
             context["error"] = str(exc)
         else:
-            context.update(result=result, facts=result.facts(), advisory_label=label,
+            facts = result.facts()
+            context.update(result=result, facts=facts, advisory_label=label, unplaced=report.unplaced_text(facts),
                            charts=_sim_charts(result) + _sensitivity_charts(points),
                            stats=report.stats_lines(result), holds=report.holds_lines(result),
                            sensitivity=table(points) if points else "")

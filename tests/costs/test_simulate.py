@@ -12,6 +12,7 @@ from costs import planning
 from costs.fleet import SimNode
 from costs.inputs import InputError, campaign_params
 from costs.model import CADENCE_DAYS, ModelError, Params
+from costs.sensitivity import sensitivity, table
 from costs.simulate import simulate
 from costs.trace import Task, Trace, from_openb
 
@@ -117,9 +118,34 @@ def test_parameters_out_of_range_are_named():
         simulate(NODES, from_openb(TRACE, params), params.with_(release_s=99 * D))
 
 
+def test_without_cold_restarts_the_engine_fails_the_node_whose_work_has_no_receiver():
+    """A campaign's default (cold restart not allowed): t-long reaches n3, where no old-driver node is
+    left to receive its checkpoint; the engine fails n3 (campaigns.engine.steps), which stays
+    unpatched with t-long running on it, and goes on with the others. It does not wait for it."""
+    rows, _result = run()
+    sweep = rows["sweep"]
+    assert (sweep.nodes_patched, sweep.days_to_patched, sweep.deadline_met) == (3, None, False)
+    assert (sweep.cold_starts, sweep.recomputed_gpu_hours) == (0, 0)
+    # n0 to n2 in their 1 h turns; n3 exposed until the trace's end (a floor).
+    assert sweep.exposure_node_days == pytest.approx((1 + 2 + 3) / 24 + (60 * D - R) / D)
+    assert any("n3 (t-long: no receiver for its checkpoint)" in note for note in sweep.notes)
+    assert any("error budget" in note for note in sweep.notes) and not sweep.holds
+
+
+def test_a_waited_job_past_the_wait_limit_fails_its_node_without_cold_restarts_else_it_is_killed():
+    failed, _ = run(checkpointable_share=0.0, not_checkpointable="wait", parallelism=("4",))
+    assert failed["sweep"].nodes_patched == 3 and failed["sweep"].recomputed_gpu_hours == 0
+    assert [h.ended for h in failed["sweep"].holds] == ["still running at the wait limit: the node failed"]
+    killed, _ = run(checkpointable_share=0.0, not_checkpointable="wait", parallelism=("4",),
+                    last_group="cold_restart")
+    # t-long has run 10 h before the release and waits 48 h more: 58 h of work lost, n0 back after 49 h.
+    assert killed["sweep"].recomputed_gpu_hours == pytest.approx(58)
+    assert killed["sweep"].days_to_patched == pytest.approx(49 / 24)
+
+
 def test_a_canary_soaks_before_the_other_nodes_and_the_sweep_takes_that_much_longer():
-    plain, _ = run()
-    soaked, _ = run(canary="auto", soak_minutes=120)
+    plain, _ = run(last_group="cold_restart")
+    soaked, _ = run(canary="auto", soak_minutes=120, last_group="cold_restart")
     # The canary (one node here: one driver group) soaks two hours before the next node drains.
     assert soaked["sweep"].days_to_patched == pytest.approx(plain["sweep"].days_to_patched + 120 / 1440)
 
@@ -161,7 +187,8 @@ def test_the_simulator_takes_the_policy_of_the_campaign_it_predicts():
                                     node_estimate_s=10)
     params = campaign_params(quick.pk)
     assert (params.canary, params.parallelism, params.patch_minutes * 60) == ("0", ("2",), pytest.approx(10))
-    assert (params.not_checkpointable, params.checkpointable_share, params.last_group) == ("wait", 0.0, "wait")
+    assert (params.not_checkpointable, params.checkpointable_share, params.last_group) == ("wait", 0.0, "fail")
+    assert params.wave_order == Params().wave_order == "strict"
     assert (params.wait_limit_h, params.wait_poll_s) == (None, policy.WAIT_POLL_S)
     assert waited_sweep(params) == pytest.approx(80)  # as worked out above
     # A campaign with its defaults soaks its canary (gpu01 here: done at 30 + 10 after its look at 30)
@@ -173,3 +200,13 @@ def test_the_simulator_takes_the_policy_of_the_campaign_it_predicts():
     assert waited_sweep(params) == pytest.approx(40 + 600 + 10 + 10)
     with pytest.raises(InputError, match="no campaign 0"):
         campaign_params(0)
+
+
+def test_the_sensitivity_table_says_how_many_nodes_each_strategy_left_unpatched():
+    params = Params(**BASE)
+    points = sensitivity(NODES, from_openb(TRACE, params), params,
+                         axes={"last_group": ("fail", "cold_restart")})
+    assert [p.unpatched for p in points] == [{"window": 0, "drain_wait": 0, "sweep": 1},
+                                             {"window": 0, "drain_wait": 0, "sweep": 0}]
+    lines = table(points).splitlines()
+    assert "unpatched w/d/s" in lines[0] and "0/0/1" in lines[2] and "0/0/0" in lines[3]
