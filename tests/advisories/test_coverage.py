@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 
 from advisories import coverage
 from advisories.csaf import DocumentError, parse
 from tests.advisories.conftest import FIXTURES
+from tests.helpers import clean_env, manage
 
 TEST_CSAF = FIXTURES.parent / "test-csaf"
 LINE = re.compile(r"^\d+ rows?: \d+ decoded(?: \(\d+ nodes?\))?, \d+ presumed(?: \(\d+ nodes?\))?, "
@@ -68,19 +71,43 @@ def test_a_row_that_does_not_decode_is_under_review_and_quoted():
     assert not [r for r in parsed.ranges if r.product_id == fixed.key]
 
 
-def test_the_command_prints_the_coverage_of_a_folder(tmp_path):
+def test_the_command_prints_the_coverage_of_a_folder():
     out = io.StringIO()
     call_command("advisory_coverage", str(TEST_CSAF), str(FIXTURES / "5703.json"), stdout=out)
     lines = out.getvalue().splitlines()
-    assert len([line for line in lines if line.startswith("NVIDIA ")]) == 7
-    assert lines[-1].startswith("total (7 bulletins): ")
+    expected = len(_bulletins(TEST_CSAF)) + 1
+    assert len([line for line in lines if line.startswith("NVIDIA ")]) == expected
+    assert lines[-1].startswith(f"total ({expected} bulletins): ")
     assert "SILENT" not in out.getvalue()
     parsed = parse((TEST_CSAF / "9002.json").read_bytes(), "9002.json")
     assert f"NVIDIA 9002 (9002.json): {coverage.of_parsed(parsed).line()}" in lines
-    (tmp_path / "junk.json").write_text("{}")
-    junk = io.StringIO()
-    call_command("advisory_coverage", str(tmp_path), stdout=junk)
-    assert "not a CSAF document" in junk.getvalue()
+
+
+def test_the_command_reads_any_folder_and_fails_on_a_broken_file(tmp_path):
+    # NVIDIA's YEAR/ID/ID.json layout, a per-CVE record beside the bulletins (named, skipped).
+    (tmp_path / "2099" / "9005").mkdir(parents=True)
+    shutil.copy(TEST_CSAF / "9005.json", tmp_path / "2099" / "9005" / "9005.json")
+    (tmp_path / "CVE-2099-1.json").write_text('{"cveMetadata": {"cveId": "CVE-2099-1"}, "containers": {}}')
+    out = io.StringIO()
+    call_command("advisory_coverage", str(tmp_path), stdout=out)
+    parsed = parse((TEST_CSAF / "9005.json").read_bytes(), "9005.json")
+    assert f"NVIDIA 9005 (9005.json): {coverage.of_parsed(parsed).line()}" in out.getvalue()
+    assert "CVE-2099-1.json: skipped, not a CSAF document" in out.getvalue()
+    # A bulletin cut short: its line names it, and the command ends non-zero saying why.
+    (tmp_path / "9001.json").write_bytes((TEST_CSAF / "9001.json").read_bytes()[:2000])
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"1 file\(s\) do not parse as CSAF 2\.0: .*9001\.json \(invalid JSON"):
+        call_command("advisory_coverage", str(tmp_path), stdout=out)
+    assert "9001.json: BROKEN, does not parse as CSAF 2.0 (invalid JSON at line" in out.getvalue()
+    assert "total (1 bulletin): " in out.getvalue()  # the others are still counted
+    # As a user runs it: exit status 1, the reason on stderr.
+    result = manage("advisory_coverage", str(tmp_path), env=clean_env())
+    assert result.returncode == 1 and "do not parse as CSAF 2.0" in result.stderr and "9001.json" in result.stderr
+    # A folder with no bulletin at all is not a clean result either.
+    (tmp_path / "only").mkdir()
+    (tmp_path / "only" / "junk.json").write_text("{}")
+    with pytest.raises(CommandError, match="no CSAF document in"):
+        call_command("advisory_coverage", str(tmp_path / "only"), stdout=io.StringIO())
 
 
 @pytest.mark.django_db
