@@ -16,43 +16,66 @@ from django.core.management.base import CommandError
 from advisories import coverage
 from advisories.csaf import DocumentError, parse
 from tests.advisories.conftest import FIXTURES
-from tests.helpers import clean_env, manage
+from tests.helpers import REPO, clean_env, manage
 
 TEST_CSAF = FIXTURES.parent / "test-csaf"
 LINE = re.compile(r"^\d+ rows?: \d+ decoded(?: \(\d+ nodes?\))?, \d+ presumed(?: \(\d+ nodes?\))?, "
                   r"\d+ under review(?: \(\d+ nodes?\))?$")
 
 
-def _bulletins(folder: Path) -> list[Path]:
-    out = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            parse(path.read_bytes(), path.name)
-        except DocumentError:
-            continue  # a per-CVE record, not a CSAF document
-        out.append(path)
-    return out
+def _bulletins(root: Path) -> list[Path]:
+    """Every CSAF document below `root`, by content, whatever its folder or name: a JSON file that is
+    not plainly another kind (`coverage.other_json`), so a broken bulletin is kept, to fail."""
+    return [path for path in sorted(root.rglob("*.json")) if not coverage.other_json(path.read_bytes())]
 
 
-def _check(folder: Path) -> int:
-    paths = _bulletins(folder)
-    assert paths, folder
+def _problems(paths: list[Path]) -> list[str]:
+    """What is wrong with each bulletin: it does not parse, or a row ends in nothing."""
+    problems = []
     for path in paths:
-        parsed = parse(path.read_bytes(), path.name)
+        try:
+            parsed = parse(path.read_bytes(), str(path))
+        except DocumentError as exc:
+            problems.append(f"does not parse: {exc}")
+            continue
         result = coverage.of_parsed(parsed)
-        assert result.silent == [], f"{path.name}: rows that end in nothing: {result.silent}"
-        assert sum(result.rows.values()) == len(parsed.rows), path.name
-        assert LINE.match(result.line()), result.line()
-    return len(paths)
+        if result.silent:
+            problems.append(f"{path}: rows that end in nothing: {result.silent}")
+        if sum(result.rows.values()) != len(parsed.rows) or not LINE.match(result.line()):
+            problems.append(f"{path}: rows miscounted: {result.line()} of {len(parsed.rows)}")
+    return problems
 
 
-def test_no_row_of_the_bundled_bulletins_is_silent():
-    assert _check(FIXTURES) == 6
-    assert _check(TEST_CSAF) == 6
+def test_no_row_of_any_bulletin_in_the_repositorys_fixtures_is_silent():
+    # Every fixtures folder of the repository, searched by content: a bulletin kept beside OSV
+    # records or under another name counts as much as one in a folder of bulletins.
+    folders = [f for f in sorted((REPO / "tests").rglob("fixtures")) if f.is_dir()]
+    paths = sorted({path for folder in folders for path in _bulletins(folder)})
+    assert set(FIXTURES.glob("*.json")) | set(TEST_CSAF.glob("*.json")) <= set(paths)
+    assert _problems(paths) == []
 
 
 def test_no_row_of_nvidias_corpus_is_silent(shared_csaf):
-    assert _check(shared_csaf) >= 20
+    paths = _bulletins(shared_csaf)
+    assert len(paths) >= 20
+    assert _problems(paths) == []
+
+
+def test_a_bulletin_that_does_not_parse_fails_the_check_and_other_json_is_left_out(tmp_path):
+    # The rule the two tests above rely on: found by content, a broken bulletin is a failure.
+    (tmp_path / "osv").mkdir()
+    good = tmp_path / "osv" / "renamed.json"  # a bulletin in a folder of something else
+    shutil.copy(TEST_CSAF / "9002.json", good)
+    (tmp_path / "truncated.json").write_bytes((TEST_CSAF / "9001.json").read_bytes()[:2000])
+    (tmp_path / "newer.json").write_text('{"document": {"csaf_version": "2.1"}}')
+    (tmp_path / "cve.json").write_text('{"cveMetadata": {"cveId": "CVE-2099-1"}, "containers": {}}')
+    (tmp_path / "index.json").write_text('{"data": []}')
+    paths = _bulletins(tmp_path)
+    assert [p.name for p in paths] == ["newer.json", "renamed.json", "truncated.json"]
+    problems = _problems(paths)
+    assert len(problems) == 2 and all(p.startswith("does not parse: ") for p in problems)
+    assert "csaf_version '2.1' is not supported" in problems[0] and "invalid JSON" in problems[1]
+    assert _problems([good]) == []
 
 
 def test_a_row_that_does_not_decode_is_under_review_and_quoted():
