@@ -5,16 +5,21 @@ advisory_coverage`."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
 
 from advisories import coverage
 from advisories.csaf import DocumentError, parse
+from advisories.models import Advisory
+from conftest import need
 from tests.advisories.conftest import FIXTURES
 from tests.helpers import REPO, clean_env, manage
 
@@ -133,12 +138,9 @@ def test_the_command_reads_any_folder_and_fails_on_a_broken_file(tmp_path):
         call_command("advisory_coverage", str(tmp_path / "only"), stdout=io.StringIO())
 
 
-@pytest.mark.django_db
-def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
-    from django.contrib.auth.models import Group, User
-
+def _stored_9002() -> Advisory:
+    """9002 ingested beside three Triton nodes: 24.11 open, 24.10 presumed, 24.12 fixed."""
     from advisories.exposure import recompute
-    from advisories.models import Advisory
     from inventory.models import Cluster
     from tests.advisories.conftest import add_node
 
@@ -148,7 +150,14 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
     add_node(cluster, "t-24.10", triton="24.10")
     add_node(cluster, "t-24.12", triton="24.12")
     recompute()
-    advisory = Advisory.objects.get(publisher_id="9002")
+    return Advisory.objects.get(publisher_id="9002")
+
+
+@pytest.mark.django_db
+def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
+    from django.contrib.auth.models import Group, User
+
+    advisory = _stored_9002()
     result = coverage.of_advisory(advisory)
     assert result.nodes is not None
     # 24.11 is open (decoded); 24.10 presumed (its notes say nothing of earlier releases), and the
@@ -164,3 +173,27 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
     assert [a["coverage"]["line"] for a in listed] == [result.line()]
     for url in (f"/advisories/{advisory.public_id}/", "/advisories/"):
         assert result.line() in client.get(url).content.decode(), url
+
+
+@pytest.mark.django_db
+def test_the_advisory_report_carries_the_coverage_line(make_user, tmp_path):
+    advisory = _stored_9002()
+    result = coverage.of_advisory(advisory)
+    assert result.nodes is not None and all(result.nodes.values())  # each class touches a node
+    client = Client()
+    client.force_login(make_user("vera", "viewer"))
+    base = f"/advisories/{advisory.public_id}/report"
+    # JSON: rows and nodes per class, and the line, as the API and the console give them.
+    data = json.loads(client.get(f"{base}.json").content)
+    assert data["coverage"] == result.as_dict()
+    assert data["coverage"]["nodes"] == {"decoded": 1, "presumed": 1, "review": 3}
+    csv_text = client.get(f"{base}.csv").content.decode()
+    assert "# Coverage" in csv_text and result.line() in csv_text
+    need(bool(shutil.which("pdftotext")), "needs poppler-utils: scripts/install-system-deps.sh")
+    response = client.get(f"{base}.pdf")
+    assert response.status_code == 200 and response.content[:5] == b"%PDF-"
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(response.content)
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout
+    assert "Coverage" in text and " ".join(result.line().split()) in " ".join(text.split())
