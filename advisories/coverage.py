@@ -10,7 +10,6 @@ its ranges, open review items and exposures).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -41,21 +40,6 @@ class Coverage:
 
     def as_dict(self) -> dict[str, Any]:
         return {"rows": dict(self.rows), "nodes": self.nodes, "silent": list(self.silent), "line": self.line()}
-
-
-def other_json(content: bytes) -> bool:
-    """True for a file that is plainly another kind of JSON: a list, or an object with no
-    document.csaf_version (a CVE record, an index, an OSV entry). Anything else read as a bulletin
-    (a file that is not even JSON included) is a CSAF document, and one that does not parse is
-    broken: it must fail a coverage check, never drop out of it."""
-    try:
-        data = json.loads(content)
-    except ValueError:  # not UTF-8 or not JSON: a broken document, not another kind
-        return False
-    if not isinstance(data, dict):
-        return True
-    document = data.get("document")
-    return not (isinstance(document, dict) and "csaf_version" in document)
 
 
 def _base(product_id: str) -> str:

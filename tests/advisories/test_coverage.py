@@ -18,20 +18,16 @@ from django.test import Client
 
 from advisories import coverage
 from advisories.csaf import DocumentError, parse
+from advisories.ingest import ingest_documents
 from advisories.models import Advisory
+from advisories.sources import FolderSource
 from conftest import need
-from tests.advisories.conftest import FIXTURES
+from tests.advisories.conftest import FIXTURES, bulletins
 from tests.helpers import REPO, clean_env, manage
 
 TEST_CSAF = FIXTURES.parent / "test-csaf"
 LINE = re.compile(r"^\d+ rows?: \d+ decoded(?: \(\d+ nodes?\))?, \d+ presumed(?: \(\d+ nodes?\))?, "
                   r"\d+ under review(?: \(\d+ nodes?\))?$")
-
-
-def _bulletins(root: Path) -> list[Path]:
-    """Every CSAF document below `root`, by content, whatever its folder or name: a JSON file that is
-    not plainly another kind (`coverage.other_json`), so a broken bulletin is kept, to fail."""
-    return [path for path in sorted(root.rglob("*.json")) if not coverage.other_json(path.read_bytes())]
 
 
 def _problems(paths: list[Path]) -> list[str]:
@@ -55,13 +51,13 @@ def test_no_row_of_any_bulletin_in_the_repositorys_fixtures_is_silent():
     # Every fixtures folder of the repository, searched by content: a bulletin kept beside OSV
     # records or under another name counts as much as one in a folder of bulletins.
     folders = [f for f in sorted((REPO / "tests").rglob("fixtures")) if f.is_dir()]
-    paths = sorted({path for folder in folders for path in _bulletins(folder)})
+    paths = sorted({path for folder in folders for path in bulletins(folder)})
     assert set(FIXTURES.glob("*.json")) | set(TEST_CSAF.glob("*.json")) <= set(paths)
     assert _problems(paths) == []
 
 
 def test_no_row_of_nvidias_corpus_is_silent(shared_csaf):
-    paths = _bulletins(shared_csaf)
+    paths = bulletins(shared_csaf)
     assert len(paths) >= 20
     assert _problems(paths) == []
 
@@ -75,7 +71,7 @@ def test_a_bulletin_that_does_not_parse_fails_the_check_and_other_json_is_left_o
     (tmp_path / "newer.json").write_text('{"document": {"csaf_version": "2.1"}}')
     (tmp_path / "cve.json").write_text('{"cveMetadata": {"cveId": "CVE-2099-1"}, "containers": {}}')
     (tmp_path / "index.json").write_text('{"data": []}')
-    paths = _bulletins(tmp_path)
+    paths = bulletins(tmp_path)
     assert [p.name for p in paths] == ["newer.json", "renamed.json", "truncated.json"]
     problems = _problems(paths)
     assert len(problems) == 2 and all(p.startswith("does not parse: ") for p in problems)
@@ -103,7 +99,7 @@ def test_the_command_prints_the_coverage_of_a_folder():
     out = io.StringIO()
     call_command("advisory_coverage", str(TEST_CSAF), str(FIXTURES / "5703.json"), stdout=out)
     lines = out.getvalue().splitlines()
-    expected = len(_bulletins(TEST_CSAF)) + 1
+    expected = len(bulletins(TEST_CSAF)) + 1
     assert len([line for line in lines if line.startswith("NVIDIA ")]) == expected
     assert lines[-1].startswith(f"total ({expected} bulletins): ")
     assert "SILENT" not in out.getvalue()
@@ -197,3 +193,31 @@ def test_the_advisory_report_carries_the_coverage_line(make_user, tmp_path):
     text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
                           timeout=60).stdout
     assert "Coverage" in text and " ".join(result.line().split()) in " ".join(text.split())
+
+
+@pytest.mark.django_db
+def test_a_folder_is_read_by_one_rule_an_osv_record_or_other_json_beside_bulletins_is_no_error(tmp_path):
+    # A CSAF folder holding, beside a bulletin, an OSV record (the ingest reads it as a distribution
+    # advisory, as it reads any OSV folder), an OSV-looking record without schema_version, a CVE
+    # record, a list and an object of no kind: nothing is an error; what is skipped is named, the
+    # same by the ingest and by the coverage command.
+    shutil.copy(TEST_CSAF / "9002.json", tmp_path / "9002.json")
+    shutil.copy(FIXTURES.parent / "osv" / "USN-5547-1.json", tmp_path / "USN-5547-1.json")
+    (tmp_path / "GHSA-0000.json").write_text('{"id": "GHSA-0000", "modified": "2025-01-01T00:00:00Z", "affected": []}')
+    (tmp_path / "CVE-2099-1.json").write_text('{"cveMetadata": {"cveId": "CVE-2099-1"}, "containers": {}}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text('{"name": "not a bulletin"}')
+    summary = ingest_documents(FolderSource(str(tmp_path)).items())
+    assert summary.errors == [] and summary.new == 2
+    outcomes = {Path(document).name: found[0] for document, found in summary.outcomes.items()}
+    assert outcomes["9002.json"].startswith("new") and outcomes["USN-5547-1.json"].startswith("new")
+    skipped = {name: outcome.removeprefix("skipped: ") for name, outcome in outcomes.items()
+               if outcome.startswith("skipped: ")}
+    assert set(skipped) == {"GHSA-0000.json", "CVE-2099-1.json", "list.json", "other.json"}
+    out = io.StringIO()
+    call_command("advisory_coverage", str(tmp_path), stdout=out)
+    lines = out.getvalue().splitlines()
+    assert "BROKEN" not in out.getvalue() and lines[-1].startswith("total (1 bulletin): ")
+    for name, why in skipped.items():
+        assert f"{name}: skipped, not a CSAF document: {why}" in lines
+    assert any(line.startswith("USN-5547-1.json: skipped, not a CSAF document: an OSV record") for line in lines)

@@ -1,8 +1,9 @@
 """Print the coverage line of every CSAF document in a folder (or of the files named): its rows
 decoded, presumed and under review, and any row in none of them (which must not happen).
 
-A folder is read as the ingest reads it (every *.json below it, flat or NVIDIA's YEAR/ID/ID.json);
-JSON that is plainly something else (a CVE record, an index) is named and skipped. A document that
+A folder is read as the ingest reads it (every .json file below it, flat or NVIDIA's
+YEAR/ID/ID.json), each file's kind told by the ingest's own rule (`advisories.sources.json_kind`):
+JSON of another kind (a CVE record, an OSV record, an index) is named and skipped. A document that
 does not parse, or one with a silent row, ends the command non-zero, after every line is printed.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from advisories import coverage
+from advisories import coverage, sources
 from advisories.csaf import DocumentError, parse
 
 
@@ -32,7 +33,8 @@ class Command(BaseCommand):
         # A file named on the command line is meant as a bulletin; only a folder's other JSON is skipped.
         in_folder: dict[Path, bool] = {}
         for p in named:
-            for f in p.rglob("*.json") if p.is_dir() else [p]:
+            found = (f for f in p.rglob("*") if f.suffix.lower() == ".json" and not f.is_dir()) if p.is_dir() else [p]
+            for f in found:
                 in_folder[f] = in_folder.get(f, True) and p.is_dir()
         totals = coverage.Coverage()
         broken: list[str] = []
@@ -40,8 +42,10 @@ class Command(BaseCommand):
         for path in sorted(in_folder):
             try:
                 content = path.read_bytes()
-                if in_folder[path] and coverage.other_json(content):
-                    self.stdout.write(f"{path.name}: skipped, not a CSAF document")
+                kind = sources.json_kind(content) if in_folder[path] else sources.CSAF
+                if kind != sources.CSAF:
+                    why = sources.SKIPPED.get(kind) or f"{sources.KIND_NAMES[kind]}, which the ingest reads as such"
+                    self.stdout.write(f"{path.name}: skipped, not a CSAF document: {why}")
                     continue
                 parsed = parse(content, path.name)
             except (DocumentError, OSError) as exc:
