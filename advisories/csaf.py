@@ -34,7 +34,7 @@ from typing import Any
 
 from advisories import components
 from advisories.choices import RangeBasis, ReviewKind, Severity
-from inventory.versions import parse_version
+from inventory.versions import VersionError, parse_version, sort_key
 
 
 class DocumentError(ValueError):
@@ -589,6 +589,7 @@ def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[st
     parsed.read_rows = read
     ranges += _unsupported_branches(ranges, review)
     ranges += _older_branches(ranges, review, earlier.get("branch"))
+    ranges = comparable_bounds(ranges, review)
     known = {leaf.product_id for leaf in leaves}
     for cve in parsed.cves:
         for pid in cve.affected_product_ids:
@@ -597,6 +598,55 @@ def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[st
                                          f"{cve.cve_id} names a product that is not a product_version"))
     parsed.ranges = ranges
     parsed.review = _unique(review)
+
+
+def bound_key(component: str, version: str | None) -> str | None:
+    """A range bound as the inventory's sort key; None for no bound, or one that is no comparable
+    version. A branch bound ("570") sorts below every 570.x."""
+    if not version:
+        return None
+    try:
+        if version.isdigit():
+            return sort_key((int(version),))
+        return parse_version(component, version).key
+    except VersionError:
+        return None
+
+
+def comparable_bounds(ranges: list[ParsedRange], review: list[ReviewNote]) -> list[ParsedRange]:
+    """A range whose bound is no comparable version is presumed (any version of the product) and
+    its row a review item (added to `review`): what the ingest stores is what the parse says."""
+    out = []
+    for rng in ranges:
+        if (rng.lower and bound_key(rng.component, rng.lower) is None) or (
+                rng.upper and bound_key(rng.component, rng.upper) is None):
+            review.append(ReviewNote(rng.product_id, ReviewKind.UNPARSED_ROW, rng.raw,
+                                     f"range bound {rng.lower or ''}..{rng.upper or ''} is not a comparable version",
+                                     rng.component))
+            rng = replace(rng, lower=None, upper=None, basis=RangeBasis.UNDECODED)
+        out.append(rng)
+    return out
+
+
+# Keys of what a bulletin leaves out that gpusweep still accounts for (see _unsupported_branches
+# and _older_branches): the gap's ranges, one per OS and product line, and its review item.
+GAP = "unsupported_branch"
+OLDER = "older_branch"
+OLDER_REVIEW = "older_branches"
+
+
+def entry_of(key: str) -> str:
+    """The bulletin entry a range's product_id or a review item's key belongs to, which
+    advisories.coverage counts: a product row ('pid#1', a later interval, and 'pid#earlier', the
+    releases before it, are the row 'pid'), or a gap the bulletin leaves: every range of the
+    branches it skips between R535 and R570 is the gap 'unsupported_branch:R535-R570' that its
+    review item names, every range of branches older than it lists is 'older_branches'."""
+    base = key.split("#", 1)[0]
+    if base.startswith(f"{GAP}:") and base.count(":") == 3:
+        return f"{GAP}:{base.rsplit(':', 1)[1]}"
+    if base.startswith(f"{OLDER}:"):
+        return OLDER_REVIEW
+    return base
 
 
 def _unique(notes: list[ReviewNote]) -> list[ReviewNote]:
@@ -886,7 +936,7 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             fixes = [f"R{b} {rows[0].fixed_version}" for b, rows in ((high, upper_rows), (low, lower_rows))
                      if rows[0].fixed_version]
             out.append(ParsedRange(
-                product_id=f"unsupported_branch:{os_family or 'any'}:{line or 'any'}:R{low}-R{high}",
+                product_id=f"{GAP}:{os_family or 'any'}:{line or 'any'}:R{low}-R{high}",
                 product_name=f"{upper_rows[0].product_name} (branches between R{low} and R{high})",
                 component=components.DRIVER, os_family=os_family, branch="", product_line=line,
                 architecture=upper_rows[0].architecture, raw=f"no row for branches between R{low} and R{high}",
@@ -900,7 +950,7 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             gaps.setdefault((low, high), []).append(f"{os_family or 'any OS'}/{line or 'any line'}")
     for (low, high), where in sorted(gaps.items()):
         review.append(ReviewNote(
-            f"unsupported_branch:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
+            f"{GAP}:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
             f"no fixed version for driver branches between R{low} and R{high} ({', '.join(where)}): NVIDIA no "
             "longer supports them; nodes on them are presumed exposed", components.DRIVER))
     return out
@@ -957,13 +1007,13 @@ def _older_branches(ranges: list[ParsedRange], review: list[ReviewNote], earlier
     if earlier is None or earlier.status == "not_affected":
         if earlier is None:
             branches = ", ".join(sorted({f"R{n}" for n, _r in oldest.values()}))
-            review.append(ReviewNote("older_branches", ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
+            review.append(ReviewNote(OLDER_REVIEW, ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
                                      f"the bulletin names branches down to {branches} and says nothing of older "
                                      "ones: check whether nodes on them are affected", components.DRIVER))
         return []
     why = f'older branches presumed affected: the bulletin says "{earlier.sentence}"'
     out = [ParsedRange(
-        product_id=f"older_branch:{os_family or 'any'}:{line or 'any'}:R{number}",
+        product_id=f"{OLDER}:{os_family or 'any'}:{line or 'any'}:R{number}",
         product_name=f"{r.product_name} (branches older than R{number})", component=components.DRIVER,
         os_family=os_family, branch="", product_line=line, architecture=r.architecture,
         raw=f"no row for branches older than R{number}", lower=None, lower_inclusive=False, upper=str(number),

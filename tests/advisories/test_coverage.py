@@ -26,8 +26,9 @@ from tests.advisories.conftest import FIXTURES, bulletins
 from tests.helpers import REPO, clean_env, manage
 
 TEST_CSAF = FIXTURES.parent / "test-csaf"
-LINE = re.compile(r"^\d+ rows?: \d+ decoded(?: \(\d+ nodes?\))?, \d+ presumed(?: \(\d+ nodes?\))?, "
-                  r"\d+ under review(?: \(\d+ nodes?\))?$")
+NODES = r"(?: \(\d+ nodes?\))?"
+LINE = re.compile(rf"^\d+ rows?: \d+ decoded{NODES}, \d+ presumed{NODES}, "
+                  r"\d+ under review(?: \(\d+ nodes?(?:: \d+ exposed, \d+ presumed exposed)?\))?$")
 
 
 def _problems(paths: list[Path]) -> list[str]:
@@ -42,7 +43,9 @@ def _problems(paths: list[Path]) -> list[str]:
         result = coverage.of_parsed(parsed)
         if result.silent:
             problems.append(f"{path}: rows that end in nothing: {result.silent}")
-        if sum(result.rows.values()) != len(parsed.rows) or not LINE.match(result.line()):
+        # Every product row is counted, and every gap the bulletin leaves (a row of its own).
+        if (not set(parsed.rows) <= set(result.classes) or sum(result.rows.values()) != len(result.classes)
+                or not LINE.match(result.line())):
             problems.append(f"{path}: rows miscounted: {result.line()} of {len(parsed.rows)}")
     return problems
 
@@ -135,7 +138,8 @@ def test_the_command_reads_any_folder_and_fails_on_a_broken_file(tmp_path):
 
 
 def _stored_9002() -> Advisory:
-    """9002 ingested beside three Triton nodes: 24.11 open, 24.10 presumed, 24.12 fixed."""
+    """9002 ingested beside three Triton nodes (24.11 open, 24.10 presumed, 24.12 fixed) and a NIM
+    node below its fix (1.10.0, open)."""
     from advisories.exposure import recompute
     from inventory.models import Cluster
     from tests.advisories.conftest import add_node
@@ -145,8 +149,17 @@ def _stored_9002() -> Advisory:
     add_node(cluster, "t-24.11", triton="24.11")
     add_node(cluster, "t-24.10", triton="24.10")
     add_node(cluster, "t-24.12", triton="24.12")
+    add_node(cluster, "nim-1.10.0", nim="1.10.0")
     recompute()
     return Advisory.objects.get(publisher_id="9002")
+
+
+# 9002's six rows: Triton 24.11 (affected; its notes say nothing of earlier releases, so the releases
+# before it are presumed and the row is under review) and 24.12 (fixed), NIM and TensorRT-LLM each an
+# affected and a fixed row. The nodes under review are every Triton node, one exposed (24.11) and
+# one presumed exposed (24.10), counted there and never as a presumed row's.
+LINE_9002 = ("6 rows: 5 decoded (1 node), 0 presumed (0 nodes), "
+             "1 under review (3 nodes: 1 exposed, 1 presumed exposed)")
 
 
 @pytest.mark.django_db
@@ -155,11 +168,9 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
 
     advisory = _stored_9002()
     result = coverage.of_advisory(advisory)
-    assert result.nodes is not None
-    # 24.11 is open (decoded); 24.10 presumed (its notes say nothing of earlier releases), and the
-    # Triton row is under review for that: the three Triton nodes are touched by the review item.
-    assert (result.nodes["decoded"], result.nodes["presumed"], result.nodes["review"]) == (1, 1, 3)
-    assert result.rows["review"] >= 1
+    assert result.line() == LINE_9002
+    assert result.nodes == {"decoded": 1, "presumed": 0, "review": 3}
+    assert result.review_nodes == {"exposed": 1, "presumed": 1}
     user = User.objects.create_user("vera")
     user.groups.add(Group.objects.get(name="viewer"))
     client.force_login(user)
@@ -175,14 +186,14 @@ def test_a_stored_advisory_counts_rows_and_the_nodes_each_class_touches(client):
 def test_the_advisory_report_carries_the_coverage_line(make_user, tmp_path):
     advisory = _stored_9002()
     result = coverage.of_advisory(advisory)
-    assert result.nodes is not None and all(result.nodes.values())  # each class touches a node
+    assert result.line() == LINE_9002
     client = Client()
     client.force_login(make_user("vera", "viewer"))
     base = f"/advisories/{advisory.public_id}/report"
     # JSON: rows and nodes per class, and the line, as the API and the console give them.
     data = json.loads(client.get(f"{base}.json").content)
     assert data["coverage"] == result.as_dict()
-    assert data["coverage"]["nodes"] == {"decoded": 1, "presumed": 1, "review": 3}
+    assert data["coverage"]["nodes"] == {"decoded": 1, "presumed": 0, "review": 3}
     csv_text = client.get(f"{base}.csv").content.decode()
     assert "# Coverage" in csv_text and result.line() in csv_text
     need(bool(shutil.which("pdftotext")), "needs poppler-utils: scripts/install-system-deps.sh")
@@ -193,6 +204,88 @@ def test_the_advisory_report_carries_the_coverage_line(make_user, tmp_path):
     text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
                           timeout=60).stdout
     assert "Coverage" in text and " ".join(result.line().split()) in " ".join(text.split())
+
+
+def _printed(out: str) -> dict[str, str]:
+    """The command's line per bulletin id."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^NVIDIA (\S+) \([^)]*\): (.*)$", out, re.M)}
+
+
+def _command_equals_stored(root: Path) -> None:
+    out = io.StringIO()
+    call_command("advisory_coverage", str(root), stdout=out)
+    printed = _printed(out.getvalue())
+    paths = bulletins(root)
+    assert set(printed) == {parse(p.read_bytes(), p.name).publisher_id for p in paths}
+    summary = ingest_documents(FolderSource(str(root)).items())
+    assert [e for e in summary.errors if any(e.startswith(f"{p}: ") for p in paths)] == []
+    for advisory in Advisory.objects.filter(publisher="NVIDIA", publisher_id__in=printed):
+        stored = coverage.of_advisory(advisory)
+        # The same line, less the node counts (only the product matches the inventory).
+        assert stored.line(nodes=False) == printed[advisory.publisher_id], advisory.publisher_id
+        assert stored.nodes is not None and "nodes" in stored.line()
+    assert Advisory.objects.filter(publisher="NVIDIA", publisher_id__in=printed).count() == len(printed)
+
+
+@pytest.mark.django_db
+def test_the_command_prints_the_coverage_the_product_stores_for_every_fixture_bulletin():
+    # Every row, fixed rows too, counted by one definition (coverage.classify): the command's line
+    # of a document is the product's line of it once ingested (9002: 6 rows, not the 3 affected).
+    _command_equals_stored(FIXTURES.parent)
+    assert coverage.of_advisory(Advisory.objects.get(publisher_id="9002")).line().startswith("6 rows: ")
+
+
+@pytest.mark.django_db
+def test_the_command_prints_the_coverage_the_product_stores_for_nvidias_corpus(shared_csaf):
+    _command_equals_stored(shared_csaf)
+
+
+@pytest.mark.django_db
+def test_an_advisory_stored_before_its_rows_were_kept_counts_them_after_the_next_ingest():
+    call_command("ingest_advisories", str(TEST_CSAF / "9002.json"), "--no-progress", stdout=io.StringIO())
+    Advisory.objects.filter(publisher_id="9002").update(product_rows={}, read_rows=[])
+    advisory = Advisory.objects.get(publisher_id="9002")
+    # Its ranges and review items still say something of every row they name: nothing silent.
+    assert coverage.of_advisory(advisory).line(nodes=False) == "3 rows: 2 decoded, 0 presumed, 1 under review"
+    call_command("ingest_advisories", str(TEST_CSAF / "9002.json"), "--no-progress", stdout=io.StringIO())
+    assert coverage.of_advisory(advisory).line(nodes=False) == "6 rows: 5 decoded, 0 presumed, 1 under review"
+
+
+@pytest.mark.django_db
+def test_the_nodes_of_a_class_are_those_its_rows_touch():
+    """No class touches nodes without rows; a node presumed exposed through a row under review is
+    counted under review (and said to be presumed exposed there), never as a presumed row's."""
+    from advisories.exposure import recompute
+    from advisories.models import Exposure
+    from inventory.models import Cluster
+    from tests.advisories.conftest import add_node
+
+    ingest_documents(FolderSource(str(FIXTURES.parent)).items())
+    cluster = Cluster.objects.create(name="fleet", kind="static")
+    fleet = {"driver": ["470.82.01", "535.104.05", "550.54.15", "570.124.06", "570.172.08", "580.82.07",
+                        "580.95.05"],
+             "triton": ["24.10", "24.11", "24.12"], "container_toolkit": ["1.16.1", "1.17.8"],
+             "nim": ["1.10.0"], "tensorrt_llm": ["0.18.0"], "gpu_operator": ["24.6.1"], "dcgm": ["3.3.5"]}
+    for component, versions in fleet.items():
+        for version in versions:
+            add_node(cluster, f"{component}-{version}", **{component: version})
+    recompute()
+    advisories = list(Advisory.objects.filter(ranges_unknown=False))
+    found = coverage.of_advisories([a.pk for a in advisories])
+    presumed_via_review = 0
+    for advisory in advisories:
+        result = found[advisory.pk]
+        assert result.nodes is not None and result.review_nodes is not None
+        for name in coverage.CLASSES:
+            assert result.rows[name] or not result.nodes[name], (advisory.publisher_id, result.line())
+        assert max(result.review_nodes.values()) <= result.nodes["review"], result.line()
+        exposed = Exposure.objects.filter(advisory=advisory).values("node").distinct().count()
+        assert exposed <= sum(result.nodes.values()), (advisory.publisher_id, result.line())
+        presumed = Exposure.objects.filter(advisory=advisory, affected_range__basis__in=["undecoded",
+                                           "unsupported_branch"]).values("node").distinct().count()
+        assert presumed <= result.nodes["presumed"] + result.review_nodes["presumed"], result.line()
+        presumed_via_review += result.review_nodes["presumed"]
+    assert presumed_via_review  # the fleet does reach a node presumed through a row under review
 
 
 @pytest.mark.django_db

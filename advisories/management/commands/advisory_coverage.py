@@ -5,6 +5,10 @@ A folder is read as the ingest reads it (every .json file below it, flat or NVID
 YEAR/ID/ID.json), each file's kind told by the ingest's own rule (`advisories.sources.json_kind`):
 JSON of another kind (a CVE record, an OSV record, an index) is named and skipped. A document that
 does not parse, or one with a silent row, ends the command non-zero, after every line is printed.
+
+Each line is the coverage the product shows once the document is ingested (`advisories.coverage`,
+one definition for both), less the node counts: those need the inventory matched against the
+stored ranges, which only the ingest does.
 """
 
 from __future__ import annotations
