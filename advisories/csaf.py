@@ -190,13 +190,29 @@ _V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)(?:[_-](?:lts
 _ALL = r"(?:all_)?(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
 # Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
 # not a word of the grammar.
-_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|january|february|march|april"
-          r"|may|june|july|august|september|october|november|december)_)[a-z][a-z-]*_){1,4}")
+_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|from|after|starting|than"
+          r"|later|newer|through|until|january|february|march|april|may|june|july|august|september|october"
+          r"|november|december)_)[a-z][a-z-]*_){1,4}")
 _LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_.,])+"
 _RELEASE = r"(?:the_)?[a-z]+_\d{4}(?:_cloud_gaming)?_release"
 
+# Two bounds in one text, the lower ("from X", "X and later", "later than X"; by then ">= X" reads
+# "X or newer" and "> X" "later than X") and the upper ("prior to Y", "before Y"), in either order,
+# joined by a comma or "and" ("X and later, prior to Y"; ">= X, < Y"; "< Y, >= X"). "Up to Y",
+# "through Y" and "until Y" include Y, as "All versions up to Y" does above and as in English
+# ("up to 5" counts 5): "X up to Y" is [X, Y], "from X prior to Y" [X, Y).
+_LO, _HI = (_V.replace("(", f"(?P<{name}>", 1) for name in ("lo", "hi"))
+_LOWER_EXCLUSIVE = r"(?:later|newer|greater|higher)_than|after"
+_LATER = r"(?:and|or)_(?:later|newer|above|higher|greater)(?:_versions?|_releases?)?"
+_UPPER_INCLUSIVE = ("prior_to_and_including", "up_to_and_including", "up_to", "through", "until")
+_UPPER = (rf"(?P<uw>prior_to_and_including|up_to_and_including|prior_to|before|earlier_than|older_than|lower_than"
+          rf"|below|up_to|through|until)_(?:{_WORDS})?{_HI}")
+_JOIN = r"_(?:,_)?(?:and_|but_)?"
+TWO_BOUNDS = ("X up to Y", "from X prior to Y", "X and later, prior to Y", "later than X, prior to Y",
+              "prior to Y, from X")
+
 # (name, pattern, kind): every version text form NVIDIA writes in its product trees (and its CVE
-# index), tried in order. Example texts are in tests/advisories/test_csaf.py (one row per form).
+# index), tried in order. Example texts are in tests/advisories/test_grammar.py (one row per form).
 GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("prior to X", re.compile(rf"(?:{_ALL}_)?(?:prior_to|before(?:_release)?|earlier_than|older_than|lower_than|below)_"
                               rf"(?:{_WORDS})?{_V}(?P<note>_for_support_of_[a-z0-9_.,-]+)?"), "affected"),
@@ -206,6 +222,17 @@ GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
      "affected"),
     ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}(?:_to_|_through_|_?-_?)(?:{_WORDS})?{_V}"), "affected"),
+    ("X up to Y", re.compile(
+        rf"(?:{_ALL}_)?(?:from_)?(?:{_WORDS})?{_LO}_(?P<uw>up_to_and_including|up_to|until)_(?:{_WORDS})?{_HI}"),
+     "affected"),
+    ("from X prior to Y", re.compile(
+        rf"(?:{_ALL}_)?(?:from|starting_(?:from|with|at))_(?:{_WORDS})?{_LO}{_JOIN}{_UPPER}"), "affected"),
+    ("X and later, prior to Y", re.compile(rf"(?:{_ALL}_)?(?:{_WORDS})?{_LO}_{_LATER}{_JOIN}{_UPPER}"), "affected"),
+    ("later than X, prior to Y", re.compile(
+        rf"(?:{_ALL}_)?(?P<lw>{_LOWER_EXCLUSIVE})_(?:{_WORDS})?{_LO}{_JOIN}{_UPPER}"), "affected"),
+    ("prior to Y, from X", re.compile(
+        rf"(?:{_ALL}_)?{_UPPER}{_JOIN}(?:(?P<lw>from|starting_(?:from|with|at)|{_LOWER_EXCLUSIVE})_)?(?:{_WORDS})?"
+        rf"{_LO}(?P<later>_{_LATER})?"), "affected"),
     ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_(?:versions|releases)_prior_to_{_V}"), "affected"),
     ("all X.Y versions", re.compile(rf"all_{_V}_(?:versions|releases)"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
@@ -258,10 +285,14 @@ def normalize_version_text(text: str, product: str = "") -> str:
                        key=len, reverse=True):
         t = re.sub(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", " ", t)
     t = re.sub(r"\bnvidia\b", " ", t)
-    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer".
+    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer", "> 1.2.3"
+    # "later than 1.2.3"; an interval "1.2 <= v < 1.3" is ">= 1.2, < 1.3".
+    t = re.sub(r"([0-9][^\s<>=≤]*)\s*(<=|≤|<)\s*[a-z]+\s*(?=<|≤)",
+               lambda m: f"{'>' if m.group(2) == '<' else '>='} {m.group(1)}, ", t)
     t = re.sub(r"(?:<=|≤)\s*", " up to and including ", t)
     t = re.sub(r"<\s*", " prior to ", t)
-    t = re.sub(r"(?:>=|≥)\s*(\S+)", r" \1 or newer ", t)
+    t = re.sub(r"(?:>=|≥)\s*([^\s,;]+)", r" \1 or newer ", t)
+    t = re.sub(r">\s*", " later than ", t)
     t = re.sub(r"\s*,\s*", " , ", t)
     t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
     t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))
@@ -344,6 +375,8 @@ def decode_version_text(text: str, listed_affected: bool = False, product: str =
             return None
         if form == "X to Y" and bounds.lower and bounds.upper and _order(bounds.upper) < _order(bounds.lower):
             continue  # "4.1.1-4.0.4" is one (compound) version, not a range
+        if form in TWO_BOUNDS and _empty(bounds):
+            return None  # an empty range is a misreading, not "nothing is affected"
         if cdi_below:
             # "up to and including X (CDI mode only for versions prior to Y)": [Y, X] in every
             # mode, and below Y only in CDI mode.
@@ -356,6 +389,14 @@ def decode_version_text(text: str, listed_affected: bool = False, product: str =
     return None
 
 
+def _empty(bounds: Bounds) -> bool:
+    """Two bounds that leave no version between them (upper below lower, or equal and one excluded)."""
+    if not (bounds.lower and bounds.upper):
+        return False
+    lower, upper = _order(bounds.lower), _order(bounds.upper)
+    return upper < lower or (upper == lower and not (bounds.lower_inclusive and bounds.upper_inclusive))
+
+
 def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
     if form == "prior to X":
         return Bounds(upper=_dots(m.group(1)))
@@ -364,6 +405,13 @@ def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
         return Bounds(upper=_dots(m.group(1)), upper_inclusive=True)
     if form == "X to Y":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), True)
+    if form in TWO_BOUNDS:
+        groups = m.groupdict()
+        if form == "prior to Y, from X" and not (groups["lw"] or groups["later"]):
+            return None  # "prior to Y, X": X bounds nothing
+        lower_word = groups.get("lw") or ""
+        return Bounds(_dots(groups["lo"]), not re.fullmatch(_LOWER_EXCLUSIVE, lower_word), _dots(groups["hi"]),
+                      groups["uw"] in _UPPER_INCLUSIVE)
     if form == "only release X":
         exact = _dots(m.group(1) or m.group(2))
         return Bounds(exact, True, exact, True)
