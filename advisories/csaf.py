@@ -34,7 +34,7 @@ from typing import Any
 
 from advisories import components
 from advisories.choices import RangeBasis, ReviewKind, Severity
-from inventory.versions import parse_version
+from inventory.versions import VersionError, parse_version, sort_key
 
 
 class DocumentError(ValueError):
@@ -190,13 +190,29 @@ _V = rf"[vr]?(\d+(?:[._]\d+)*(?:-\d+(?:\.\d+)+)?(?:\.x)?{_SUFFIX}?)(?:[_-](?:lts
 _ALL = r"(?:all_)?(?:(?:drivers?|software|product)_)?(?:versions?|releases?)"
 # Words naming the product inside a version text ("prior to CUDA Toolkit v12.2"): not a month,
 # not a word of the grammar.
-_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|january|february|march|april"
-          r"|may|june|july|august|september|october|november|december)_)[a-z][a-z-]*_){1,4}")
+_WORDS = (r"(?:(?!(?:the|all|and|or|to|prior|before|up|including|versions?|releases?|from|after|starting|than"
+          r"|later|newer|through|until|january|february|march|april|may|june|july|august|september|october"
+          r"|november|december)_)[a-z][a-z-]*_){1,4}")
 _LABEL = r"all_versions_(?:prior_to_and_including|up_to_and_including)_(?:(?!all_versions)[a-z0-9_.,])+"
 _RELEASE = r"(?:the_)?[a-z]+_\d{4}(?:_cloud_gaming)?_release"
 
+# Two bounds in one text, the lower ("from X", "X and later", "later than X"; by then ">= X" reads
+# "X or newer" and "> X" "later than X") and the upper ("prior to Y", "before Y"), in either order,
+# joined by a comma or "and" ("X and later, prior to Y"; ">= X, < Y"; "< Y, >= X"). "Up to Y",
+# "through Y" and "until Y" include Y, as "All versions up to Y" does above and as in English
+# ("up to 5" counts 5): "X up to Y" is [X, Y], "from X prior to Y" [X, Y).
+_LO, _HI = (_V.replace("(", f"(?P<{name}>", 1) for name in ("lo", "hi"))
+_LOWER_EXCLUSIVE = r"(?:later|newer|greater|higher)_than|after"
+_LATER = r"(?:and|or)_(?:later|newer|above|higher|greater)(?:_versions?|_releases?)?"
+_UPPER_INCLUSIVE = ("prior_to_and_including", "up_to_and_including", "up_to", "through", "until")
+_UPPER = (rf"(?P<uw>prior_to_and_including|up_to_and_including|prior_to|before|earlier_than|older_than|lower_than"
+          rf"|below|up_to|through|until)_(?:{_WORDS})?{_HI}")
+_JOIN = r"_(?:,_)?(?:and_|but_)?"
+TWO_BOUNDS = ("X up to Y", "from X prior to Y", "X and later, prior to Y", "later than X, prior to Y",
+              "prior to Y, from X")
+
 # (name, pattern, kind): every version text form NVIDIA writes in its product trees (and its CVE
-# index), tried in order. Example texts are in tests/advisories/test_csaf.py (one row per form).
+# index), tried in order. Example texts are in tests/advisories/test_grammar.py (one row per form).
 GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("prior to X", re.compile(rf"(?:{_ALL}_)?(?:prior_to|before(?:_release)?|earlier_than|older_than|lower_than|below)_"
                               rf"(?:{_WORDS})?{_V}(?P<note>_for_support_of_[a-z0-9_.,-]+)?"), "affected"),
@@ -206,6 +222,17 @@ GRAMMAR: list[tuple[str, re.Pattern[str], str]] = [
     ("X and earlier", re.compile(rf"{_V}_(?:and|or)_(?:earlier|prior|older|below|lower)(?:_versions?|_releases?)?"),
      "affected"),
     ("X to Y", re.compile(rf"(?:{_ALL}_)?(?:from_)?{_V}(?:_to_|_through_|_?-_?)(?:{_WORDS})?{_V}"), "affected"),
+    ("X up to Y", re.compile(
+        rf"(?:{_ALL}_)?(?:from_)?(?:{_WORDS})?{_LO}_(?P<uw>up_to_and_including|up_to|until)_(?:{_WORDS})?{_HI}"),
+     "affected"),
+    ("from X prior to Y", re.compile(
+        rf"(?:{_ALL}_)?(?:from|starting_(?:from|with|at))_(?:{_WORDS})?{_LO}{_JOIN}{_UPPER}"), "affected"),
+    ("X and later, prior to Y", re.compile(rf"(?:{_ALL}_)?(?:{_WORDS})?{_LO}_{_LATER}{_JOIN}{_UPPER}"), "affected"),
+    ("later than X, prior to Y", re.compile(
+        rf"(?:{_ALL}_)?(?P<lw>{_LOWER_EXCLUSIVE})_(?:{_WORDS})?{_LO}{_JOIN}{_UPPER}"), "affected"),
+    ("prior to Y, from X", re.compile(
+        rf"(?:{_ALL}_)?{_UPPER}{_JOIN}(?:(?P<lw>from|starting_(?:from|with|at)|{_LOWER_EXCLUSIVE})_)?(?:{_WORDS})?"
+        rf"{_LO}(?P<later>_{_LATER})?"), "affected"),
     ("all X.Y versions prior to Z", re.compile(rf"all_{_V}_(?:versions|releases)_prior_to_{_V}"), "affected"),
     ("all X.Y versions", re.compile(rf"all_{_V}_(?:versions|releases)"), "affected"),
     ("prior to X / prior to the <month> release", re.compile(
@@ -258,10 +285,14 @@ def normalize_version_text(text: str, product: str = "") -> str:
                        key=len, reverse=True):
         t = re.sub(rf"(?<![a-z0-9]){re.escape(name)}(?![a-z0-9])", " ", t)
     t = re.sub(r"\bnvidia\b", " ", t)
-    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer".
+    # Comparison signs as words: "< 1.2.3" is "prior to 1.2.3", ">= 1.2.3" "1.2.3 or newer", "> 1.2.3"
+    # "later than 1.2.3"; an interval "1.2 <= v < 1.3" is ">= 1.2, < 1.3".
+    t = re.sub(r"([0-9][^\s<>=≤]*)\s*(<=|≤|<)\s*[a-z]+\s*(?=<|≤)",
+               lambda m: f"{'>' if m.group(2) == '<' else '>='} {m.group(1)}, ", t)
     t = re.sub(r"(?:<=|≤)\s*", " up to and including ", t)
     t = re.sub(r"<\s*", " prior to ", t)
-    t = re.sub(r"(?:>=|≥)\s*(\S+)", r" \1 or newer ", t)
+    t = re.sub(r"(?:>=|≥)\s*([^\s,;]+)", r" \1 or newer ", t)
+    t = re.sub(r">\s*", " later than ", t)
     t = re.sub(r"\s*,\s*", " , ", t)
     t = re.sub(r"[^a-z0-9.,+-]+", "_", t)
     t = re.sub(r"_(?:are|is)_(?:also_)?affected$", "", t.strip("_.,"))
@@ -344,6 +375,8 @@ def decode_version_text(text: str, listed_affected: bool = False, product: str =
             return None
         if form == "X to Y" and bounds.lower and bounds.upper and _order(bounds.upper) < _order(bounds.lower):
             continue  # "4.1.1-4.0.4" is one (compound) version, not a range
+        if form in TWO_BOUNDS and _empty(bounds):
+            return None  # an empty range is a misreading, not "nothing is affected"
         if cdi_below:
             # "up to and including X (CDI mode only for versions prior to Y)": [Y, X] in every
             # mode, and below Y only in CDI mode.
@@ -356,6 +389,14 @@ def decode_version_text(text: str, listed_affected: bool = False, product: str =
     return None
 
 
+def _empty(bounds: Bounds) -> bool:
+    """Two bounds that leave no version between them (upper below lower, or equal and one excluded)."""
+    if not (bounds.lower and bounds.upper):
+        return False
+    lower, upper = _order(bounds.lower), _order(bounds.upper)
+    return upper < lower or (upper == lower and not (bounds.lower_inclusive and bounds.upper_inclusive))
+
+
 def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
     if form == "prior to X":
         return Bounds(upper=_dots(m.group(1)))
@@ -364,6 +405,13 @@ def _affected_bounds(form: str, m: re.Match[str]) -> Bounds | None:
         return Bounds(upper=_dots(m.group(1)), upper_inclusive=True)
     if form == "X to Y":
         return Bounds(_dots(m.group(1)), True, _dots(m.group(2)), True)
+    if form in TWO_BOUNDS:
+        groups = m.groupdict()
+        if form == "prior to Y, from X" and not (groups["lw"] or groups["later"]):
+            return None  # "prior to Y, X": X bounds nothing
+        lower_word = groups.get("lw") or ""
+        return Bounds(_dots(groups["lo"]), not re.fullmatch(_LOWER_EXCLUSIVE, lower_word), _dots(groups["hi"]),
+                      groups["uw"] in _UPPER_INCLUSIVE)
     if form == "only release X":
         exact = _dots(m.group(1) or m.group(2))
         return Bounds(exact, True, exact, True)
@@ -589,6 +637,7 @@ def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[st
     parsed.read_rows = read
     ranges += _unsupported_branches(ranges, review)
     ranges += _older_branches(ranges, review, earlier.get("branch"))
+    ranges = comparable_bounds(ranges, review)
     known = {leaf.product_id for leaf in leaves}
     for cve in parsed.cves:
         for pid in cve.affected_product_ids:
@@ -597,6 +646,55 @@ def _read_products(parsed: ParsedAdvisory, leaves: list[_Leaf], earlier: dict[st
                                          f"{cve.cve_id} names a product that is not a product_version"))
     parsed.ranges = ranges
     parsed.review = _unique(review)
+
+
+def bound_key(component: str, version: str | None) -> str | None:
+    """A range bound as the inventory's sort key; None for no bound, or one that is no comparable
+    version. A branch bound ("570") sorts below every 570.x."""
+    if not version:
+        return None
+    try:
+        if version.isdigit():
+            return sort_key((int(version),))
+        return parse_version(component, version).key
+    except VersionError:
+        return None
+
+
+def comparable_bounds(ranges: list[ParsedRange], review: list[ReviewNote]) -> list[ParsedRange]:
+    """A range whose bound is no comparable version is presumed (any version of the product) and
+    its row a review item (added to `review`): what the ingest stores is what the parse says."""
+    out = []
+    for rng in ranges:
+        if (rng.lower and bound_key(rng.component, rng.lower) is None) or (
+                rng.upper and bound_key(rng.component, rng.upper) is None):
+            review.append(ReviewNote(rng.product_id, ReviewKind.UNPARSED_ROW, rng.raw,
+                                     f"range bound {rng.lower or ''}..{rng.upper or ''} is not a comparable version",
+                                     rng.component))
+            rng = replace(rng, lower=None, upper=None, basis=RangeBasis.UNDECODED)
+        out.append(rng)
+    return out
+
+
+# Keys of what a bulletin leaves out that gpusweep still accounts for (see _unsupported_branches
+# and _older_branches): the gap's ranges, one per OS and product line, and its review item.
+GAP = "unsupported_branch"
+OLDER = "older_branch"
+OLDER_REVIEW = "older_branches"
+
+
+def entry_of(key: str) -> str:
+    """The bulletin entry a range's product_id or a review item's key belongs to, which
+    advisories.coverage counts: a product row ('pid#1', a later interval, and 'pid#earlier', the
+    releases before it, are the row 'pid'), or a gap the bulletin leaves: every range of the
+    branches it skips between R535 and R570 is the gap 'unsupported_branch:R535-R570' that its
+    review item names, every range of branches older than it lists is 'older_branches'."""
+    base = key.split("#", 1)[0]
+    if base.startswith(f"{GAP}:") and base.count(":") == 3:
+        return f"{GAP}:{base.rsplit(':', 1)[1]}"
+    if base.startswith(f"{OLDER}:"):
+        return OLDER_REVIEW
+    return base
 
 
 def _unique(notes: list[ReviewNote]) -> list[ReviewNote]:
@@ -886,7 +984,7 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             fixes = [f"R{b} {rows[0].fixed_version}" for b, rows in ((high, upper_rows), (low, lower_rows))
                      if rows[0].fixed_version]
             out.append(ParsedRange(
-                product_id=f"unsupported_branch:{os_family or 'any'}:{line or 'any'}:R{low}-R{high}",
+                product_id=f"{GAP}:{os_family or 'any'}:{line or 'any'}:R{low}-R{high}",
                 product_name=f"{upper_rows[0].product_name} (branches between R{low} and R{high})",
                 component=components.DRIVER, os_family=os_family, branch="", product_line=line,
                 architecture=upper_rows[0].architecture, raw=f"no row for branches between R{low} and R{high}",
@@ -900,7 +998,7 @@ def _unsupported_branches(ranges: list[ParsedRange], review: list[ReviewNote]) -
             gaps.setdefault((low, high), []).append(f"{os_family or 'any OS'}/{line or 'any line'}")
     for (low, high), where in sorted(gaps.items()):
         review.append(ReviewNote(
-            f"unsupported_branch:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
+            f"{GAP}:R{low}-R{high}", ReviewKind.UNSUPPORTED_BRANCH, f"between R{low} and R{high}",
             f"no fixed version for driver branches between R{low} and R{high} ({', '.join(where)}): NVIDIA no "
             "longer supports them; nodes on them are presumed exposed", components.DRIVER))
     return out
@@ -957,13 +1055,13 @@ def _older_branches(ranges: list[ParsedRange], review: list[ReviewNote], earlier
     if earlier is None or earlier.status == "not_affected":
         if earlier is None:
             branches = ", ".join(sorted({f"R{n}" for n, _r in oldest.values()}))
-            review.append(ReviewNote("older_branches", ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
+            review.append(ReviewNote(OLDER_REVIEW, ReviewKind.UNSUPPORTED_BRANCH, f"older than {branches}",
                                      f"the bulletin names branches down to {branches} and says nothing of older "
                                      "ones: check whether nodes on them are affected", components.DRIVER))
         return []
     why = f'older branches presumed affected: the bulletin says "{earlier.sentence}"'
     out = [ParsedRange(
-        product_id=f"older_branch:{os_family or 'any'}:{line or 'any'}:R{number}",
+        product_id=f"{OLDER}:{os_family or 'any'}:{line or 'any'}:R{number}",
         product_name=f"{r.product_name} (branches older than R{number})", component=components.DRIVER,
         os_family=os_family, branch="", product_line=line, architecture=r.architecture,
         raw=f"no row for branches older than R{number}", lower=None, lower_inclusive=False, upper=str(number),

@@ -6,7 +6,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -19,7 +19,6 @@ from advisories.choices import (
     ExposureState,
     Integrity,
     RangeBasis,
-    ReviewKind,
     ReviewState,
     Severity,
     SourceKind,
@@ -29,7 +28,6 @@ from advisories.exposure import recompute
 from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange, Exposure, ReviewItem, SourceState
 from advisories.osmatch import os_scope, recompute_os
 from advisories.signals import announce_matched
-from inventory.versions import parse_version, sort_key
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +205,10 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
                     and existing.published_sha256 == (doc.published_sha256 or ""))
             older = _older(parsed.tracking_version, existing.tracking_version)
             if same or older:
+                if same and parsed.rows and not existing.product_rows:
+                    # Stored before the rows were kept: the coverage counts its rows from now on.
+                    existing.product_rows, existing.read_rows = _rows_of(parsed)
+                    existing.save(update_fields=["product_rows", "read_rows"])
                 _save_validators(doc)
                 return "unchanged", existing.id, _open_review(existing), existing.integrity
         advisory = existing or Advisory(publisher=parsed.publisher, publisher_id=parsed.publisher_id)
@@ -260,32 +262,17 @@ def _older(new: str, old: str) -> bool:
     return version_tuple(new) < version_tuple(old)
 
 
-def _key(component: str, version: str | None) -> str | None:
-    if not version:
-        return None
-    if version.isdigit():  # a branch bound ("570"): below every 570.x
-        return sort_key((int(version),))
-    return parse_version(component, version).key
-
-
 RangeRow = tuple[ParsedRange, str | None, str | None]
 
 
 def _keyed_ranges(parsed: ParsedAdvisory) -> tuple[list[RangeRow], list[ReviewNote]]:
-    """Ranges with their bounds as sort keys; a bound that is no comparable version makes the row
-    a review item and its range presumed (any version of the product)."""
-    ranges: list[RangeRow] = []
+    """Ranges with their bounds as sort keys. A bound that is no comparable version makes its
+    row a review item and its range presumed: the parser decides that (`csaf.comparable_bounds`),
+    so the coverage of a parsed document is the stored one; applied here too for any other parser."""
     notes = list(parsed.review)
-    for rng in parsed.ranges:
-        lower, upper = _key(rng.component, rng.lower), _key(rng.component, rng.upper)
-        if (rng.lower and lower is None) or (rng.upper and upper is None):
-            notes.append(ReviewNote(rng.product_id, ReviewKind.UNPARSED_ROW, rng.raw,
-                                    f"range bound {rng.lower or ''}..{rng.upper or ''} is not a comparable version",
-                                    rng.component))
-            rng = replace(rng, lower=None, upper=None, basis=RangeBasis.UNDECODED)
-            lower = upper = None
-        ranges.append((rng, lower, upper))
-    return ranges, notes
+    ranges = csaf.comparable_bounds(parsed.ranges, notes)
+    return [(rng, csaf.bound_key(rng.component, rng.lower), csaf.bound_key(rng.component, rng.upper))
+            for rng in ranges], notes
 
 
 def _open_review(advisory: Advisory) -> int:
@@ -338,7 +325,7 @@ def mapped_range(key: str, mapping: dict[str, Any], template: ParsedRange | None
         scope=dict(mapping.get("scope") or {}), condition=dict(mapping.get("condition") or {}),
         remediation=f"update to {mapping['fixed_version']}" if mapping.get("fixed_version") else "",
     )
-    return rng, _key(component, lower), _key(component, upper)
+    return rng, csaf.bound_key(component, lower), csaf.bound_key(component, upper)
 
 
 def _fill(advisory: Advisory, parsed: ParsedAdvisory, doc: FetchedDocument, integrity: str) -> None:
@@ -357,6 +344,12 @@ def _fill(advisory: Advisory, parsed: ParsedAdvisory, doc: FetchedDocument, inte
     advisory.integrity = integrity
     advisory.ranges_unknown = False
     advisory.exposures_at = None
+    advisory.product_rows, advisory.read_rows = _rows_of(parsed)
+
+
+def _rows_of(parsed: ParsedAdvisory) -> tuple[dict[str, str], list[str]]:
+    """The document's product rows and those that decoded, keyed as ranges and review items are."""
+    return {pid[:300]: text for pid, text in parsed.rows.items()}, sorted({pid[:300] for pid in parsed.read_rows})
 
 
 def _upsert_cves(parsed: ParsedAdvisory, fill_only: bool = False) -> dict[str, CVE]:

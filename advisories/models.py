@@ -71,6 +71,10 @@ class Advisory(models.Model):
     exposures_at = models.DateTimeField(null=True, blank=True)
     # Earlier revisions we ingested: [{tracking_version, content_sha256, source, ingested_at}].
     history = models.JSONField(default=list, blank=True)
+    # Every product row of the document ({product_id: version text}, fixed rows too) and those whose
+    # version text decoded: with the ranges and review items, what advisories.coverage counts.
+    product_rows = models.JSONField(default=dict, blank=True)
+    read_rows = models.JSONField(default=list, blank=True)
     cves = models.ManyToManyField(CVE, related_name="advisories", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -26,7 +26,7 @@ from typing import Any
 import feedparser
 from django.conf import settings
 
-from advisories import components
+from advisories import bounds, components, osv
 from advisories.choices import ReviewKind, Severity, SourceKind
 from advisories.csaf import DocumentError, ReviewNote
 from advisories.http import HttpClient
@@ -55,8 +55,42 @@ def _published_sha(text: str) -> str:
     return text.strip().split()[0].lower() if text.strip() else ""
 
 
-def _looks_like_cve_record(content: bytes) -> bool:
-    return b'"cveMetadata"' in content and b'"csaf_version"' not in content
+# What a JSON file is, read from its content (never its name or folder): one rule for reading a
+# folder, by the ingest (FolderSource) and by `manage.py advisory_coverage` alike.
+CSAF, OSV, INDEX, CVE_RECORD, OTHER = "csaf", "osv", "index", "cve_record", "other"
+KIND_NAMES = {CSAF: "a CSAF document", OSV: "an OSV record or Livepatch notice", INDEX: "NVIDIA's index of bulletins",
+              CVE_RECORD: "a per-CVE record (CVE JSON 5)", OTHER: "JSON of no kind gpusweep reads"}
+# The kinds a folder's reader names and skips, with why; the others are read (the ingest reads
+# OSV records and indexes too; the coverage command reads CSAF documents only).
+SKIPPED = {CVE_RECORD: "a per-CVE record (CVE JSON 5): its bulletin's CSAF document carries it",
+           OTHER: "not a kind of JSON gpusweep reads (a CSAF document, an OSV record naming its schema_version, "
+                  "a Livepatch notice, NVIDIA's index of bulletins)"}
+
+
+def json_kind(content: bytes) -> str:
+    """The kind of a JSON file. A file that is not JSON at all, or an object with a `document` (a
+    CSAF document's top level), is a CSAF document: one that does not parse is a broken bulletin,
+    to be reported, never to drop out. A CVE record, an OSV record or Livepatch notice
+    (advisories.osv), NVIDIA's index (rows under `data`); anything else (a list, another object)
+    is OTHER. One too big or too deep to read is a CSAF document too: the ingest refuses it
+    (advisories.bounds) and says why."""
+    if len(content) > bounds.MAX_BYTES:
+        return CSAF
+    try:
+        data = json.loads(content)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested too deep
+        return CSAF
+    if not isinstance(data, dict):
+        return OTHER
+    if "document" in data:
+        return CSAF
+    if "cveMetadata" in data:
+        return CVE_RECORD
+    if osv.is_osv(data) or osv.is_lsn(data):
+        return OSV
+    if isinstance(data.get("data"), list):
+        return INDEX
+    return OTHER
 
 
 def _index_rows(content: bytes, name: str) -> Iterator[IndexEntry | DocumentError]:
@@ -119,16 +153,6 @@ def parse_index_row(row: Any, where: str) -> IndexEntry:
     )
 
 
-def _is_index(content: bytes) -> bool:
-    if b'"csaf_version"' in content:
-        return False
-    try:
-        data = json.loads(content)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("data"), list)
-
-
 class FileSource(Source):
     kind = SourceKind.FILE
 
@@ -143,7 +167,7 @@ class FileSource(Source):
         if path.suffix.lower() == ".csv":
             yield from cve_index_rows(content, str(path))
             return
-        if _is_index(content):
+        if json_kind(content) == INDEX:
             yield from _index_rows(content, str(path))
             return
         sha_path = path.with_name(path.name + ".sha256")
@@ -185,8 +209,9 @@ class FolderSource(Source):
                 problem = "broken symbolic link" if path.is_symlink() and not path.exists() else exc.strerror
                 yield DocumentError(str(path), f"cannot read: {problem}")
                 continue
-            if _looks_like_cve_record(content):
-                yield Skipped(str(path), "a per-CVE record (CVE JSON 5): its bulletin's CSAF document carries it")
+            kind = json_kind(content)
+            if kind in SKIPPED:
+                yield Skipped(str(path), SKIPPED[kind])
                 continue
             for item in FileSource(str(path), self.client).items(content):
                 if isinstance(item, FetchedDocument):
@@ -269,7 +294,7 @@ class UrlSource(Source):
         if response.not_modified:
             yield NotModified(url)
             return
-        if _is_index(response.body):
+        if json_kind(response.body) == INDEX:
             yield from _index_rows(response.body, url)
             return
         sha = self.client.get(url + ".sha256", missing_ok=True)

@@ -30,6 +30,15 @@ def shared_csaf() -> Path:
     return SHARED_CSAF
 
 
+def bulletins(root: Path) -> list[Path]:
+    """Every CSAF document below `root`, found by content whatever its folder or name, by the rule
+    the ingest reads a folder with (`advisories.sources.json_kind`): a broken bulletin is kept, to
+    fail, and a CVE record, an OSV record or an index is left out."""
+    from advisories.sources import CSAF, json_kind
+
+    return [path for path in sorted(root.rglob("*.json")) if json_kind(path.read_bytes()) == CSAF]
+
+
 def add_node(cluster: Cluster, name: str, **versions: str) -> Node:
     node = Node.objects.create(cluster=cluster, name=name)
     for component, version in versions.items():

@@ -4,7 +4,8 @@ is None for a text the grammar must refuse, else (kind, form, [(lower, lower inc
 upper inclusive, condition)], fixed version, vGPU labels). Rows are written from the forms (the
 driver tables, the vGPU and Cloud Gaming labels, the forms of issue 29: ranges written "X-Y",
 release candidates, letter suffixes, "Update N"/"uN", "prior to <product> vN", lists, compound
-versions, architecture lists ending "are affected"), not from one file.
+versions, architecture lists ending "are affected", two bounds in one text: "from X prior to Y",
+"X up to Y", "X and later, prior to Y", comparison pairs ">= X, < Y"), not from one file.
 """
 
 from __future__ import annotations
@@ -480,6 +481,47 @@ NAMES = [
     ("NVIDIA DOCA", "DOCA 2.9.1 LTS and earlier", True,
      ("affected", "X and earlier", [(None, False, "2.9.1", True, ())], "", ())),
     ("MLNX_OFED", "24.10-1.1.4.0-LTS", False, ("fixed", "X (<vGPU or release label>)", [], "24.10-1.1.4.0", ())),
+    # Two bounds in one text, either order, joined by a comma or "and". "Prior to"/"before" exclude
+    # the upper bound; "up to", "through" and "until" include it (as "All versions up to X" does);
+    # "from X", "X and later" and ">= X" include the lower bound, "later than X" and "> X" exclude it.
+    ("Triton Inference Server", "From 24.01 prior to 24.12", True,
+     ("affected", "from X prior to Y", [("24.01", True, "24.12", False, ())], "", ())),
+    ("NVIDIA NeMo Framework", "All versions from 2.0.0 prior to 2.3.1", True,
+     ("affected", "from X prior to Y", [("2.0.0", True, "2.3.1", False, ())], "", ())),
+    ("NVIDIA DOCA", "Versions starting with 2.5, before 2.9.1", True,
+     ("affected", "from X prior to Y", [("2.5", True, "2.9.1", False, ())], "", ())),
+    ("NVIDIA DOCA", "2.5 up to 2.9.1", True, ("affected", "X up to Y", [("2.5", True, "2.9.1", True, ())], "", ())),
+    ("Triton Inference Server", "All versions from 24.01 up to 24.12", True,
+     ("affected", "X up to Y", [("24.01", True, "24.12", True, ())], "", ())),
+    ("NVIDIA NeMo Framework", "NeMo 2.0 up to and including NeMo 2.3.0", True,
+     ("affected", "X up to Y", [("2.0", True, "2.3.0", True, ())], "", ())),
+    ("CUDA Toolkit", "12.0 and later, prior to 12.6 Update 2", True,
+     ("affected", "X and later, prior to Y", [("12.0", True, "12.6.2", False, ())], "", ())),
+    ("Base Command Manager", "Base Command Manager 10.24.09 and later, prior to 10.25.03", True,
+     ("affected", "X and later, prior to Y", [("10.24.09", True, "10.25.03", False, ())], "", ())),
+    ("NVIDIA Dynamo", "0.2.0 or later, before 0.4.0", True,
+     ("affected", "X and later, prior to Y", [("0.2.0", True, "0.4.0", False, ())], "", ())),
+    ("DCGM", "3.3.0 and later up to and including 3.3.8", True,
+     ("affected", "X and later, prior to Y", [("3.3.0", True, "3.3.8", True, ())], "", ())),
+    ("NVIDIA Container Toolkit", ">= 1.16.0, < 1.17.8", True,
+     ("affected", "X and later, prior to Y", [("1.16.0", True, "1.17.8", False, ())], "", ())),
+    ("NVIDIA Container Toolkit", ">=1.16.0 <1.17.8", True,
+     ("affected", "X and later, prior to Y", [("1.16.0", True, "1.17.8", False, ())], "", ())),
+    ("NVIDIA NeMo Framework", "2.0.0 <= version < 2.3.1", True,
+     ("affected", "X and later, prior to Y", [("2.0.0", True, "2.3.1", False, ())], "", ())),
+    ("NVIDIA GPU Operator", "> 24.3.0, <= 24.9.1", True,
+     ("affected", "later than X, prior to Y", [("24.3.0", False, "24.9.1", True, ())], "", ())),
+    ("NVIDIA GPU Operator", "All versions after 24.3.0 and before 24.9.1", True,
+     ("affected", "later than X, prior to Y", [("24.3.0", False, "24.9.1", False, ())], "", ())),
+    ("NVIDIA NeMo Framework", "< 2.3.1, >= 2.0.0", True,
+     ("affected", "prior to Y, from X", [("2.0.0", True, "2.3.1", False, ())], "", ())),
+    ("Triton Inference Server", "Prior to 24.12, from 24.01", True,
+     ("affected", "prior to Y, from X", [("24.01", True, "24.12", False, ())], "", ())),
+    # An empty or inverted range is a misreading, and a lower bound alone names no release: review.
+    ("NVIDIA NeMo Framework", "From 2.3.1 prior to 2.0.0", True, None),
+    ("NVIDIA NeMo Framework", "From 2.3.1 prior to 2.3.1", True, None),
+    ("NVIDIA NeMo Framework", "Prior to 2.3.1, 2.0.0", True, None),
+    ("NVIDIA NeMo Framework", "> 2.3.1", True, None),
 ]
 
 
@@ -518,3 +560,29 @@ def test_a_range_read_from_the_name_is_not_the_ids_single_version():
     assert decoded is not None and [(p.lower, p.upper) for p in decoded.parts] == [("0.0", "26.05")]
     key = parse_version("dynamo", "25.11").key
     assert parse_version("dynamo", "0.0").key < key <= parse_version("dynamo", "26.05").key
+
+
+@pytest.mark.parametrize(("name", "bounds"), [
+    ("From 24.01 prior to 24.12", ("24.01", True, "24.12", False)),
+    ("24.01 up to 24.11", ("24.01", True, "24.11", True)),
+    (">= 24.01, < 24.12", ("24.01", True, "24.12", False)),
+    ("24.01 and later, prior to 24.12", ("24.01", True, "24.12", False)),
+])
+def test_a_row_with_two_bounds_is_a_decoded_range_not_a_review_item(name, bounds):
+    # Before these forms, such a row was a review item and every node of the product presumed.
+    import json
+    from pathlib import Path
+
+    from advisories import coverage
+    from advisories.csaf import parse
+
+    data = json.loads((Path(__file__).parent / "fixtures" / "test-csaf" / "9002.json").read_bytes())
+    leaf = data["product_tree"]["branches"][0]["branches"][1]["branches"][0]
+    assert leaf["product"]["product_id"] == "linux_triton_inference_server_24_11"
+    leaf["product"]["name"] = name
+    parsed = parse(json.dumps(data).encode(), "9002-two-bounds.json")
+    ranges = [r for r in parsed.ranges if r.product_id.startswith("linux_triton_inference_server_24_11")]
+    assert [(r.basis, r.lower, r.lower_inclusive, r.upper, r.upper_inclusive, r.fixed_version) for r in ranges] == [
+        ("decoded", *bounds, "24.12")]
+    assert not [n for n in parsed.review if n.key.startswith("linux_triton_inference_server_24_11")]
+    assert coverage.of_parsed(parsed).classes["linux_triton_inference_server_24_11"] == "decoded"

@@ -24,7 +24,7 @@ from advisories.sources import FolderSource
 from campaigns.management.commands.demo_fleet import CLUSTER, GPU_MODEL
 from campaigns.management.commands.demo_fleet import Command as DemoFleet
 from inventory.models import Cluster
-from tests.advisories.conftest import FIXTURES, add_node
+from tests.advisories.conftest import FIXTURES, add_node, bulletins
 
 pytestmark = pytest.mark.django_db
 TEST_CSAF = FIXTURES.parent / "test-csaf"
@@ -145,7 +145,7 @@ def test_a_folder_reads_the_cve_index_and_reports_each_unreadable_file(tmp_path:
 
 def test_every_row_of_nvidias_corpus_is_decoded_or_listed_for_review(shared_csaf):
     """Done-when 1: no product_version leaf is silently dropped, and every review item says why."""
-    for path in sorted(shared_csaf.glob("5*.json")):
+    for path in bulletins(shared_csaf):
         parsed = csaf.parse(path.read_bytes(), path.name)
         data = json.loads(path.read_bytes())
         leaves = _product_ids(data, "product_version")
