@@ -14,6 +14,8 @@ every node of the group.
 - A kernel exposure whose every CVE the node's livepatch fixes (the agent's livepatch report,
   or a Livepatch notice covering its kernel at the livepatch version it runs) is remediated
   without a reboot, with the note "livepatch".
+
+The statements (the nodes' groups, a group's new exposures) are advisories.queries'.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from advisories import distro_versions as dv
+from advisories import queries as q
 from advisories.choices import ExposureState
 from advisories.exposure import DeadlineRules, RecomputeResult, assign_deadlines
 from advisories.models import AffectedRange, Exposure
@@ -221,30 +224,19 @@ def os_scope(advisory_ids: Sequence[int]) -> list[int] | None:
 Key = tuple[int, int]  # (node id, range id)
 
 
-E = Exposure._meta.db_table
-N = Node._meta.db_table
 Group = tuple[int, str, str | None]  # (package set, running kernel, livepatch as the database's text)
 
 
 def _groups(node_ids: Sequence[int] | None) -> dict[Group, list[tuple[int, bool]]]:
     """Nodes with a package set by (set, running kernel, livepatch state): (node id, gone) each.
     The livepatch is kept as the database's text, which the inserts compare it with."""
-    scope, params = _in("id", node_ids)
+    scope, params = q.in_list(q.NODES.id, node_ids)
     groups: dict[Group, list[tuple[int, bool]]] = defaultdict(list)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id, package_set_id, running_kernel, CAST(livepatch AS TEXT), gone_at FROM {N} "
-                       f"WHERE package_set_id IS NOT NULL {scope}", params)
+        cursor.execute(q.package_set_nodes(scope), params)
         for node_id, set_id, kernel, livepatch, gone_at in cursor.fetchall():
             groups[(set_id, kernel, livepatch)].append((node_id, gone_at is not None))
     return groups
-
-
-def _in(column: str, ids: Sequence[int] | None) -> tuple[str, list[int]]:
-    if ids is None:
-        return "", []
-    if not ids:
-        return " AND 1 = 0", []
-    return f" AND {column} IN ({', '.join(['%s'] * len(ids))})", list(ids)
 
 
 def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None,
@@ -290,7 +282,7 @@ def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[in
         return 0
     adapt = connection.ops.adapt_datetimefield_value
     stamp = adapt(now)
-    scope, params = _in("n.id", node_ids)
+    scope, params = q.in_list(q.N.id, node_ids)
     rules = DeadlineRules({rng.id for _g, rng, _v in inserts})
     clusters = list(Cluster.objects.values_list("id", flat=True))
     opened = 0
@@ -301,24 +293,12 @@ def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[in
             for cluster_id in clusters:
                 deadline, source = rules.deadline(rng.id, cluster_id, now)
                 d_params += [cluster_id, None if done else adapt(deadline), "" if done else source]
-            d_values = ", ".join(["(%s, %s, %s)"] * len(clusters))
-            same_livepatch = "n.livepatch IS NULL" if livepatch is None else "CAST(n.livepatch AS TEXT) = %s"
-            deadline_sql = "NULL" if done else "d.deadline"  # an all-NULL VALUES column would be typed text
-            cursor.execute(
-                f"""
-                WITH d(cluster_id, deadline, deadline_source) AS (VALUES {d_values})
-                INSERT INTO {E} (node_id, advisory_id, affected_range_id, component, detected_version, severity,
-                                 state, first_seen, deadline, deadline_source, fixed_by_version, remediated_at,
-                                 remediated_by, risk_reason, justification, note, updated_at)
-                SELECT n.id, %s, %s, %s, %s, %s, %s, %s, {deadline_sql}, d.deadline_source, %s, %s, %s, '', '', %s, %s
-                FROM {N} n JOIN d ON d.cluster_id = n.cluster_id
-                WHERE n.package_set_id = %s AND n.running_kernel = %s AND {same_livepatch} AND n.gone_at IS NULL
-                  {scope}
-                  AND NOT EXISTS (SELECT 1 FROM {E} e WHERE e.node_id = n.id AND e.affected_range_id = %s)
-                """,
-                [*d_params, rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
-                 v.version[:128] if done else "", stamp if done else None, v.note[:200] if done else "",
-                 v.note[:200], stamp, set_id, kernel, *([] if livepatch is None else [livepatch]), *params, rng.id])
+            sql, defaults = q.insert_os(len(clusters), done, livepatch is not None, scope)
+            cursor.execute(sql, [
+                *d_params, rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
+                v.version[:128] if done else "", stamp if done else None, v.note[:200] if done else "",
+                v.note[:200], stamp, *defaults, set_id, kernel, *([] if livepatch is None else [livepatch]),
+                *params, rng.id])
             if not done:
                 opened += rowcount(cursor)
     return opened

@@ -7,6 +7,7 @@ compiling ORM queries cost more than running them. Every table and column name c
 models (gpusweep.db.names); the derived relations (m: the matches, v: the fleet's distinct
 versions, x: the node matches, d: the deadlines) name their columns after the fields they carry.
 A statement is built once per shape (lru_cache: its scope's and VALUES lists' lengths).
+The OS package matching (advisories/osmatch.py) groups nodes and inserts its verdicts here too.
 """
 
 from __future__ import annotations
@@ -324,6 +325,55 @@ def refresh_all_deadlines(rows: int, states: str) -> str:
         """
 
 
+# -- OS package matching (advisories/osmatch.py) ----------------------------------------------
+# The ranges are matched in Python (an ecosystem's version order has no sort key); the database
+# groups the nodes and writes each group's verdict to all of its nodes in one INSERT ... SELECT.
+
+@functools.lru_cache(maxsize=256)
+def package_set_nodes(n_scope: str) -> str:
+    """(id, package set, running kernel, livepatch as text, gone_at) of the nodes with a package set
+    (a scope on NODES.id: `n_scope`, its params). The livepatch is the database's text, which
+    insert_os compares it with."""
+    return (f"SELECT {NODES.id}, {NODES.package_set_id}, {NODES.running_kernel}, CAST({NODES.livepatch} AS TEXT), "
+            f"{NODES.gone_at} FROM {NODES} WHERE {NODES.package_set_id} IS NOT NULL {n_scope}")
+
+
+# A cluster's deadline for a group's new exposures.
+D_CLUSTER = Derived("d", cluster=(Node, "cluster"), deadline=(Exposure, "deadline"),
+                    deadline_source=(Exposure, "deadline_source"))
+# The fields insert_os gives; every other field gets its default (a parameter).
+_OS_INSERTED = ("node", "advisory", "affected_range", "component", "detected_version", "severity", "state",
+                "first_seen", "deadline", "deadline_source", "fixed_by_version", "remediated_at", "remediated_by",
+                "note", "updated_at")
+
+
+def insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str) -> tuple[str, list[Any]]:
+    """New exposures of one (package set, running kernel, livepatch) group to one range: the group's
+    live nodes in scope without one (a row each, its cluster's deadline; none when `done`, the verdict
+    a remediation). `livepatch`: the group's livepatch is a text, not NULL. Params: d's (cluster,
+    deadline, source) for `clusters` clusters, advisory, range, component, detected version,
+    severity, state, first_seen, fixed_by_version, remediated_at, remediated_by, note, updated_at,
+    the defaults (returned), then package set, kernel, (livepatch), n_scope's, range."""
+    extra, defaults = default_values(Exposure, _OS_INSERTED)
+    return _insert_os(clusters, done, livepatch, n_scope, extra), list(defaults)
+
+
+@functools.lru_cache(maxsize=256)
+def _insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, extra: tuple[str, ...]) -> str:
+    same_livepatch = f"CAST({N.livepatch} AS TEXT) = %s" if livepatch else f"{N.livepatch} IS NULL"
+    deadline = "NULL" if done else D_CLUSTER.deadline  # an all-NULL VALUES column would be typed text
+    return f"""
+        WITH {D_CLUSTER.header()} AS (VALUES {D_CLUSTER.values(clusters)})
+        INSERT INTO {EC} ({EC.list(_OS_INSERTED + extra)})
+        SELECT {N.id}, %s, %s, %s, %s, %s, %s, %s, {deadline}, {D_CLUSTER.deadline_source}, %s, %s, %s, %s,
+               %s{', %s' * len(extra)}
+        FROM {N} JOIN d ON {D_CLUSTER.cluster} = {N.cluster_id}
+        WHERE {N.package_set_id} = %s AND {N.running_kernel} = %s AND {same_livepatch} AND {N.gone_at} IS NULL
+          {n_scope}
+          AND NOT EXISTS (SELECT 1 FROM {XE} WHERE {XE.node_id} = {N.id} AND {XE.affected_range_id} = %s)
+        """
+
+
 def examples() -> Iterator[tuple[str, list[Any]]]:
     """Every statement above with parameters of the right shape (tests/foundation/test_sql_statements.py)."""
     one = [1]
@@ -353,6 +403,15 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     yield set_deadlines(1, marks(["open"]), False, e_scope, ""), [1, 1, stamp, stamp, "policy", "open", *e_params]
     yield ORPHANS, []
     yield active_ranges(marks(["open"])), ["open"]
+    yield package_set_nodes(in_list(NODES.id, one)[0]), one
+    yield package_set_nodes(""), []
+    for done, livepatch in ((False, False), (True, True)):
+        deadline = None if done else stamp
+        sql, defaults = insert_os(2, done, livepatch, n_scope)
+        yield sql, [1, deadline, "policy", 2, deadline, "policy", 1, 1, "os_package", "1.0", "high",
+                    "remediated" if done else "open", stamp, *(["1.0", stamp, "livepatch"] if done else ["", None, ""]),
+                    "livepatch" if done else "running kernel", stamp, *defaults, 1,
+                    "5.15.0-1042-nvidia", *(['{"state":"applied"}'] if livepatch else []), *n_params, 1]
     if connection.vendor == "postgresql":
         yield refresh_all_deadlines(1, marks(["open"])), [1, 1, None, 30, "policy", "open"]
         yield ANALYZE, []
