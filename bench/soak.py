@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from campaigns.demo import printed_logins  # noqa: E402 (after the path it needs)
+
 TERMINAL = {"completed", "halted", "aborted"}
 
 
@@ -61,15 +64,6 @@ def _manage(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def _passwords(output: str) -> dict[str, str]:
-    found = {}
-    for line in output.splitlines():
-        parts = line.split()
-        if parts[:1] == ["username:"] and "password:" in parts:
-            found[parts[1]] = parts[parts.index("password:") + 1]
-    return found
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--campaigns", type=int, default=200)
@@ -82,7 +76,7 @@ def main() -> int:
     ours = {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "GPUSWEEP_CACHE_URL"}
     env = {k: v for k, v in os.environ.items() if k not in ours} | {"GPUSWEEP_VAR_DIR": str(root / "var")}
     _manage(env, "migrate", "--noinput")
-    logins = _passwords(_manage(env, "ensure_demo_admin"))
+    logins = printed_logins(_manage(env, "ensure_demo_admin"))
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = root / "serve.log"

@@ -12,20 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from campaigns.demo import printed_logins
 from conftest import need
 from tests.browser import CHROMIUM, CHROMIUM_FLAGS
 from tests.helpers import REPO, clean_env, free_port, get_json, manage, stop_process_group, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
-
-
-def _passwords(output: str) -> dict[str, str]:
-    found = {}
-    for line in output.splitlines():
-        parts = line.split()
-        if parts[:1] == ["username:"] and "password:" in parts:
-            found[parts[1]] = parts[parts.index("password:") + 1]
-    return found
 
 
 def _counts(log: Path) -> list[int]:
@@ -40,7 +32,7 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
     env = clean_env(GPUSWEEP_VAR_DIR=str(var))
     assert manage("migrate", "--noinput", env=env).returncode == 0
     created = manage("ensure_demo_admin", env=env)
-    logins = _passwords(created.stdout)
+    logins = printed_logins(created.stdout)
     assert set(logins) == {"admin", "approver"}, created.stdout
 
     port = free_port()
