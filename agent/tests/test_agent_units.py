@@ -359,3 +359,23 @@ def test_it_fails_a_checkpoint_whose_images_cannot_reach_stable_storage(
     recovered = agent.operations.get("ck-op") or {}
     assert recovered["state"] == "failed" and "stable storage" in recovered["error"]
     assert (image_dir / "pages-1.img").is_file() and not (image_dir / "manifest.json").exists()
+
+
+def test_the_checkpoint_tools_versions_are_facts(tmp_path, monkeypatch):
+    """Issue 26, item 5: the agent reports CRIU's version (and cuda-checkpoint's where installed), so the
+    portability rule compares real versions instead of "" with ""."""
+    from gpusweep_agent.config import AgentConfig
+    from gpusweep_agent.facts import CheckpointToolsProbe, tool_version
+
+    fake = tmp_path / "criu"
+    fake.write_text("#!/bin/sh\necho 'Version: 4.1.1'\necho 'GitID: v4.1.1'\n")
+    fake.chmod(0o755)
+    tool = tmp_path / "cuda-checkpoint"
+    tool.write_text("#!/bin/sh\necho 'cuda-checkpoint version 580.65.06' >&2\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    facts = CheckpointToolsProbe(AgentConfig(criu=str(fake))).probe()
+    assert facts == {"components": {"criu": "4.1.1", "cuda_checkpoint": "580.65.06"}}
+    assert tool_version("no-such-tool-here") == ""
+    tool.unlink()
+    assert CheckpointToolsProbe(AgentConfig(criu=str(fake))).probe() == {"components": {"criu": "4.1.1"}}

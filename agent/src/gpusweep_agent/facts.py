@@ -87,6 +87,35 @@ _FABRIC_RE = re.compile(r"^nvidia-fabricmanager(-\d+)?$")
 _DRIVER_RE_PKG = re.compile(r"^nvidia-driver-\d+(-server)?$")
 
 
+class CheckpointToolsProbe(Probe):
+    """The checkpoint tools' versions (`criu --version`; NVIDIA's `cuda-checkpoint --version` where
+    installed): an image restores only where the tool that took it has the same version
+    (executors.portability's criu rule compares them)."""
+
+    name = "checkpoint_tools"
+
+    def probe(self) -> Facts:
+        components = {}
+        for component, command in (("criu", self.config.criu), ("cuda_checkpoint", "cuda-checkpoint")):
+            version = tool_version(command)
+            if version:
+                components[component] = version
+        return {"components": components} if components else {}
+
+
+def tool_version(command: str) -> str:
+    """The first version number `command --version` prints ("Version: 4.1.1" -> "4.1.1"), or ""."""
+    path = shutil.which(command)
+    if not path:
+        return ""
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    found = re.search(r"\b(\d+(?:\.\d+)+)\b", done.stdout + done.stderr)
+    return found.group(1) if found else ""
+
+
 class PackagesProbe(Probe):
     """Installed component packages through dpkg-query (driver, container toolkit, DCGM, fabric
     manager); on a node configured with the recording package manager (tests), from its database."""
@@ -315,6 +344,7 @@ class ProbeError(Exception):
 
 PROBES = {
     "kernel": "gpusweep_agent.facts.KernelProbe",
+    "checkpoint_tools": "gpusweep_agent.facts.CheckpointToolsProbe",
     "packages": "gpusweep_agent.facts.PackagesProbe",
     "nvidia_smi": "gpusweep_agent.facts.NvidiaSmiProbe",
     "nvml": "gpusweep_agent.facts.NvmlProbe",
