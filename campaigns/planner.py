@@ -507,7 +507,8 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
         outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"cold start of {label}"
     entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "
-                                       "restart is not allowed")
+                                       "restart is not allowed: the node waits for it to end (up to the wait "
+                                       "limit) and fails if it does not")
     outcome.no_capacity.append({"node": node.id, "node_name": node.name, **entry})
     return entry, f"no capacity for {label}"
 

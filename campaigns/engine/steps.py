@@ -113,15 +113,46 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
     when a cold restart is not allowed."""
     campaign = sweep.campaign
     for move in moves:
-        if move.policy != WorkloadPolicy.WAIT or move.workload_ref not in running:
+        if move.workload_ref not in running:
             continue
         name = move.workload_name or move.workload_ref
+        if move.policy == WorkloadPolicy.WAIT:
+            why = f"waiting for {name} to finish"
+        elif _nowhere_to_go(sweep, move):
+            # What the plan calls "finishes first" or "cold start": decided now, on the receivers as
+            # they are, before a checkpoint freezes it for nothing.
+            if campaign.cold_restart_allowed:
+                _cold_start_instead(move, f"no node where its checkpoint would be valid has {move.gpus} free GPUs")
+                continue
+            why = (f"no node where the checkpoint of {name} would be valid has {move.gpus} free GPUs: "
+                   "waiting for it to finish")
+        else:
+            continue
         waited = timezone.now() - move.created_at
         if campaign.wait_limit is None or waited < campaign.wait_limit:
-            raise WaitMore(policy.WAIT_POLL_S, f"waiting for {name} to finish", origin_of(move))
+            raise WaitMore(policy.WAIT_POLL_S, why, origin_of(move))
         if not campaign.cold_restart_allowed:
             raise WorkloadFailed(move, f"workload {name} still runs after the wait limit "
                                        "and cold restart is not allowed")
+
+
+def _nowhere_to_go(sweep: NodeSweep, move: WorkloadMove) -> bool:
+    """A workload to checkpoint whose image no node could take now: no other node with room where it
+    is valid, and not valid on its own node after the patch (where it could be parked)."""
+    engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
+    if move.policy != WorkloadPolicy.CHECKPOINT or not portability.rule(engine).checkpointable:
+        return False
+    needed = portability.from_dict(move.detail.get("requires") or {})
+    if portability.compatible(needed, portability.node_facts(sweep.node.gpu_model,
+                                                             {**source_facts(sweep), **sweep.target})):
+        return False
+    return choose_target(sweep, move, plan_entry(sweep, _planned_moves(sweep), move).get("to")) is None
+
+
+def _cold_start_instead(move: WorkloadMove, why: str) -> None:
+    move.policy = WorkloadPolicy.COLD_RESTART
+    move.detail = {**move.detail, "cold_start_because": why}
+    WorkloadMove.objects.filter(pk=move.pk).update(policy=move.policy, detail=move.detail)
 
 
 def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:

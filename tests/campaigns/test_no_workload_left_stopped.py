@@ -375,3 +375,55 @@ def test_an_exception_that_is_no_executor_error_is_retried_with_its_traceback_th
     # Nothing was patched and every workload is back on its node.
     _assert_every_workload_accounted_for(fleet, done, tag)
     assert fleet.snapshot()["nodes"][f"{tag}/gpu00"]["patches"] == {}
+
+
+@pytest.mark.parametrize("case", ["waited_for", "cold_started", "past_the_limit"])
+def test_a_workload_no_node_could_receive_is_never_frozen_for_nothing(people, case):
+    """The plan's "finishes first" or "cold start", decided at run time on the receivers as they are:
+    a CRIU workload whose only possible receiver is already on the new driver is waited for (its
+    node fails once the wait limit passes) or, with cold restarts allowed, stopped for one; it is
+    never checkpointed only to find no node that takes it."""
+    from tests.campaigns.fleet import add_node
+
+    tag = f"no-receiver-{case}".replace("_", "-")
+    fleet = Fleet()
+    fleet.reset()
+    cluster = Cluster.objects.create(name=tag, kind="static", connection={"executor": "memory"})
+    node = add_node(fleet, cluster, "gpu00", labels={"sweep": tag}, workloads=1, engine="criu")
+    add_node(fleet, cluster, "spare00", labels={"sweep": "no"}, workloads=0, driver=FIXED)
+    requester, approver = people
+    campaign = approved_campaign(requester, approver, node_selector={"sweep": tag},
+                                 cold_restart_allowed=case == "cold_started",
+                                 wait_limit=timedelta(seconds=1) if case == "past_the_limit" else None)
+    [planned] = campaign.approved_plan.content["nodes"][str(node.pk)]["moves"]
+    assert planned["action"] == ("cold_start" if case == "cold_started" else "blocked")
+    services.start(campaign.pk, requester)
+    started = time.monotonic()
+    for _ in range(500):
+        if case == "waited_for" and time.monotonic() - started > 1.0:
+            fleet.finish(f"{tag}/gpu00", "gpu00-w0")
+        engine.dispatch(campaign.pk)
+        for sweep in NodeSweep.objects.filter(campaign=campaign, state__in=SweepState.WORKING):
+            engine.advance(sweep.pk, max_steps=1)
+        if not NodeSweep.objects.filter(campaign=campaign, state__in=SweepState.ACTIVE).exists():
+            break
+        time.sleep(0.05)
+    sweep = NodeSweep.objects.get(campaign=campaign, node=node)
+    kinds = list(EvidenceEvent.objects.filter(sweep=sweep).values_list("kind", flat=True))
+    assert "checkpointed" not in kinds, "frozen for nothing"
+    [move] = WorkloadMove.objects.filter(sweep=sweep)
+    workload = fleet.snapshot()["nodes"][f"{tag}/gpu00"]["workloads"]["gpu00-w0"]
+    if case == "waited_for":
+        assert sweep.state == SweepState.DONE and move.state == MoveState.FINISHED
+        waits = EvidenceEvent.objects.filter(sweep=sweep, kind="waiting").first()
+        assert waits is not None and "no node where the checkpoint of job-gpu00-w0 would be valid" in (
+            waits.data["reason"])
+    elif case == "cold_started":
+        assert sweep.state == SweepState.DONE and move.state == MoveState.STOPPED
+        assert "no node where its checkpoint would be valid" in move.detail["cold_start_because"]
+        assert "waiting" not in kinds
+    else:
+        assert sweep.state == SweepState.FAILED and "still runs after the wait limit" in sweep.error
+        assert workload["state"] == "running", "it ran on through the wait and after it"
+        node.refresh_from_db()
+        assert node.service_state == ServiceState.IN_SERVICE
