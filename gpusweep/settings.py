@@ -8,6 +8,7 @@ filesystem Celery broker under ``var/``. PostgreSQL and Redis/RabbitMQ are selec
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -259,6 +260,23 @@ GPUSWEEP_EVIDENCE_KEY_GENERATE = DEBUG
 # Every seal and signed node head is also appended here, outside the database (campaigns.digests).
 GPUSWEEP_EVIDENCE_DIGEST_DIR = Path(env_str("GPUSWEEP_EVIDENCE_DIGEST_DIR", str(VAR_DIR / "evidence-digests")))
 GPUSWEEP_EVIDENCE_DIGEST_STORE = env_str("GPUSWEEP_EVIDENCE_DIGEST_STORE", "")
+# campaigns.digests.ObjectLockStore as the store: one object per digest in this S3 bucket (created with
+# Object Lock), each kept RETENTION_DAYS (7 years by default) in RETENTION_MODE (COMPLIANCE: nobody can
+# delete it or shorten that; GOVERNANCE: those granted s3:BypassGovernanceRetention can). ENDPOINT_URL
+# names an S3-compatible store (empty: AWS). Credentials and region only from boto3's own chain (AWS_*
+# variables, a profile, an instance or pod role), never here.
+GPUSWEEP_EVIDENCE_DIGEST_BUCKET = env_str("GPUSWEEP_EVIDENCE_DIGEST_BUCKET", "")
+GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL = env_str("GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL", "").strip()
+if GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL and urlsplit(GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL).scheme not in (
+        "http", "https"):
+    raise ImproperlyConfigured(f"GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL={GPUSWEEP_EVIDENCE_DIGEST_ENDPOINT_URL!r}: "
+                               "an http:// or https:// URL (or empty for AWS)")
+GPUSWEEP_EVIDENCE_DIGEST_PREFIX = env_str("GPUSWEEP_EVIDENCE_DIGEST_PREFIX", "")
+GPUSWEEP_EVIDENCE_DIGEST_RETENTION_DAYS = env_int("GPUSWEEP_EVIDENCE_DIGEST_RETENTION_DAYS", 2557, minimum=1)
+GPUSWEEP_EVIDENCE_DIGEST_RETENTION_MODE = env_str("GPUSWEEP_EVIDENCE_DIGEST_RETENTION_MODE", "COMPLIANCE").upper()
+if GPUSWEEP_EVIDENCE_DIGEST_RETENTION_MODE not in ("COMPLIANCE", "GOVERNANCE"):
+    raise ImproperlyConfigured(f"GPUSWEEP_EVIDENCE_DIGEST_RETENTION_MODE={GPUSWEEP_EVIDENCE_DIGEST_RETENTION_MODE!r}: "
+                               "COMPLIANCE or GOVERNANCE")
 # A webhook's authorization_env or a cluster's secret_env may name only variables with one of these
 # prefixes, never one of the service's own settings (gpusweep.secret_env).
 GPUSWEEP_SECRET_ENV_PREFIXES = env_list("GPUSWEEP_SECRET_ENV_PREFIXES", ["GPUSWEEP_SECRET_"])
