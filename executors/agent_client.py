@@ -12,6 +12,7 @@ step); a 4xx, a refused signature or an operation that failed is permanent.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -71,7 +72,8 @@ class AgentClient:
             if exc.code >= 500 or exc.code == 429:
                 raise TemporaryExecutorError(message) from exc
             raise PermanentExecutorError(message) from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
+            # HTTPException: an agent restarting (a reboot) may close the connection mid-answer (IncompleteRead).
             raise TemporaryExecutorError(f"agent {self.identity} {method} {path}: {exc}") from exc
 
     def get(self, path: str) -> Any:

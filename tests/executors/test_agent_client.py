@@ -113,3 +113,31 @@ def test_an_agent_that_does_not_answer_is_temporary():
     client = AgentClient(f"http://127.0.0.1:{free_port()}", "c", "n1", secret=SECRET, request_timeout=1)
     with pytest.raises(TemporaryExecutorError):
         client.get("/v1/health")
+
+
+def test_an_agent_that_dies_in_the_middle_of_its_answer_is_temporary():
+    """An agent restarting for a reboot can close the connection after its headers: http.client's
+    IncompleteRead (no OSError) must be a temporary error, which the operation's polling rides out."""
+
+    class HalfAnswer(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "191")
+            self.end_headers()
+            self.wfile.write(b'{"state": ')
+            self.wfile.flush()
+            self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HalfAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = AgentClient(f"http://127.0.0.1:{server.server_address[1]}", "c", "n1", secret=SECRET,
+                             request_timeout=2)
+        with pytest.raises(TemporaryExecutorError, match="IncompleteRead"):
+            client.get("/v1/operations/x")
+    finally:
+        server.shutdown()
