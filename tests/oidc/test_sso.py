@@ -75,6 +75,7 @@ def test_a_first_sign_in_makes_the_user_with_the_roles_of_its_groups(sso: Provid
     assert OidcIdentity.objects.get(user=alice).subject == USERS["alice"]["sub"]
     assert roles_of("alice") == {Role.VIEWER, Role.OPERATOR}  # "unrelated-team" maps to nothing
     assert client.get("/nodes/").status_code == 200
+    assert 0 < client.session.get_expiry_age() <= 8 * 3600  # GPUSWEEP_OIDC_SESSION_S
     # the session's user is the signed-in one
     assert client.get("/api/v1/accounts/tokens/").status_code == 200
 
