@@ -22,6 +22,10 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = secret_key(VAR_DIR, debug=DEBUG)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Behind a proxy that ends TLS and sets X-Forwarded-Proto (and strips it from clients): requests it
+# forwards are https, so absolute URLs built from a request (single sign-on's redirect URI) are too.
+if env_bool("GPUSWEEP_TRUST_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -14,7 +14,8 @@ from gpusweep.roles import Role
 
 SETTINGS = Path(__file__).resolve().parents[2] / "gpusweep" / "settings.py"
 NAMES = ("GPUSWEEP_OIDC_ISSUER", "GPUSWEEP_OIDC_CLIENT_ID", "GPUSWEEP_OIDC_CLIENT_SECRET", "GPUSWEEP_OIDC_ROLE_MAP",
-         "GPUSWEEP_OIDC_SCOPES", "GPUSWEEP_OIDC_TOKEN_AUTH", "GPUSWEEP_LOCAL_LOGIN", "GPUSWEEP_OIDC_TOKEN_ENDPOINT")
+         "GPUSWEEP_OIDC_SCOPES", "GPUSWEEP_OIDC_TOKEN_AUTH", "GPUSWEEP_LOCAL_LOGIN", "GPUSWEEP_OIDC_TOKEN_ENDPOINT",
+         "GPUSWEEP_TRUST_FORWARDED_PROTO")
 SSO = {"GPUSWEEP_OIDC_ISSUER": "https://sso.example.org/realms/sec", "GPUSWEEP_OIDC_CLIENT_ID": "gpusweep",
        "GPUSWEEP_OIDC_CLIENT_SECRET": "from-the-environment"}
 
@@ -33,6 +34,12 @@ def test_unset_changes_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert found["GPUSWEEP_OIDC_ISSUER"] == ""
     assert found["AUTHENTICATION_BACKENDS"] == ["django.contrib.auth.backends.ModelBackend"]
     assert found["GPUSWEEP_LOCAL_LOGIN"] is True
+    assert "SECURE_PROXY_SSL_HEADER" not in found
+
+
+def test_behind_a_tls_proxy_the_redirect_uri_is_https(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    found = load(monkeypatch, tmp_path, GPUSWEEP_TRUST_FORWARDED_PROTO="true")
+    assert found["SECURE_PROXY_SSL_HEADER"] == ("HTTP_X_FORWARDED_PROTO", "https")
 
 
 def test_an_issuer_turns_single_sign_on_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -199,6 +199,13 @@ def test_an_unreachable_provider_answers_on_the_login_page(provider: Provider, c
 
 
 @pytest.mark.django_db
+def test_behind_a_tls_proxy_the_redirect_uri_is_https(sso: Provider, client: Client) -> None:
+    with override_settings(SECURE_PROXY_SSL_HEADER=("HTTP_X_FORWARDED_PROTO", "https")):
+        start = client.get("/accounts/oidc/authenticate/", HTTP_X_FORWARDED_PROTO="https", HTTP_HOST="testserver")
+    assert "&redirect_uri=https%3A%2F%2Ftestserver%2Faccounts%2Foidc%2Fcallback%2F&" in start["Location"]
+
+
+@pytest.mark.django_db
 def test_local_login_switched_off_refuses_passwords(sso: Provider, client: Client, make_user: Any) -> None:
     make_user("vera", "viewer")
     root = User.objects.create_superuser("root", password="root-pw-12345")
