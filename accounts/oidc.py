@@ -70,14 +70,14 @@ _lock = threading.Lock()
 _discovered: dict[str, tuple[float, dict[str, Any]]] = {}  # issuer -> (when read, document)
 
 
-def discovery(issuer: str | None = None) -> dict[str, Any]:
+def discovery(configured: str | None = None) -> dict[str, Any]:
     """The provider's discovery document (kept DISCOVERY_TTL_S; a failure is not kept)."""
-    issuer = issuer or settings.GPUSWEEP_OIDC_ISSUER
+    wanted: str = configured or settings.GPUSWEEP_OIDC_ISSUER
     with _lock:
-        kept = _discovered.get(issuer)
+        kept = _discovered.get(wanted)
     if kept is not None and time.monotonic() - kept[0] < DISCOVERY_TTL_S:
         return kept[1]
-    url = f"{issuer.rstrip('/')}/.well-known/openid-configuration"
+    url = f"{wanted.rstrip('/')}/.well-known/openid-configuration"
     try:
         response = requests.get(url, timeout=settings.OIDC_TIMEOUT, verify=settings.OIDC_VERIFY_SSL)
         response.raise_for_status()
@@ -87,10 +87,10 @@ def discovery(issuer: str | None = None) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise ProviderUnavailable(f"{url} is not a JSON object")
     # OpenID Connect Discovery 1.0, 4.3: the document names the issuer it was asked for.
-    if str(document.get("issuer", "")).rstrip("/") != issuer.rstrip("/"):
-        raise ProviderUnavailable(f"{url} names the issuer {document.get('issuer')!r}, not {issuer!r}")
+    if str(document.get("issuer", "")).rstrip("/") != wanted.rstrip("/"):
+        raise ProviderUnavailable(f"{url} names the issuer {document.get('issuer')!r}, not {wanted!r}")
     with _lock:
-        _discovered[issuer] = (time.monotonic(), document)
+        _discovered[wanted] = (time.monotonic(), document)
     return document
 
 
@@ -237,17 +237,17 @@ class OidcBackend(OIDCAuthenticationBackend):
             self.update_user(user, claims)
         return user
 
-    def _user_of(self, issuer: str, subject: str, claims: dict[str, Any]) -> User:
-        found = OidcIdentity.objects.select_related("user").filter(issuer=issuer, subject=subject).first()
+    def _user_of(self, at: str, subject: str, claims: dict[str, Any]) -> User:
+        found = OidcIdentity.objects.select_related("user").filter(issuer=at, subject=subject).first()
         if found is not None:
             return found.user
         try:
             with transaction.atomic():
                 user = User.objects.create_user(_new_username(claims))  # no usable password
-                OidcIdentity.objects.create(user=user, issuer=issuer, subject=subject)
+                OidcIdentity.objects.create(user=user, issuer=at, subject=subject)
         except IntegrityError:  # the same first sign-in in two tabs at once
-            return OidcIdentity.objects.select_related("user").get(issuer=issuer, subject=subject).user
-        log.info("single sign-on: user %s made for %s at %s", user.username, subject, issuer)
+            return OidcIdentity.objects.select_related("user").get(issuer=at, subject=subject).user
+        log.info("single sign-on: user %s made for %s at %s", user.username, subject, at)
         return user
 
     def update_user(self, user: User, claims: dict[str, Any]) -> User:
