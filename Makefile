@@ -12,7 +12,10 @@ PYTEST_WORKERS ?= auto
 POSTGRES_URL ?= postgres://root@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: run test test-postgres lint typecheck pytest venv migrate demo clean
+# The test OpenID provider (npm's oidc-provider) the single sign-on tests start: tests/oidc/.
+OIDC_PROVIDER := tests/oidc/node_modules/.package-lock.json
+
+.PHONY: run test test-postgres lint typecheck pytest venv oidc-provider migrate demo clean
 
 $(STAMP): requirements.txt requirements.lock agent/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +25,12 @@ $(STAMP): requirements.txt requirements.lock agent/pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(OIDC_PROVIDER): tests/oidc/package.json tests/oidc/package-lock.json
+	npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error
+	touch $@
+
+oidc-provider: $(OIDC_PROVIDER)
 
 migrate: venv
 	$(BIN)/python manage.py migrate --noinput
@@ -37,7 +46,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-pytest: venv
+pytest: venv $(OIDC_PROVIDER)
 	bash scripts/pytest-phases.sh $(BIN) $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: lint typecheck pytest
@@ -48,4 +57,4 @@ test-postgres: venv
 	DATABASE_URL=$(POSTGRES_URL) CELERY_BROKER_URL=$(REDIS_URL) $(MAKE) pytest PYTEST_ARGS="--database-tests-only $(PYTEST_ARGS)"
 
 clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .import_linter_cache tests/oidc/node_modules

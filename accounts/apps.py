@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class AccountsConfig(AppConfig):
     name = "accounts"
-    verbose_name = "API tokens"
+    verbose_name = "Accounts: API tokens and single sign-on"
 
     def ready(self) -> None:
         from accounts import schema  # noqa: F401  (registers the OpenAPI security scheme)

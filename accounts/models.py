@@ -31,3 +31,21 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.prefix}…)"
+
+
+class OidcIdentity(models.Model):
+    """The account at the OpenID provider a user signs in with: the issuer and its `sub` claim,
+    never the user's name or email (accounts.oidc). Made at the user's first sign-in."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity")
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255, help_text="the provider's `sub` claim")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "single sign-on identity"
+        verbose_name_plural = "single sign-on identities"
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="accounts_oidc_identity_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} = {self.subject} at {self.issuer}"

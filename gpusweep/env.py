@@ -6,6 +6,7 @@ stops the process at start-up instead of surfacing later as odd behaviour.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
@@ -63,6 +64,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_json_object(name: str) -> dict[str, object]:
+    """A JSON object (``{"key": value}``); unset or empty: {}."""
+    OWN_NAMES.add(name)
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object ({{\"key\": value, ...}})")
+    return value
 
 
 def env_url(name: str, default: str, *, schemes: set[str]) -> str:

@@ -11,10 +11,11 @@ from django.utils.module_loading import import_string
 
 from gpusweep.roles import user_roles
 
-# Probes and login are the only open pages; the API and its schema authenticate themselves (DRF
-# answers 401/403), and so does /metrics (its bearer token). The API docs page is a page: without
-# a login it redirects to the login form.
-OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/static/", "/admin/login/", "/favicon.ico")
+# Probes and login (with single sign-on's two steps) are the only open pages; the API and its schema
+# authenticate themselves (DRF answers 401/403), and so does /metrics (its bearer token). The API
+# docs page is a page: without a login it redirects to the login form.
+OPEN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/accounts/login/", "/accounts/oidc/", "/static/", "/admin/login/",
+                 "/favicon.ico")
 DOCS_PREFIX = "/api/docs/"
 # Pages a logged-in user without a role may still reach: their own login session (log out, change
 # password) and the admin site, which checks is_staff itself. Every other page needs a role, as the

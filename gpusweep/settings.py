@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from gpusweep.env import env_bool, env_int, env_list, env_str, env_url, persistent_secret, secret_key
+from gpusweep.env import env_bool, env_int, env_json_object, env_list, env_str, env_url, persistent_secret, secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUSWEEP_VAR_DIR", str(BASE_DIR / "var"))).resolve()
@@ -23,6 +23,10 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = secret_key(VAR_DIR, debug=DEBUG)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Behind a proxy that ends TLS and sets X-Forwarded-Proto (and strips it from clients): requests it
+# forwards are https, so absolute URLs built from a request (single sign-on's redirect URI) are too.
+if env_bool("GPUSWEEP_TRUST_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -123,6 +127,69 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# --- Single sign-on (OpenID Connect) ------------------------------------------------------
+# Off unless GPUSWEEP_OIDC_ISSUER is set; README "Single sign-on" has a provider's walk-through.
+# The endpoints come from the issuer's /.well-known/openid-configuration (read at the first
+# sign-in, kept an hour: accounts.oidc); each may be given instead. Users are matched by the
+# issuer and the `sub` claim (accounts.OidcIdentity) and made at their first sign-in; at every
+# sign-in their roles are set from the groups claim through the role map, so a group removed at
+# the provider loses its role at the next sign-in.
+GPUSWEEP_OIDC_ISSUER = env_str("GPUSWEEP_OIDC_ISSUER", "") and env_url(
+    "GPUSWEEP_OIDC_ISSUER", "", schemes={"https", "http"})
+GPUSWEEP_OIDC_ENDPOINTS = {
+    key: value for key, value in (
+        (key, env_str(f"GPUSWEEP_OIDC_{key.upper()}", "").strip())
+        for key in ("authorization_endpoint", "token_endpoint", "userinfo_endpoint", "jwks_uri",
+                    "end_session_endpoint"))
+    if value}
+# On the login page: "Sign in with <this>" (default: the issuer's host).
+GPUSWEEP_OIDC_PROVIDER_NAME = env_str("GPUSWEEP_OIDC_PROVIDER_NAME", "").strip()
+GPUSWEEP_OIDC_GROUPS_CLAIM = env_str("GPUSWEEP_OIDC_GROUPS_CLAIM", "groups").strip()
+# The new user's name (matching is by `sub`, never by this): the first of these claims present.
+GPUSWEEP_OIDC_USERNAME_CLAIMS = env_list("GPUSWEEP_OIDC_USERNAME_CLAIMS", ["preferred_username", "email", "sub"])
+# {"<group at the provider>": "<role>" or ["<role>", ...]}; roles are gpusweep.roles.Role's values.
+GPUSWEEP_OIDC_ROLE_MAP: dict[str, list[str]] = {}
+_ROLES = ("viewer", "operator", "approver", "admin")  # gpusweep.roles.Role (not importable from settings)
+for _group, _mapped in env_json_object("GPUSWEEP_OIDC_ROLE_MAP").items():
+    _names = [_mapped] if isinstance(_mapped, str) else _mapped
+    if not isinstance(_names, list) or not _names or any(name not in _ROLES for name in _names):
+        raise ImproperlyConfigured(f"GPUSWEEP_OIDC_ROLE_MAP: group {_group!r} maps to {_mapped!r}; "
+                                   f"give a role or a list of roles among {', '.join(_ROLES)}")
+    GPUSWEEP_OIDC_ROLE_MAP[_group] = list(_names)
+# A sign-in through the provider lasts this long (0: Django's session age, two weeks): the longest
+# a group removed at the provider keeps its role in a session already open.
+GPUSWEEP_OIDC_SESSION_S = env_int("GPUSWEEP_OIDC_SESSION_S", 8 * 3600, minimum=0)
+# Read by mozilla-django-oidc (its setting names), set whether or not single sign-on is on.
+OIDC_RP_CLIENT_ID = env_str("GPUSWEEP_OIDC_CLIENT_ID", "").strip()
+OIDC_RP_CLIENT_SECRET = env_str("GPUSWEEP_OIDC_CLIENT_SECRET", "").strip()  # from the environment only
+OIDC_RP_SCOPES = " ".join(env_str("GPUSWEEP_OIDC_SCOPES", "openid email profile").replace(",", " ").split())
+OIDC_RP_SIGN_ALGO = env_str("GPUSWEEP_OIDC_SIGN_ALGO", "RS256").strip()
+OIDC_TOKEN_USE_BASIC_AUTH = env_str("GPUSWEEP_OIDC_TOKEN_AUTH", "client_secret_basic").strip() != "client_secret_post"
+OIDC_TIMEOUT = float(env_int("GPUSWEEP_OIDC_TIMEOUT_S", 10, minimum=1))
+# A CA bundle (file) for a provider whose certificate the system does not trust; empty: the system's.
+OIDC_VERIFY_SSL: bool | str = env_str("GPUSWEEP_OIDC_CA_BUNDLE", "").strip() or True
+OIDC_USE_PKCE = True
+OIDC_STORE_ID_TOKEN = True  # the hint sent to the provider's end_session_endpoint at logout
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc-callback"
+if GPUSWEEP_OIDC_ISSUER:
+    if not OIDC_RP_CLIENT_ID or not OIDC_RP_CLIENT_SECRET:
+        raise ImproperlyConfigured("GPUSWEEP_OIDC_ISSUER is set: set GPUSWEEP_OIDC_CLIENT_ID and "
+                                   "GPUSWEEP_OIDC_CLIENT_SECRET too (the client registered at the provider)")
+    if "openid" not in OIDC_RP_SCOPES.split():
+        raise ImproperlyConfigured(f"GPUSWEEP_OIDC_SCOPES={OIDC_RP_SCOPES!r} must include openid")
+    if env_str("GPUSWEEP_OIDC_TOKEN_AUTH", "client_secret_basic") not in ("client_secret_basic", "client_secret_post"):
+        raise ImproperlyConfigured("GPUSWEEP_OIDC_TOKEN_AUTH must be client_secret_basic or client_secret_post")
+# Local accounts (username and password). false: the login page shows only the provider's button,
+# and every password is refused (the console's login, POST /api/v1/token/) except a superuser's on
+# the admin site's own login page (/admin/login/): the way in when the provider is down.
+GPUSWEEP_LOCAL_LOGIN = env_bool("GPUSWEEP_LOCAL_LOGIN", True)
+if not GPUSWEEP_LOCAL_LOGIN and not GPUSWEEP_OIDC_ISSUER:
+    raise ImproperlyConfigured("GPUSWEEP_LOCAL_LOGIN=false needs GPUSWEEP_OIDC_ISSUER: nobody could sign in")
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend" if GPUSWEEP_LOCAL_LOGIN else "accounts.backends.BreakGlassBackend",
+    *(["accounts.oidc.OidcBackend"] if GPUSWEEP_OIDC_ISSUER else []),
+]
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)

@@ -13,6 +13,7 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("", include("metrics.urls")),
     path("", include("console.urls")),  # the overview and /settings/
+    path("accounts/", include("accounts.auth_urls")),  # login, logout, single sign-on
     path("accounts/", include("django.contrib.auth.urls")),
     path("nodes/", include("inventory.urls")),
     path("", include("reports.urls")),  # beside the pages they are about, before advisories' own

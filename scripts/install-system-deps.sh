@@ -25,6 +25,9 @@ missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# Node.js and npm for the test OpenID provider (tests/oidc: npm's oidc-provider, which `make test`
+# installs with `npm ci`); machines of this project's kind come with Node.js 20 and npm.
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing: ${missing[*]}"
   apt-get update -qq
