@@ -91,18 +91,25 @@ def test_every_operation_answers_within_the_schema_and_never_a_server_error(thro
     server = _start_server(env, port, tmp_path / "gunicorn.log")
     report = tmp_path / "schemathesis.txt"
     try:
-        with report.open("w") as out:
-            finished = subprocess.run(
-                [str(binary), "run", f"http://127.0.0.1:{port}/api/schema/",
-                 "--header", f"Authorization: Token {token}", "--checks", CHECKS, "--max-examples", EXAMPLES,
-                 "--seed", SEED, "--workers", "3", "--request-timeout", "30", "--no-shrink",
-                 "--suppress-health-check", "all"],
-                stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=540, check=False,
-                env={**os.environ, "NO_COLOR": "1"},
-            )
+        for _attempt in range(2):
+            with report.open("w") as out:
+                finished = subprocess.run(
+                    [str(binary), "run", f"http://127.0.0.1:{port}/api/schema/",
+                     "--header", f"Authorization: Token {token}", "--checks", CHECKS, "--max-examples", EXAMPLES,
+                     "--seed", SEED, "--workers", "3", "--request-timeout", "30", "--no-shrink",
+                     "--suppress-health-check", "all"],
+                    stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, timeout=540, check=False,
+                    env={**os.environ, "NO_COLOR": "1"},
+                )
+            # CPython 3.11's ast.parse is not thread-safe (python/cpython#106905): hypothesis describing a
+            # lambda in one of schemathesis' worker threads can die with this SystemError, a failure of
+            # the tool, not of the API. Only a run whose one error is that one is made again, once.
+            text = report.read_text()
+            if finished.returncode == 0 or "AST constructor recursion depth mismatch" not in text or (
+                    "Runtime Error: 1" not in text or "Failures:" in text):
+                break
     finally:
         stop_process_group(server)
-    text = report.read_text()
     summary = text[text.rfind("SUMMARY"):] if "SUMMARY" in text else text[-3000:]
     print(f"schemathesis: {time.monotonic() - started:.0f} s including migrate and seed\n{summary}")
     assert finished.returncode == 0, f"{text[-20000:]}\nserver log:\n{(tmp_path / 'gunicorn.log').read_text()[-5000:]}"

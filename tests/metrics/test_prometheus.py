@@ -249,7 +249,7 @@ def test_prometheus_sees_the_node_sweeps_of_a_campaign_move_through_their_states
         # The rules loaded and evaluate; a campaign that moved is not stalled.
         groups = prom.api("rules")["groups"]
         rules = {rule["name"]: rule for group in groups for rule in group["rules"]}
-        assert len(rules) == 6 and all(rule["health"] == "ok" for rule in rules.values()), rules
+        assert len(rules) == 7 and all(rule["health"] == "ok" for rule in rules.values()), rules
         assert rules["GpusweepCampaignStalled"]["state"] == "inactive"
         # Every dashboard query runs on this Prometheus (an invalid one answers an error), and the
         # sweeps panel shows this campaign's nodes.
