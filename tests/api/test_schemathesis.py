@@ -105,8 +105,10 @@ def test_every_operation_answers_within_the_schema_and_never_a_server_error(thro
             # lambda in one of schemathesis' worker threads can die with this SystemError, a failure of
             # the tool, not of the API. Only a run whose one error is that one is made again, once.
             text = report.read_text()
-            if finished.returncode == 0 or "AST constructor recursion depth mismatch" not in text or (
-                    "Runtime Error: 1" not in text or "Failures:" in text):
+            tail = text[text.rfind("SUMMARY"):]
+            only_that = ("AST constructor recursion depth mismatch" in text and "Runtime Error: 1" in tail
+                         and re.search(r"(\d+) generated, \1 passed\s*$", tail.split("Seed:")[0].strip()) is not None)
+            if finished.returncode == 0 or not only_that:
                 break
     finally:
         stop_process_group(server)
