@@ -133,3 +133,67 @@ def test_a_user_with_no_role_reads_no_report(seeded, make_user):
     client.force_login(make_user("nora"))
     assert client.get(f"/campaigns/{seeded.campaigns['completed']}/report.json").status_code == 403
     assert client.get("/api/v1/reports/pending.json").status_code == 403
+
+
+def _section(text: str, title: str) -> list[dict[str, str]]:
+    rows = list(csv.reader(io.StringIO(text)))
+    start = rows.index([f"# {title}"])
+    header, found = rows[start + 1], []
+    for row in rows[start + 2:]:
+        if not row or row[0].startswith("#"):
+            break
+        found.append(dict(zip(header, row, strict=False)))
+    return found
+
+
+def test_moved_workloads_show_their_progress_before_and_after_or_not_reported(seeded, make_user):
+    """Issue 31: the "Steps before/after" column is the workload's own progress marker (the counter's
+    step), from its move or else from the evidence's restored event; "not reported" where it gave none."""
+    from campaigns.choices import MoveState
+    from campaigns.models import WorkloadMove
+    from inventory.choices import WorkloadPolicy
+
+    pk = seeded.campaigns["completed"]
+    moved = list(WorkloadMove.objects.filter(sweep__campaign_id=pk, state=MoveState.RESTORED).order_by("pk"))
+    assert moved and all(m.steps_after >= m.steps_before > 0 for m in moved)
+    first = moved[0]
+    # A back end whose row kept no progress: the restored event in the evidence still carries it.
+    WorkloadMove.objects.filter(pk=first.pk).update(steps_before=None, steps_after=None)
+    WorkloadMove.objects.create(sweep=first.sweep, workload_ref="quiet-1", workload_name="quiet", gpus=1,
+                                policy=WorkloadPolicy.WAIT, state=MoveState.FINISHED)
+    client = _viewer(make_user)
+    data = json.loads(client.get(f"/campaigns/{pk}/report.json").content)
+    by_name = {m["workload"]: m for m in data["moves"]}
+    assert (by_name[first.workload_name]["steps_before"], by_name[first.workload_name]["steps_after"]) == \
+        (first.steps_before, first.steps_after)
+    assert all(by_name[m.workload_name]["steps_after"] == m.steps_after for m in moved)
+    assert by_name["quiet"]["steps_before"] is None and by_name["quiet"]["steps_after"] is None
+    rows = {r["workload"]: r for r in _section(client.get(f"/campaigns/{pk}/report.csv").content.decode(),
+                                               "Workloads moved")}
+    assert rows[first.workload_name]["steps_before"] == str(first.steps_before)
+    assert rows[first.workload_name]["steps_after"] == str(first.steps_after)
+    assert (rows["quiet"]["steps_before"], rows["quiet"]["steps_after"]) == ("not reported", "not reported")
+
+
+def test_the_report_prints_the_keys_fingerprint_never_the_key(seeded, make_user, tmp_path: Path):
+    """Issue 31: the public key reaches the auditor separately; the report prints its SHA-256
+    fingerprint (the key id campaigns.verify and evidence_key print) for the auditor to compare."""
+    need(bool(shutil.which("pdftotext")), "needs poppler-utils: scripts/install-system-deps.sh")
+    from campaigns import signing
+
+    pk = seeded.campaigns["completed"]
+    client = _viewer(make_user)
+    pem = signing.public_key_pem()
+    body = pem.split("-----")[2].strip()
+    data = json.loads(client.get(f"/campaigns/{pk}/report.json").content)
+    assert data["verification"]["public_key_sha256"] == signing.key_id() and "public_key" not in data["verification"]
+    for fmt in ("json", "csv"):
+        text = client.get(f"/campaigns/{pk}/report.{fmt}").content.decode()
+        assert "BEGIN PUBLIC KEY" not in text and body not in text
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(client.get(f"/campaigns/{pk}/report.pdf").content)
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout
+    flat = "".join(text.split())
+    assert "BEGINPUBLICKEY" not in flat and "".join(body.split())[:24] not in flat
+    assert "publickeyfingerprint(sha-256)" in flat.lower() and signing.key_id() in flat
