@@ -197,3 +197,100 @@ def test_the_report_prints_the_keys_fingerprint_never_the_key(seeded, make_user,
     flat = "".join(text.split())
     assert "BEGINPUBLICKEY" not in flat and "".join(body.split())[:24] not in flat
     assert "publickeyfingerprint(sha-256)" in flat.lower() and signing.key_id() in flat
+
+
+def _links(page: str) -> set[str]:
+    import re
+
+    return set(re.findall(r'href="(/[^"]+\.(?:pdf|csv|json)(?:\?[^"]*)?)"', page.replace("&amp;", "&")))
+
+
+def test_the_reports_page_lists_every_report_and_each_link_answers(seeded, make_user):
+    """Issue 31: one Reports page, in the navigation, with the pending patches (all clusters and
+    each one), every advisory's report, every campaign's report and its evidence log."""
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    response = client.get("/reports/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert '<a href="/reports/" aria-current="page">Reports</a>' in page
+    links = _links(page)
+    assert {"/advisories/pending.pdf", "/advisories/pending.csv", "/advisories/pending.json",
+            "/advisories/pending.pdf?cluster=local", "/advisories/pending.pdf?cluster=hpc"} <= links
+    for advisory in Advisory.objects.all():
+        assert {f"/advisories/{advisory.public_id}/report.{fmt}" for fmt in ("pdf", "csv", "json")} <= links
+    for campaign in Campaign.objects.all():
+        assert {f"/campaigns/{campaign.pk}/report.{fmt}" for fmt in ("pdf", "csv", "json")} <= links
+        assert {f"/campaigns/{campaign.pk}/evidence.{fmt}" for fmt in ("json", "csv")} <= links
+    for link in sorted(link for link in links if not link.endswith(".pdf")):
+        assert client.get(link).status_code == 200, link
+    advisory = Advisory.objects.get(publisher_id="5703")
+    for link in ("/advisories/pending.pdf?cluster=local", f"/advisories/{advisory.public_id}/report.pdf"):
+        answer = client.get(link)
+        assert answer.status_code == 200 and answer.content[:5] == b"%PDF-", link
+
+
+def test_the_reports_page_filters_by_kind_advisory_status_cluster_and_date(seeded, make_user):
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    completed = Campaign.objects.get(pk=seeded.campaigns["completed"])
+    advisory = Advisory.objects.get(publisher_id="5703")
+    other = Advisory.objects.exclude(pk=advisory.pk).first()
+    completed.advisories.set([advisory])
+
+    def get(**query: str) -> tuple[str, set[str]]:
+        answer = client.get("/reports/", query)
+        assert answer.status_code == 200
+        return answer.content.decode(), _links(answer.content.decode())
+
+    page, links = get(kind="advisory")
+    assert 'id="advisory-reports"' in page and 'id="campaign-reports"' not in page
+    assert 'id="pending-reports"' not in page
+    page, links = get(kind="evidence")
+    assert f"/campaigns/{completed.pk}/evidence.json" in links and f"/campaigns/{completed.pk}/report.pdf" not in links
+    page, links = get(kind="campaign")
+    assert f"/campaigns/{completed.pk}/report.pdf" in links and f"/campaigns/{completed.pk}/evidence.json" not in links
+    # An advisory: its own report and the campaigns that fix it.
+    page, links = get(advisory=advisory.public_id)
+    assert f"/advisories/{advisory.public_id}/report.pdf" in links
+    assert f"/advisories/{other.public_id}/report.pdf" not in links
+    assert {link.split("/")[2] for link in links if link.startswith("/campaigns/")} == {str(completed.pk)}
+    page, _ = get(advisory="nvidia-0000")
+    assert "no advisory &#x27;nvidia-0000&#x27;" in page
+    page, links = get(status="completed", kind="campaign")
+    assert {link.split("/")[2] for link in links} == {str(completed.pk)}
+    page, links = get(kind="pending", cluster="hpc")
+    assert links == {f"/advisories/pending.{fmt}?cluster=hpc" for fmt in ("pdf", "csv", "json")}
+    # Dates: campaigns created or finished in the range.
+    today = completed.created_at.date()
+    _page, links = get(kind="campaign", since=str(today), until=str(today))
+    assert f"/campaigns/{completed.pk}/report.pdf" in links
+    _page, links = get(kind="campaign", until=str(today.replace(year=today.year - 1)))
+    assert not links
+    page, _ = get(since="yesterday")
+    assert "is no date" in page
+    page, links = get(q="completed sw", kind="campaign")
+    assert {"report.pdf", "report.csv", "report.json"} == {link.split("/")[3] for link in links}
+    _page, links = get(q="completed sw")
+    assert {link for link in links if link.startswith("/campaigns/")} == {
+        f"/campaigns/{completed.pk}/{name}"
+        for name in ("report.pdf", "report.csv", "report.json", "evidence.json", "evidence.csv")}
+
+
+def test_the_advisory_and_exposure_pages_link_their_reports(seeded, make_user):
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    advisory = Advisory.objects.get(publisher_id="5703")
+    page = client.get(f"/advisories/{advisory.public_id}/").content.decode()
+    assert f'href="/advisories/{advisory.public_id}/report.pdf"' in page
+    page = client.get("/advisories/exposures/", {"cluster": "local"}).content.decode()
+    assert 'href="/advisories/pending.pdf?cluster=local"' in page
+
+
+def test_nobody_without_a_role_sees_the_reports_page(seeded, make_user):
+    client = Client()
+    client.force_login(make_user("nora"))
+    assert client.get("/reports/").status_code == 403
