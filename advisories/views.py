@@ -321,12 +321,12 @@ def exposure_bulk(request: HttpRequest) -> HttpResponse:
     if not ids:
         messages.error(request, "Choose at least one exposure first.")
         return redirect(back)
-    chosen = Exposure.objects.filter(pk__in=ids).select_related("node__cluster")
+    chosen = Exposure.objects.filter(pk__in=ids).select_related("node__cluster", "advisory")
     action = request.POST.get("action", "")
     if action == "plan":
         _checked(request, Role.OPERATOR)
         params = QueryDict(mutable=True)
-        params.setlist("advisories", sorted({str(e.advisory_id) for e in chosen}))
+        params.setlist("advisories", sorted({e.advisory.public_id for e in chosen}))  # public ids, never the pk
         params.setlist("clusters", sorted({e.node.cluster.name for e in chosen}))
         params["nodes"] = ",".join(sorted({e.node.name for e in chosen}))
         return redirect(f"/campaigns/new/?{params.urlencode()}")
