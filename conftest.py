@@ -44,7 +44,8 @@ GROUPS = {
                    "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_e2e.py",
                    "tests/inventory/test_heartbeat_digest.py", "tests/foundation/test_boot.py"),
     "browser": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
-                "tests/ui/test_walk_browser.py", "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py"),
+                "tests/ui/test_walk_browser.py", "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",
+                "tests/ui/test_wizard_browser.py"),
 }
 MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}

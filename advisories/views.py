@@ -19,7 +19,7 @@ from advisories.choices import ExposureState, ReviewState, Severity, VexJustific
 from advisories.identifiers import resolve
 from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
 from gpusweep.middleware import accepts_token
-from gpusweep.pages import csv_response, paginate
+from gpusweep.pages import csv_response, installed, paginate
 from gpusweep.roles import Role, has_role
 from inventory.models import Cluster
 
@@ -121,6 +121,8 @@ def advisory_detail(request: HttpRequest, public_id: str) -> HttpResponse:
         "can_plan": has_role(request.user, Role.OPERATOR),
         "justifications": VexJustification.choices(),
         "component_names": [c.name for c in components.REGISTRY],
+        "reports": [(fmt.upper(), f"/advisories/{advisory.public_id}/report.{fmt}") for fmt in ("pdf", "csv", "json")
+                    if installed(f"/advisories/{advisory.public_id}/report.{fmt}")],
     })
 
 
@@ -273,6 +275,8 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
         "is_approver": has_role(request.user, Role.APPROVER),
         "can_plan": has_role(request.user, Role.OPERATOR),
         "policy": DeadlinePolicy.objects.filter(pk=1).first(),
+        # The pending patches report (reports app), of the cluster filtered on.
+        "pending_report": installed("/advisories/pending.pdf"),
     })
 
 
@@ -317,12 +321,12 @@ def exposure_bulk(request: HttpRequest) -> HttpResponse:
     if not ids:
         messages.error(request, "Choose at least one exposure first.")
         return redirect(back)
-    chosen = Exposure.objects.filter(pk__in=ids).select_related("node__cluster")
+    chosen = Exposure.objects.filter(pk__in=ids).select_related("node__cluster", "advisory")
     action = request.POST.get("action", "")
     if action == "plan":
         _checked(request, Role.OPERATOR)
         params = QueryDict(mutable=True)
-        params.setlist("advisories", sorted({str(e.advisory_id) for e in chosen}))
+        params.setlist("advisories", sorted({e.advisory.public_id for e in chosen}))  # public ids, never the pk
         params.setlist("clusters", sorted({e.node.cluster.name for e in chosen}))
         params["nodes"] = ",".join(sorted({e.node.name for e in chosen}))
         return redirect(f"/campaigns/new/?{params.urlencode()}")

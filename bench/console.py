@@ -83,12 +83,12 @@ def main() -> int:
         pages = {
             "overview": "/",
             "advisories": "/advisories/?affects=1&sort=exposed",
-            "advisory 5703": f"/advisories/{advisory.pk}/",
+            "advisory 5703": f"/advisories/{advisory.public_id}/",
             "exposures (searched, sorted, grouped)": "/advisories/exposures/?q=node-0001&sort=severity&group=advisory",
             "exposures (critical, one cluster)": "/advisories/exposures/?severity=critical&cluster=bench-3",
             "node": f"/nodes/{node.pk}/",
-            "wizard": f"/campaigns/new/?advisories={advisory.pk}",
-            "wizard's live count": f"/campaigns/new/match/?clusters=bench-3&advisories={advisory.pk}",
+            "wizard": f"/campaigns/new/?advisories={advisory.public_id}",
+            "wizard's live count": f"/campaigns/new/match/?clusters=bench-3&advisories={advisory.public_id}",
         }
         for label, url in pages.items():
             times = []

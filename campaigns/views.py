@@ -12,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from advisories.identifiers import resolve_all
 from campaigns import board, evidence, services, wizard
 from campaigns.models import Campaign, EvidenceEvent
 from gpusweep.middleware import accepts_token
@@ -28,8 +29,13 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
 
 def _wizard_context(form: wizard.CampaignForm) -> dict[str, Any]:
     chosen = {str(v) for v in (form["advisories"].value() or [])}
+    advisories = wizard.advisory_choices()
     return {
-        "form": form, "advisories": wizard.advisory_choices(), "chosen_advisories": chosen,
+        "form": form, "chosen_advisories": chosen,
+        # Those affecting the fleet first; the rest behind a toggle, open when one of them is chosen.
+        "exposing": [a for a in advisories if a["exposed"]],
+        "others": [a for a in advisories if not a["exposed"]],
+        "others_chosen": any(a["id"] in chosen for a in advisories if not a["exposed"]),
         "window_rows": [_row(form, "win", i) for i in range(wizard.WINDOW_ROWS)],
         "blackout_rows": [_row(form, "bo", i) for i in range(wizard.BLACKOUT_ROWS)],
         "days": wizard.DAYS, "time_zones": wizard.TIME_ZONES,
@@ -73,8 +79,9 @@ def campaign_create(request: HttpRequest) -> HttpResponse:
 def campaign_match(request: HttpRequest) -> HttpResponse:
     """The wizard's live count of the nodes its scope selects (htmx swaps it in as the scope changes)."""
     names = [n.strip() for n in request.GET.get("node_names", "").split(",") if n.strip()]
+    advisories, _unknown = resolve_all(request.GET.getlist("advisories"))  # public ids, as the checkboxes send
     found = wizard.matched(request.GET.getlist("clusters"), request.GET.getlist("pools"), names,
-                           [int(i) for i in request.GET.getlist("advisories") if i.isdigit()])
+                           [a.pk for a in advisories])
     return render(request, "campaigns/_match.html", found)
 
 

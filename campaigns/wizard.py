@@ -45,15 +45,52 @@ HELP = {
                             "it again.",
 }
 
+# Each field's label, written for people (the model's names are the API's).
+LABELS = {
+    "name": "Name",
+    "description": "Description",
+    "parallelism_per_cluster": "Nodes patched at once per cluster",
+    "parallelism_per_pool": "Nodes patched at once per pool",
+    "error_budget": "Failed nodes tolerated",
+    "workload_policy": "What happens to the nodes' workloads",
+    "workload_placement": "Where moved workloads go",
+    "held_nodes": "Nodes held by someone else",
+    "cold_restart_allowed": "Allow cold restarts",
+    "canary": "Canary nodes",
+    "soak_s": "Soak after the canary (seconds)",
+    "wave_growth": "How the waves grow",
+    "growth_step": "Wave growth step",
+    "dcgm_level": "DCGM diagnostic level",
+    "after_rollback": "After a rollback",
+    "approvals_required": "Approvals required",
+    "deadline": "Deadline (UTC)",
+}
+
 
 def advisory_choices() -> list[dict[str, Any]]:
-    """Advisories with severity, exposed nodes (open and presumed) and integrity, most exposed first."""
+    """Advisories by public id, with severity, exposed nodes (open and presumed), integrity and the text
+    the wizard's search box matches (bulletin, title, CVEs); those affecting the fleet first, most exposed
+    first."""
     found = counts.cached()  # the counts the advisory list shows
-    rows = [{"pk": a.pk, "label": f"{a.publisher} {a.publisher_id}", "title": a.title, "severity": a.severity,
+    rows = [{"id": a.public_id, "label": f"{a.publisher} {a.publisher_id}", "title": a.title,
+             "severity": a.severity,
              "exposed": (found[a.pk].exposed_nodes + found[a.pk].presumed_nodes) if a.pk in found else 0,
-             "mismatch": a.integrity == "mismatch"}
-            for a in Advisory.objects.order_by("-current_release_date", "-id")]
+             "mismatch": a.integrity == "mismatch",
+             "search": " ".join([a.public_id, a.publisher, a.publisher_id, a.title,
+                                 *(c.cve_id for c in a.cves.all())]).lower()}
+            for a in Advisory.objects.prefetch_related("cves").order_by("-current_release_date", "-id")]
     return sorted(rows, key=lambda r: -r["exposed"])
+
+
+class AdvisoriesField(forms.MultipleChoiceField):
+    """Advisories chosen by their public id (``nvidia-5703``, the checkboxes' values): the database id
+    never reaches the page. Cleaned to the advisories themselves."""
+
+    widget = forms.CheckboxSelectMultiple
+
+    def clean(self, value: Any) -> list[Advisory]:
+        found, _unknown = resolve_all(list(super().clean(value)))  # an unknown id is no valid choice
+        return found
 
 
 def pool_choices() -> list[tuple[str, str]]:
@@ -71,8 +108,7 @@ class CampaignForm(forms.ModelForm):
                                       help_text="None chosen: every pool of the chosen clusters.")
     node_names = forms.CharField(required=False, label="Only these nodes",
                                  help_text="Optional, comma separated node names (from the exposure list's selection).")
-    advisories = forms.ModelMultipleChoiceField(queryset=Advisory.objects.all(), required=False,
-                                                widget=forms.CheckboxSelectMultiple)
+    advisories = AdvisoriesField(required=False)
     site_check_names = forms.CharField(required=False, label="Site health checks",
                                        help_text="The agents' configured checks, comma separated; empty for all.")
 
@@ -88,7 +124,11 @@ class CampaignForm(forms.ModelForm):
                    "description": forms.Textarea(attrs={"rows": 2})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")  # labels as people read them, with no colon
         super().__init__(*args, **kwargs)
+        advisories = self.fields["advisories"]
+        assert isinstance(advisories, AdvisoriesField)
+        advisories.choices = [(a.public_id, a.public_id) for a in Advisory.objects.only("publisher", "publisher_id")]
         clusters, pools = self.fields["clusters"], self.fields["pools"]
         assert isinstance(clusters, forms.MultipleChoiceField) and isinstance(pools, forms.MultipleChoiceField)
         clusters.choices = [(c, c) for c in Cluster.objects.values_list("name", flat=True)]
@@ -99,6 +139,8 @@ class CampaignForm(forms.ModelForm):
             self.fields[name].required = False
         for name, text in HELP.items():
             self.fields[name].help_text = text
+        for name, label in LABELS.items():
+            self.fields[name].label = label
         self.window_errors: list[str] = []
 
     def _rows(self) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
@@ -162,14 +204,12 @@ def _utc_iso(text: str) -> str:
 
 def initial_from(query: Any) -> dict[str, Any]:
     """The wizard's starting values from a link: ?advisories=nvidia-5703&clusters=prod&nodes=a,b (advisories
-    by public id; a form's own ids are still read)."""
+    by public id)."""
     initial: dict[str, Any] = {}
-    found, _unknown = resolve_all([v for v in query.getlist("advisories") if not v.isdigit()])
-    ids = [int(i) for i in query.getlist("advisories") if i.isdigit()] + [a.pk for a in found]
-    if ids:
-        initial["advisories"] = ids
-        names = Advisory.objects.filter(pk__in=ids).values_list("publisher_id", flat=True)
-        initial["name"] = "Patch " + ", ".join(sorted(names))
+    found, _unknown = resolve_all(query.getlist("advisories"))
+    if found:
+        initial["advisories"] = sorted({a.public_id for a in found})
+        initial["name"] = "Patch " + ", ".join(sorted({a.publisher_id for a in found}))
     if query.getlist("clusters"):
         initial["clusters"] = query.getlist("clusters")
     if query.get("nodes"):

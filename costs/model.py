@@ -94,6 +94,39 @@ HELP = {
     "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
 
+# Each parameter's label on the simulator's form, written for people (the name is the CLI's --param).
+LABELS = {
+    "release_s": "Advisory released at (seconds on the trace's clock)",
+    "severity": "Severity",
+    "deadline_days": "Days to the deadline",
+    "limit_factor": "Time limit, as a multiple of a task's real duration",
+    "placement": "Task placement",
+    "service_qos": "QOS values that mark a service",
+    "patch_minutes": "Patch, reboot and verify a node (minutes)",
+    "gpu_memory_gib": "GPU memory per GPU (GiB)",
+    "gpu_memory_by_model": "GPU memory per GPU model (GiB)",
+    "save_every_h": "Batch tasks save their state every (hours)",
+    "service_warmup_min": "Work a killed service loses (minutes)",
+    "cadences": "Maintenance window cadences",
+    "window_hours": "Maintenance window length (hours)",
+    "reservation_days": "Maintenance reservation set ahead (days)",
+    "window_phase": "Next window opens after the release (share of its period)",
+    "parallelism": "Nodes patched at a time",
+    "wait_limit_h": "A drain kills what still runs after (hours)",
+    "checkpointable_share": "Share of tasks that can be checkpointed",
+    "checkpoint_s_per_gib": "Checkpoint time (seconds per GiB)",
+    "restore_s_per_gib": "Restore time (seconds per GiB)",
+    "last_group": "Work no node can receive",
+    "not_checkpointable": "Work that cannot be checkpointed",
+    "checkpoint_engine": "Checkpoint engine",
+    "canary": "Canary",
+    "soak_minutes": "Soak after the canary (minutes)",
+    "wait_poll_s": "The engine looks at a waited job every (seconds)",
+    "wave_order": "Wave order",
+    "wave_growth": "Wave growth after the canary",
+    "growth_step": "Wave growth step",
+}
+
 
 class ModelError(ValueError):
     """A parameter outside its range; the message names it."""

@@ -44,6 +44,17 @@ RUNNING_STATES = ("running", "restored")
 GPU_PROCESS = "gpu_process"
 
 
+def saved_steps(manifest: dict[str, Any]) -> int | None:
+    """The workload's own progress marker in a checkpoint's manifest: the step its registration carries,
+    or the step the application put in its signal engine acknowledgement (the demo counter writes
+    ``{"step": N}``); None when it reports none."""
+    steps = (manifest.get("workload") or {}).get("steps")
+    if steps is None:
+        ack = (manifest.get("engine_data") or {}).get("ack")
+        steps = next((ack[k] for k in ("steps", "step") if k in ack), None) if isinstance(ack, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 def workload_info(item: dict[str, Any]) -> WorkloadInfo:
     """A WorkloadInfo from one entry of the agent's GET /v1/workloads."""
     steps = item.get("steps")
@@ -153,11 +164,9 @@ class LocalExecutor(Executor):
         # The image's identity for the evidence: the hash over its files' hashes, in manifest order.
         files = manifest.get("files") or []
         digest = hashlib.sha256("".join(str(f.get("sha256", "")) for f in files).encode()).hexdigest()
-        steps = (manifest.get("workload") or {}).get("steps")
         return CheckpointResult(
             checkpoint_id=str(result["checkpoint_id"]), sha256=digest,
-            total_bytes=int(manifest.get("total_bytes") or 0), steps=int(steps) if steps is not None else None,
-            manifest=manifest,
+            total_bytes=int(manifest.get("total_bytes") or 0), steps=saved_steps(manifest), manifest=manifest,
         )
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:

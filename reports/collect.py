@@ -20,7 +20,7 @@ from django.utils import timezone
 from advisories import coverage
 from advisories.choices import ExposureState
 from advisories.models import Advisory, AffectedRange, Exposure, public_id
-from campaigns import evidence
+from campaigns import evidence, signing
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
 from inventory.models import Cluster
@@ -63,8 +63,33 @@ def _node_times(campaign: Campaign) -> dict[int, dict[str, str]]:
     return times
 
 
+# Evidence of a move that carries the workload's own progress marker (the counter's step): at the
+# checkpoint ("steps") and where it resumed ("steps_before"/"steps_after").
+PROGRESS_KINDS = (EvidenceKind.CHECKPOINTED, EvidenceKind.PARKED, EvidenceKind.RESTORED, EvidenceKind.RETURNED,
+                  EvidenceKind.RECOVERED)
+
+
+def _progress(campaign: Campaign) -> dict[str, dict[str, int]]:
+    """Checkpoint id -> the progress its workload reported, from the evidence: ``before`` at the
+    checkpoint, ``after`` once it ran again (for a move whose own row lacks them)."""
+    found: dict[str, dict[str, int]] = {}
+    for kind, data in (EvidenceEvent.objects.filter(campaign=campaign, kind__in=PROGRESS_KINDS)
+                       .order_by("at", "pk").values_list("kind", "data")):
+        if not isinstance(data, dict) or not data.get("checkpoint_id"):
+            continue
+        entry = found.setdefault(str(data["checkpoint_id"]), {})
+        before = data.get("steps") if kind in (EvidenceKind.CHECKPOINTED, EvidenceKind.PARKED) \
+            else data.get("steps_before")
+        if isinstance(before, int):
+            entry.setdefault("before", before)
+        if isinstance(data.get("steps_after"), int) and kind not in (EvidenceKind.CHECKPOINTED, EvidenceKind.PARKED):
+            entry["after"] = data["steps_after"]
+    return found
+
+
 def _nodes(campaign: Campaign) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     times = _node_times(campaign)
+    progress = _progress(campaign)
     nodes, moves = [], []
     sweeps = (NodeSweep.objects.filter(campaign=campaign).select_related("node__cluster")
               .prefetch_related("moves__target_node").order_by("wave", "position", "pk"))
@@ -82,12 +107,17 @@ def _nodes(campaign: Campaign) -> tuple[list[dict[str, Any]], list[dict[str, Any
             "evidence_head": sweep.evidence_head, "signed": bool(sweep.head_signature),
         })
         for move in sweep.moves.all():
+            reported = progress.get(move.checkpoint_id, {}) if move.checkpoint_id else {}
+            before = move.steps_before if move.steps_before is not None else reported.get("before")
+            after = move.steps_after if move.steps_after is not None else reported.get("after")
             moves.append({
                 "node": sweep.node.name, "workload": move.workload_name or move.workload_ref, "gpus": move.gpus,
                 "policy": move.policy, "state": move.state,
                 "target_node": move.target_node.name if move.target_node else None,
                 "checkpoint_id": move.checkpoint_id, "checkpoint_sha256": move.checkpoint_sha256,
-                "steps_before": move.steps_before, "steps_after": move.steps_after,
+                # The workload's own progress marker (a counter's step) when it was checkpointed and once it
+                # ran again; None where the workload reports none (render prints "not reported").
+                "steps_before": before, "steps_after": after,
             })
     return nodes, moves
 
@@ -170,7 +200,8 @@ def campaign_report(campaign_id: int, actor: str) -> dict[str, Any]:
                 "number": seal["number"], "at": seal["at"], "root": seal["body"].get("root"),
                 "campaign_head": seal["body"].get("campaign_head"), "signature": seal["signature"],
                 "key_id": seal["key_id"]},
-            "public_key": exported["public_key"], "events": len(exported["events"]),
+            # The key's fingerprint, never the key: the key reaches the auditor separately (README).
+            "public_key_sha256": signing.key_id(), "events": len(exported["events"]),
         },
     }
 

@@ -1,5 +1,6 @@
-"""The auditors' reports as downloads: /campaigns/<pk>/report.<fmt>, /advisories/<pk>/report.<fmt> and
-/advisories/pending.<fmt> (fmt: pdf, csv or json). Any role reads them; a script may send an API
+"""The Reports page (/reports/: every report, with filters) and the auditors' reports as downloads:
+/campaigns/<pk>/report.<fmt>, /advisories/<public id>/report.<fmt> and /advisories/pending.<fmt>
+(fmt: pdf, csv or json). Any role reads them; a script may send an API
 token instead of a session (``accepts_token``). reports.api serves the same under /api/v1/reports/."""
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render as render_page
 
 from advisories.identifiers import resolve
 from campaigns.models import Campaign
 from gpusweep.middleware import accepts_token
 from gpusweep.roles import user_roles
-from reports import collect, render
+from reports import collect, listing, render
 
 CONTENT_TYPES = {"pdf": "application/pdf", "csv": "text/csv; charset=utf-8", "json": "application/json"}
 
@@ -74,3 +76,9 @@ def advisory_report(request: HttpRequest, public_id: str, fmt: str) -> HttpRespo
 def pending_report(request: HttpRequest, fmt: str) -> HttpResponse:
     _reader(request)
     return respond("pending", None, fmt, request.user, request.GET.get("cluster") or None)
+
+
+def report_list(request: HttpRequest) -> HttpResponse:
+    """The Reports page: every report (pending patches, advisories, campaigns and their evidence), filtered."""
+    _reader(request)
+    return render_page(request, "reports/report_list.html", listing.context(request))

@@ -95,8 +95,8 @@ def on_advisories_matched(advisory_ids: list[int]) -> None:
         per_cluster.setdefault(row["advisory_id"], {})[row["node__cluster__name"]] = row["n"]
     for advisory in Advisory.objects.filter(pk__in=per_cluster).prefetch_related("cves"):
         clusters = per_cluster[advisory.pk]
-        emit(EventType.ADVISORY_INGESTED, f"advisory:{advisory.pk}:{advisory.tracking_version}",
-             f"advisory:{advisory.pk}",
+        emit(EventType.ADVISORY_INGESTED, f"advisory:{advisory.public_id}:{advisory.tracking_version}",
+             f"advisory:{advisory.public_id}",
              f"{advisory.publisher} {advisory.publisher_id} ({advisory.severity}) affects {sum(clusters.values())} "
              f"exposures: {advisory.title}"[:300],
              {"advisory": advisory.public_id, "title": advisory.title, "severity": advisory.severity,
@@ -125,8 +125,8 @@ def scan_deadlines(now: datetime | None = None) -> int:
             word = "overdue since" if kind == EventType.EXPOSURE_OVERDUE else "due by"
             first = group["first"].date()
             advisory = public_id(group["advisory__publisher"], group["advisory__publisher_id"])
-            event = emit(kind, f"{kind}:{group['advisory_id']}:{group['node__cluster_id']}:{first}",
-                         f"advisory:{group['advisory_id']}",
+            # The advisory by its public id, in the key too (the events API shows it): never its database id.
+            event = emit(kind, f"{kind}:{advisory}:{group['node__cluster_id']}:{first}", f"advisory:{advisory}",
                          f"{group['n']} exposures to {advisory} in "
                          f"{group['node__cluster__name']} {word} {first}",
                          {"advisory": advisory, "severity": group["advisory__severity"],

@@ -33,9 +33,17 @@ class SubscriptionForm(forms.ModelForm):
     class Meta:
         model = Subscription
         fields = ["name", "url", "events", "template", "options", "secret", "authorization_env", "active"]
+        # Labels written for people, as the console's other forms have them (no colon after them).
+        labels = {"name": "Name", "url": "Receiver URL", "events": "Events", "template": "Payload format",
+                  "options": "Format options", "secret": "Signing secret",
+                  "authorization_env": "Authorization header from the environment variable",
+                  "active": "Active: send events to it"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
+        for name, label in self.Meta.labels.items():  # the fields declared above too
+            self.fields[name].label = label
         if self.instance.pk:
             self.initial["options"] = json.dumps(self.instance.options)
 

@@ -203,6 +203,8 @@ def test_it_checkpoints_and_restores_with_the_signal_engine(tmp_path: Path) -> N
 
         restored = b.client.call("/v1/restore", "sig-restore", checkpoint_id=op["result"]["checkpoint_id"])
         assert restored["state"] == "succeeded", restored
+        # The step it resumes from, as the application acknowledged it (the campaign report's "steps after").
+        assert restored["result"]["steps"] == at_checkpoint[-1]
         try:
             after = wait_steps(log, len(at_checkpoint) + 10)
             assert after == list(range(1, len(after) + 1)), "the counter must continue where it saved itself"

@@ -291,11 +291,14 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         if seen is None:
             raise TemporaryExecutorError(f"restored workload {result.workload_id} is not running on {target.name} yet")
         as_planned = entry_of_plan.get("to") == target.pk
+        # Its progress as it runs on the target, else the step the restore resumed it from (a back end
+        # that lists no progress: the demo counter's agent).
+        after = seen.steps if seen.steps is not None else result.steps
         entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
                  "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
-                 "steps_before": move.steps_before, "steps_after": seen.steps, "as_planned": as_planned}
+                 "steps_before": move.steps_before, "steps_after": after, "as_planned": as_planned}
         record_move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
-                    new_workload_ref=result.workload_id, steps_after=seen.steps, inventory_to=target,
+                    new_workload_ref=result.workload_id, steps_after=after, inventory_to=target,
                     detail={**move.detail, "planned_target": entry_of_plan.get("to"), "as_planned": as_planned})
         done.append(entry)
     return StepResult({"workloads": done})

@@ -133,3 +133,164 @@ def test_a_user_with_no_role_reads_no_report(seeded, make_user):
     client.force_login(make_user("nora"))
     assert client.get(f"/campaigns/{seeded.campaigns['completed']}/report.json").status_code == 403
     assert client.get("/api/v1/reports/pending.json").status_code == 403
+
+
+def _section(text: str, title: str) -> list[dict[str, str]]:
+    rows = list(csv.reader(io.StringIO(text)))
+    start = rows.index([f"# {title}"])
+    header, found = rows[start + 1], []
+    for row in rows[start + 2:]:
+        if not row or row[0].startswith("#"):
+            break
+        found.append(dict(zip(header, row, strict=False)))
+    return found
+
+
+def test_moved_workloads_show_their_progress_before_and_after_or_not_reported(seeded, make_user):
+    """Issue 31: the "Steps before/after" column is the workload's own progress marker (the counter's
+    step), from its move or else from the evidence's restored event; "not reported" where it gave none."""
+    from campaigns.choices import MoveState
+    from campaigns.models import WorkloadMove
+    from inventory.choices import WorkloadPolicy
+
+    pk = seeded.campaigns["completed"]
+    moved = list(WorkloadMove.objects.filter(sweep__campaign_id=pk, state=MoveState.RESTORED).order_by("pk"))
+    assert moved and all(m.steps_after >= m.steps_before > 0 for m in moved)
+    first = moved[0]
+    # A back end whose row kept no progress: the restored event in the evidence still carries it.
+    WorkloadMove.objects.filter(pk=first.pk).update(steps_before=None, steps_after=None)
+    WorkloadMove.objects.create(sweep=first.sweep, workload_ref="quiet-1", workload_name="quiet", gpus=1,
+                                policy=WorkloadPolicy.WAIT, state=MoveState.FINISHED)
+    client = _viewer(make_user)
+    data = json.loads(client.get(f"/campaigns/{pk}/report.json").content)
+    by_name = {m["workload"]: m for m in data["moves"]}
+    assert (by_name[first.workload_name]["steps_before"], by_name[first.workload_name]["steps_after"]) == \
+        (first.steps_before, first.steps_after)
+    assert all(by_name[m.workload_name]["steps_after"] == m.steps_after for m in moved)
+    assert by_name["quiet"]["steps_before"] is None and by_name["quiet"]["steps_after"] is None
+    rows = {r["workload"]: r for r in _section(client.get(f"/campaigns/{pk}/report.csv").content.decode(),
+                                               "Workloads moved")}
+    assert rows[first.workload_name]["steps_before"] == str(first.steps_before)
+    assert rows[first.workload_name]["steps_after"] == str(first.steps_after)
+    assert (rows["quiet"]["steps_before"], rows["quiet"]["steps_after"]) == ("not reported", "not reported")
+
+
+def test_the_report_prints_the_keys_fingerprint_never_the_key(seeded, make_user, tmp_path: Path):
+    """Issue 31: the public key reaches the auditor separately; the report prints its SHA-256
+    fingerprint (the key id campaigns.verify and evidence_key print) for the auditor to compare."""
+    need(bool(shutil.which("pdftotext")), "needs poppler-utils: scripts/install-system-deps.sh")
+    from campaigns import signing
+
+    pk = seeded.campaigns["completed"]
+    client = _viewer(make_user)
+    pem = signing.public_key_pem()
+    body = pem.split("-----")[2].strip()
+    data = json.loads(client.get(f"/campaigns/{pk}/report.json").content)
+    assert data["verification"]["public_key_sha256"] == signing.key_id() and "public_key" not in data["verification"]
+    for fmt in ("json", "csv"):
+        text = client.get(f"/campaigns/{pk}/report.{fmt}").content.decode()
+        assert "BEGIN PUBLIC KEY" not in text and body not in text
+    pdf = tmp_path / "report.pdf"
+    pdf.write_bytes(client.get(f"/campaigns/{pk}/report.pdf").content)
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], check=True, capture_output=True, text=True,
+                          timeout=60).stdout
+    flat = "".join(text.split())
+    assert "BEGINPUBLICKEY" not in flat and "".join(body.split())[:24] not in flat
+    assert "publickeyfingerprint(sha-256)" in flat.lower() and signing.key_id() in flat
+
+
+def _links(page: str) -> set[str]:
+    import re
+
+    return set(re.findall(r'href="(/[^"]+\.(?:pdf|csv|json)(?:\?[^"]*)?)"', page.replace("&amp;", "&")))
+
+
+def test_the_reports_page_lists_every_report_and_each_link_answers(seeded, make_user):
+    """Issue 31: one Reports page, in the navigation, with the pending patches (all clusters and
+    each one), every advisory's report, every campaign's report and its evidence log."""
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    response = client.get("/reports/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert '<a href="/reports/" aria-current="page">Reports</a>' in page
+    links = _links(page)
+    assert {"/advisories/pending.pdf", "/advisories/pending.csv", "/advisories/pending.json",
+            "/advisories/pending.pdf?cluster=local", "/advisories/pending.pdf?cluster=hpc"} <= links
+    for advisory in Advisory.objects.all():
+        assert {f"/advisories/{advisory.public_id}/report.{fmt}" for fmt in ("pdf", "csv", "json")} <= links
+    for campaign in Campaign.objects.all():
+        assert {f"/campaigns/{campaign.pk}/report.{fmt}" for fmt in ("pdf", "csv", "json")} <= links
+        assert {f"/campaigns/{campaign.pk}/evidence.{fmt}" for fmt in ("json", "csv")} <= links
+    for link in sorted(link for link in links if not link.endswith(".pdf")):
+        assert client.get(link).status_code == 200, link
+    advisory = Advisory.objects.get(publisher_id="5703")
+    for link in ("/advisories/pending.pdf?cluster=local", f"/advisories/{advisory.public_id}/report.pdf"):
+        answer = client.get(link)
+        assert answer.status_code == 200 and answer.content[:5] == b"%PDF-", link
+
+
+def test_the_reports_page_filters_by_kind_advisory_status_cluster_and_date(seeded, make_user):
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    completed = Campaign.objects.get(pk=seeded.campaigns["completed"])
+    advisory = Advisory.objects.get(publisher_id="5703")
+    other = Advisory.objects.exclude(pk=advisory.pk).first()
+    completed.advisories.set([advisory])
+
+    def get(**query: str) -> tuple[str, set[str]]:
+        answer = client.get("/reports/", query)
+        assert answer.status_code == 200
+        return answer.content.decode(), _links(answer.content.decode())
+
+    page, links = get(kind="advisory")
+    assert 'id="advisory-reports"' in page and 'id="campaign-reports"' not in page
+    assert 'id="pending-reports"' not in page
+    page, links = get(kind="evidence")
+    assert f"/campaigns/{completed.pk}/evidence.json" in links and f"/campaigns/{completed.pk}/report.pdf" not in links
+    page, links = get(kind="campaign")
+    assert f"/campaigns/{completed.pk}/report.pdf" in links and f"/campaigns/{completed.pk}/evidence.json" not in links
+    # An advisory: its own report and the campaigns that fix it.
+    page, links = get(advisory=advisory.public_id)
+    assert f"/advisories/{advisory.public_id}/report.pdf" in links
+    assert f"/advisories/{other.public_id}/report.pdf" not in links
+    assert {link.split("/")[2] for link in links if link.startswith("/campaigns/")} == {str(completed.pk)}
+    page, _ = get(advisory="nvidia-0000")
+    assert "no advisory &#x27;nvidia-0000&#x27;" in page
+    page, links = get(status="completed", kind="campaign")
+    assert {link.split("/")[2] for link in links} == {str(completed.pk)}
+    page, links = get(kind="pending", cluster="hpc")
+    assert links == {f"/advisories/pending.{fmt}?cluster=hpc" for fmt in ("pdf", "csv", "json")}
+    # Dates: campaigns created or finished in the range.
+    today = completed.created_at.date()
+    _page, links = get(kind="campaign", since=str(today), until=str(today))
+    assert f"/campaigns/{completed.pk}/report.pdf" in links
+    _page, links = get(kind="campaign", until=str(today.replace(year=today.year - 1)))
+    assert not links
+    page, _ = get(since="yesterday")
+    assert "is no date" in page
+    page, links = get(q="completed sw", kind="campaign")
+    assert {"report.pdf", "report.csv", "report.json"} == {link.split("/")[3] for link in links}
+    _page, links = get(q="completed sw")
+    assert {link for link in links if link.startswith("/campaigns/")} == {
+        f"/campaigns/{completed.pk}/{name}"
+        for name in ("report.pdf", "report.csv", "report.json", "evidence.json", "evidence.csv")}
+
+
+def test_the_advisory_and_exposure_pages_link_their_reports(seeded, make_user):
+    from advisories.models import Advisory
+
+    client = _viewer(make_user)
+    advisory = Advisory.objects.get(publisher_id="5703")
+    page = client.get(f"/advisories/{advisory.public_id}/").content.decode()
+    assert f'href="/advisories/{advisory.public_id}/report.pdf"' in page
+    page = client.get("/advisories/exposures/", {"cluster": "local"}).content.decode()
+    assert 'href="/advisories/pending.pdf?cluster=local"' in page
+
+
+def test_nobody_without_a_role_sees_the_reports_page(seeded, make_user):
+    client = Client()
+    client.force_login(make_user("nora"))
+    assert client.get("/reports/").status_code == 403

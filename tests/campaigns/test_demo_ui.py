@@ -67,6 +67,14 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
                 page.wait_for_selector("h1:has-text('Overview')")
 
             login("admin")
+
+            def counters_listed() -> bool:
+                found = page.request.get(f"{base}/api/v1/inventory/workloads/?limit=100").json()["results"]
+                return sum(1 for w in found if w["name"].startswith("counter on") and not w["gone_at"]) == 10
+
+            # Each agent's first heartbeat may come before its counter registers with it; the next one
+            # (10 s) lists it again. A person reading the README is slower than that: so is the test.
+            assert wait_for(counters_listed, timeout=60, interval=1)
             # The demo fleet is exposed to bulletin 5703 once its agents have reported.
             page.goto(f"{base}/advisories/exposures/")
             assert "demo/gpu01" in page.inner_text("#exposure-table")
@@ -105,6 +113,12 @@ def test_a_new_user_sweeps_the_demo_fleet_and_every_counter_continues(tmp_path: 
             assert sweeps.count("Done") == 7 and "Failed" not in sweeps
             evidence = page.request.get(f"{campaign_url}evidence.json").json()
             assert evidence["verified"] is True
+            # As the README says: every counter moved to gpu06, and the report shows each counter's own step
+            # when it was checkpointed and where it resumed (issue 31).
+            report = page.request.get(f"{campaign_url}report.json").json()
+            assert len(report["moves"]) == 7 and {m["target_node"] for m in report["moves"]} == {"gpu06"}
+            assert all(isinstance(m["steps_before"], int) and m["steps_after"] == m["steps_before"] > 0
+                       for m in report["moves"]), report["moves"]
             browser.close()
 
         # Every counter went on from where it was: no reset, no gap, and it is still counting.

@@ -73,6 +73,23 @@ def test_the_simulator_page_names_a_bad_parameter(viewer: Client):
     assert 'id="sim-table"' not in page
 
 
+def test_the_simulators_labels_are_written_for_people(viewer: Client):
+    """Issue 31: "Time limit, as a multiple of a task's real duration", not "limit factor:"."""
+    import re
+
+    from costs.inputs import tunable
+    from costs.model import LABELS
+
+    page = viewer.get("/costs/simulate/").content.decode()
+    labels = [re.sub(r"<[^>]+>", "", label).strip() for label in re.findall(r"<label[^>]*>(.*?)</label>", page)]
+    assert "Time limit, as a multiple of a task&#x27;s real duration" in labels
+    assert "Nodes patched at a time" in labels and "Soak after the canary (minutes)" in labels
+    for name, _help, _default in tunable():
+        assert name in LABELS, f"{name} has no label"
+    assert not [label for label in labels if "_" in label or label.endswith(":") or label[:1].islower()], labels
+    assert 'id="simulate-form"' in page and "<p><label" not in page  # the console's fields, not form.as_p
+
+
 def test_the_pages_need_a_login_and_a_role(client: Client, make_user):  # type: ignore[no-untyped-def]
     assert client.get("/costs/drain/").status_code == 302
     make_user("nobody")

@@ -11,7 +11,7 @@ import pytest
 
 from executors.base import NodeRef
 from executors.local import LocalExecutor
-from tests.executors.contract import ExecutorContract, Harness
+from tests.executors.contract import ExecutorContract, Harness, op
 from tests.helpers import REPO
 
 sys.path.insert(0, str(REPO / "agent" / "tests"))
@@ -56,3 +56,14 @@ class TestLocalExecutor(ExecutorContract):
             for agent in started.values():
                 agent.stop()
             proc.kill()  # the restored copy (named after tmp_path) goes with the suite's process sweep
+
+    def test_the_counters_own_step_is_its_progress_at_the_checkpoint_and_the_restore(self, harness: Harness) -> None:
+        """The step the application acknowledged (``{"step": N}``) is the move's steps before and after:
+        what the campaign report prints (issue 31)."""
+        ex = harness.executor
+        ex.drain(harness.a, op("steps-drain"))
+        checkpoint = ex.checkpoint(harness.a, harness.workload, harness.engine, op("steps-ck"))
+        assert checkpoint.steps is not None and checkpoint.steps == harness.progress(harness.workload)
+        restored = ex.restore(harness.b, checkpoint.checkpoint_id, op("steps-restore"))
+        assert restored.steps == checkpoint.steps  # it resumes from the step it saved
+        ex.undo(harness.a, op("steps-undo"))

@@ -84,6 +84,8 @@ def test_bulk_accept_risk_is_for_approvers_and_records_each_decision(client: Cli
     assert operator.post("/advisories/exposures/bulk/", body).status_code == 403
     planned = operator.post("/advisories/exposures/bulk/", {"action": "plan", "exposure": ids})
     assert planned.status_code == 302 and planned["Location"].startswith("/campaigns/new/?advisories=")
+    advisories = {e.advisory.public_id for e in Exposure.objects.filter(pk__in=ids).select_related("advisory")}
+    assert all(f"advisories={a}" in planned["Location"] for a in advisories)  # public ids, never the pk
     assert "nodes=gpu-old" in planned["Location"] and "clusters=prod" in planned["Location"]
     client.logout()
     approver = _login(client, make_user, "anna", "approver")

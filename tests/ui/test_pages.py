@@ -79,7 +79,7 @@ def test_an_operator_plans_and_an_approver_approves_from_the_page(client: Client
     make_user("anna", "approver")
     client.login(username="otto", password="pw-otto-12345")
     response = client.post("/campaigns/new/", {
-        "name": "R570 fix", "advisories": [Advisory.objects.get(publisher_id="5703").pk], "clusters": ["prod"],
+        "name": "R570 fix", "advisories": [Advisory.objects.get(publisher_id="5703").public_id], "clusters": ["prod"],
         "parallelism_per_cluster": "1", "error_budget": "1", "workload_policy": "checkpoint",
         "approvals_required": "1",
     })

@@ -112,7 +112,7 @@ def test_a_new_user_plans_approves_and_watches_a_campaign_finish(page: Any, live
 
     # The wizard: the advisory is chosen; pick the cluster and watch the count follow.
     advisory = Advisory.objects.get(publisher_id="5703")
-    assert page.is_checked(f"#adv-{advisory.pk}")
+    assert page.is_checked(f"#adv-{advisory.public_id}")
     _accessible(page)
     page.wait_for_selector("#match-count[data-nodes='6']")
     page.fill("#id_node_names", "gpu00,gpu01,gpu02,gpu03")

@@ -124,6 +124,8 @@ def test_a_bulletin_that_hits_the_fleet_and_overdue_exposures_are_announced(enqu
     hit = {e.advisory.public_id for e in Exposure.objects.filter(state__in=events.LIVE).select_related("advisory")}
     assert {e.data["advisory"] for e in ingested} == hit and hit
     assert all(sum(e.data["exposures_by_cluster"].values()) > 0 for e in ingested)
+    # The subject (and the key the events API shows) name the advisory by its public id, never its pk.
+    assert all(e.subject == f"advisory:{e.data['advisory']}" and e.key.startswith(f"{e.subject}:") for e in ingested)
 
     open_rows = Exposure.objects.filter(state="open")
     late = open_rows.first()
@@ -132,6 +134,7 @@ def test_a_bulletin_that_hits_the_fleet_and_overdue_exposures_are_announced(enqu
     assert events.scan_deadlines() == 1
     overdue = Event.objects.get(kind=EventType.EXPOSURE_OVERDUE)
     assert overdue.data["exposures"] == 1 and overdue.data["nodes"] == [late.node.name]
+    assert overdue.subject == f"advisory:{late.advisory.public_id}" and f":{late.advisory.public_id}:" in overdue.key
     assert events.scan_deadlines() == 0  # once per advisory, cluster and deadline
     Exposure.objects.filter(pk=open_rows.exclude(pk=late.pk).first().pk).update(
         deadline=timezone.now() + dt.timedelta(days=2))
@@ -232,3 +235,41 @@ def test_a_failed_node_and_each_campaign_state_become_events(enqueued, django_ca
                   .values_list("data__state", flat=True))
     assert states[0] == "planned" and "running" in states and states[-1] in ("completed", "halted")
     assert Event.objects.filter(kind=EventType.APPROVAL_REQUESTED).count() == 1
+
+
+def test_events_kept_with_an_advisorys_database_id_are_renamed_to_its_public_id():
+    """Issue 31: a stored event (and so a pending delivery) named ``advisory:<pk>``; the migration names
+    it by the public id and keeps its key, so the same occurrence is not announced twice."""
+    import importlib
+
+    from django.apps import apps
+
+    from advisories.models import Advisory
+
+    migration = importlib.import_module("webhooks.migrations.0002_public_advisory_ids")
+    advisory = Advisory.objects.create(publisher="NVIDIA", publisher_id="5999", title="t")
+    now = timezone.now()
+    old = [Event.objects.create(kind=EventType.ADVISORY_INGESTED, key=f"advisory:{advisory.pk}:1.2",
+                                subject=f"advisory:{advisory.pk}", summary="s", at=now),
+           Event.objects.create(kind=EventType.EXPOSURE_OVERDUE, key=f"exposure.overdue:{advisory.pk}:4:2026-12-01",
+                                subject=f"advisory:{advisory.pk}", summary="s", at=now),
+           Event.objects.create(kind=EventType.CAMPAIGN_STATE, key="campaign:7:completed", subject="campaign:7",
+                                summary="s", at=now)]
+    migration.forwards(apps, None)
+    assert [(e.key, e.subject) for e in Event.objects.filter(pk__in=[e.pk for e in old]).order_by("pk")] == [
+        ("advisory:nvidia-5999:1.2", "advisory:nvidia-5999"),
+        ("exposure.overdue:nvidia-5999:4:2026-12-01", "advisory:nvidia-5999"),
+        ("campaign:7:completed", "campaign:7")]
+
+
+def test_the_subscription_form_is_rendered_like_the_consoles_other_forms(make_user):
+    admin = _as(make_user("ada", "admin"))
+    page = admin.get("/settings/webhooks/").content.decode()
+    form = page[page.index('<form method="post" id="subscription-form">'):]
+    form = form[:form.index("</form>")]
+    assert "<p><label" not in form and form.count('class="field') >= 7 and 'class="grid2"' in form
+    assert ">Receiver URL</label>" in form and ">Signing secret</label>" in form and ":</label>" not in form
+    assert 'role="group" aria-labelledby="events-l"' in form
+    subscription = Subscription.objects.create(name="soc", url="https://soc.example/hook", secret=SECRET)
+    edit = admin.get(f"/settings/webhooks/{subscription.pk}/").content.decode()
+    assert 'id="subscription-form"' in edit and ">Receiver URL</label>" in edit and "<p><label" not in edit

@@ -49,6 +49,15 @@ CARRIED = ("id", "kind", "scheduler_id", "name", "gpus", "started_at", "checkpoi
 INLINE_KINDS = ("maintenance",)
 
 
+def saved_steps(manifest: dict[str, Any]) -> int | None:
+    """The step a restored workload resumes from, as the application itself reported it: the ``step``
+    (or ``steps``) of its signal engine acknowledgement (the demo counter writes ``{"step": N}``);
+    None when it reported none."""
+    ack = (manifest.get("engine_data") or {}).get("ack")
+    steps = next((ack[k] for k in ("steps", "step") if k in ack), None) if isinstance(ack, dict) else None
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
+
+
 class Agent:
     def __init__(self, config: AgentConfig, argv: list[str] | None = None) -> None:
         self.config = config
@@ -309,8 +318,10 @@ class Agent:
         workload.update(pid=pid, state="running", restored_from=checkpoint_id, restored_at=utcnow())
         self.workloads.put(workload)
         self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
-        return {"workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id,
-                "cold_start": manifest["engine"] == "none"}
+        answer = {"workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id,
+                  "cold_start": manifest["engine"] == "none"}
+        steps = saved_steps(manifest)
+        return answer if steps is None or manifest["engine"] == "none" else {**answer, "steps": steps}
 
     def run_register(self, record: dict[str, Any]) -> dict[str, Any]:
         """A workload started through gpusweep-run: restore its pending checkpoint, or admit it fresh.

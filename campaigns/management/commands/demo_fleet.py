@@ -35,9 +35,12 @@ from inventory.services import ObservedNode, ObservedWorkload, Snapshot, apply_s
 
 CLUSTER = "demo"
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
-# (driver, pool, how many): most below 5703's fixed versions, one R570 node already fixed, and a
-# "spare" node per branch: sweep pool "batch" and the spares receive the moved work, so no
-# workload has to cold-start.
+# (driver, pool, how many): most below 5703's fixed versions, one R570 batch node already fixed
+# (gpu06), and a "spare" node per branch (gpu05, gpu10), exposed like the rest. Sweeping pool
+# "batch" moves every counter to gpu06 (not exposed, outside the sweep, 8 GPUs: the receiver the
+# planner prefers), so no workload has to cold-start; the spares, being exposed, receive nothing
+# and stay exposed until a campaign sweeps pool "spare" (README, Quick start;
+# tests/campaigns/test_demo_plan.py).
 LAYOUT = [("570.172.08", "batch", 4), ("570.172.08", "spare", 1), ("570.195.03", "batch", 1),
           ("580.82.07", "batch", 3), ("580.82.07", "spare", 1)]
 COUNTER = Path(__file__).resolve().parents[2] / "demo" / "counter.py"
