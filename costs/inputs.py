@@ -195,7 +195,7 @@ def campaign_policy(campaign_id: int) -> dict[str, Any]:
         "parallelism": (planned.per_cluster,), "canary": planned.canary, "soak_minutes": planned.soak_s / 60,
         "wave_growth": planned.growth, "growth_step": planned.growth_step,
         "patch_minutes": planned.node_seconds / 60,
-        "last_group": "cold_restart" if planned.cold_restart_allowed else "fail",
+        "last_group": "cold_restart" if planned.cold_restart_allowed else "wait",
         "not_checkpointable": "wait" if campaign.workload_policy == WorkloadPolicy.WAIT else "cold_restart",
         "wait_limit_h": campaign.wait_limit.total_seconds() / 3600 if campaign.wait_limit else None,
         "wait_poll_s": policy.WAIT_POLL_S,

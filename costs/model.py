@@ -52,7 +52,9 @@ CADENCE_DAYS = {"monthly": 30.44, "quarterly": 91.31, "yearly": 365.25}
 PLACEMENTS = ("first_fit", "best_fit")
 CHECKPOINT_ENGINES = tuple(sorted(name for name, rule in portability.ENGINES.items() if rule.checkpointable))
 POLICIES = ("wait", "cold_restart")
-LAST_GROUP = ("fail", "wait", "cold_restart")
+# Work no node can receive: "wait" and "cold_restart" are what the engine does without and with
+# cold restarts; "fail" and "wait_then_cold_restart" are what-ifs (see Params.last_group).
+LAST_GROUP = ("wait", "cold_restart", "fail", "wait_then_cold_restart")
 WAVE_ORDERS = ("strict", "own_work")
 
 
@@ -78,9 +80,12 @@ HELP = {
     "checkpointable_share": "share of tasks that can be checkpointed",
     "checkpoint_s_per_gib": "checkpoint seconds per GiB",
     "restore_s_per_gib": "restore seconds per GiB",
-    "last_group": "work no node can receive (the last two waves of a driver group): fail (cold restart not "
-                  "allowed, a campaign's default: the engine fails the node, which stays unpatched), wait (the node "
-                  "waits for it up to the wait limit: not what the engine does) or cold_restart",
+    "last_group": "work no node can receive (a cuda checkpoint in the last two waves of a driver group): wait "
+                  "(cold restart not allowed, a campaign's default: the engine waits for it to end, up to the wait "
+                  "limit, and fails the node, unpatched, if it still runs then), cold_restart (allowed: the engine "
+                  "stops it at once for a cold restart); what-ifs the engine does not do: fail (fail the node at "
+                  "once, as the engine did before it waited) or wait_then_cold_restart (wait up to the limit, then "
+                  "cold-start it)",
     "not_checkpointable": "work that cannot be checkpointed: wait or cold_restart",
     "checkpoint_engine": "how checkpointable work is checkpointed (executors.portability: cuda, criu, signal): "
                          "where its image is valid, so which nodes, patched ones too, may receive it",
@@ -161,12 +166,17 @@ class Params:
     checkpoint_s_per_gib: float = 1.0
     restore_s_per_gib: float = 0.7
     # The driver-group rule, for work no node can receive (a `cuda` checkpoint needs the old driver:
-    # in the last two waves of a driver group none is left): "fail" is a campaign's default (cold
-    # restart not allowed): the engine checkpoints it, finds no receiver and fails the node, which
-    # stays unpatched (campaigns.engine.steps); "cold_restart" allows the cold restart; "wait" has
-    # the node wait for it (up to the wait limit), which the engine does not do. Work that cannot be
-    # checkpointed cold-starts (a campaign's default workload policy, "checkpoint", does that) or waits.
-    last_group: str = "fail"
+    # in the last two waves of a driver group none is left; the plan calls it "blocked"). The engine
+    # decides it before anything on the node is frozen (campaigns.engine.steps._wait_first and
+    # _nowhere_to_go): "wait", a campaign's default (cold restart not allowed), waits for it to end
+    # like a job whose policy waits (looking every `wait_poll_s`), up to the wait limit (none: for
+    # ever), and fails the node, unpatched with its work untouched, if it still runs then;
+    # "cold_restart" (allowed) stops it at once for a cold restart. What-ifs the engine does not do:
+    # "fail" fails the node at once (the engine before it waited: it checkpointed, found no receiver
+    # and failed the node); "wait_then_cold_restart" waits up to the limit, then cold-starts it.
+    # Work that cannot be checkpointed cold-starts (a campaign's default workload policy,
+    # "checkpoint", does that) or waits.
+    last_group: str = "wait"
     not_checkpointable: str = "cold_restart"
     checkpoint_engine: str = "cuda"
     # The rollout, as a campaign's defaults: a canary wave (one node per driver group and cluster),

@@ -39,7 +39,8 @@ class Resident:
 @dataclass(frozen=True)
 class Fate:
     # MIGRATE, RETURN_HOME (restored on its own node after the patch), COLD_START, FINISH_FIRST or
-    # BLOCKED (no node can receive it and cold restart is not allowed: the engine fails its node)
+    # BLOCKED (no node can receive it and cold restart is not allowed: the engine waits for it to end,
+    # up to the wait limit, and fails its node if it still runs then)
     action: str
     to: int | None = None  # node index that receives it (MIGRATE)
 

@@ -117,7 +117,8 @@ def holds_lines(result: Result, most: int = 5) -> list[str]:
     for row in result.rows:
         if not row.holds:
             continue
-        held = ", ".join(f"{h.task} on {h.node} {h.hours:.1f} h ({h.ended})" for h in row.holds[:most])
+        held = ", ".join(f"{h.task} on {h.node} {h.hours:.1f} h ({f'{h.why}; ' if h.why else ''}{h.ended})"
+                         for h in row.holds[:most])
         more = f" and {len(row.holds) - most} more" if len(row.holds) > most else ""
         lines.append(f"  held nodes, {row.label} {row.cadence}: {held}{more}")
     return lines

@@ -54,8 +54,8 @@ class Row:
             "idle_gpu_hours": round(self.idle_gpu_hours, 1),
             "recomputed_gpu_hours": round(self.recomputed_gpu_hours, 1),
             "cold_starts": self.cold_starts, "deadline_met": self.deadline_met, "notes": list(self.notes),
-            "holds": [{"node": h.node, "task": h.task, "hours": round(h.hours, 2), "ended": h.ended}
-                      for h in self.holds],
+            "holds": [{"node": h.node, "task": h.task, "hours": round(h.hours, 2), "ended": h.ended,
+                       **({"why": h.why} if h.why else {})} for h in self.holds],
         }
 
 

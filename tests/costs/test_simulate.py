@@ -69,10 +69,12 @@ def test_on_a_tiny_fleet_the_sweep_beats_drain_and_wait_which_beats_the_window()
     assert sweep.days_to_patched < drain.days_to_patched < window.days_to_patched
 
 
-def test_when_the_last_group_waits_its_work_holds_the_last_node():
-    rows, _result = run(last_group="wait")
+def test_the_what_if_wait_then_cold_restart_holds_the_last_node_and_kills_at_the_limit():
+    """Not what the engine does (it fails the node at the limit, or cold-starts at once): kept as a
+    what-if. t-long reaches n3 (turn at 3 h), runs until the 48 h wait limit, is killed (61 h of
+    work), 1 h patch."""
+    rows, _result = run(last_group="wait_then_cold_restart")
     sweep = rows["sweep"]
-    # t-long reaches n3 (turn at 3 h), runs until the 48 h wait limit, is killed (61 h of work), 1 h patch.
     assert sweep.days_to_patched == pytest.approx(52 / 24)
     assert sweep.exposure_node_days == pytest.approx((1 + 2 + 3 + 52) / 24)
     assert sweep.recomputed_gpu_hours == pytest.approx(61)
@@ -118,18 +120,33 @@ def test_parameters_out_of_range_are_named():
         simulate(NODES, from_openb(TRACE, params), params.with_(release_s=99 * D))
 
 
-def test_without_cold_restarts_the_engine_fails_the_node_whose_work_has_no_receiver():
-    """A campaign's default (cold restart not allowed): t-long reaches n3, where no old-driver node is
-    left to receive its checkpoint; the engine fails n3 (campaigns.engine.steps), which stays
-    unpatched with t-long running on it, and goes on with the others. It does not wait for it."""
+def test_without_cold_restarts_the_node_whose_work_has_no_receiver_waits_the_limit_then_fails():
+    """A campaign's default (cold restart not allowed), as the engine does it now
+    (campaigns.engine.steps._wait_first): t-long reaches n3, where no old-driver node is left to
+    receive its checkpoint; before anything is checkpointed n3 waits for it to end, up to the 48 h
+    wait limit (3 h to 51 h), and fails: unpatched, t-long running on untouched. Nothing is killed."""
     rows, _result = run()
     sweep = rows["sweep"]
     assert (sweep.nodes_patched, sweep.days_to_patched, sweep.deadline_met) == (3, None, False)
     assert (sweep.cold_starts, sweep.recomputed_gpu_hours) == (0, 0)
     # n0 to n2 in their 1 h turns; n3 exposed until the trace's end (a floor).
     assert sweep.exposure_node_days == pytest.approx((1 + 2 + 3) / 24 + (60 * D - R) / D)
-    assert any("n3 (t-long: no receiver for its checkpoint)" in note for note in sweep.notes)
-    assert any("error budget" in note for note in sweep.notes) and not sweep.holds
+    [held] = sweep.holds
+    assert (held.node, held.task, held.hours, held.why, held.ended) == (
+        "n3", "t-long", pytest.approx(48), "no receiver for its checkpoint",
+        "still running at the wait limit: the node failed")
+    assert any("n3 (t-long: no receiver for its checkpoint, still running at the wait limit)" in note
+               for note in sweep.notes)
+    assert any("error budget" in note for note in sweep.notes)
+    # Without a wait limit n3 waits until t-long ends (day 40), then is patched (1 h).
+    forever, _ = run(wait_limit_h=None)
+    assert forever["sweep"].days_to_patched == pytest.approx(30 + 1 / 24)
+    assert forever["sweep"].exposure_node_days == pytest.approx((1 + 2 + 3) / 24 + 30 + 1 / 24)
+    assert [h.ended for h in forever["sweep"].holds] == ["finished"]
+    # The what-if "fail" (the engine before it waited): n3 fails at once, held by nothing.
+    failed, _ = run(last_group="fail")
+    assert failed["sweep"].nodes_patched == 3 and not failed["sweep"].holds
+    assert any("n3 (t-long: no receiver for its checkpoint)" in note for note in failed["sweep"].notes)
 
 
 def test_a_waited_job_past_the_wait_limit_fails_its_node_without_cold_restarts_else_it_is_killed():
@@ -187,7 +204,7 @@ def test_the_simulator_takes_the_policy_of_the_campaign_it_predicts():
                                     node_estimate_s=10)
     params = campaign_params(quick.pk)
     assert (params.canary, params.parallelism, params.patch_minutes * 60) == ("0", ("2",), pytest.approx(10))
-    assert (params.not_checkpointable, params.checkpointable_share, params.last_group) == ("wait", 0.0, "fail")
+    assert (params.not_checkpointable, params.checkpointable_share, params.last_group) == ("wait", 0.0, "wait")
     assert params.wave_order == Params().wave_order == "strict"
     assert (params.wait_limit_h, params.wait_poll_s) == (None, policy.WAIT_POLL_S)
     assert waited_sweep(params) == pytest.approx(80)  # as worked out above
@@ -205,7 +222,7 @@ def test_the_simulator_takes_the_policy_of_the_campaign_it_predicts():
 def test_the_sensitivity_table_says_how_many_nodes_each_strategy_left_unpatched():
     params = Params(**BASE)
     points = sensitivity(NODES, from_openb(TRACE, params), params,
-                         axes={"last_group": ("fail", "cold_restart")})
+                         axes={"last_group": ("wait", "cold_restart")})
     assert [p.unpatched for p in points] == [{"window": 0, "drain_wait": 0, "sweep": 1},
                                              {"window": 0, "drain_wait": 0, "sweep": 0}]
     lines = table(points).splitlines()

@@ -14,7 +14,7 @@ from django.test import Client
 from costs import fleet, report, synthetic
 from costs.fleet import SimNode
 from costs.inputs import params_from, read_trace
-from costs.model import ModelError, Params
+from costs.model import HELP, ModelError, Params
 from costs.placement import place
 from costs.simulate import simulate
 from costs.strategies import INF, Scenario, sweep
@@ -35,37 +35,154 @@ def _patched(nodes: list[SimNode], tasks: list[Task], params: Params) -> list[fl
     return sweep(scenario, params.parallelism[0]).patched_at
 
 
-def test_a_workload_without_receiver_holds_only_its_own_node():
-    """Done-when 1: the P100 node's service has no receiver (no other P100), and it shares the first
-    wave with t1 (one node a wave per cluster). As the engine does it (cold restart not allowed,
-    the engine's wave order), the P100 node fails and stays unpatched while the T4 nodes are patched
-    exactly when they would be without the service (the T4 jobs move to t3 and t4, and have ended
-    when those nodes' turns come)."""
-    nodes = [SimNode(index=0, name="p0", gpus=1, cluster="p100s", gpu_model="P100", versions={"driver": "old"})] + [
+def _fleet() -> list[SimNode]:
+    """One P100 node (its own cluster) and four T4 nodes: one node a wave per cluster, so the P100
+    node shares wave 1 with t1; t2 to t4 are waves 2 to 4."""
+    return [SimNode(index=0, name="p0", gpus=1, cluster="p100s", gpu_model="P100", versions={"driver": "old"})] + [
         SimNode(index=i, name=f"t{i}", gpus=2, cluster="t4s", gpu_model="T4", versions={"driver": "old"})
         for i in range(1, 5)]
-    params = Params(parallelism=("1",), canary="0", patch_minutes=60, gpu_memory_gib=0, wait_limit_h=48,
-                    checkpointable_share=1.0, wait_poll_s=0)
-    assert (params.last_group, params.wave_order) == ("fail", "strict")
-    work = [Task(name=f"job{i}", submit=0, start=0, end=3600.0 * (i + 0.5), milli=1000, limit=None, node=f"t{i}")
-            for i in (1, 2)]
-    service = Task(name="svc", submit=0, start=0, end=None, milli=1000, limit=None, service=True, node="p0")
-    without = _patched(nodes, work, params)
-    assert without == [3600.0 * h for h in (1, 1, 2, 3, 4)]
-    failed = _patched(nodes, [service, *work], params)
-    assert failed[1:] == without[1:] and failed[0] == INF  # the P100 node failed, unpatched; the others on time
-    # The policy issue 32 asked for (wait up to the limit on its own node), which the engine does not
-    # do: the P100 node waits its 48 h, then is patched. If a waiting node held no wave the T4 nodes
-    # would be on time; with the engine's wave order, t3 and t4 (waves 3 and 4) wait for wave 1.
-    waits = params.with_(last_group="wait")
-    parked = _patched(nodes, [service, *work], waits.with_(wave_order="own_work"))
-    assert parked[1:] == without[1:] and parked[0] == pytest.approx(49 * 3600)
-    assert _patched(nodes, [service, *work], waits)[1:] == [3600.0 * h for h in (1, 2, 50, 51)]
-    # The result says what the engine's order cost there: 49 + 1 + 2 + 50 + 51 hours against 49 + 1 + 2 + 3 + 4.
-    tr = Trace(tasks=[service, *work], origin=datetime(2026, 1, 1, tzinfo=UTC), end=30 * D, kind="sacct")
-    [row] = simulate(nodes, tr, waits.with_(release_s=0.0), strategies=("sweep",)).rows
+
+
+ALONE = Params(parallelism=("1",), canary="0", patch_minutes=60, gpu_memory_gib=0, wait_limit_h=48,
+               checkpointable_share=1.0, wait_poll_s=0)
+# The T4 jobs move to t3 and t4 (waves 3 and 4) and have ended when those nodes' turns come.
+WORK = [Task(name=f"job{i}", submit=0, start=0, end=3600.0 * (i + 0.5), milli=1000, limit=None, node=f"t{i}")
+        for i in (1, 2)]
+
+
+def _service(end: float | None) -> Task:
+    return Task(name="svc", submit=0, start=0, end=end, milli=1000, limit=None, service=True, node="p0")
+
+
+def _run(tasks: list[Task], params: Params):  # type: ignore[no-untyped-def]
+    tr = Trace(tasks=tasks, origin=datetime(2026, 1, 1, tzinfo=UTC), end=30 * D, kind="sacct")
+    [row] = simulate(_fleet(), tr, params.with_(release_s=0.0), strategies=("sweep",)).rows
+    return row
+
+
+def test_a_workload_without_receiver_waits_up_to_the_limit_then_its_node_fails():
+    """Done-when 1 under the engine's rule (campaigns.engine.steps._wait_first, cold restart not
+    allowed, a campaign's default): the P100 node's service has no receiver (no other P100), so
+    before anything is checkpointed the node waits for it to end, up to the 48 h wait limit; it
+    still runs then, so the node fails, unpatched, the service untouched. The T4 nodes of waves 1
+    and 2 are on time; t3 and t4 are not: the engine's wave order (campaigns.policy.admits) counts
+    the waiting P100 node as wave 1 not done, and wave 3 starts only once wave 1 is done. So the
+    other nodes finish on time only where a waiting node holds no wave (`own_work`, a what-if)."""
+    h = 3600.0
+    params = ALONE
+    assert (params.last_group, params.wave_order) == ("wait", "strict")
+    without = _patched(_fleet(), WORK, params)
+    assert without == [h * n for n in (1, 1, 2, 3, 4)]
+    waited = _patched(_fleet(), [_service(None), *WORK], params)
+    assert waited[0] == INF and waited[1:3] == without[1:3]
+    assert waited[3:] == [49 * h, 50 * h]  # held behind the wait: t3 starts when p0 fails at 48 h
+    row = _run([_service(None), *WORK], params)
+    assert (row.nodes_patched, row.cold_starts, row.recomputed_gpu_hours) == (4, 0, 0)
+    [held] = row.holds
+    assert (held.node, held.task, held.hours) == ("p0", "svc", pytest.approx(48))
+    assert (held.why, held.ended) == ("no receiver for its checkpoint",
+                                      "still running at the wait limit: the node failed")
+    assert any("p0 (svc: no receiver for its checkpoint, still running at the wait limit)" in n for n in row.notes)
+    assert any("waited up to the wait limit for work no node could receive" in n for n in row.notes)
+    # What the engine's order cost: 1 + 2 + 49 + 50 hours against 1 + 2 + 3 + 4 (p0 counted to the
+    # trace's end, day 30, in both).
     [note] = [n for n in row.notes if "wave order" in n]
-    assert f"{153 / 24:,.1f} node-days; {59 / 24:,.1f} if a waiting node held no wave" in note
+    assert f"{(102 * h + 30 * D) / D:,.1f} node-days; {(10 * h + 30 * D) / D:,.1f} if a waiting node" in note
+    # The what-if where a waiting node gives its slot and the order back: every T4 node on time.
+    own = _patched(_fleet(), [_service(None), *WORK], params.with_(wave_order="own_work"))
+    assert own[0] == INF and own[1:] == without[1:]
+
+
+def test_a_workload_without_receiver_that_ends_within_the_limit_lets_its_node_be_patched():
+    """The service ends at 10.5 h: the node sees it end (here at once; the engine looks every
+    WAIT_POLL_S), has nothing left to move and is patched, 1 h. Wave 3 waits for it."""
+    h = 3600.0
+    assert _patched(_fleet(), [_service(10.5 * h), *WORK], ALONE) == [11.5 * h, h, 2 * h, 12.5 * h, 13.5 * h]
+    row = _run([_service(10.5 * h), *WORK], ALONE)
+    assert [(x.task, x.hours, x.ended) for x in row.holds] == [("svc", pytest.approx(10.5), "finished")]
+    # The engine's look, every 30 s from the node's start: the end at 10.5 h + 10 s is seen at 10.5 h + 30 s.
+    polled = _patched(_fleet(), [_service(10.5 * h + 10), *WORK], ALONE.with_(wait_poll_s=30))
+    assert polled[0] == pytest.approx(11.5 * h + 30)
+
+
+def test_without_a_wait_limit_the_node_waits_for_ever_and_holds_every_wave_after_the_next():
+    """wait_limit none: the service never ends, so the P100 node never finishes, and under the
+    engine's wave order waves 3 and 4 never start (t1 and t2, waves 1 and 2, are patched)."""
+    h = 3600.0
+    patched = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(wait_limit_h=None))
+    assert patched == [INF, h, 2 * h, INF, INF]
+
+
+def test_with_cold_restarts_allowed_the_workload_without_receiver_is_stopped_at_once():
+    """cold_restart_allowed (`last_group` cold_restart): the plan cold-starts it; the node is patched
+    in its 1 h turn, the service loses its warm-up (10 minutes of its GPU); every other node on time."""
+    h = 3600.0
+    params = ALONE.with_(last_group="cold_restart")
+    assert _patched(_fleet(), [_service(None), *WORK], params) == [h * n for n in (1, 1, 2, 3, 4)]
+    row = _run([_service(None), *WORK], params)
+    assert (row.cold_starts, row.recomputed_gpu_hours, row.holds) == (1, pytest.approx(10 / 60), ())
+
+
+def test_the_what_ifs_the_engine_does_not_do_are_kept_and_named():
+    """`fail`: the engine before it waited (the node failed at once, every other node on time);
+    `wait_then_cold_restart`: the wait, then a cold restart at the limit (p0 patched at 49 h, t3 and
+    t4 held behind it)."""
+    h = 3600.0
+    failed = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(last_group="fail"))
+    assert failed == [INF, h, 2 * h, 3 * h, 4 * h]
+    row = _run([_service(None), *WORK], ALONE.with_(last_group="fail"))
+    assert any("p0 (svc: no receiver for its checkpoint)" in n for n in row.notes)
+    assert any("failed at once (--last-group fail, a what-if" in n for n in row.notes)
+    killed = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(last_group="wait_then_cold_restart"))
+    assert killed == [49 * h, h, 2 * h, 50 * h, 51 * h]
+    assert "what-if" in HELP["last_group"] and "fail" in HELP["last_group"]
+
+
+def test_a_node_that_failed_is_back_in_service_unpatched_and_receives_the_work_of_the_next():
+    """The engine decides "nowhere to go" again at every look, on the receivers as they are: a node
+    that failed is back in service on the old driver (campaigns.engine.recovery.unwind), so it is a
+    node where a cuda checkpoint of its model is valid. Two P100 nodes, one at a time: q0's service
+    has no receiver, waits 48 h and fails; q1 starts then, and its service moves to q0, which has a
+    free GPU: q1 is patched 1 h later. Were q0 full, q1 would wait its 48 h and fail too."""
+    h = 3600.0
+    params = ALONE
+
+    def sweep_of(gpus: int) -> list[float]:
+        nodes = [SimNode(index=i, name=f"q{i}", gpus=gpus, gpu_model="P100", versions={"driver": "old"})
+                 for i in range(2)]
+        services = [Task(name=f"svc{i}", submit=0, start=0, end=None, milli=1000, limit=None, service=True,
+                         node=f"q{i}") for i in range(2)]
+        return _patched(nodes, services, params)
+
+    assert sweep_of(2) == [INF, 49 * h]
+    assert sweep_of(1) == [INF, INF]
+    nodes = [SimNode(index=i, name=f"q{i}", gpus=2, gpu_model="P100", versions={"driver": "old"}) for i in range(2)]
+    tr = Trace(tasks=[Task(name=f"svc{i}", submit=0, start=0, end=None, milli=1000, limit=None, service=True,
+                           node=f"q{i}") for i in range(2)],
+               origin=datetime(2026, 1, 1, tzinfo=UTC), end=30 * D, kind="sacct")
+    [row] = simulate(nodes, tr, params.with_(release_s=0.0), strategies=("sweep",)).rows
+    # q1 found its receiver at its first look: it held nothing.
+    assert [(x.node, x.task, x.ended) for x in row.holds] == [
+        ("q0", "svc0", "still running at the wait limit: the node failed")]
+
+
+def test_work_that_came_after_the_plan_is_decided_on_the_receivers_as_they_are():
+    """A job that starts on t1 after the release is no part of the plan: the engine decides at t1's
+    turn whether any node could take its checkpoint (`_nowhere_to_go`). None can (t0 is patched, on
+    the new driver; no later wave), so t1 waits for it to end (10 h), then is patched; with cold
+    restarts allowed it is stopped at once. In a fleet of four, t1 (wave 2) sends it to t3 (wave 4),
+    where no receiver is left: t3 waits for it."""
+    h = 3600.0
+    late = Task(name="late", submit=0, start=0.5 * h, end=10 * h, milli=1000, limit=None, node="t1")
+
+    def fleet_of(count: int) -> list[SimNode]:
+        return [SimNode(index=i, name=f"t{i}", gpus=1, gpu_model="T4", versions={"driver": "old"})
+                for i in range(count)]
+
+    assert _patched(fleet_of(2), [late], ALONE) == [h, 11 * h]
+    cold = ALONE.with_(last_group="cold_restart")
+    assert _patched(fleet_of(2), [late], cold) == [h, 2 * h]
+    assert _patched(fleet_of(4), [late], ALONE) == [h, 2 * h, 3 * h, 11 * h]
 
 
 def test_gpu_spec_is_honoured_where_a_task_is_placed():
@@ -85,37 +202,60 @@ def test_the_utilization_equals_a_direct_count_from_the_csv():
     assert result.utilization * result.gpus == pytest.approx(busy_at(TRACE, 10 * D)) == pytest.approx(1.0)
 
 
+# The bundled trace's P100 services (qos LS) whose cuda checkpoints reach the last two waves of their group.
+P100_SERVICES = {f"openb-pod-{n:04d}" for n in (1, 2, 6, 7, 8, 9, 10, 11, 13, 14, 15)}
+
+
 @needs_openb
-def test_on_the_bundled_trace_the_utilization_is_the_files_and_exposure_falls_with_parallelism():
+def test_on_the_bundled_trace_the_utilization_is_the_files_and_where_exposure_falls_with_parallelism():
+    """Done-when 2 on the bundled trace, told as it is. With a campaign's defaults the 11 P100
+    services that reach the last two waves of their driver group have no receiver: their nodes wait
+    the 168 h wait limit, and the engine's wave order holds every wave after the next behind them
+    (some 430 to 480 nodes at 1% to 10%, whatever the parallelism), so the sweep's node-days do not
+    fall with parallelism: they rise from 5% to 10%. They fall where a waiting node holds no wave
+    (`own_work`, a what-if) and where cold restarts are allowed (no wait at all)."""
     text = (OPENB / "openb_pod_list_default.csv").read_text()
     nodes = fleet.from_file(OPENB / "openb_node_list_gpu_node.csv")
     params = params_from({"parallelism": "1%,2%,5%,10%"}, release_s=100 * D)
-    result = simulate(nodes, read_trace(text, params), params, strategies=("sweep",))
+    trace = read_trace(text, params)
+    result = simulate(nodes, trace, params, strategies=("sweep",))
     assert result.placement.unplaced == 0
     assert result.utilization * result.gpus == pytest.approx(busy_at(text, 100 * D))
     exposure = [r.exposure_node_days for r in result.rows]
-    assert exposure == sorted(exposure, reverse=True)
+    assert exposure[:3] == sorted(exposure[:3], reverse=True) and exposure[3] > exposure[2]
+    assert all(any("waiting for their own work as not done" in n for n in r.notes) for r in result.rows)
+    assert all({h.task for h in r.holds} == P100_SERVICES for r in result.rows)
+    for changes in ({"wave_order": "own_work"}, {"last_group": "cold_restart"}):
+        other = simulate(nodes, trace, params.with_(**changes), strategies=("sweep",))
+        falls = [r.exposure_node_days for r in other.rows]
+        assert falls == sorted(falls, reverse=True) and falls[-1] < falls[0], changes
+        assert all(f < e for f, e in zip(falls, exposure, strict=True)), changes
 
 
 def test_the_second_trace_is_the_generators_and_exposure_falls_with_parallelism():
-    """Done-when 2 on a busier generated trace (seed 7). With cold restarts allowed for the last
-    group, exposure falls as parallelism rises. With a campaign's default (no cold restart), the
-    work of the last two waves of each driver group has no receiver and the engine fails those
-    nodes: more nodes a wave put more nodes there, so more fail, and the notes say why."""
+    """Done-when 2 on a busier generated trace (seed 7). With a campaign's defaults (cold restart not
+    allowed) the work of the last two waves of each driver group has no receiver (and work that came
+    after the plan finds none on the full nodes of later waves): those nodes wait up to the 168 h
+    limit, 15 to 17 of them fail, and the waits hold the waves after them; exposure still falls as
+    parallelism rises (fewer waves to hold). With cold restarts allowed every node is patched and it
+    falls too, far lower."""
     assert (FIXTURES / "synthetic_pods.csv").read_text() == synthetic.pods_csv(7, count=900)
     assert (FIXTURES / "synthetic_nodes.csv").read_text() == synthetic.nodes_csv(7)
     text = (FIXTURES / "synthetic_pods.csv").read_text()
     nodes = fleet.from_file(FIXTURES / "synthetic_nodes.csv")
-    params = params_from({"parallelism": "1,2,5,10", "last_group": "cold_restart"}, release_s=30 * D)
+    params = params_from({"parallelism": "1,2,5,10"}, release_s=30 * D)
     trace = read_trace(text, params)
-    result = simulate(nodes, trace, params, strategies=("sweep",))
-    exposure = [r.exposure_node_days for r in result.rows]
+    engine = simulate(nodes, trace, params, strategies=("sweep",))
+    exposure = [r.exposure_node_days for r in engine.rows]
     assert exposure == sorted(exposure, reverse=True) and exposure[0] > exposure[-1]
-    assert all(r.nodes_patched == len(nodes) for r in result.rows)
-    engine = simulate(nodes, trace, params.with_(last_group="fail"), strategies=("sweep",))
-    patched = [r.nodes_patched for r in engine.rows]
-    assert patched == sorted(patched, reverse=True) and patched[-1] < patched[0] < len(nodes)
+    assert [len(nodes) - r.nodes_patched for r in engine.rows] == [15, 17, 16, 16]
     assert all(any("last two waves of each driver group" in n for n in r.notes) for r in engine.rows)
+    assert all(any(h.why == "no receiver for its checkpoint" for h in r.holds) for r in engine.rows)
+    allowed = simulate(nodes, trace, params.with_(last_group="cold_restart"), strategies=("sweep",))
+    falls = [r.exposure_node_days for r in allowed.rows]
+    assert falls == sorted(falls, reverse=True) and falls[0] > falls[-1]
+    assert all(r.nodes_patched == len(nodes) for r in allowed.rows)
+    assert all(f * 20 < e for f, e in zip(falls, exposure, strict=True))
     stats = trace_stats(text)
     assert (stats.rows, stats.gpu_tasks, stats.constrained) == (900, 900, sum(
         1 for line in text.splitlines()[1:] if line.split(",")[5]))
