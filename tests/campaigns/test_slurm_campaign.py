@@ -75,6 +75,15 @@ def completed_moves(done: Campaign) -> dict[str, WorkloadMove]:
         "target_node", "sweep")}
 
 
+def runs_of(fleet: SlurmFleet, job_id: str, expected: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(State, NodeList) of each run of the job in sacct, once accounting shows `expected` (slurmdbd
+    records a requeued job's new run a moment after slurmctld starts it: PENDING until then)."""
+    def runs() -> list[tuple[str, str]]:
+        return [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", job_id)]
+
+    return wait_for(lambda: runs() == expected and expected, timeout=20, interval=0.5) or runs()
+
+
 def counter_pids(log: Path) -> list[int]:
     """Every process on this host running the counter that writes `log` (any node's)."""
     found = []
@@ -118,9 +127,8 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
         after = agents.wait_steps(logs[node], at_end + 5)
         assert agents.unbroken(after) == len(after), f"the counter of {node} restarted, skipped or repeated a step"
         # sacct: the first run on the swept node ended REQUEUED, the second runs on the spare.
-        runs = fleet.cluster.sacct("-j", job_id)
-        assert [(r["State"], r["NodeList"]) for r in runs] == [("REQUEUED", node), ("RUNNING",
-                                                                                     move.target_node.name)], runs
+        expected = [("REQUEUED", node), ("RUNNING", move.target_node.name)]
+        assert runs_of(fleet, job_id, expected) == expected
     for node in ("gpu01", "gpu02"):
         info = fleet.node(node)
         assert info["state"] == "idle" and not info["state_flags"], info
@@ -198,7 +206,7 @@ def test_a_kernel_only_patch_brings_the_job_back_to_its_own_node_after_the_reboo
     assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == "gpu01"
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)
     assert agents.unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
-    assert [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", job_id)] == [
+    assert runs_of(fleet, job_id, [("REQUEUED", "gpu01"), ("RUNNING", "gpu01")]) == [
         ("REQUEUED", "gpu01"), ("RUNNING", "gpu01")]
     assert fleet.agents["gpu01"].client.get("/v1/facts")["components"]["kernel"] == NEW_KERNEL
     for other in ("gpu02", "gpu03", "gpu04"):
@@ -413,8 +421,8 @@ def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpoint
     assert job is not None and job["job_state"] == "RUNNING" and job["batch_host"] == move.target_node.name
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)
     assert agents.unbroken(after) == len(after), "the counter restarted, skipped or repeated a step"
-    assert [(r["State"], r["NodeList"]) for r in fleet.cluster.sacct("-j", sneaky)] == [
-        ("REQUEUED", "gpu01"), ("RUNNING", move.target_node.name)]
+    expected = [("REQUEUED", "gpu01"), ("RUNNING", move.target_node.name)]
+    assert runs_of(fleet, sneaky, expected) == expected
     # waiter: ran to its end on gpu02, which was patched only after it, having waited for it.
     assert moves[f"slurm-{waiter}"].state == MoveState.FINISHED
     [run] = fleet.cluster.sacct("-j", waiter)
