@@ -91,3 +91,32 @@ def drive_until_rest(campaign_id: int, timeout: float = 120) -> Any:
         if (not busy and done.status != CampaignStatus.RUNNING) or time.monotonic() > deadline:
             return done
         time.sleep(0.5)
+
+
+def completed_campaign(capture_on_commit: Any) -> Campaign:
+    """A two-node campaign on the memory fleet driven to completion, its on-commit work run (digests,
+    exposures): `capture_on_commit` is pytest-django's django_capture_on_commit_callbacks."""
+    make_fleet(nodes=2, spares=2)
+    requester, approver = user("rita", "operator"), user("alan", "approver")
+    with capture_on_commit(execute=True):
+        planned = approved_campaign(requester, approver)
+        services.start(planned.pk, requester)
+        done = drive(planned.pk)
+    assert done.status == CampaignStatus.COMPLETED
+    return done
+
+
+def driver_advisory(nodes: list[Node], publisher_id: str = "9999") -> Any:
+    """An advisory whose R570 range holds every node below FIXED, and their open exposures."""
+    from advisories.exposure import recompute
+    from advisories.models import Advisory, AffectedRange
+    from inventory.versions import parse_version
+
+    advisory = Advisory.objects.create(publisher_id=publisher_id, title="GPU Display Driver", source_kind="file",
+                                       source=f"{publisher_id}.json", severity="high")
+    AffectedRange.objects.create(advisory=advisory, product_id="linuxr570", component="driver", branch="R570",
+                                 os_family="linux", product_line="tesla", raw=f"all versions prior to {FIXED}",
+                                 upper_version=FIXED, upper_key=parse_version("driver", FIXED).key,
+                                 fixed_version=FIXED, severity="high")
+    recompute(node_ids=[n.pk for n in nodes])
+    return advisory

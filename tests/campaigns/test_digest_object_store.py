@@ -23,10 +23,9 @@ from botocore.exceptions import ClientError
 from django.core.exceptions import ImproperlyConfigured
 from moto.server import ThreadedMotoServer
 
-from campaigns import digests, evidence, services, verify
-from campaigns.choices import CampaignStatus
+from campaigns import digests, evidence, verify
 from campaigns.models import Campaign, EvidenceSeal
-from tests.campaigns.fleet import approved_campaign, drive, make_fleet, user
+from tests.campaigns.fleet import completed_campaign, drive
 from tests.campaigns.test_digests import _launder, _offline
 from tests.helpers import REPO
 
@@ -87,14 +86,7 @@ def bucket(s3, s3_endpoint, settings) -> str:
 
 @pytest.fixture
 def completed(bucket, django_capture_on_commit_callbacks) -> Campaign:  # type: ignore[no-untyped-def]
-    make_fleet(nodes=2, spares=2)
-    requester, approver = user("rita", "operator"), user("alan", "approver")
-    with django_capture_on_commit_callbacks(execute=True):
-        planned = approved_campaign(requester, approver)
-        services.start(planned.pk, requester)
-        done = drive(planned.pk)
-    assert done.status == CampaignStatus.COMPLETED
-    return done
+    return completed_campaign(django_capture_on_commit_callbacks)
 
 
 def _versions(s3: Any, bucket: str, campaign_id: int) -> list[dict[str, Any]]:

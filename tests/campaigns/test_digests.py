@@ -18,10 +18,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from campaigns import digests, evidence, services, signing, verify
+from campaigns import digests, evidence, signing, verify
 from campaigns.choices import CampaignStatus, EvidenceKind, SweepState
 from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep
-from tests.campaigns.fleet import approved_campaign, drive, make_fleet, user
+from tests.campaigns.fleet import completed_campaign, drive
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.django_db
@@ -30,14 +30,7 @@ E = EvidenceEvent._meta.db_table
 
 @pytest.fixture
 def completed(django_capture_on_commit_callbacks) -> Campaign:  # type: ignore[no-untyped-def]
-    make_fleet(nodes=2, spares=2)
-    requester, approver = user("rita", "operator"), user("alan", "approver")
-    with django_capture_on_commit_callbacks(execute=True):
-        planned = approved_campaign(requester, approver)
-        services.start(planned.pk, requester)
-        done = drive(planned.pk)
-    assert done.status == CampaignStatus.COMPLETED
-    return done
+    return completed_campaign(django_capture_on_commit_callbacks)
 
 
 def _rehash(campaign_id: int, sweep_id: int | None) -> tuple[int, str]:

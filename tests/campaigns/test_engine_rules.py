@@ -8,12 +8,12 @@ import pytest
 from django.utils import timezone
 
 from advisories.choices import ExposureState
-from advisories.models import Advisory, AffectedRange, Exposure
+from advisories.models import Advisory, Exposure
 from campaigns import engine, services
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from inventory.models import ChangeLog, Cluster, Node
-from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, drive, make_fleet, user
+from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, drive, driver_advisory, make_fleet, user
 
 pytestmark = pytest.mark.django_db
 
@@ -24,18 +24,7 @@ def people():
 
 
 def _exposed(nodes: list[Node]) -> Advisory:
-    """An advisory whose R570 range holds every node below FIXED, and their open exposures."""
-    from advisories.exposure import recompute
-    from inventory.versions import parse_version
-
-    advisory = Advisory.objects.create(publisher_id="9999", title="GPU Display Driver", source_kind="file",
-                                       source="9999.json", severity="high")
-    AffectedRange.objects.create(advisory=advisory, product_id="linuxr570", component="driver", branch="R570",
-                                 os_family="linux", product_line="tesla", raw=f"all versions prior to {FIXED}",
-                                 upper_version=FIXED, upper_key=parse_version("driver", FIXED).key,
-                                 fixed_version=FIXED, severity="high")
-    recompute(node_ids=[n.pk for n in nodes])
-    return advisory
+    return driver_advisory(nodes)
 
 
 def test_a_campaign_with_no_heartbeats_remediates_its_exposures_and_logs_every_change(

@@ -32,7 +32,7 @@ from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from executors.memory import Fleet, MemoryExecutor
 from inventory.choices import ServiceState
 from inventory.models import Cluster, Node, Workload
-from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, user
+from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, driver_advisory, user
 
 pytestmark = pytest.mark.django_db
 
@@ -224,18 +224,9 @@ def _agent_reports(cluster: Cluster, node: Node, driver: str) -> None:
 
 
 def _exposure(node: Node) -> Any:
-    from advisories.exposure import recompute
-    from advisories.models import Advisory, AffectedRange, Exposure
-    from inventory.versions import parse_version
+    from advisories.models import Exposure
 
-    advisory = Advisory.objects.create(publisher_id="9901", title="GPU Display Driver", source_kind="file",
-                                       source="9901.json", severity="high")
-    AffectedRange.objects.create(advisory=advisory, product_id="linuxr570", component="driver", branch="R570",
-                                 os_family="linux", product_line="tesla", raw=f"all versions prior to {FIXED}",
-                                 upper_version=FIXED, upper_key=parse_version("driver", FIXED).key,
-                                 fixed_version=FIXED, severity="high")
-    recompute(node_ids=[node.pk])
-    return Exposure.objects.get(node=node, advisory=advisory)
+    return Exposure.objects.get(node=node, advisory=driver_advisory([node], "9901"))
 
 
 @pytest.mark.parametrize("gate", ["passes", "fails"])
