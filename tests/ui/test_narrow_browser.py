@@ -28,9 +28,11 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ROLES = ("viewer", "operator", "approver", "admin")
 WIDTHS = (390, 1280)
 SERVER_S = float(os.environ.get("GPUSWEEP_TEST_PAGE_S", "1.0"))
-# Not pages of their own: probes, Django's account forms, files, htmx fragments and POST-only actions.
+# Not pages of their own: probes, Django's account forms, files, htmx fragments, POST-only actions, and the
+# single sign-on's redirects to and from the identity provider (404 where none is configured).
 NOT_PAGES = {
-    "healthz", "readyz", "metrics", "login", "logout", "password_change", "password_change_done", "password_reset",
+    "healthz", "readyz", "metrics", "login", "logout", "oidc-authenticate", "oidc-callback",
+    "password_change", "password_change_done", "password_reset",
     "password_reset_done", "password_reset_confirm", "password_reset_complete",
     "campaign-report", "advisory-report", "pending-report", "campaigns-ui:campaign-evidence",
     "campaigns-ui:campaign-board", "campaigns-ui:campaign-match", "campaigns-ui:campaign-preview",
