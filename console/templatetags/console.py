@@ -91,7 +91,10 @@ def duration(seconds: Any) -> str:
 def versions(value: Any) -> str:
     """{"driver": "570.195.03", "cuda": "12.8"} as 'driver 570.195.03, cuda 12.8'."""
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items() if v not in (None, "")) or "—"
+        # One order whatever the database kept (PostgreSQL's jsonb sorts keys its own way): the driver
+        # first, then by name, so before and after read side by side.
+        items = sorted(value.items(), key=lambda kv: (kv[0] != "driver", kv[0]))
+        return ", ".join(f"{k} {_plain(v)}" for k, v in items if v not in (None, "")) or "—"
     return _plain(value) if value not in (None, "") else "—"
 
 

@@ -58,3 +58,13 @@ def test_an_approver_who_tries_to_start_is_told_which_role_starts():
     assert "Start needs the operator role; your roles: approver" in page.content.decode()
     api = client.post(f"/api/v1/campaigns/campaigns/{campaign.pk}/start/")
     assert api.status_code == 403 and api.json()["detail"] == "start needs the operator role; yours: approver"
+
+
+def test_versions_read_in_one_order_before_and_after():
+    """The board's before and after columns list the driver first, then the rest by name, whatever order
+    the database kept a JSON object's keys in (PostgreSQL's jsonb sorts them by length)."""
+    from console.templatetags.console import versions
+
+    assert versions({"driver": "570.172.08", "cuda": "12.8"}) == "driver 570.172.08, cuda 12.8"
+    assert versions({"cuda": "12.8", "kernel": "6.8.0", "driver": "570.195.03"}) == (
+        "driver 570.195.03, cuda 12.8, kernel 6.8.0")
