@@ -91,8 +91,8 @@ def duration(seconds: Any) -> str:
 def versions(value: Any) -> str:
     """{"driver": "570.195.03", "cuda": "12.8"} as 'driver 570.195.03, cuda 12.8'."""
     if isinstance(value, dict):
-        # One order whatever the database kept (PostgreSQL's jsonb sorts keys its own way): the driver
-        # first, then by name, so before and after read side by side.
+        # One order whatever order the versions were reported or stored in (a back end's facts, jsonb):
+        # the driver first, then by name, so before and after read side by side.
         items = sorted(value.items(), key=lambda kv: (kv[0] != "driver", kv[0]))
         return ", ".join(f"{k} {_plain(v)}" for k, v in items if v not in (None, "")) or "—"
     return _plain(value) if value not in (None, "") else "—"

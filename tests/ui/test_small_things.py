@@ -62,7 +62,7 @@ def test_an_approver_who_tries_to_start_is_told_which_role_starts():
 
 def test_versions_read_in_one_order_before_and_after():
     """The board's before and after columns list the driver first, then the rest by name, whatever order
-    the database kept a JSON object's keys in (PostgreSQL's jsonb sorts them by length)."""
+    the back end reported them in or the database kept them in."""
     from console.templatetags.console import versions
 
     assert versions({"driver": "570.172.08", "cuda": "12.8"}) == "driver 570.172.08, cuda 12.8"
