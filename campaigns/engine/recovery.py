@@ -220,14 +220,17 @@ def settle(sweep: NodeSweep, worker: str, ex: Executor, home: bool) -> dict[str,
             **({"stranded_workloads": stranded} if stranded else {})}
 
 
+def receivers(sweep: NodeSweep, move: WorkloadMove, home: bool) -> list[Node]:
+    """Where a held checkpoint may go, in order: its own node when it is back in service (`home`),
+    then another node with room where the checkpoint is valid (choose_target)."""
+    target = choose_target(sweep, move, None)
+    return [*([sweep.node] if home else []), *([target] if target is not None else [])]
+
+
 def _restore_somewhere(sweep: NodeSweep, worker: str, ex: Executor, move: WorkloadMove,
                        home: bool) -> dict[str, Any] | None:
     name = move.workload_name or move.workload_ref
-    choices: list[Node] = [sweep.node] if home else []
-    target = choose_target(sweep, move, None)
-    if target is not None:
-        choices.append(target)
-    for node in choices:
+    for node in receivers(sweep, move, home):
         try:
             result = ex.restore(node_ref(node), move.checkpoint_id, move_op(sweep, move, f"settle-{node.pk}"))
         except (PermanentExecutorError, TemporaryExecutorError, InterruptedOperation):
@@ -263,9 +266,8 @@ def recover_stranded(campaign_id: int, actor: str) -> list[dict[str, Any]]:
         ex = get_executor(sweep.node.cluster)
         name = move.workload_name or move.workload_ref
         home = sweep.node.service_state == ServiceState.IN_SERVICE
-        choices = [n for n in ([sweep.node] if home else []) + [choose_target(sweep, move, None)] if n is not None]
         errors = []
-        for node in choices:
+        for node in receivers(sweep, move, home):
             try:
                 result = ex.restore(node_ref(node), move.checkpoint_id, move_op(sweep, move, f"recover-{node.pk}"))
             except (PermanentExecutorError, TemporaryExecutorError, InterruptedOperation) as exc:
