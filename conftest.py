@@ -8,9 +8,10 @@ default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` 
 
 Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
 browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
-another. `make pytest` goes further and runs them in a phase of their own, after the others
-(`--resource-groups without` on every core, then `--resource-groups only` in one process): their
-timing bounds hold on a machine that runs nothing else, as they did when the suite was serial.
+another. `make pytest` goes further and runs them in phases of their own, after the others
+(`--resource-groups without` on every core; then `lanes`, the Slurm group beside the agents-and-
+browser group, one worker each, as they share no outside resource; then `alone` in one process):
+their timing bounds hold with nothing but the other lane beside them.
 """
 
 from __future__ import annotations
@@ -33,20 +34,25 @@ REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFI
 SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
 # xdist group -> the test files sharing that outside resource: one worker runs a group's files one
 # test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
-# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites). The
-# Slurm, CRIU and real-worker campaign tests are one group: with them on two workers at once the
-# Slurm accounting and GPU-holder tests failed in the PostgreSQL pass (each passes alone).
+# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
+# `make pytest` runs the first two groups side by side (LANES, one worker each), split by what
+# cannot run twice at once: the Slurm cluster (one controller, slurmdbd and the machine's MariaDB)
+# in one; CRIU, the agents, the Kubernetes stand-in and the browser, which share nothing with Slurm,
+# in the other. Then `alone`: real Celery workers killed mid-campaign and the heartbeat flush, whose
+# timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm-criu": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
-                   "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
-                   "tests/inventory/test_slurm_sync.py", "agent/tests/test_agent_checkpoint.py",
-                   "agent/tests/test_agent_cuda.py", "tests/faults/test_faults.py",
-                   "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_e2e.py",
-                   "tests/inventory/test_heartbeat_digest.py", "tests/foundation/test_boot.py"),
-    "browser": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
-                "tests/ui/test_walk_browser.py", "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",
-                "tests/ui/test_wizard_browser.py"),
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
+              "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
+              "tests/inventory/test_slurm_sync.py"),
+    "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
+                       "tests/campaigns/test_kubernetes_campaign.py", "tests/foundation/test_boot.py",
+                       "tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py",
+                       "tests/foundation/test_ui.py", "tests/ui/test_walk_browser.py",
+                       "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",
+                       "tests/ui/test_wizard_browser.py"),
+    "alone": ("tests/campaigns/test_e2e.py", "tests/faults/test_faults.py", "tests/inventory/test_heartbeat_digest.py"),
 }
+LANES = ("slurm", "agents-browser")
 MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
 
@@ -90,9 +96,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--resource-groups", choices=("with", "without", "only"), default="with",
+    parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", "alone"), default="with",
                      help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
-                          "or run only them (make pytest: `without` on every core, then `only` in one process)")
+                          "run only them, only those of LANES or only the others (make pytest: `without` on every "
+                          "core, then `lanes` with one worker per group, then `alone` in one process)")
     parser.addoption("--database-tests-only", action="store_true",
                      help="only the tests that touch the configured database or broker (conftest.touches_database): "
                           "make test-postgres, after the whole suite ran on the SQLite default")
@@ -118,7 +125,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _keep(config, items, touches_database)
     groups = config.getoption("resource_groups")
     if groups != "with":
-        _keep(config, items, lambda item: (item.nodeid.split("::", 1)[0] in GROUP_OF_FILE) == (groups == "only"))
+        _keep(config, items, lambda item: _in_phase(GROUP_OF_FILE.get(item.nodeid.split("::", 1)[0]), groups))
+
+
+def _in_phase(group: str | None, phase: str) -> bool:
+    if phase == "without":
+        return group is None
+    if phase == "only":
+        return group is not None
+    return group is not None and (group in LANES) == (phase == "lanes")
 
 
 # What a test that touches the configured database or broker uses (besides the django_db mark and the

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# `make pytest`: the tests that share no outside resource on every core (pytest-xdist), then the
-# files of conftest.GROUPS (a real Slurm cluster, CRIU, the browser, real workers with timing
-# bounds) in one process on an otherwise quiet machine. Usage: pytest-phases.sh BIN WORKERS [ARGS...]
+# `make pytest`: the tests that share no outside resource on every core (pytest-xdist); then the
+# files of conftest.GROUPS: the two LANES side by side (the real Slurm cluster on one worker; CRIU,
+# the agents and the browser on the other) and nothing else beside them; then the `alone` group
+# (real workers killed mid-campaign, timing bounds) in one process.
+# Usage: pytest-phases.sh BIN WORKERS [ARGS...]
 set -uo pipefail
 bin=$1 workers=$2
 shift 2
+codes=()
 "$bin/pytest" -n "$workers" --dist loadgroup --resource-groups without --durations=15 "$@"
-first=$?
-"$bin/pytest" -p no:xdist --resource-groups only --durations=0 "$@"
-second=$?
-# Exit 5 is "no test collected": fine for one phase when the other ran (ARGS naming one file),
-# never for both.
-if { [ "$first" -eq 0 ] || [ "$first" -eq 5 ]; } && { [ "$second" -eq 0 ] || [ "$second" -eq 5 ]; } \
-   && ! { [ "$first" -eq 5 ] && [ "$second" -eq 5 ]; }; then
-  exit 0
-fi
-[ "$first" -ne 0 ] && [ "$first" -ne 5 ] && exit "$first"
-exit "$second"
+codes+=($?)
+"$bin/pytest" -n 2 --dist loadgroup --resource-groups lanes --durations=0 "$@"
+codes+=($?)
+"$bin/pytest" -p no:xdist --resource-groups alone --durations=0 "$@"
+codes+=($?)
+# Exit 5 is "no test collected": fine for a phase when another ran (ARGS naming one file), never
+# for all of them.
+ran=0
+for code in "${codes[@]}"; do
+  if [ "$code" -ne 0 ] && [ "$code" -ne 5 ]; then exit "$code"; fi
+  [ "$code" -eq 0 ] && ran=1
+done
+[ "$ran" -eq 1 ] && exit 0
+exit 5

@@ -81,6 +81,17 @@ def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     proc.wait(timeout=30)
 
 
+def _at_rest(campaign: Campaign) -> bool:
+    """Finished, or halted by its error budget (waiting on an operator): either way nothing moves."""
+    return Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL | {CampaignStatus.HALTED}
+
+
+def _state(campaign: Campaign) -> object:
+    row = Campaign.objects.get(pk=campaign.pk)
+    return (row.status, row.status_reason,
+            list(NodeSweep.objects.filter(campaign=campaign).values_list("node__name", "state", "error")))
+
+
 def _kill_in_every_state(campaign: Campaign, worker: subprocess.Popen[bytes], env: dict[str, str], log: Path,
                          pause: float) -> tuple[subprocess.Popen[bytes], list[str]]:
     """SIGKILL the worker once in each node state, while it executes that state's step; restart it.
@@ -167,9 +178,8 @@ def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worke
         worker = _start("worker", env, log)
         services.start(campaign.pk, rita)
         worker, kills = _kill_in_every_state(campaign, worker, env, log, pause=0.2)
-        done = wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL,
-                        timeout=300, interval=0.5)
-        assert done, f"campaign did not finish; log:\n{log.read_text()[-4000:]}"
+        done = wait_for(lambda: _at_rest(campaign), timeout=300, interval=0.5)
+        assert done, f"campaign did not finish: {_state(campaign)}; log:\n{log.read_text()[-4000:]}"
         campaign.refresh_from_db()
         assert campaign.status == CampaignStatus.COMPLETED, (campaign.status_reason, list(
             NodeSweep.objects.filter(campaign=campaign).values_list("state", "error")))
@@ -252,9 +262,8 @@ def test_it_completes_a_six_node_campaign_while_the_worker_is_killed_in_every_st
     try:
         services.start(campaign.pk, rita)
         worker, kills = _kill_in_every_state(campaign, worker, env, log, pause=STEP_S / 3)
-        done = wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status in CampaignStatus.TERMINAL,
-                        timeout=240, interval=0.5)
-        assert done, f"campaign did not finish; log:\n{log.read_text()[-4000:]}"
+        done = wait_for(lambda: _at_rest(campaign), timeout=240, interval=0.5)
+        assert done, f"campaign did not finish: {_state(campaign)}; log:\n{log.read_text()[-4000:]}"
     finally:
         _kill(worker)
         _kill(beat)

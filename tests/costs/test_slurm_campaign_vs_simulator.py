@@ -57,9 +57,11 @@ def test_a_real_campaign_and_the_simulator_agree_on_the_time_until_patched(tmp_p
     with SlurmFleet(tmp_path, NODES, accounting=True, cluster_class=GpuAccountingCluster) as nodes:
         cluster = nodes.cluster
         # Jobs of different lengths that cannot be checkpointed: the policy waits for each to end.
-        for index, seconds in enumerate([20, 40, 60]):
-            cluster.sbatch(f"sleep {seconds}", nodelist=NODES[index], gpus=1, name=f"job{index}",
-                           time_limit="00:05:00")
+        jobs = [cluster.sbatch(f"sleep {seconds}", nodelist=NODES[index], gpus=1, name=f"job{index}",
+                               time_limit="00:05:00") for index, seconds in enumerate([20, 40, 60])]
+        # The campaign must find them running (a slow scheduler cycle under load once let it start
+        # first, patch nodes still free and finish before the jobs had run).
+        assert cluster.wait_running(jobs), cluster.run("squeue", check=False)
         cluster_row = nodes.make_cluster()
         patch_s = 10
         requester, approver = user("otto", "operator"), user("anna", "approver")
