@@ -1,5 +1,6 @@
 """Admission: which pending nodes start now (the window, the canary, the parallelism limits, the wave
-order, which a node waiting for a receiver does not hold: policy.admits), and the campaign-level work of a dispatch (waiting for a window, soaking, completing, sealing).
+order, which a node waiting for a receiver does not hold: policy.admits), and the campaign-level
+work of a dispatch (waiting for a window, soaking, completing, sealing).
 
 Only campaign-level work takes the campaign row lock: a dispatch does, a step never does.
 """

@@ -87,7 +87,8 @@ def test_a_node_waiting_for_a_receiver_keeps_its_slot_but_not_the_wave_order(peo
             break
     sweeps = _sweeps(campaign)
     assert all(s.state == SweepState.DONE for name, s in sweeps.items() if name != "gpu00"), {
-        n: s.state for n, s in sweeps.items()}
+        n: s.state for n, s in sweeps.items()
+    }
     assert most <= 2, "the waiting node keeps its slot: one other node at a time"
     gpu00 = sweeps["gpu00"]
     assert gpu00.state == SweepState.CHECKPOINTING and gpu00.waiting_since is not None
@@ -112,7 +113,8 @@ def _at(campaign: Campaign, states: dict[str, str], waiting: set[str]) -> None:
     test above; here only admission is looked at)."""
     for name, sweep in _sweeps(campaign).items():
         NodeSweep.objects.filter(pk=sweep.pk).update(
-            state=states.get(name, sweep.state), waiting_since=timezone.now() if name in waiting else None)
+            state=states.get(name, sweep.state), waiting_since=timezone.now() if name in waiting else None
+        )
 
 
 def test_admission_leaves_a_waiting_node_out_of_the_wave_order_and_in_its_slot(people):
@@ -165,8 +167,10 @@ def test_when_the_node_stops_waiting_it_ends_as_before(people, case):
         waited = waited or gpu00.waiting_since is not None
         if case == "finished" and time.monotonic() - started > 0.5:
             fleet.finish(f"{tag}/gpu00", "gpu00-w0")
-        if Campaign.objects.get(pk=campaign.pk).status != "running" and not NodeSweep.objects.filter(
-                campaign=campaign, state__in=SweepState.ACTIVE).exists():
+        if (
+            Campaign.objects.get(pk=campaign.pk).status != "running"
+            and not NodeSweep.objects.filter(campaign=campaign, state__in=SweepState.ACTIVE).exists()
+        ):
             break
         time.sleep(0.02)
     gpu00 = _sweeps(campaign)["gpu00"]
