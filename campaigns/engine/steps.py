@@ -20,7 +20,7 @@ from campaigns import policy
 from campaigns.choices import EvidenceKind, MoveState, SweepState
 from campaigns.engine import queries, rows
 from campaigns.engine.ending import StepResult
-from campaigns.engine.lease import record, record_move
+from campaigns.engine.lease import record, record_move, stop_waiting
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.targets import choose_target, requirements, source_facts
 from campaigns.models import Campaign, NodeSweep, WorkloadMove
@@ -87,6 +87,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     _prepare_moves(sweep, running)
     planned = rows.moves(sweep, MoveState.PLANNED)
     _wait_first(sweep, planned, running)
+    stop_waiting(sweep, sweep.lease_owner)
     done = []
     for move in planned:
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)

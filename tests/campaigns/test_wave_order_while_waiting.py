@@ -27,7 +27,7 @@ from campaigns import engine, services
 from campaigns.choices import MoveState, SweepState
 from campaigns.engine.ending import RunAgain, end_step
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
-from executors.memory import Fleet
+from executors.memory import Fleet, MemoryExecutor
 from inventory.models import Cluster, Node
 from tests.campaigns.fleet import add_node, approved_campaign, user
 
@@ -69,7 +69,7 @@ def _round(campaign: Campaign) -> int:
     return len(working)
 
 
-def test_a_node_waiting_for_a_receiver_keeps_its_slot_but_not_the_wave_order(people):
+def test_a_node_waiting_for_a_receiver_keeps_its_slot_but_not_the_wave_order(people, monkeypatch):
     """gpu00 (wave 1) waits for a receiver: every other node is patched meanwhile, waves 3 and 4
     included, never more than one beside it (the limit is 2: gpu00 keeps its slot); under the old rule
     waves 3 and 4 would wait for gpu00. Then an A100 on the old driver joins: gpu00's next look finds
@@ -95,8 +95,17 @@ def test_a_node_waiting_for_a_receiver_keeps_its_slot_but_not_the_wave_order(peo
     wait = EvidenceEvent.objects.filter(sweep=gpu00, kind="waiting").first()
     assert wait is not None and wait.data["for_receiver"] is True
     assert "no node where the checkpoint of job-gpu00-w0 would be valid" in wait.data["reason"]
-    # A receiver appears: the next look finds it, the node goes on and is patched; nothing was frozen before.
+    # A receiver appears: the next look finds it, and the node holds the order again before anything
+    # of it is checkpointed (no dispatch meanwhile drains a later wave its workload may go to).
     add_node(fleet, cluster, "spare-a100", labels={"sweep": "no"}, gpu_model="A100", workloads=0)
+    seen: list[Any] = []
+    real = MemoryExecutor.checkpoint
+
+    def checkpoint(self: MemoryExecutor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(NodeSweep.objects.values_list("waiting_since", flat=True).get(pk=gpu00.pk))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryExecutor, "checkpoint", checkpoint)
     for _ in range(50):
         _round(campaign)
         if Campaign.objects.get(pk=campaign.pk).status == "completed":
@@ -106,6 +115,7 @@ def test_a_node_waiting_for_a_receiver_keeps_its_slot_but_not_the_wave_order(peo
     [move] = WorkloadMove.objects.filter(sweep=gpu00)
     assert move.state == MoveState.RESTORED and move.target_node is not None
     assert move.target_node.name == "spare-a100"
+    assert seen == [None]
 
 
 def _at(campaign: Campaign, states: dict[str, str], waiting: set[str]) -> None:
