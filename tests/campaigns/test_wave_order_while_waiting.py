@@ -221,3 +221,49 @@ def test_waiting_since_is_kept_by_every_look_and_written_only_under_the_lease(pe
     gpu00.refresh_from_db()
     assert gpu00.waiting_since == first
     assert not EvidenceEvent.objects.filter(sweep=gpu00, kind="retry").exists()
+
+
+def test_the_simulator_predicts_the_engines_order_while_a_node_waits_for_a_receiver(people):
+    """The simulator (costs.strategies.sweep) follows the engine rule for rule: given this campaign's
+    policy (costs.inputs.campaign_params) and the same fleet, with gpu00's workload as a service that
+    never ends, it patches the other seven nodes in the order the engine did, one beside gpu00 at a
+    time, and leaves gpu00 waiting; under the old rule (`hold`) it would not reach waves 3 and 4."""
+    from datetime import UTC, datetime
+
+    from costs import fleet as simfleet
+    from costs.inputs import campaign_params
+    from costs.model import Params
+    from costs.placement import place
+    from costs.strategies import INF, Scenario, sweep
+    from costs.trace import Task, Trace
+
+    _fleet("wo-sim")
+    campaign = _campaign(people, "wo-sim")
+    order: list[str] = []
+    for _ in range(200):
+        _round(campaign)
+        for name, sweep_row in _sweeps(campaign).items():
+            if sweep_row.state == SweepState.DONE and name not in order:
+                order.append(name)
+        if len(order) == 7:
+            break
+    assert "gpu00" not in order and len(order) == 7
+    nodes = simfleet.from_cluster("wo-sim")
+    service = Task(name="job-gpu00-w0", submit=0, start=0, end=None, milli=2000, limit=None, service=True, node="gpu00")
+    trace = Trace(tasks=[service], origin=datetime(2026, 1, 1, tzinfo=UTC), end=30 * 86400.0, kind="sacct")
+    base = Params(checkpoint_engine="criu", checkpointable_share=1.0, cadences=("monthly",))
+    params = campaign_params(campaign.pk, base)
+    assert params.wave_order == "strict" and params.last_group == "wait"
+
+    def simulated(wave_order: str) -> list[float]:
+        changed = params.with_(wave_order=wave_order)
+        scenario = Scenario(nodes=nodes, trace=trace, placement=place(trace.tasks, nodes), params=changed, release=0.0)
+        return sweep(scenario, changed.parallelism[0]).patched_at
+
+    patched = simulated("strict")
+    names = [n.name for n in nodes]
+    assert patched[names.index("gpu00")] == INF
+    predicted = sorted((t, name) for name, t in zip(names, patched, strict=True) if t < INF)
+    assert [name for _t, name in predicted] == order
+    held = simulated("hold")
+    assert sum(1 for t in held if t < INF) < 7
