@@ -133,8 +133,8 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
                 continue
             why = (f"no node where the checkpoint of {name} would be valid has {move.gpus} free GPUs: "
                    "waiting for it to finish")
-            # Only for a receiver while no workload the policy waits for runs on (those come later
-            # in `moves` when any: this one is looked at first; a look has no other side effect).
+            # For a receiver alone unless a workload the policy waits for runs on (one earlier in
+            # `moves` would have raised already; a later one is only looked at, nothing else).
             for_receiver = not any(m.policy == WorkloadPolicy.WAIT and m.workload_ref in running
                                    for m in moves[at + 1:])
         else:
