@@ -98,7 +98,8 @@ class NodeSweepSerializer(serializers.ModelSerializer):
         model = NodeSweep
         fields = ["id", "campaign", "node", "node_name", "wave", "position", "state", "target", "planned",
                   "versions_before",
-                  "versions_after", "attempt", "step_started_at", "step_deadline", "patched_at", "error", "moves"]
+                  "versions_after", "attempt", "step_started_at", "step_deadline", "patched_at", "waiting_since",
+                  "error", "moves"]
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -158,6 +158,12 @@ class NodeSweep(models.Model):
     step_started_at = models.DateTimeField(null=True, blank=True)
     step_deadline = models.DateTimeField(null=True, blank=True, db_index=True)
     patched_at = models.DateTimeField(null=True, blank=True)
+    # Set while the node waits, untouched, for a receiver for one of its workloads (engine.steps._wait_first:
+    # no node could take its checkpoint now) and for nothing else; cleared by the look that lets it go on
+    # (before any checkpoint) and by any other end of its step.
+    # Such a node keeps its parallelism slot but holds no wave order (policy.admits): receivers are
+    # checked again at every look, so later waves may start meanwhile.
+    waiting_since = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     # Head of this node's own evidence chain, and its signature once the sweep has ended.
     evidence_seq = models.PositiveIntegerField(default=0)

@@ -5,8 +5,8 @@
 - The step deadline: when a step that has not finished is re-driven.
 - The wait: how often the engine looks again at a workload it waits for.
 - Reservations: how long a wave's maintenance reservation lasts.
-- Admission: which pending node may start now (the engine runs it; the simulator of
-  costs/ replays it, so what it predicts is what a campaign does).
+- Admission: which pending node may start now, and which nodes hold the wave order (the engine
+  runs it; the simulator of costs/ replays it, so what it predicts is what a campaign does).
 """
 
 from __future__ import annotations
@@ -79,11 +79,16 @@ def reservation_minutes(start: datetime | None, end: datetime | None, now: datet
 
 def admits(wave: int, lowest: int, in_cluster: int, cluster_limit: int, in_pool: int = 0,
            pool_limit: int | None = None) -> bool:
-    """May a pending node of `wave` start, with `lowest` the lowest unfinished wave?
+    """May a pending node of `wave` start, with `lowest` the lowest wave that holds the order?
 
     Waves go in order: wave v starts only when every wave up to v-2 is finished, so the nodes
     receiving its workloads (wave v+2 or later, or patched ones of v-2 and before) are not being
     drained meanwhile; and the nodes in flight stay within the limits the approver read.
+
+    A node waiting for a receiver (NodeSweep.waiting_since set) counts in `in_cluster` and `in_pool`
+    (it keeps its slot) but not in `lowest`: its receivers are looked for again at every look
+    (engine.steps._nowhere_to_go, engine.targets.choose_target, which never picks a node being
+    swept), so later waves may start while it waits; it holds the order again once it goes on.
     """
     if wave > lowest + 1 or in_cluster >= cluster_limit:
         return False

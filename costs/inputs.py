@@ -199,7 +199,8 @@ def campaign_policy(campaign_id: int) -> dict[str, Any]:
         "not_checkpointable": "wait" if campaign.workload_policy == WorkloadPolicy.WAIT else "cold_restart",
         "wait_limit_h": campaign.wait_limit.total_seconds() / 3600 if campaign.wait_limit else None,
         "wait_poll_s": policy.WAIT_POLL_S,
-        # The engine's dispatch holds the order (and the slot) on a node until it is done.
+        # The engine's dispatch: a node holds its slot until it is done, and the wave order except while it
+        # waits for a receiver alone (campaigns.policy.admits).
         "wave_order": "strict",
     }
     if campaign.workload_policy != WorkloadPolicy.CHECKPOINT:

@@ -55,7 +55,7 @@ POLICIES = ("wait", "cold_restart")
 # Work no node can receive: "wait" and "cold_restart" are what the engine does without and with
 # cold restarts; "fail" and "wait_then_cold_restart" are what-ifs (see Params.last_group).
 LAST_GROUP = ("wait", "cold_restart", "fail", "wait_then_cold_restart")
-WAVE_ORDERS = ("strict", "own_work")
+WAVE_ORDERS = ("strict", "hold", "own_work")
 
 
 # What each parameter means, for --help and the form (one line each).
@@ -92,9 +92,10 @@ HELP = {
     "canary": "the first wave as a campaign's canary: auto (one node per driver group and cluster), N nodes, or 0",
     "soak_minutes": "minutes the canary soaks before any other node drains",
     "wait_poll_s": "seconds between the engine's looks at a job a sweep waits for (it sees the end at the next look)",
-    "wave_order": "strict (the engine): wave v starts once every wave up to v-2 is done, a node waiting for its "
-                  "own work too; own_work: a waiting node gives its slot back and holds no wave (not what the "
-                  "engine does)",
+    "wave_order": "strict (the engine): wave v starts once every wave up to v-2 is done; a node waiting for a "
+                  "receiver for its work keeps its slot but holds no wave meanwhile. What-ifs the engine does not "
+                  "do: hold (the engine before issue 32: a waiting node holds the order too); own_work (a waiting "
+                  "node gives its slot back too)",
     "wave_growth": "how waves after the canary grow: fixed, linear or exponential",
     "growth_step": "+n nodes per wave (linear) or x n (exponential)",
 }
@@ -188,10 +189,11 @@ class Params:
     wave_growth: str = "fixed"
     growth_step: int = 2
     # What holds the wave order (campaigns.policy.admits: wave v once every wave up to v-2 is done):
-    # "strict", the engine's dispatch: a node holds its slot and the order until it ends, while it
-    # waits for its own work too (it is draining: an active, working sweep). "own_work", a what-if:
-    # a node waiting for its own work gives both back (its moves come after the wait, to receivers
-    # that may have been drained meanwhile: the engine does not do this).
+    # "strict", the engine's dispatch: a node holds its slot until it ends, and the order too except
+    # while it waits for a receiver alone (NodeSweep.waiting_since: its receivers are looked for
+    # again at every look); it holds the order again once it goes on. What-ifs: "hold", the engine
+    # before issue 32 (a waiting node holds the order too); "own_work", a node waiting for its own
+    # work, whatever it waits for, gives its slot back too.
     wave_order: str = "strict"
 
     def __post_init__(self) -> None:

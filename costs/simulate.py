@@ -114,19 +114,21 @@ def row_of(outcome: Outcome, scenario: Scenario, seconds: float) -> Row:
 
 
 def _with_order_note(row: Row, scenario: Scenario, cadence: str) -> Row:
-    """Where nodes waited for their own work under the engine's wave order, what that order cost: the
-    same sweep with waiting nodes holding no wave (`wave_order` "own_work", not what the engine does)."""
+    """Where nodes waited under the engine's wave order, what that order cost or saved: the same sweep
+    had waiting nodes held the order (`wave_order` "hold", the engine before issue 32) and had they
+    given their slots back too ("own_work"); neither is what the engine does."""
     if scenario.params.wave_order != "strict" or not any(h.hours > 0 for h in row.holds):
         return row
-    freed = replace(scenario, params=scenario.params.with_(wave_order="own_work"))
-    other = row_of(sweep(freed, cadence), freed, 0.0)
-    if other.exposure_node_days >= row.exposure_node_days - 0.05:
-        return row
+    other = {}
+    for order in ("hold", "own_work"):
+        changed = replace(scenario, params=scenario.params.with_(wave_order=order))
+        other[order] = row_of(sweep(changed, cadence), changed, 0.0).exposure_node_days
     waited = len({h.node for h in row.holds if h.hours > 0})
-    note = (f"the engine's wave order (campaigns.policy.admits: wave v once every wave up to v-2 is done) counts "
-            f"{waited} node(s) waiting for their own work as not done, so every wave from v+2 on waited for them: "
-            f"{row.exposure_node_days:,.1f} node-days; {other.exposure_node_days:,.1f} if a waiting node held no "
-            "wave (--wave-order own_work, which the engine does not do)")
+    note = (f"the engine's wave order (campaigns.policy.admits: wave v once every wave up to v-2 is done) lets "
+            f"later waves start while a node waits for a receiver alone, its slot kept ({waited} node(s) waited "
+            f"here): {row.exposure_node_days:,.1f} node-days; {other['hold']:,.1f} had a waiting node held its "
+            f"wave (--wave-order hold, the engine before issue 32), {other['own_work']:,.1f} had it given its "
+            "slot back too (--wave-order own_work); neither is what the engine does")
     return replace(row, notes=(*row.notes, note))
 
 

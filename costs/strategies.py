@@ -420,6 +420,10 @@ class Turn:
 
     back: float
     released: float
+    # (from, until): while it waits for a receiver alone it holds no wave order, its slot kept (the
+    # engine's rule, `wave_order` "strict"); it holds the order again from `until` when that is
+    # before `released` (it goes on after its wait). None: it holds the order while it holds its slot.
+    free: tuple[float, float] | None = None
 
 
 def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float,
@@ -458,18 +462,21 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     # Where work without receiver waits, work that came after the plan and has a receiver now is
     # looked at again with the waited work (`_nowhere_to_go` at every look): sent when the wait ends.
     movable = [i for i, action in todo if action == LATER] if p.last_group in BLOCKED_WAITS else []
-    empty, received, at_limit = _sweep_wait(scenario, ledger, node, begins, waited, movable,
-                                            [i for i, _ in todo], receivers, kill=not fails)
+    empty, received, at_limit, alone = _sweep_wait(scenario, ledger, node, begins, waited, movable,
+                                                   [i for i, _ in todo], receivers, kill=not fails)
     own_work = (bool(waited) or empty > begins) and p.wave_order == "own_work"
+    # The engine's rule (`strict`): from the first look at which it waits for receivers alone to the
+    # end of its wait, the node holds no wave order (NodeSweep.waiting_since); it keeps its slot.
+    free = (alone, empty) if p.wave_order == "strict" and alone < empty else None
     if empty == INF:
-        return Turn(INF, begins if own_work else INF)
+        return Turn(INF, begins if own_work else INF, free)
     left = [(i, action) for i, action in [*waited, *((i, LATER) for i in movable)]
             if at_limit and tasks[i].alive(empty) and i not in received]
     if left and fails:  # past the wait limit, and no cold restart: the node fails as it is, nothing moved
         why = NO_RECEIVER_AT_LIMIT if any(action != FINISH_FIRST for _, action in left) else OUTLIVED
         ledger.failures.append(Failure(node.name, tuple(tasks[i].name for i, _ in left), why))
         receivers.fail(node, empty)
-        return Turn(INF, begins if own_work else empty)
+        return Turn(INF, begins if own_work else empty, free)
     killed = {i for i, _action in left}  # stopped at the limit by the wait (a cold restart)
     # Checkpointed now and sent to the receivers as they are: work that came after the plan (where no
     # wait looked for it) and, in the what-if "fail", the work no node could receive.
@@ -497,20 +504,21 @@ def _sweep_node(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     if unmovable:
         ledger.failures.append(Failure(node.name, tuple(unmovable), NO_RECEIVER))
         receivers.fail(node, empty + moving)
-        return Turn(INF, begins if own_work else empty + moving)
+        return Turn(INF, begins if own_work else empty + moving, free)
     receivers.migrated(node, [i for i, action in todo if action == MIGRATE and tasks[i].alive(empty)], empty)
     done = empty + moving + scenario.patch_s
     ledger.idle += node.gpus * (done - empty) / HOUR
-    return Turn(done, begins if own_work else done)
+    return Turn(done, begins if own_work else done, free)
 
 
 def _sweep_wait(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float, waited: list[tuple[int, str]],
                 movable: list[int], running: list[int], receivers: Receivers,
-                kill: bool) -> tuple[float, dict[int, str], bool]:
+                kill: bool) -> tuple[float, dict[int, str], bool, float]:
     """The node's wait (`_wait_first`) for the tasks `waited` (index, plan action), while the tasks
     `running` (its work, the waited too) run on: (the look at which it ends, receivers found for the
     work no node could receive and for the work `movable` (task index -> node name), whether it
-    ended at the wait limit).
+    ended at the wait limit, the first look from which it waited for receivers alone (INF: never):
+    from then on it holds no wave order, `policy.admits`).
 
     It looks at `begins` and every `wait_poll_s` after (an end, a node that became a receiver, or the
     limit counts at the first look at or after it). At the limit what still runs is killed with
@@ -518,7 +526,7 @@ def _sweep_wait(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     ever. Holds and the node's idle GPUs over the wait (all of its work runs on meanwhile) go to the
     ledger."""
     if not waited and not movable:
-        return begins, {}, False
+        return begins, {}, False, INF
     p = scenario.params
     tasks = scenario.trace.tasks
     poll = p.wait_poll_s
@@ -528,7 +536,7 @@ def _sweep_wait(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     if movable or any(action == BLOCKED for _i, action in waited):
         # The engine decides again at every look: at the first, and once a node became a receiver.
         candidates |= {begins, *(max(begins, _seen(begins, at, poll)) for at in receivers.moments())}
-    until, at_limit = INF, False
+    until, at_limit, alone = INF, False, INF
     received: dict[int, str] = {}
     for look in sorted(m for m in candidates | {limit_look} if m <= limit_look):
         if look == INF:
@@ -544,6 +552,7 @@ def _sweep_wait(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
         if found is not None:
             until, received = look, found
             break
+        alone = min(alone, look)  # no receiver at this look, and nothing the policy waits for runs
         if look == limit_look:
             until, at_limit = look, True
             break
@@ -566,7 +575,7 @@ def _sweep_wait(scenario: Scenario, ledger: Ledger, node: SimNode, begins: float
     if until < INF:
         busy = sum(scenario.gpus(tasks[i]) * max(0.0, min(tasks[i].ends(), until) - begins) for i in running)
         ledger.idle += max(0.0, node.gpus * (until - begins) - busy) / HOUR
-    return until, received, at_limit
+    return until, received, at_limit, alone if alone < until else INF
 
 
 def _planned(plan: SweepPlan) -> dict[int, list[tuple[int, str]]]:
@@ -580,43 +589,52 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
     """Execute the plan as the campaign engine admits nodes (`campaigns.policy.admits`, as
     `campaigns.engine.dispatch` calls it): in wave order, at most the plan's limit per cluster at
     once, a node of wave v only once every wave up to v - 2 is done (so the nodes receiving its work
-    have not started). A node holds its slot and the order until it is patched or fails, while it
-    waits for its own work too (`wave_order` "strict": to the engine a draining node is a working,
-    active sweep); "own_work" is the what-if where a waiting node gives both back at once."""
+    have not started). A node holds its slot until it is patched or fails, and the wave order too,
+    except while it waits for a receiver alone (`wave_order` "strict", the engine: its sweep's
+    `waiting_since`); "hold" (the engine before that rule) and "own_work" (a waiting node gives its
+    slot back too) are what-ifs."""
     plan = plan_of(scenario, parallelism)
     ledger = Ledger(scenario)
     patched = [INF] * len(scenario.nodes)
     planned = _planned(plan)
     receivers = Receivers(scenario, plan, planned)
     pending = [(wave, node) for wave, nodes in enumerate(plan.waves, start=1) for node in nodes]
-    unfinished: dict[int, int] = defaultdict(int)
+    holding: dict[int, int] = defaultdict(int)  # nodes holding each wave's order: pending, or admitted and not free
+    left: dict[int, int] = defaultdict(int)  # nodes of each wave not ended (the canary's gate)
     for wave, _node in pending:
-        unfinished[wave] += 1
+        holding[wave] += 1
+        left[wave] += 1
+    holds: dict[int, bool] = {}
     in_flight: dict[str, int] = defaultdict(int)
-    # (moment, 0: releases the order / 1: back in service, wave, node)
+    # (moment, kind, wave, node): kinds in ORDER_FREE, ORDER_AGAIN, DONE, BACK (processed in that order at a moment)
     events: list[tuple[float, int, int, int]] = []
     moment = scenario.release
     soak_until: float | None = None  # set once the canary wave is done
     while pending or events:
-        lowest = min((w for w, n in unfinished.items() if n), default=0)
-        if plan.canary and soak_until is None and not unfinished[1]:
+        lowest = min((w for w, n in holding.items() if n), default=0)
+        if plan.canary and soak_until is None and not left[1]:
             soak_until = moment + plan.soak_s
-        holding = plan.canary and (unfinished[1] > 0 or (soak_until is not None and moment < soak_until))
-        if holding and not events and soak_until is not None:
+        canary = plan.canary and (left[1] > 0 or (soak_until is not None and moment < soak_until))
+        if canary and not events and soak_until is not None:
             moment = soak_until  # nothing runs during the soak: time goes straight to its end
-            holding = False
+            canary = False
         kept = []
         for wave, node_index in pending:
             cluster = scenario.nodes[node_index].cluster
-            if (holding and wave > 1) or not policy.admits(wave, lowest, in_flight[cluster],
-                                                            plan.limits.get(cluster, 1)):
+            if (canary and wave > 1) or not policy.admits(wave, lowest, in_flight[cluster],
+                                                           plan.limits.get(cluster, 1)):
                 kept.append((wave, node_index))
                 continue
             turn = _sweep_node(scenario, ledger, scenario.nodes[node_index], moment, planned[node_index], receivers)
             receivers.admitted(scenario.nodes[node_index], moment, turn.back)
             in_flight[cluster] += 1
-            heapq.heappush(events, (turn.released, 0, wave, node_index))
-            heapq.heappush(events, (turn.back, 1, wave, node_index))
+            holds[node_index] = True
+            if turn.free is not None:
+                heapq.heappush(events, (turn.free[0], ORDER_FREE, wave, node_index))
+                if turn.free[1] < turn.released:
+                    heapq.heappush(events, (turn.free[1], ORDER_AGAIN, wave, node_index))
+            heapq.heappush(events, (turn.released, DONE, wave, node_index))
+            heapq.heappush(events, (turn.back, BACK, wave, node_index))
         pending = kept
         if not events:
             break
@@ -624,12 +642,20 @@ def sweep(scenario: Scenario, parallelism: str) -> Outcome:
         if at == INF:
             break  # every node still out holds a task without end: nothing more finishes
         moment = at
-        if kind == 0:  # done for the order; a node parked on its own work also gives its slot back
-            unfinished[wave] -= 1
-            in_flight[scenario.nodes[node_index].cluster] -= 1
-        else:
+        if kind == BACK:
             patched[node_index] = at
+            continue
+        if kind == DONE:  # a node parked on its own work (own_work) also gives its slot back
+            left[wave] -= 1
+            in_flight[scenario.nodes[node_index].cluster] -= 1
+        if holds[node_index] != (kind == ORDER_AGAIN):
+            holds[node_index] = kind == ORDER_AGAIN
+            holding[wave] += 1 if kind == ORDER_AGAIN else -1
     return _sweep_outcome(ledger, plan, parallelism, patched)
+
+
+# What happens to a node in a sweep, in the order the simulation takes events of one moment.
+ORDER_FREE, ORDER_AGAIN, DONE, BACK = range(4)
 
 
 def _sweep_outcome(ledger: Ledger, plan: SweepPlan, parallelism: str, patched: list[float]) -> Outcome:

@@ -1,5 +1,6 @@
 """Admission: which pending nodes start now (the window, the canary, the parallelism limits, the wave
-order), and the campaign-level work of a dispatch (waiting for a window, soaking, completing, sealing).
+order, which a node waiting for a receiver does not hold: policy.admits), and the campaign-level
+work of a dispatch (waiting for a window, soaking, completing, sealing).
 
 Only campaign-level work takes the campaign row lock: a dispatch does, a step never does.
 """
@@ -43,13 +44,16 @@ def _dispatch(campaign_id: int, now: Any) -> list[int]:
             return []
         if campaign.status not in (CampaignStatus.RUNNING, CampaignStatus.WAITING):
             return []
-        # Aggregates only: a dispatch costs the same for 10 nodes or 10,000.
-        lowest = sweeps.filter(state__in=SweepState.ACTIVE).aggregate(w=Min("wave"))["w"]
-        if lowest is None:
+        # Aggregates only: a dispatch costs the same for 10 nodes or 10,000. The wave order is held
+        # by every active sweep but one waiting for a receiver (policy.admits); it keeps its slot.
+        waves = sweeps.filter(state__in=SweepState.ACTIVE).aggregate(
+            active=Min("wave"), holding=Min("wave", filter=Q(waiting_since__isnull=True)))
+        if waves["active"] is None:
             _complete(campaign, sweeps, now)
             return []
-        if not _window_open(campaign, now):
-            return []
+        lowest = waves["holding"]
+        if lowest is None or not _window_open(campaign, now):
+            return []  # (every node left waits for a receiver: none pending, nothing to admit)
         upto = _canary_gate(campaign, sweeps, now)
         if upto == 0:
             return []

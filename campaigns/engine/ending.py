@@ -5,7 +5,8 @@ A step ends in one of three ways, each an outcome handed to ``end_step``:
 - ``NextStep``: it succeeded; the sweep moves on to its next step, this worker keeping the lease to
   go straight on with it (or, after the last step, to done: its head signed);
 - ``RunAgain``: it is not done and not failing (a retry after a temporary error, or a wait for a
-  workload); the lease is given back and the step enqueued to run again;
+  workload); the lease is given back and the step enqueued to run again (a wait for a receiver
+  alone sets the sweep's ``waiting_since``, which every other end clears: ``waiting_fields``);
 - ``Final``: the sweep is over, failed or rolled back (recovery decides which, after putting the node
   back as far as it can); its head is signed, a failed node charged to the campaign's error budget.
 
@@ -62,6 +63,7 @@ class RunAgain:
     countdown: float
     kind: str
     data: dict[str, Any]
+    for_receiver: bool = False  # a wait for a receiver alone: the node holds no wave order meanwhile
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,17 @@ class Final:
 
 
 Outcome = NextStep | RunAgain | Final
+
+
+def waiting_fields(sweep: NodeSweep, for_receiver: bool = False) -> dict[str, Any]:
+    """The sweep's `waiting_since` as a step's end sets it, where it changes ({} otherwise, so the usual
+    transition writes no more columns): kept from the wait's first look while the node waits for a
+    receiver alone (`for_receiver`), cleared by any other end (it goes on, fails, or waits for a
+    workload its policy waits for). Written under the lease, so a retry after a crash, or a second
+    worker, finds it as the last end left it."""
+    if for_receiver:
+        return {} if sweep.waiting_since is not None else {"waiting_since": timezone.now()}
+    return {"waiting_since": None} if sweep.waiting_since is not None else {}
 
 
 def may_retry(sweep: NodeSweep) -> bool:
@@ -95,10 +108,15 @@ def end_step(sweep: NodeSweep, worker: str, outcome: Outcome) -> str | None:
     if isinstance(outcome, RunAgain):
         # A wait is no failed attempt: the retries a temporary error gets are counted afresh after it.
         again: dict[str, Any] = {"attempt": 0} if outcome.kind == EvidenceKind.WAITING else {}
+        waiting = waiting_fields(sweep, outcome.for_receiver)
         with transaction.atomic():
             if write(sweep, worker, outcome.kind, {"step": sweep.state, **outcome.data}, lease_owner="",
-                     step_deadline=timezone.now() + timedelta(seconds=outcome.countdown + 1), **again):
+                     step_deadline=timezone.now() + timedelta(seconds=outcome.countdown + 1), **again, **waiting):
                 enqueue("advance", sweep.pk, outcome.countdown)
+                if waiting.get("waiting_since") is not None:
+                    # It no longer holds the wave order: later waves may start now, not at the next dispatch.
+                    enqueue("dispatch", sweep.campaign_id)
+                sweep.waiting_since = waiting.get("waiting_since", sweep.waiting_since)
         return sweep.state
     return _final(sweep, worker, outcome)
 
@@ -124,7 +142,7 @@ def _next_step(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
             "state": following, "attempt": 1 if chain else 0, "lease_owner": worker if chain else "",
             "step_started_at": now,
             "step_deadline": policy.step_deadline(sweep.campaign.step_timeout_s, now) if chain else None,
-            **result.fields,
+            **waiting_fields(sweep), **result.fields,
         }
         data = {"step": current, "next": following, "started_at": sweep.step_started_at, "attempt": sweep.attempt,
                 **result.data}
@@ -143,7 +161,7 @@ def _next_step(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
         if current in SERVICE_STATE_AFTER:
             inventory.set_service_state([sweep.node_id], result.service_state or SERVICE_STATE_AFTER[current],
                                         ChangeSource.CAMPAIGN, reference(sweep))
-        sweep.state, sweep.attempt, sweep.step_started_at = following, 1, now
+        sweep.state, sweep.attempt, sweep.step_started_at, sweep.waiting_since = following, 1, now, None
         for name, value in result.fields.items():
             setattr(sweep, name, value)
         return following
@@ -154,8 +172,10 @@ def _final(sweep: NodeSweep, worker: str, outcome: Final) -> str | None:
     final, data = outcome.state, outcome.data
     with transaction.atomic():
         if not write(sweep, worker, final, {"from": sweep.state, **data}, state=final, lease_owner="",
-                     step_deadline=None, error=str(data.get("error", ""))[:4000], sign=True):
+                     step_deadline=None, error=str(data.get("error", ""))[:4000], sign=True,
+                     **waiting_fields(sweep)):
             return None
+        sweep.waiting_since = None
         # The node's service state says how the sweep left it: back in service; drained (as its
         # drain step set it) when it was not patched; offline when patched or reverted and kept out.
         if outcome.in_service or sweep.state not in SweepState.BEFORE_PATCH:

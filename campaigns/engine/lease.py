@@ -72,6 +72,17 @@ def write(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], guard:
     return True
 
 
+def stop_waiting(sweep: NodeSweep, worker: str) -> None:
+    """A node that waited for a receiver found one (or its workload ended): it holds the wave order
+    again before anything of it is checkpointed, so no dispatch admits, meanwhile, a later wave whose
+    nodes its workloads are about to go to (policy.admits). Its next event says what happened."""
+    if sweep.waiting_since is None:
+        return
+    if not rows.update_sweep(sweep.pk, {"waiting_since": None}, queries.lease_holder_guard(worker)):
+        raise TemporaryExecutorError(f"node sweep {sweep.pk}: the lease was lost before it went on after its wait")
+    sweep.waiting_since = None
+
+
 def record(sweep: NodeSweep, worker: str, kind: str, data: dict[str, Any], **fields: Any) -> None:
     """``write`` in a transaction of its own: evidence of the step under way (the step goes on)."""
     with transaction.atomic():

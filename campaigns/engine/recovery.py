@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from campaigns import evidence
 from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState
-from campaigns.engine.ending import Final, Outcome, may_retry, retry
+from campaigns.engine.ending import Final, Outcome, may_retry, retry, waiting_fields
 from campaigns.engine.lease import record, record_move
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.steps import foreign_hold, gate_check, origin_of
@@ -52,8 +52,10 @@ def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: 
     # The failure is recorded before anything is undone, on the sweep too (its `error`): a worker
     # that dies during the recovery leaves a sweep whose redrive resumes the recovery (resume_failure)
     # and never runs the failed step again.
+    # A node that waited for a receiver holds the wave order again through its recovery.
     record(sweep, worker, EvidenceKind.STEP_FAILED, {"step": sweep.state, "error": error[:4000], "revert": revert,
-                                                     **(detail or {})}, error=error[:4000])
+                                                     **(detail or {})}, error=error[:4000], **waiting_fields(sweep))
+    sweep.waiting_since = None
     return _recover(sweep, worker, ex, error, revert)
 
 

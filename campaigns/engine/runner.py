@@ -70,7 +70,8 @@ def _step(sweep: NodeSweep, worker: str) -> tuple[str | None, bool]:
         except Exception as exc:  # any other failure of a step is the back end's: recorded, retried
             raise unexpected(exc) from exc
     except WaitMore as wait:
-        waiting = RunAgain(wait.seconds, EvidenceKind.WAITING, {"reason": str(wait), **wait.detail})
+        data = {"reason": str(wait), **wait.detail, **({"for_receiver": True} if wait.for_receiver else {})}
+        waiting = RunAgain(wait.seconds, EvidenceKind.WAITING, data, for_receiver=wait.for_receiver)
         return end_step(sweep, worker, waiting), False
     except TemporaryExecutorError as exc:
         if may_retry(sweep):

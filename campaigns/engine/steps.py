@@ -20,7 +20,7 @@ from campaigns import policy
 from campaigns.choices import EvidenceKind, MoveState, SweepState
 from campaigns.engine import queries, rows
 from campaigns.engine.ending import StepResult
-from campaigns.engine.lease import record, record_move
+from campaigns.engine.lease import record, record_move, stop_waiting
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.targets import choose_target, requirements, source_facts
 from campaigns.models import Campaign, NodeSweep, WorkloadMove
@@ -61,12 +61,16 @@ class WorkloadFailed(PermanentExecutorError):
 
 
 class WaitMore(Exception):
-    """The step is not done yet and not failing (a workload we wait for is still running)."""
+    """The step is not done yet and not failing (a workload we wait for is still running). With
+    `for_receiver` the node waits only for a receiver for a workload (no node could take its
+    checkpoint now): it keeps its slot but holds no wave order meanwhile (policy.admits)."""
 
-    def __init__(self, seconds: float, reason: str, detail: dict[str, Any] | None = None) -> None:
+    def __init__(self, seconds: float, reason: str, detail: dict[str, Any] | None = None,
+                 for_receiver: bool = False) -> None:
         super().__init__(reason)
         self.seconds = seconds
         self.detail = detail or {}
+        self.for_receiver = for_receiver
 
 
 # -- drain ---------------------------------------------------------------------------------
@@ -83,6 +87,7 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     _prepare_moves(sweep, running)
     planned = rows.moves(sweep, MoveState.PLANNED)
     _wait_first(sweep, planned, running)
+    stop_waiting(sweep, sweep.lease_owner)
     done = []
     for move in planned:
         engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
@@ -110,12 +115,14 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
     """Every wait is decided before anything on the node stops: while a workload the policy waits for
     still runs, none of its neighbours is checkpointed or stopped (each would stay frozen for the
     whole wait, however long). Past the wait limit it is moved like the others, or the node fails
-    when a cold restart is not allowed."""
+    when a cold restart is not allowed. A wait for a receiver alone (no workload the policy waits for
+    still runs) is said so (`for_receiver`): the node then holds no wave order (policy.admits)."""
     campaign = sweep.campaign
-    for move in moves:
+    for at, move in enumerate(moves):
         if move.workload_ref not in running:
             continue
         name = move.workload_name or move.workload_ref
+        for_receiver = False
         if move.policy == WorkloadPolicy.WAIT:
             why = f"waiting for {name} to finish"
         elif _nowhere_to_go(sweep, move):
@@ -126,11 +133,15 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
                 continue
             why = (f"no node where the checkpoint of {name} would be valid has {move.gpus} free GPUs: "
                    "waiting for it to finish")
+            # For a receiver alone unless a workload the policy waits for runs on (one earlier in
+            # `moves` would have raised already; a later one is only looked at, nothing else).
+            for_receiver = not any(m.policy == WorkloadPolicy.WAIT and m.workload_ref in running
+                                   for m in moves[at + 1:])
         else:
             continue
         waited = timezone.now() - move.created_at
         if campaign.wait_limit is None or waited < campaign.wait_limit:
-            raise WaitMore(policy.WAIT_POLL_S, why, origin_of(move))
+            raise WaitMore(policy.WAIT_POLL_S, why, origin_of(move), for_receiver=for_receiver)
         if not campaign.cold_restart_allowed:
             raise WorkloadFailed(move, f"workload {name} still runs after the wait limit "
                                        "and cold restart is not allowed")

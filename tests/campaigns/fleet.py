@@ -18,15 +18,16 @@ OLD, FIXED = "570.86.15", "570.195.03"
 
 
 def add_node(fleet: Fleet, cluster: Cluster, name: str, *, driver: str = OLD, pool: str = "a", gpus: int = 8,
-             workloads: int = 1, labels: dict[str, str] | None = None, engine: str = "criu") -> Node:
-    node = Node.objects.create(cluster=cluster, name=name, pool=pool, gpu_model="H100", gpu_count=gpus,
+             workloads: int = 1, labels: dict[str, str] | None = None, engine: str = "criu",
+             gpu_model: str = "H100") -> Node:
+    node = Node.objects.create(cluster=cluster, name=name, pool=pool, gpu_model=gpu_model, gpu_count=gpus,
                                labels=labels or {})
     versions = {"driver": driver, "cuda": "12.8"}
     for component, version in versions.items():
         parsed = parse_version(component, version)
         NodeComponent.objects.create(node=node, component=component, version=version, version_key=parsed.key,
                                      branch=parsed.branch)
-    fleet.add_node(cluster.name, name, gpu_model="H100", gpu_count=gpus, versions=versions)
+    fleet.add_node(cluster.name, name, gpu_model=gpu_model, gpu_count=gpus, versions=versions)
     for index in range(workloads):
         ref = f"{name}-w{index}"
         Workload.objects.create(cluster=cluster, node=node, kind="process", scheduler_id=ref, name=f"job-{ref}",

@@ -61,21 +61,20 @@ def _run(tasks: list[Task], params: Params):  # type: ignore[no-untyped-def]
 
 
 def test_a_workload_without_receiver_waits_up_to_the_limit_then_its_node_fails():
-    """Done-when 1 under the engine's rule (campaigns.engine.steps._wait_first, cold restart not
+    """Done-when 1 under the engine's rules (campaigns.engine.steps._wait_first, cold restart not
     allowed, a campaign's default): the P100 node's service has no receiver (no other P100), so
     before anything is checkpointed the node waits for it to end, up to the 48 h wait limit; it
-    still runs then, so the node fails, unpatched, the service untouched. The T4 nodes of waves 1
-    and 2 are on time; t3 and t4 are not: the engine's wave order (campaigns.policy.admits) counts
-    the waiting P100 node as wave 1 not done, and wave 3 starts only once wave 1 is done. So the
-    other nodes finish on time only where a waiting node holds no wave (`own_work`, a what-if)."""
+    still runs then, so the node fails, unpatched, the service untouched. Every T4 node is patched
+    when it would be without the service: a node waiting for a receiver keeps its slot (p0 is alone
+    in its cluster) but holds no wave order (campaigns.policy.admits), so waves 3 and 4 go on. Under
+    the engine's rule before issue 32 (`hold`, a what-if now) t3 and t4 waited for p0's failure."""
     h = 3600.0
     params = ALONE
     assert (params.last_group, params.wave_order) == ("wait", "strict")
     without = _patched(_fleet(), WORK, params)
     assert without == [h * n for n in (1, 1, 2, 3, 4)]
     waited = _patched(_fleet(), [_service(None), *WORK], params)
-    assert waited[0] == INF and waited[1:3] == without[1:3]
-    assert waited[3:] == [49 * h, 50 * h]  # held behind the wait: t3 starts when p0 fails at 48 h
+    assert waited[0] == INF and waited[1:] == without[1:]  # the other nodes' days to patched unchanged
     row = _run([_service(None), *WORK], params)
     assert (row.nodes_patched, row.cold_starts, row.recomputed_gpu_hours) == (4, 0, 0)
     [held] = row.holds
@@ -84,20 +83,37 @@ def test_a_workload_without_receiver_waits_up_to_the_limit_then_its_node_fails()
                                       "still running at the wait limit: the node failed")
     assert any("p0 (svc: no receiver for its checkpoint, still running at the wait limit)" in n for n in row.notes)
     assert any("waited up to the wait limit for work no node could receive" in n for n in row.notes)
-    # What the engine's order cost: 1 + 2 + 49 + 50 hours against 1 + 2 + 3 + 4 (p0 counted to the
-    # trace's end, day 30, in both).
+    # What the rule saves against the engine before it: 1 + 2 + 3 + 4 hours against 1 + 2 + 49 + 50
+    # (p0 counted to the trace's end, day 30, in both).
     [note] = [n for n in row.notes if "wave order" in n]
-    assert f"{(102 * h + 30 * D) / D:,.1f} node-days; {(10 * h + 30 * D) / D:,.1f} if a waiting node" in note
-    # The what-if where a waiting node gives its slot and the order back: every T4 node on time.
-    own = _patched(_fleet(), [_service(None), *WORK], params.with_(wave_order="own_work"))
-    assert own[0] == INF and own[1:] == without[1:]
+    assert f"{(10 * h + 30 * D) / D:,.1f} node-days; {(102 * h + 30 * D) / D:,.1f} had a waiting node held" in note
+    held_order = _patched(_fleet(), [_service(None), *WORK], params.with_(wave_order="hold"))
+    assert held_order[0] == INF and held_order[3:] == [49 * h, 50 * h]
+
+
+def test_a_node_waiting_for_a_receiver_keeps_its_slot():
+    """Its slot is kept: two P100 nodes in one cluster, one at a time; p0's service has no receiver
+    (p1, the next wave, takes nothing), so p0 waits 48 h and fails; p1 starts only then (its slot),
+    and p0, back on the old driver, has no room for p1's service (1 GPU, full): p1 waits too. The
+    what-if `own_work` gives the slot back at once."""
+    h = 3600.0
+    nodes = [SimNode(index=i, name=f"p{i}", gpus=1, cluster="p100s", gpu_model="P100", versions={"driver": "old"})
+             for i in range(2)]
+    tasks = [Task(name="svc", submit=0, start=0, end=None, milli=1000, limit=None, service=True, node="p0"),
+             Task(name="job", submit=0, start=0, end=10 * h, milli=1000, limit=None, node="p1")]
+    # p1 starts at 48 h: its job has ended, nothing to move: patched 1 h later.
+    assert _patched(nodes, tasks, ALONE) == [INF, 49 * h]
+    assert _patched(nodes, tasks, ALONE.with_(wave_order="own_work")) == [INF, 11 * h]
 
 
 def test_a_workload_without_receiver_that_ends_within_the_limit_lets_its_node_be_patched():
     """The service ends at 10.5 h: the node sees it end (here at once; the engine looks every
-    WAIT_POLL_S), has nothing left to move and is patched, 1 h. Wave 3 waits for it."""
+    WAIT_POLL_S), has nothing left to move and is patched, 1 h. Wave 3 does not wait for it (it
+    waited for a receiver alone); under `hold`, the engine before issue 32, it did."""
     h = 3600.0
-    assert _patched(_fleet(), [_service(10.5 * h), *WORK], ALONE) == [11.5 * h, h, 2 * h, 12.5 * h, 13.5 * h]
+    assert _patched(_fleet(), [_service(10.5 * h), *WORK], ALONE) == [11.5 * h, h, 2 * h, 3 * h, 4 * h]
+    assert _patched(_fleet(), [_service(10.5 * h), *WORK], ALONE.with_(wave_order="hold")) == [
+        11.5 * h, h, 2 * h, 12.5 * h, 13.5 * h]
     row = _run([_service(10.5 * h), *WORK], ALONE)
     assert [(x.task, x.hours, x.ended) for x in row.holds] == [("svc", pytest.approx(10.5), "finished")]
     # The engine's look, every 30 s from the node's start: the end at 10.5 h + 10 s is seen at 10.5 h + 30 s.
@@ -105,12 +121,15 @@ def test_a_workload_without_receiver_that_ends_within_the_limit_lets_its_node_be
     assert polled[0] == pytest.approx(11.5 * h + 30)
 
 
-def test_without_a_wait_limit_the_node_waits_for_ever_and_holds_every_wave_after_the_next():
-    """wait_limit none: the service never ends, so the P100 node never finishes, and under the
-    engine's wave order waves 3 and 4 never start (t1 and t2, waves 1 and 2, are patched)."""
+def test_without_a_wait_limit_the_node_waits_for_ever_and_holds_only_its_slot():
+    """wait_limit none: the service never ends, so the P100 node never finishes; it waits for a
+    receiver alone, so every T4 node is patched on time (under `hold`, the engine before issue 32,
+    waves 3 and 4 never started)."""
     h = 3600.0
     patched = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(wait_limit_h=None))
-    assert patched == [INF, h, 2 * h, INF, INF]
+    assert patched == [INF, h, 2 * h, 3 * h, 4 * h]
+    held = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(wait_limit_h=None, wave_order="hold"))
+    assert held == [INF, h, 2 * h, INF, INF]
 
 
 def test_with_cold_restarts_allowed_the_workload_without_receiver_is_stopped_at_once():
@@ -125,8 +144,8 @@ def test_with_cold_restarts_allowed_the_workload_without_receiver_is_stopped_at_
 
 def test_the_what_ifs_the_engine_does_not_do_are_kept_and_named():
     """`fail`: the engine before it waited (the node failed at once, every other node on time);
-    `wait_then_cold_restart`: the wait, then a cold restart at the limit (p0 patched at 49 h, t3 and
-    t4 held behind it)."""
+    `wait_then_cold_restart`: the wait, then a cold restart at the limit (p0 patched at 49 h, the
+    T4 nodes on time: it waited for a receiver alone)."""
     h = 3600.0
     failed = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(last_group="fail"))
     assert failed == [INF, h, 2 * h, 3 * h, 4 * h]
@@ -134,8 +153,9 @@ def test_the_what_ifs_the_engine_does_not_do_are_kept_and_named():
     assert any("p0 (svc: no receiver for its checkpoint)" in n for n in row.notes)
     assert any("failed at once (--last-group fail, a what-if" in n for n in row.notes)
     killed = _patched(_fleet(), [_service(None), *WORK], ALONE.with_(last_group="wait_then_cold_restart"))
-    assert killed == [49 * h, h, 2 * h, 50 * h, 51 * h]
+    assert killed == [49 * h, h, 2 * h, 3 * h, 4 * h]
     assert "what-if" in HELP["last_group"] and "fail" in HELP["last_group"]
+    assert "what-ifs" in HELP["wave_order"].lower() and "hold" in HELP["wave_order"]
 
 
 def test_a_node_that_failed_is_back_in_service_unpatched_and_receives_the_work_of_the_next():
@@ -207,13 +227,14 @@ P100_SERVICES = {f"openb-pod-{n:04d}" for n in (1, 2, 6, 7, 8, 9, 10, 11, 13, 14
 
 
 @needs_openb
-def test_on_the_bundled_trace_the_utilization_is_the_files_and_where_exposure_falls_with_parallelism():
-    """Done-when 2 on the bundled trace, told as it is. With a campaign's defaults the 11 P100
-    services that reach the last two waves of their driver group have no receiver: their nodes wait
-    the 168 h wait limit, and the engine's wave order holds every wave after the next behind them
-    (some 430 to 480 nodes at 1% to 10%, whatever the parallelism), so the sweep's node-days do not
-    fall with parallelism: they rise from 5% to 10%. They fall where a waiting node holds no wave
-    (`own_work`, a what-if) and where cold restarts are allowed (no wait at all)."""
+def test_on_the_bundled_trace_the_utilization_is_the_files_and_exposure_falls_with_parallelism():
+    """Done-when 2 on the bundled trace, with a campaign's defaults. The 11 P100 services that reach
+    the last two waves of their driver group have no receiver: their nodes wait the 168 h wait limit
+    (6 of them get the failed nodes as receivers at the limit, 5 fail), keeping their slots but not
+    the wave order (campaigns.policy.admits), so the rest of the fleet goes on: the sweep's node-days
+    fall as parallelism rises. Under `hold` (the engine before issue 32) those waits held every wave
+    after the next: more node-days at every parallelism, and a rise from 5% to 10%. With cold
+    restarts allowed nothing waits, and it falls lower still."""
     text = (OPENB / "openb_pod_list_default.csv").read_text()
     nodes = fleet.from_file(OPENB / "openb_node_list_gpu_node.csv")
     params = params_from({"parallelism": "1%,2%,5%,10%"}, release_s=100 * D)
@@ -222,23 +243,26 @@ def test_on_the_bundled_trace_the_utilization_is_the_files_and_where_exposure_fa
     assert result.placement.unplaced == 0
     assert result.utilization * result.gpus == pytest.approx(busy_at(text, 100 * D))
     exposure = [r.exposure_node_days for r in result.rows]
-    assert exposure[:3] == sorted(exposure[:3], reverse=True) and exposure[3] > exposure[2]
-    assert all(any("waiting for their own work as not done" in n for n in r.notes) for r in result.rows)
+    assert exposure == sorted(exposure, reverse=True) and exposure[-1] < exposure[0]
+    assert all(any("later waves start while a node waits for a receiver alone" in n for n in r.notes)
+               for r in result.rows)
     assert all({h.task for h in r.holds} == P100_SERVICES for r in result.rows)
-    for changes in ({"wave_order": "own_work"}, {"last_group": "cold_restart"}):
-        other = simulate(nodes, trace, params.with_(**changes), strategies=("sweep",))
-        falls = [r.exposure_node_days for r in other.rows]
-        assert falls == sorted(falls, reverse=True) and falls[-1] < falls[0], changes
-        assert all(f < e for f, e in zip(falls, exposure, strict=True)), changes
+    assert all(len(nodes) - r.nodes_patched in (5, 6) for r in result.rows)
+    held = [r.exposure_node_days for r in simulate(nodes, trace, params.with_(wave_order="hold"),
+                                                   strategies=("sweep",)).rows]
+    assert all(h > e for h, e in zip(held, exposure, strict=True)) and held[3] > held[2]
+    allowed = simulate(nodes, trace, params.with_(last_group="cold_restart"), strategies=("sweep",))
+    falls = [r.exposure_node_days for r in allowed.rows]
+    assert falls == sorted(falls, reverse=True) and falls[-1] < falls[0]
+    assert all(f < e for f, e in zip(falls, exposure, strict=True))
 
 
 def test_the_second_trace_is_the_generators_and_exposure_falls_with_parallelism():
     """Done-when 2 on a busier generated trace (seed 7). With a campaign's defaults (cold restart not
     allowed) the work of the last two waves of each driver group has no receiver (and work that came
     after the plan finds none on the full nodes of later waves): those nodes wait up to the 168 h
-    limit, 15 to 17 of them fail, and the waits hold the waves after them; exposure still falls as
-    parallelism rises (fewer waves to hold). With cold restarts allowed every node is patched and it
-    falls too, far lower."""
+    limit, keeping their slots but not the wave order, and 14 or 15 of them fail; exposure falls as
+    parallelism rises. With cold restarts allowed every node is patched and it falls too, far lower."""
     assert (FIXTURES / "synthetic_pods.csv").read_text() == synthetic.pods_csv(7, count=900)
     assert (FIXTURES / "synthetic_nodes.csv").read_text() == synthetic.nodes_csv(7)
     text = (FIXTURES / "synthetic_pods.csv").read_text()
@@ -248,7 +272,7 @@ def test_the_second_trace_is_the_generators_and_exposure_falls_with_parallelism(
     engine = simulate(nodes, trace, params, strategies=("sweep",))
     exposure = [r.exposure_node_days for r in engine.rows]
     assert exposure == sorted(exposure, reverse=True) and exposure[0] > exposure[-1]
-    assert [len(nodes) - r.nodes_patched for r in engine.rows] == [15, 17, 16, 16]
+    assert [len(nodes) - r.nodes_patched for r in engine.rows] == [15, 15, 14, 14]
     assert all(any("last two waves of each driver group" in n for n in r.notes) for r in engine.rows)
     assert all(any(h.why == "no receiver for its checkpoint" for h in r.holds) for r in engine.rows)
     allowed = simulate(nodes, trace, params.with_(last_group="cold_restart"), strategies=("sweep",))
