@@ -36,8 +36,10 @@ from tests.campaigns.fleet import FIXED, OLD, add_node, approved_campaign, drive
 
 pytestmark = pytest.mark.django_db
 
-WAIT_S = 1.2  # how long `wait` runs on after the sweep reaches the node
-FROZEN_MAX_S = 0.5  # a move on the memory executor takes milliseconds; a freeze through the wait takes WAIT_S
+WAIT_S = 1.6  # how long `wait` runs on after the sweep reaches the node
+# A move on the memory executor takes milliseconds (0.5 s seen at load 6); a freeze through the wait
+# takes WAIT_S.
+FROZEN_MAX_S = 1.0
 POLICIES = {"mig": ("criu", ""), "sig": ("signal", ""), "wait": ("criu", "wait"), "cold": ("criu", "cold_restart"),
             "none": ("none", "")}
 ENDS = ("done", "gate_stays_out", "gate_returns", "patch_fails", "abort_draining", "abort_checkpointing",
