@@ -13,10 +13,18 @@ node can do: checkpoint a process, install packages, reboot.
 Everything gpusweep does is written where the cluster shows it, controller-runtime style, so a
 retry reads what the first attempt did and undo removes only gpusweep's own marks:
 
-- drain: cordon, the taint ``gpusweep.io/maintenance=<campaign>:NoSchedule``, the node label
-  ``gpusweep.io/campaign`` and annotations naming the operation (``gpusweep.io/drained-by``); a
-  node already cordoned by someone else is noted (``gpusweep.io/cordoned-before``) and stays
-  cordoned when gpusweep is done with it. The agent stops admitting work (maintenance).
+- drain: cordon, the node label ``gpusweep.io/campaign`` and annotations naming the operation
+  (``gpusweep.io/drained-by``), and with ``driver_management: agent`` the taint
+  ``gpusweep.io/maintenance=<campaign>:NoSchedule``; a node already cordoned by someone else is noted
+  (``gpusweep.io/cordoned-before``) and stays cordoned when gpusweep is done with it. The agent stops
+  admitting work (maintenance). With ``gpu-operator`` there is no taint: the operator's operand
+  DaemonSets (driver, validator, device plugin) tolerate only the chart's default
+  ``nvidia.com/gpu:NoSchedule`` (``daemonsets.tolerations``), so a gpusweep taint would keep the driver
+  pod the operator deletes at pod-restart-required from coming back; every DaemonSet pod tolerates the
+  cordon (``node.kubernetes.io/unschedulable``, added by the DaemonSet controller). In agent mode
+  DaemonSet pods keep running through the taint (NoSchedule evicts nothing, and a reboot keeps pods
+  bound); a site DaemonSet whose pods may be deleted on a swept node needs a toleration for
+  ``gpusweep.io/maintenance`` (the shipped agent tolerates everything).
 - checkpoint, per pod (DaemonSet and static pods never move): first a server-side dry-run
   eviction, so a PodDisruptionBudget that forbids the move holds the node before anything is
   touched; then the node agent (``criu``, ``cuda``, ``signal``; images in the agents' shared
@@ -58,7 +66,12 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   ``gpusweep.io/upgrade-skip-set-by``, so only those are ever lifted), the version is set on the
   node's ``NVIDIADriver`` (``spec.version``) or the ``ClusterPolicy`` (``spec.driver.version``),
   this node's skip label is lifted and its ``nvidia.com/gpu-driver-upgrade-state`` label followed
-  to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). Nodes the campaign never
+  to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). gpusweep's checkpoints and
+  moves come first (drain, checkpoint and migrate end before the patch), so when the operator's state
+  machine reaches pod deletion the node holds no GPU pod; it then cordons (already cordoned: it notes
+  the initial state and leaves the cordon to gpusweep), restarts the driver pod and validates. The
+  state label is the operator's and never written by gpusweep: a node left ``upgrade-failed`` by an
+  earlier upgrade fails at once, saying so. Nodes the campaign never
   patches keep gpusweep's skip label: the operator never upgrades a node whose work was not moved.
 - health gates: the node agent's checks (docs/agent-wire-format.md), after "the node is Ready";
   without an agent, the expected versions as the node's labels show them. Rollback: the agent
@@ -544,19 +557,23 @@ class KubernetesExecutor(Executor):
     # -- drain, return, undo ---------------------------------------------------------
     def drain(self, node: NodeRef, operation_id: str) -> None:
         campaign = campaign_of(operation_id)
-        wanted = {"key": TAINT, "value": campaign, "effect": "NoSchedule"}
+        # With the GPU Operator no taint: its operand DaemonSets tolerate only the chart's `nvidia.com/gpu`
+        # (`daemonsets.tolerations`), so a taint of gpusweep's would keep the driver pod the operator deletes
+        # at pod-restart-required from coming back. The cordon alone keeps new work off, and every DaemonSet
+        # pod tolerates it (node.kubernetes.io/unschedulable, added by the DaemonSet controller).
+        wanted = [] if self.mode == "gpu-operator" else [{"key": TAINT, "value": campaign, "effect": "NoSchedule"}]
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             notes, spec = _annotations(obj), obj.get("spec") or {}
             taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT]
-            if notes.get(DRAINED_BY) == operation_id and spec.get("unschedulable") and wanted in (spec.get("taints")
-                                                                                                   or []):
+            if notes.get(DRAINED_BY) == operation_id and spec.get("unschedulable") and taints + wanted == (
+                    spec.get("taints") or []):
                 return None
             marks = {DRAINED_BY: operation_id, CAMPAIGN: campaign}
             if spec.get("unschedulable") and DRAINED_BY not in notes:
                 marks[CORDONED_BEFORE] = "true"
             return {"metadata": {"labels": {CAMPAIGN: campaign}, "annotations": marks},
-                    "spec": {"unschedulable": True, "taints": [*taints, wanted]}}
+                    "spec": {"unschedulable": True, "taints": [*taints, *wanted] or None}}
 
         obj = self._update_node(node.name, change)
         ref = self._agent(node, obj)
@@ -940,9 +957,15 @@ class KubernetesExecutor(Executor):
         ref = self._agent(node, obj)
         if ref is None:
             return HealthResult((ready, versions_check(expected, self._observed(node, obj)[0])))
-        from_agent = self.agents.health(replace(ref, gpu_count=ref.gpu_count or node.gpu_count), expected, gates,
-                                        operation_id)
-        return HealthResult((ready, *from_agent.checks))
+        # The operator's containerized driver shows in GPU feature discovery's labels; the agent on the host
+        # checks everything else (and its GPUs against the driver it reads itself).
+        operated = {k: v for k, v in expected.items() if self.mode == "gpu-operator" and k == "driver"}
+        checks = [ready]
+        if operated:
+            checks.append(replace(versions_check(operated, self._observed(node, obj)[1]), name="operator-driver"))
+        from_agent = self.agents.health(replace(ref, gpu_count=ref.gpu_count or node.gpu_count),
+                                        {k: v for k, v in expected.items() if k not in operated}, gates, operation_id)
+        return HealthResult((*checks, *from_agent.checks))
 
     def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
         if self.mode != "gpu-operator":
@@ -963,6 +986,13 @@ class KubernetesExecutor(Executor):
         obj = self._node(node.name)
         record = json.loads(_annotations(obj).get(PATCH_RECORD) or "{}")
         if record.get("op") != operation_id:
+            if _labels(obj).get(UPGRADE_STATE) == "upgrade-failed":
+                # The state label is the operator's: gpusweep never writes it. The operator retries such a node
+                # once its driver pod is healthy again, or when an administrator resets it.
+                raise PermanentExecutorError(
+                    f"node {node.name}: the GPU Operator failed an earlier driver upgrade of it ({UPGRADE_STATE}="
+                    "upgrade-failed); mend its driver pod, or reset its state as NVIDIA's upgrade guide says, then "
+                    "sweep it again")
             record = {"op": operation_id, "version": version, "started": _now(),
                       "before": node_from_kubernetes(obj).components.get("driver", "")}
             plural, resource, selector = self._governing(obj)
@@ -1000,10 +1030,7 @@ class KubernetesExecutor(Executor):
         if labels.get(UPGRADE_SKIP) == "true" and SKIP_SET_BY not in notes:
             raise PermanentExecutorError(f"node {_meta(obj)['name']} carries {UPGRADE_SKIP}=true set by someone other "
                                          "than gpusweep; it is not upgraded")
-        new_labels: dict[str, Any] = {UPGRADE_SKIP: None}
-        if labels.get(UPGRADE_STATE) == "upgrade-failed":
-            new_labels[UPGRADE_STATE] = "upgrade-required"  # the operator's documented retry
-        return {"metadata": {"labels": new_labels, "annotations": {
+        return {"metadata": {"labels": {UPGRADE_SKIP: None}, "annotations": {
             PATCH_RECORD: json.dumps(record, sort_keys=True), SKIP_SET_BY: None}}}
 
     def _hold_others(self, this: str, selector: dict[str, str], version: str, operation_id: str) -> None:

@@ -171,9 +171,12 @@ def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_resto
     assert len([p for p in kube.objects("pods", "ml")]) == 1
 
 
-def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer) -> None:
+def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer,
+                                                                             tmp_path: Path) -> None:
     kube.nodes = [gpu_node("a1", pool="a", labels={"pool": "a"}), gpu_node("b1", pool="b", labels={"pool": "b"}),
                   gpu_node("a2", pool="a", labels={"pool": "a"})]
+    for name in ("a1", "b1", "a2"):  # the operator's driver pods run there
+        Kubelet(kube, name, tmp_path / name)
     kube.put("clusterpolicies", cluster_policy("570.86.15"))
     kube.put("nvidiadrivers", nvidia_driver("pool-a", "570.86.15", {"pool": "a"}))
     kube.put("nvidiadrivers", nvidia_driver("pool-b", "570.86.15", {"pool": "b"}))
@@ -190,6 +193,10 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
     # Pool b's driver does not change: its nodes are not held.
     assert "nvidia.com/gpu-driver-upgrade.skip" not in kube.get("nodes", "b1")["metadata"]["labels"]
     assert operator.started("") == ["a1"]
+    # The operator deleted a1's driver pod, and its DaemonSet brought it back at the new version.
+    assert operator.driver_restarts == ["a1"]
+    driver = operator.operand_pod("a1", "nvidia-gpu-driver-pool-a")
+    assert driver is not None and driver["spec"]["containers"][0]["image"].endswith(":570.195.03")
     # A retry of the same operation reads what the first did and waits for nothing more.
     assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
     assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
