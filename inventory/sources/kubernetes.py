@@ -4,11 +4,18 @@ Read through the official `kubernetes` client (CoreV1Api, raw JSON pages of 500 
 `continue`, so a large cluster never lands as one response). `KubernetesSource` is the
 interface (`nodes()`, `pods()` return API dictionaries); `ApiKubernetesSource` implements it.
 
-Cluster settings (`cluster.connection`, never secrets) and secret references (`secret_env`):
+Cluster settings (`cluster.connection`, never secrets) and secret references (`secret_env`), read
+in this order (``api_client_for``):
+- `connection.in_cluster: true`: the cluster gpusweep runs in, through its pod's service account
+  (token and CA under ``GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR``, the standard
+  /var/run/secrets/kubernetes.io/serviceaccount; the API at KUBERNETES_SERVICE_HOST/PORT; the
+  token re-read as the kubelet rotates it); an error when gpusweep runs in no pod;
 - `connection.host` + `secret_env.token` (name of an environment variable holding a bearer
-  token), optional `connection.ca_cert` (path) and `connection.verify_ssl` (default true); or
+  token), optional `connection.ca_cert` (path) and `connection.verify_ssl` (default true);
 - `secret_env.kubeconfig` (environment variable holding a kubeconfig path) and optional
-  `connection.context`; or nothing: the default kubeconfig ($KUBECONFIG / ~/.kube/config).
+  `connection.context`;
+- none of these: in-cluster when gpusweep runs in a pod (the environment and the token are there),
+  else the default kubeconfig ($KUBECONFIG / ~/.kube/config).
 - `connection.pool_label`: node label naming the pool (default: the first present of
   gpusweep.io/pool, cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, agentpool,
   node.kubernetes.io/instance-type).
@@ -31,6 +38,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from pathlib import Path
 from typing import Any, Protocol
 
 from gpusweep import secret_env
@@ -113,6 +121,10 @@ def api_client_for(cluster: Cluster) -> tuple[Any, float]:
     if own := sorted(v for v in secrets.values() if secret_env.own(str(v))):  # never hand the service's keys on
         raise KubernetesError(f"cluster {cluster.name}: {', '.join(own)} are the service's own settings, not secrets")
     timeout = float(connection.get("timeout_s", 30))
+    if connection.get("in_cluster") or not (connection.get("host") or secrets.get("kubeconfig")):
+        in_cluster = _in_cluster_client(cluster, required=bool(connection.get("in_cluster")))
+        if in_cluster is not None:
+            return in_cluster, timeout
     if connection.get("host"):
         configuration = client.Configuration()
         configuration.host = str(connection["host"])
@@ -139,6 +151,31 @@ def api_client_for(cluster: Cluster) -> tuple[Any, float]:
     except (config.ConfigException, OSError) as exc:
         raise KubernetesError(f"cluster {cluster.name}: cannot load kubeconfig: {exc}") from None
     return api_client, timeout
+
+
+def _in_cluster_client(cluster: Cluster, required: bool) -> Any | None:
+    """The client of the pod's own service account (the worker's, as deploy/kubernetes ships it), or None
+    when gpusweep runs in no pod and `required` is false."""
+    from django.conf import settings
+    from kubernetes import client, config
+
+    folder = Path(settings.GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR)
+    token = folder / "token"
+    if not (os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+            and token.is_file()):
+        if required:
+            raise KubernetesError(
+                f"cluster {cluster.name}: connection.in_cluster is set but gpusweep runs in no pod of it "
+                f"(KUBERNETES_SERVICE_HOST/PORT unset or no service account token at {token})")
+        return None
+    configuration = client.Configuration()
+    try:
+        # Re-reads the token file as the kubelet rotates it (bound service account tokens last an hour).
+        config.incluster_config.InClusterConfigLoader(str(token), str(folder / "ca.crt")).load_and_set(
+            configuration)
+    except config.ConfigException as exc:
+        raise KubernetesError(f"cluster {cluster.name}: in-cluster configuration: {exc}") from None
+    return client.ApiClient(configuration)
 
 
 def client_for(cluster: Cluster) -> ApiKubernetesSource:
