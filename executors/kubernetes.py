@@ -51,9 +51,14 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
     starts; once it runs, the original gets the lowest ``controller.kubernetes.io/pod-deletion-cost``
     and the copy gets those labels and the ReplicaSet's owner reference (adopted), then the
     original is evicted.
-  - StatefulSet and Job: never copied (a StatefulSet pod's name and volumes are its identity, a
-    Job counts its own pods), so they are not checkpointed (``pod_checkpoint_engine``): a cold
-    restart evicts them and their controller starts them again; or the campaign waits for them.
+  - any other controller: never copied while it has one (the controller would start the pod again
+    beside the copy, and the work would run twice), so it is not checkpointed
+    (``inventory.sources.kubernetes.never_copied``). A StatefulSet's pod (its name and volumes are
+    its identity) is cold-restarted: evicted, and its controller starts it again. A Job's pod, a known
+    training or serving controller's (PyTorchJob and the Kubeflow training operator's kinds, TrainJob,
+    JobSet, RayCluster, RayJob, LeaderWorkerSet) and an unknown controller's get the policy wait
+    (``owner_policy``) and the plan names the owner; with a cold restart (the campaign's override, or
+    ``cold_restart_allowed`` past the wait limit) the pod is evicted and its controller starts it again.
   - DaemonSet: stays on its node.
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
@@ -132,6 +137,7 @@ from executors.local import LocalExecutor
 from inventory.sources.kubernetes import (
     KubernetesError,
     api_client_for,
+    never_copied,
     node_from_kubernetes,
     pod_checkpoint_engine,
     pod_controller,
@@ -369,8 +375,8 @@ class Kube:
 
 class KubernetesExecutor(Executor):
     name = "kubernetes"
-    restarts_cold_starts = ("its Kubernetes controller (ReplicaSet, StatefulSet, Job); gpusweep starts a fresh "
-                            "copy of a pod that has none")
+    restarts_cold_starts = ("its Kubernetes controller (ReplicaSet, StatefulSet, Job, a training operator ...); "
+                            "gpusweep starts a fresh copy of a pod that has none")
 
     def __init__(self, cluster: Any = None, **options: Any) -> None:
         super().__init__(cluster, **options)
@@ -673,10 +679,10 @@ class KubernetesExecutor(Executor):
             return self._result(restored, workload_id)
         if pod is None:
             raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
-        kind = (pod_controller(pod) or {}).get("kind")
-        if kind in ("StatefulSet", "Job", "DaemonSet"):
-            raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
-                                         "its controller restarts it (policy cold_restart) or it is waited for")
+        why = never_copied(pod)
+        if why:
+            raise PermanentExecutorError(f"pod {workload_id} is never copied: {why}; it is waited for, or its "
+                                         "controller starts it again after a cold restart (policy cold_restart)")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
         gpus = self._pod_gpus(node, pod)
         if requires is None:

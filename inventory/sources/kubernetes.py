@@ -28,8 +28,11 @@ nvidia.com/gpu.family (GPU architecture), nvidia.com/gpu.machine (platform) and
 gpusweep.io/container-toolkit-mode (legacy|cdi|csv). Kernel and OS come from status.nodeInfo.
 Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
-describe what the pod runs; StatefulSet and Job pods count as not checkpointable
-(``pod_checkpoint_engine``): their controller recreates them under their own identity.
+describe what the pod runs. A pod of any controller but a ReplicaSet is never copied, so it
+counts as not checkpointable (``never_copied``, ``pod_checkpoint_engine``); its controller is the
+workload's ``owner``, and a Job's, a known training or serving controller's (PyTorchJob, JobSet,
+RayCluster, LeaderWorkerSet ...) or an unknown controller's pod is created with the policy wait
+(``owner_policy``).
 ``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
@@ -42,7 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpusweep import secret_env
-from inventory.choices import CheckpointEngine, ServiceState, WorkloadKind
+from inventory.choices import CheckpointEngine, ServiceState, WorkloadKind, WorkloadPolicy
 from inventory.models import Cluster
 from inventory.services import ObservedNode, ObservedWorkload, Snapshot
 
@@ -307,12 +310,61 @@ def pod_controller(pod: dict[str, Any]) -> dict[str, Any] | None:
     return next((o for o in owners if o.get("controller")), None)
 
 
+# The one controller whose pods gpusweep copies: the copy is adopted by the ReplicaSet before the
+# original leaves (executors/kubernetes.py), so the ReplicaSet never starts a pod of its own meanwhile.
+COPIED_BY_ADOPTION = "ReplicaSet"
+# Controllers that start their pods again by their own rules: a StatefulSet under the pod's name and
+# volumes, a DaemonSet on its node; gpusweep's rules for them are in executors/kubernetes.py.
+RESTARTED_IN_PLACE = ("StatefulSet", "DaemonSet")
+# Known controllers of batch, training and serving work by API group. A pod of theirs is never copied
+# (the controller would start it again: the work would run twice); it is waited for, or, when the
+# campaign allows a cold restart, evicted and started again by its controller (a Job counts it as a
+# disruption, the Kubeflow training operator restarts the replica by its restartPolicy, KubeRay and
+# LeaderWorkerSet recreate the group member).
+KNOWN_CONTROLLERS = {
+    "batch": ("Job",),
+    "kubeflow.org": ("PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob"),
+    "trainer.kubeflow.org": ("TrainJob",),
+    "jobset.x-k8s.io": ("JobSet",),
+    "ray.io": ("RayCluster", "RayJob"),
+    "leaderworkerset.x-k8s.io": ("LeaderWorkerSet",),
+}
+
+
+def pod_owner(pod: dict[str, Any]) -> str:
+    """Its controller as the plan shows it ("PyTorchJob kubeflow.org/v1 llama"), "" for a bare pod."""
+    controller = pod_controller(pod)
+    if controller is None:
+        return ""
+    return f"{controller.get('kind', '?')} {controller.get('apiVersion', '?')} {controller.get('name', '?')}"[:200]
+
+
+def never_copied(pod: dict[str, Any]) -> str:
+    """Why gpusweep never copies this pod while its controller lives ("" when it may: a bare pod, a
+    ReplicaSet's). Every controller but a ReplicaSet would start the pod again beside the copy."""
+    controller = pod_controller(pod)
+    if controller is None or controller.get("kind") == COPIED_BY_ADOPTION:
+        return ""
+    kind, group = str(controller.get("kind", "")), str(controller.get("apiVersion", "")).rpartition("/")[0]
+    known = kind in KNOWN_CONTROLLERS.get(group or "", ()) or kind in RESTARTED_IN_PLACE
+    return (f"it belongs to a {kind} ({pod_owner(pod)}), which starts it again itself" if known else
+            f"it belongs to a {kind} ({pod_owner(pod)}), a controller gpusweep does not know")
+
+
+def owner_policy(pod: dict[str, Any]) -> str:
+    """The workload policy its controller implies ("" where the campaign's applies): wait for a Job's pod,
+    a known training or serving controller's and an unknown controller's; a cold restart is the
+    campaign's to allow (its override or ``cold_restart_allowed`` past the wait limit)."""
+    kind = (pod_controller(pod) or {}).get("kind")
+    if not never_copied(pod) or kind in RESTARTED_IN_PLACE:
+        return ""
+    return str(WorkloadPolicy.WAIT)
+
+
 def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
     """How a pod's state can be saved: its ``gpusweep.io/checkpoint`` annotation, except that a pod
-    whose controller recreates it under its own identity (StatefulSet: its name and volumes; Job:
-    its completion) is never copied, so it is not checkpointed: its controller starts it again."""
-    controller = pod_controller(pod)
-    if controller is not None and controller.get("kind") in ("StatefulSet", "Job"):
+    gpusweep never copies (``never_copied``) is not checkpointed: its controller starts it again."""
+    if never_copied(pod):
         return str(CheckpointEngine.NONE)
     engine = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpusweep.io/checkpoint", "")
     return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)
@@ -339,6 +391,8 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
         started_at=dt.datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None,
         time_limit=dt.timedelta(seconds=int(deadline)) if deadline else None,
         checkpoint_engine=pod_checkpoint_engine(pod),
+        owner=pod_owner(pod),
+        default_policy=owner_policy(pod),
         engine=str(notes.get("gpusweep.io/engine", ""))[:100],
         engine_version=str(notes.get("gpusweep.io/engine-version", ""))[:100],
         model_name=str(notes.get("gpusweep.io/model", ""))[:200],
