@@ -51,15 +51,25 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
     starts; once it runs, the original gets the lowest ``controller.kubernetes.io/pod-deletion-cost``
     and the copy gets those labels and the ReplicaSet's owner reference (adopted), then the
     original is evicted.
+  - StatefulSet: never copied (its name and claims are its identity). Its pod is checkpointed
+    through the agent, then stopped (evicted); its controller starts it again under its name and
+    claims, wherever the scheduler can attach them, and that node's agent restores the checkpoint
+    into it (``gpusweep-run`` finds it by the workload id); the move succeeds when that node is the
+    target the engine chose. Meanwhile the record waits on the pod's claims (label
+    ``gpusweep.io/checkpoint-id``), so a retry finds it.
   - any other controller: never copied while it has one (the controller would start the pod again
     beside the copy, and the work would run twice), so it is not checkpointed
-    (``inventory.sources.kubernetes.never_copied``). A StatefulSet's pod (its name and volumes are
-    its identity) is cold-restarted: evicted, and its controller starts it again. A Job's pod, a known
+    (``inventory.sources.kubernetes.never_copied``). A Job's pod, a known
     training or serving controller's (PyTorchJob and the Kubeflow training operator's kinds, TrainJob,
     JobSet, RayCluster, RayJob, LeaderWorkerSet) and an unknown controller's get the policy wait
     (``owner_policy``) and the plan names the owner; with a cold restart (the campaign's override, or
     ``cold_restart_allowed`` past the wait limit) the pod is evicted and its controller starts it again.
   - DaemonSet: stays on its node.
+
+  A pod with a ReadWriteOnce (or ReadWriteOncePod) claim cannot share its volume with its
+  replacement: the replacement is created and pinned first (and adopted, for a ReplicaSet), then the
+  original is evicted, and the replacement's containers start once the volume has moved to the target.
+  The copied spec never carries ``ephemeralContainers`` (the API refuses them on create).
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
   once the node leaves maintenance its container restarts and restores its pending checkpoint;
@@ -335,6 +345,22 @@ class Kube:
 
     def kubelet(self, node: str, path: str) -> Any:
         return self.call(f"POST node {node} proxy /{path}", self.core.connect_post_node_proxy_with_path, node, path)
+
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET persistentvolumeclaim {namespace}/{name}",
+                                                  self.core.read_namespaced_persistent_volume_claim, name, namespace,
+                                                  missing_ok=True)
+        return result
+
+    def claims(self, label_selector: str) -> list[dict[str, Any]]:
+        answer = self.call("GET persistentvolumeclaims", self.core.list_persistent_volume_claim_for_all_namespaces,
+                           label_selector=label_selector)
+        return list(answer.get("items") or [])
+
+    def patch_claim(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.call(f"PATCH persistentvolumeclaim {namespace}/{name}",
+                  self.core.patch_namespaced_persistent_volume_claim, name, namespace, patch, missing_ok=True,
+                  content_type="application/merge-patch+json")
 
     def replica_set(self, namespace: str, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = self.call(f"GET replicaset {namespace}/{name}",
@@ -680,14 +706,19 @@ class KubernetesExecutor(Executor):
         if pod is None:
             raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
         why = never_copied(pod)
-        if why:
+        kind = (pod_controller(pod) or {}).get("kind")
+        if why and kind != "StatefulSet":
             raise PermanentExecutorError(f"pod {workload_id} is never copied: {why}; it is waited for, or its "
                                          "controller starts it again after a cold restart (policy cold_restart)")
+        claims = self._single_node_claims(pod)
+        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
+        if kind == "StatefulSet" and via == "kubelet":
+            raise PermanentExecutorError(f"pod {workload_id} belongs to a StatefulSet, whose new pod runs its own "
+                                         "image: checkpoint it with the agent (criu, cuda, signal), not the kubelet")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
         gpus = self._pod_gpus(node, pod)
         if requires is None:
             requires = self._requirements(pod, engine, self._portability_facts(node), gpus).as_dict()
-        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
         if via == "kubelet":
             taken = self._kubelet_checkpoint(node, pod)
         else:
@@ -697,7 +728,8 @@ class KubernetesExecutor(Executor):
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
-                  "requires": requires}
+                  "requires": requires, "uid": str(_meta(pod).get("uid", "")), "claims": claims,
+                  **({"controller": kind} if kind == "StatefulSet" else {})}
         self._call(self.kube.patch_pod, namespace, name, {"metadata": {
             "labels": {CHECKPOINT_ID: record["id"]},
             "annotations": {CHECKPOINTED: json.dumps(record, sort_keys=True), CAMPAIGN: campaign_of(operation_id)}}})
@@ -790,6 +822,11 @@ class KubernetesExecutor(Executor):
         original = self._find(CHECKPOINT_ID, checkpoint_id)
         record = json.loads(_annotations(replacement).get(RESTORED_RECORD, "{}") if replacement else
                             _annotations(original).get(CHECKPOINTED, "{}") if original else "{}")
+        if not record:  # a StatefulSet's pod already stopped: its record waits on its claims
+            marked = self._call(self.kube.claims, f"{CHECKPOINT_ID}={checkpoint_id}")
+            record = json.loads(_annotations(marked[0]).get(CHECKPOINTED, "{}")) if marked else {}
+            if record:
+                return self._restore_by_controller(None, record, target, operation_id)
         if not record:
             ref = self._agent(target)
             if ref is not None and self.agents.holds_bare_checkpoint(ref, checkpoint_id):
@@ -817,6 +854,8 @@ class KubernetesExecutor(Executor):
                 "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None, OPERATION: operation_id,
                                 RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
             return RestoreResult(workload_id=_pod_ref(original), node=target.identity)
+        if replacement is None and record.get("controller") == "StatefulSet":
+            return self._restore_by_controller(original, record, target, operation_id)
         if replacement is None:
             if original is None:
                 raise PermanentExecutorError(f"the pod checkpointed as {checkpoint_id} is gone")
@@ -824,11 +863,60 @@ class KubernetesExecutor(Executor):
         elif (replacement.get("spec") or {}).get("nodeName") not in (None, target.name):
             raise PermanentExecutorError(f"checkpoint {checkpoint_id} was restored as {_pod_ref(replacement)} on "
                                          f"{replacement['spec']['nodeName']}, not {target.name}")
+        if original is not None and record.get("claims"):
+            # A volume that attaches to one node at a time: the original stops first (its ReplicaSet adopts the
+            # waiting replacement before), then the volume moves and the replacement's containers start.
+            self._hand_over(original, replacement)
+            self._evict(original)
+            original = None
         self._wait_restored(replacement, record, target)
         if original is not None:
             self._hand_over(original, replacement)
             self._evict(original)
         return RestoreResult(workload_id=_pod_ref(replacement), node=target.identity)
+
+    def _single_node_claims(self, pod: dict[str, Any]) -> list[str]:
+        """The pod's claims whose volume attaches to one node at a time (ReadWriteOnce, ReadWriteOncePod): its
+        replacement's containers can start only once the original is gone."""
+        namespace = str(_meta(pod).get("namespace", "default"))
+        found = []
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            claim = self._call(self.kube.claim, namespace, name) if name else None
+            if {"ReadWriteOnce", "ReadWriteOncePod"} & set(((claim or {}).get("spec") or {}).get("accessModes") or []):
+                found.append(str(name))
+        return found
+
+    def _restore_by_controller(self, original: dict[str, Any] | None, record: dict[str, Any], target: NodeRef,
+                               operation_id: str) -> RestoreResult:
+        """A StatefulSet's pod is never copied: the original stops, its controller starts the pod again under
+        its name with its claims, where they can attach, and the node's agent restores the checkpoint into it
+        (``gpusweep-run`` finds it by the workload id). The record waits on the claims meanwhile, so a retry
+        finds it."""
+        checkpoint_id, (namespace, name) = str(record["id"]), _split(str(record["pod"]))
+        marks = {"metadata": {"labels": {CHECKPOINT_ID: checkpoint_id}, "annotations": {
+            CHECKPOINTED: json.dumps(record, sort_keys=True)}}}
+        for claim in record.get("claims") or []:
+            self._call(self.kube.patch_claim, namespace, claim, marks)
+        if original is not None:
+            self._evict(original)
+        current = self._call(self.kube.pod, namespace, name)
+        if current is None or _meta(current).get("uid") == record.get("uid") or _meta(current).get(
+                "deletionTimestamp"):
+            raise TemporaryExecutorError(f"pod {namespace}/{name} stopped for checkpoint {checkpoint_id}; its "
+                                         "StatefulSet has not started it again yet")
+        landed = (current.get("spec") or {}).get("nodeName")
+        if landed and landed != target.name:
+            raise PermanentExecutorError(f"the StatefulSet started pod {namespace}/{name} on {landed}, not on "
+                                         f"{target.name}: its agent there restores checkpoint {checkpoint_id}")
+        self._wait_restored(current, record, target)
+        self._call(self.kube.patch_pod, namespace, name, {"metadata": {
+            "labels": {RESTORED_FROM: checkpoint_id},
+            "annotations": {OPERATION: operation_id, RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
+        for claim in record.get("claims") or []:
+            self._call(self.kube.patch_claim, namespace, claim, {"metadata": {
+                "labels": {CHECKPOINT_ID: None}, "annotations": {CHECKPOINTED: None}}})
+        return RestoreResult(workload_id=f"{namespace}/{name}", node=target.identity)
 
     def _copy(self, pod: dict[str, Any], name: str, annotations: dict[str, str],
               labels: dict[str, str]) -> dict[str, Any]:
@@ -836,6 +924,7 @@ class KubernetesExecutor(Executor):
         meta = _meta(pod)
         spec = copy.deepcopy(pod.get("spec") or {})
         spec.pop("nodeName", None)
+        spec.pop("ephemeralContainers", None)  # debugging containers: never set on create (a 422)
         kept_labels = {k: v for k, v in _labels(pod).items() if k != CHECKPOINT_ID}
         kept_notes = {k: v for k, v in _annotations(pod).items()
                       if k not in (CHECKPOINTED, EVICTION_BLOCKED, DELETION_COST, MIRROR)}

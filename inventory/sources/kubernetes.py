@@ -363,8 +363,10 @@ def owner_policy(pod: dict[str, Any]) -> str:
 
 def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
     """How a pod's state can be saved: its ``gpusweep.io/checkpoint`` annotation, except that a pod
-    gpusweep never copies (``never_copied``) is not checkpointed: its controller starts it again."""
-    if never_copied(pod):
+    gpusweep never copies (``never_copied``) is not checkpointed: its controller starts it again. A
+    StatefulSet's pod is the exception: its controller starts it again under its name and claims, and
+    the new pod's agent restores the checkpoint into it."""
+    if never_copied(pod) and (pod_controller(pod) or {}).get("kind") != "StatefulSet":
         return str(CheckpointEngine.NONE)
     engine = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpusweep.io/checkpoint", "")
     return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)

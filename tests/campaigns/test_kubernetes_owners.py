@@ -147,3 +147,62 @@ def test_each_owner_kind_ends_as_the_plan_says_and_no_workload_runs_twice(
         gone = api.happened("deleted", "ml/llama-worker-0")[0][0]
         begun = wait_for(lambda: api.happened("container-started", f"ml/{again} n1 0"), 10, 0.1)[0][0]
         assert api.happened("evicted", "ml/llama-worker-0") and gone < begun
+
+
+def test_a_statefulset_pod_with_a_readwriteonce_claim_stops_first_and_comes_back_where_its_volume_attaches(
+    tmp_path: Path,
+) -> None:
+    """Issue 27, item 6: db-0 (a StatefulSet's, signal engine) holds the ReadWriteOnce claim data-db-0. It is
+    checkpointed, the original stops first (its volume is free only then: the kubelet stand-in keeps a second
+    user of the claim in ContainerCreating, as the Multi-Attach error does), its StatefulSet starts db-0 again
+    on the spare n1 under the same name and claim, and n1's agent restores the checkpoint into it. gpusweep
+    creates no pod; one db-0 runs at a time; the counter goes on. About 15 s."""
+    with KubeFleet(tmp_path, ["n0", "n1"]) as fleet:
+        api, helpers = fleet.api, fleet.helpers
+        api.put(
+            "persistentvolumeclaims",
+            {
+                "metadata": {"namespace": "ml", "name": "data-db-0"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}},
+                "status": {"phase": "Bound"},
+            },
+        )
+        owner = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "sts-db"}
+        log = tmp_path / "db.log"
+        fleet.counter_pod("ml", "db-0", "n0", "signal", log, owner=owner)
+        api.mutate(
+            "pods",
+            "db-0",
+            "ml",
+            lambda p: p["spec"].update(volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data-db-0"}}]),
+        )
+        first = api.get("pods", "db-0", "ml")
+        statefulset = Restarts(api, owner, template(first), namespace="ml", names=("db-0",))
+        helpers.wait_steps(log, 3)
+        fleet.make_cluster()
+        made = campaign(["n0"])
+        made.refresh_from_db()
+        assert made.approved_plan is not None
+        [planned] = made.approved_plan.content["nodes"][str(Node.objects.get(name="n0").pk)]["moves"]
+        assert (planned["workload"], planned["action"], planned["to_name"]) == ("ml/db-0", "migrate", "n1")
+
+        done = drive_until_rest(made.pk, timeout=90)
+        assert done.status == CampaignStatus.COMPLETED, (
+            done.status_reason,
+            list(NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")),
+        )
+        move = WorkloadMove.objects.get(sweep__campaign=done)
+        assert (move.state, move.new_workload_ref, move.target_node.name) == (MoveState.RESTORED, "ml/db-0", "n1")
+        again = api.get("pods", "db-0", "ml")
+        assert again["spec"]["nodeName"] == "n1" and again["metadata"]["uid"] != first["metadata"]["uid"]
+        assert again["metadata"]["labels"]["gpusweep.io/restored-from"] == move.checkpoint_id
+        claim = api.get("persistentvolumeclaims", "data-db-0", "ml")["metadata"]
+        marks = {**claim.get("labels", {}), **claim.get("annotations", {})}
+        assert not any(k.startswith("gpusweep.io/") for k in marks), "the claim keeps no record once restored"
+        # Its StatefulSet made the one new pod, after the original was gone; gpusweep created none.
+        assert statefulset.started == ["db-0"] and not [d for _, what, d in api.history if what == "created"]
+        gone = api.happened("deleted", "ml/db-0")[0][0]
+        assert gone < api.happened("container-started", "ml/db-0 n1 0")[0][0]
+        after = helpers.wait_steps(log, len(helpers.steps(log)) + 3)
+        assert after == list(range(1, len(after) + 1)), "the counter restarted, skipped or repeated a step"
+        assert untouched(fleet, "n0")

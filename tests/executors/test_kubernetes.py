@@ -86,15 +86,18 @@ def test_it_lists_gpu_pods_but_never_daemonset_static_or_cpu_pods(kube: KubeApiS
         gpu_pod("kube-system", "static-n1", "n1", 1, annotations={"kubernetes.io/config.mirror": "abc"}),
         gpu_pod("ml", "db-0", "n1", 1, annotations={"gpusweep.io/checkpoint": "criu"},
                 owner={"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s1"}),
+        gpu_pod("ml", "train-0", "n1", 1, annotations={"gpusweep.io/checkpoint": "criu"},
+                owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train", "uid": "p1"}),
         gpu_pod("ml", "elsewhere", "n2", 1),
     ]
     found = {w.id: w for w in executor(kube).list_workloads(ref("n1"))}
-    assert sorted(found) == ["ml/db-0", "ml/trainer"]
+    assert sorted(found) == ["ml/db-0", "ml/train-0", "ml/trainer"]
     assert (found["ml/trainer"].gpus, found["ml/trainer"].checkpoint_engine) == (2, "criu")
-    # A StatefulSet pod is never copied: its controller restarts it, so it is not checkpointed.
-    assert found["ml/db-0"].checkpoint_engine == "none"
-    with pytest.raises(PermanentExecutorError, match="StatefulSet"):
-        executor(kube).checkpoint(ref("n1"), "ml/db-0", "criu", "gs-7-11-ck-db")
+    # A StatefulSet's pod is checkpointed (its controller starts it again, where the checkpoint is restored);
+    # a PyTorchJob's is never copied, so it is not checkpointed.
+    assert found["ml/db-0"].checkpoint_engine == "criu" and found["ml/train-0"].checkpoint_engine == "none"
+    with pytest.raises(PermanentExecutorError, match="never copied: it belongs to a PyTorchJob"):
+        executor(kube).checkpoint(ref("n1"), "ml/train-0", "criu", "gs-7-11-ck-train")
 
 
 def test_a_disruption_budget_holds_the_checkpoint_until_its_deadline_and_nothing_is_taken(
@@ -171,6 +174,29 @@ def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_resto
     assert len([p for p in kube.objects("pods", "ml")]) == 1
 
 
+def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(kube: KubeApiServer,
+                                                                             tmp_path: Path) -> None:
+    """The replacement is made and pinned first, but its containers start only once the original is gone and
+    the volume can attach to the target (the kubelet stand-in holds it in ContainerCreating meanwhile)."""
+    Kubelet(kube, "n1", tmp_path / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    kube.put("persistentvolumeclaims", {"metadata": {"namespace": "ml", "name": "cache"}, "spec": {
+        "accessModes": ["ReadWriteOnce"]}})
+    pod = gpu_pod("ml", "server", "n1", 1, annotations={"gpusweep.io/checkpoint-via": "kubelet"})
+    pod["spec"]["volumes"] = [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache"}}]
+    kube.put("pods", pod)
+    wait_for(lambda: kube.get("pods", "server", "ml")["status"].get("phase") == "Running", 10, 0.05)
+    ex = executor(kube, checkpoint_image_repository="registry.example/checkpoints")
+    taken = ex.checkpoint(ref("n1"), "ml/server", "criu", "gs-7-11-ck")
+    moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
+    name = moved.workload_id.split("/")[1]
+    assert kube.get("pods", "server", "ml") is None and kube.get("pods", name, "ml")["spec"]["nodeName"] == "n3"
+    evicted = kube.happened("evicted", "ml/server")[0][0]
+    held = kube.happened("multi-attach")
+    assert [d.split()[0] for _, _, d in held] == [f"ml/{name}"], "the replacement waited for the volume"
+    assert held[0][0] < evicted < kube.happened("pod-running", f"ml/{name}")[0][0]
+
+
 def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer,
                                                                              tmp_path: Path) -> None:
     kube.nodes = [gpu_node("a1", pool="a", labels={"pool": "a"}), gpu_node("b1", pool="b", labels={"pool": "b"}),
@@ -219,7 +245,10 @@ def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: Kube
     for name in ("n1", "n2"):
         Kubelet(kube, name, tmp_path / name)
     kube.mutate("nodes", "n1", "", lambda n: n["spec"].update(unschedulable=True))
-    kube.put("pods", gpu_pod("ml", "bare", "n1", 1))
+    bare = gpu_pod("ml", "bare", "n1", 1)
+    # A debugging container added since (kubectl debug): the API refuses it on create, so the copy drops it.
+    bare["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox", "targetContainerName": "main"}]
+    kube.put("pods", bare)
     kube.put("pods", gpu_pod("ml", "web-7c9d-x", "n1", 1, owner={
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c9d", "uid": "rs"}))
     ex = executor(kube)
@@ -230,6 +259,7 @@ def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: Kube
     fresh = kube.objects("pods", "ml")[0]
     assert fresh["spec"]["nodeName"] == "n2" and fresh["metadata"]["annotations"]["gpusweep.io/replaces"] == "ml/bare"
     assert "affinity" not in fresh["spec"], "a cold start goes wherever the scheduler puts it"
+    assert "ephemeralContainers" not in fresh["spec"]
     assert kube.happened("evicted", "ml/web-7c9d-x") and kube.happened("evicted", "ml/bare")
     ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")  # already done: nothing more
     assert len(kube.objects("pods", "ml")) == 1

@@ -80,6 +80,7 @@ KINDS = [
     Kind("", "v1", "namespaces", "Namespace", False, ("ns",)),
     Kind("", "v1", "nodes", "Node", False, ("no",)),
     Kind("", "v1", "pods", "Pod", True, ("po",), ("all",)),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",)),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",)),
     Kind("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("all",)),
     Kind("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",)),
@@ -360,6 +361,15 @@ class KubeApiServer:
         return self.remove("pods", name, namespace)
 
 
+def single_node_claims(api: KubeApiServer, pod: dict[str, Any]) -> list[str]:
+    """The pod's claims whose volume attaches to one node at a time (ReadWriteOnce, ReadWriteOncePod)."""
+    namespace = pod["metadata"].get("namespace", "default")
+    names = [v["persistentVolumeClaim"]["claimName"] for v in (pod.get("spec") or {}).get("volumes") or []
+             if v.get("persistentVolumeClaim")]
+    return [n for n in names if {"ReadWriteOnce", "ReadWriteOncePod"} & set(
+        ((api.get("persistentvolumeclaims", n, namespace) or {}).get("spec") or {}).get("accessModes") or [])]
+
+
 def is_healthy(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -611,6 +621,8 @@ def _validate(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> No
         containers = (obj.get("spec") or {}).get("containers") or []
         if not containers:
             problems.append("spec.containers: Required value")
+        if old is None and (obj.get("spec") or {}).get("ephemeralContainers"):
+            problems.append("spec.ephemeralContainers: Forbidden: cannot be set on create")
         if old is not None:
             def fixed(spec: dict[str, Any]) -> dict[str, Any]:
                 out = {k: v for k, v in spec.items() if k not in POD_MUTABLE_SPEC}

@@ -25,8 +25,11 @@ class Restarts:
         template: dict[str, Any],
         replicas: int = 1,
         namespace: str = "default",
+        names: tuple[str, ...] = (),
     ) -> None:
         self.api, self.owner, self.template, self.replicas, self.namespace = api, owner, template, replicas, namespace
+        # A StatefulSet's pods have fixed names (<set>-<ordinal>): one comes back only once its name is free.
+        self.names = names
         self.started: list[str] = []
         api.controllers.append(self)
 
@@ -39,11 +42,17 @@ class Restarts:
 
     def tick(self) -> None:
         with self.api.lock:
-            for _ in range(self.replicas - len(self.owned())):
+            if self.names:
+                missing = [n for n in self.names if self.api.get("pods", n, self.namespace) is None]
+            else:
+                missing = [
+                    f"{self.owner['name']}-{uuid.uuid4().hex[:5]}" for _ in range(self.replicas - len(self.owned()))
+                ]
+            for name in missing:
                 pod = copy.deepcopy(self.template)
                 meta = pod.setdefault("metadata", {})
                 meta.update(
-                    name=f"{self.owner['name']}-{uuid.uuid4().hex[:5]}",
+                    name=name,
                     namespace=self.namespace,
                     ownerReferences=[{**self.owner, "controller": True, "blockOwnerDeletion": True}],
                 )
