@@ -1,5 +1,7 @@
 """The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs: one
-that requests ``nvidia.com/gpu``, or one its node's agent finds holding a GPU without asking (a
+that requests them (``nvidia.com/gpu``, a MIG slice, the site's ``gpu_resources``, in any container, init
+container or sidecar, or through a resource claim of NVIDIA's device classes:
+``inventory.sources.kubernetes.pod_gpus``), or one its node's agent finds holding a GPU without asking (a
 runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others;
 and a process the agent finds holding a GPU in no pod (``gpu-pid-<pid>``), which the agents checkpoint,
 stop and restore themselves (``LocalExecutor``'s operations, the images in their shared store). A
@@ -97,7 +99,7 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   return to service and undo: gpusweep's taint, cordon, labels and annotations removed, the agent
   out of maintenance.
 
-Settings: ``connection`` keys ``driver_management``, ``agents`` (false: no agent on the nodes),
+Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
 ``nvidia_driver`` names), ``checkpoint_via`` (agent), ``checkpoint_image_repository``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
@@ -145,6 +147,8 @@ from executors.base import (
 )
 from executors.local import LocalExecutor
 from inventory.sources.kubernetes import (
+    DRA_API,
+    GpuResources,
     KubernetesError,
     api_client_for,
     never_copied,
@@ -547,10 +551,18 @@ class KubernetesExecutor(Executor):
         return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
                                       self._observed(node, obj)[0])
 
-    def _held_by(self, node: NodeRef, pods: list[dict[str, Any]]) -> list[GpuUser]:
-        """The agent's GPU users when some of `pods` requests no nvidia.com/gpu (such a pod may hold GPUs all
-        the same: a runtime class, a device mounted by hand); [] when none does or the node runs no agent."""
-        if all(pod_gpus(p) for p in pods):
+    def _gpu(self, pods: list[dict[str, Any]]) -> GpuResources:
+        """What counts as a GPU here (the site's resource names); NVIDIA's resource claims read only when one of
+        `pods` uses a claim."""
+        uses = any((p.get("spec") or {}).get("resourceClaims") for p in pods)
+        claims = self._call(self.kube.custom_objects, *DRA_API, "resourceclaims") if uses else []
+        return GpuResources.of(self.connection, claims)
+
+    def _held_by(self, node: NodeRef, pods: list[dict[str, Any]], gpu: GpuResources | None = None) -> list[GpuUser]:
+        """The agent's GPU users when some of `pods` requests no GPU (such a pod may hold GPUs all the same: a
+        runtime class, a device mounted by hand); [] when none does or the node runs no agent."""
+        gpu = gpu or self._gpu(pods)
+        if all(pod_gpus(p, gpu) for p in pods):
             return []
         ref = self._agent(node)
         return self.agents.gpu_users(ref) if ref is not None else []
@@ -558,8 +570,9 @@ class KubernetesExecutor(Executor):
     def _pod_gpus(self, node: NodeRef, pod: dict[str, Any]) -> int:
         """The GPUs the pod requests, else those the agent sees it hold (by its cgroup's pod UID, or the
         workload id its gpusweep-run registered)."""
-        return pod_gpus(pod) or held_gpus(self._held_by(node, [pod]), "k8s_pod", str(_meta(pod).get("uid", "")),
-                                          self._workload_id(pod))
+        gpu = self._gpu([pod])
+        return pod_gpus(pod, gpu) or held_gpus(self._held_by(node, [pod], gpu), "k8s_pod",
+                                               str(_meta(pod).get("uid", "")), self._workload_id(pod))
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         found = []
@@ -569,11 +582,13 @@ class KubernetesExecutor(Executor):
                     or (pod.get("status") or {}).get("phase") != "Running":
                 continue
             pods.append(pod)
-        users = self._held_by(node, pods)
+        gpu = self._gpu(pods)
+        users = self._held_by(node, pods, gpu)
         for pod in pods:
             meta, notes = _meta(pod), _annotations(pod)
             info = as_gpu_workload(WorkloadInfo(
-                id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod), checkpoint_engine=pod_checkpoint_engine(pod),
+                id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod, gpu),
+                checkpoint_engine=pod_checkpoint_engine(pod),
                 fingerprint={"engine": notes.get("gpusweep.io/engine", ""),
                              "engine_version": notes.get("gpusweep.io/engine-version", ""),
                              "model_name": notes.get("gpusweep.io/model", ""),
@@ -770,7 +785,7 @@ class KubernetesExecutor(Executor):
         """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container."""
         namespace, name = _split(_pod_ref(pod))
         containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []
-                      if pod_gpus({"spec": {"containers": [c]}})] or \
+                      if pod_gpus({"spec": {"containers": [c]}}, GpuResources.of(self.connection))] or \
                      [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
         archives = []
         for container in containers:

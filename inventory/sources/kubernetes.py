@@ -20,6 +20,12 @@ in this order (``api_client_for``):
   gpusweep.io/pool, cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, agentpool,
   node.kubernetes.io/instance-type).
 - `connection.timeout_s`: per request (default 30).
+- `connection.gpu_resources`: extended resource names that are GPUs at this site besides
+  `nvidia.com/gpu`, every `nvidia.com/mig-*` and `nvidia.com/gpu.shared` (e.g. a time-slicing rename).
+
+A pod's GPUs (``pod_gpus``) are counted as the scheduler counts them, over its containers, native
+sidecars and init containers, plus the devices of its dynamic resource allocation claims whose device
+class is NVIDIA's (``gpu.nvidia.com``, ``mig.nvidia.com``; resource.k8s.io/v1 ResourceClaims).
 
 Labels read (GPU feature discovery): nvidia.com/gpu.product, nvidia.com/gpu.count,
 nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
@@ -41,6 +47,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,6 +58,11 @@ from inventory.services import ObservedNode, ObservedWorkload, Snapshot
 
 PAGE = 500
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # the device plugin's time-slicing rename (renameByDefault)
+MIG_PREFIX = "nvidia.com/mig-"
+DRA_API = ("resource.k8s.io", "v1")
+# NVIDIA's DRA driver (k8s-dra-driver-gpu): its driver name and device classes (gpu.nvidia.com, mig.nvidia.com).
+DRA_GPU_DRIVERS = ("gpu.nvidia.com", "mig.nvidia.com")
 POOL_LABELS = (
     "gpusweep.io/pool",
     "cloud.google.com/gke-nodepool",
@@ -70,6 +82,8 @@ class KubernetesSource(Protocol):
     def nodes(self) -> list[dict[str, Any]]: ...
 
     def pods(self) -> list[dict[str, Any]]: ...
+
+    def resource_claims(self) -> list[dict[str, Any]]: ...
 
 
 class ApiKubernetesSource:
@@ -109,6 +123,19 @@ class ApiKubernetesSource:
     def pods(self) -> list[dict[str, Any]]:
         return self._list("/api/v1/pods?fieldSelector=status.phase=Running", self.api.list_pod_for_all_namespaces,
                           field_selector="status.phase=Running")
+
+    def resource_claims(self) -> list[dict[str, Any]]:
+        """Dynamic resource allocation's claims ([] where the cluster does not serve resource.k8s.io/v1)."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api.api_client)
+        try:
+            return self._list(f"/apis/{DRA_API[0]}/{DRA_API[1]}/resourceclaims", custom.list_cluster_custom_object,
+                              group=DRA_API[0], version=DRA_API[1], plural="resourceclaims")
+        except KubernetesError as exc:
+            if "HTTP 404" in str(exc):
+                return []
+            raise
 
 
 def api_client_for(cluster: Cluster) -> tuple[Any, float]:
@@ -290,18 +317,76 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
     )
 
 
-def pod_gpus(pod: dict[str, Any]) -> int:
+@dataclass(frozen=True)
+class GpuResources:
+    """What counts as a GPU in a pod: ``nvidia.com/gpu``, every MIG slice (``nvidia.com/mig-1g.10gb`` ...),
+    the device plugin's time-slicing rename ``nvidia.com/gpu.shared``, the site's own names
+    (``connection.gpu_resources``, e.g. a renamed shared resource), and the devices of dynamic resource
+    allocation claims whose device class is NVIDIA's (``claims``: (namespace, claim) -> devices)."""
+
+    names: tuple[str, ...] = ()
+    claims: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, connection: dict[str, Any] | None, claims: list[dict[str, Any]] | None = None) -> GpuResources:
+        names = (connection or {}).get("gpu_resources") or ()
+        return cls(tuple(str(n) for n in names), {
+            (str(c["metadata"].get("namespace", "default")), str(c["metadata"]["name"])): count
+            for c in claims or [] if (count := claim_gpus(c))})
+
+    def counts(self, resource: str) -> bool:
+        return resource in (GPU_RESOURCE, SHARED_GPU_RESOURCE, *self.names) or resource.startswith(MIG_PREFIX)
+
+
+def claim_gpus(claim: dict[str, Any]) -> int:
+    """The NVIDIA devices a ResourceClaim holds: its allocation's results from NVIDIA's DRA driver, else what
+    its requests of NVIDIA's device classes ask for (resource.k8s.io v1 ``exactly``, or v1beta1's fields)."""
+    allocated = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    results = [r for r in allocated.get("results") or [] if r.get("driver") in DRA_GPU_DRIVERS]
+    if results:
+        return len(results)
     total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(
-            GPU_RESOURCE
-        )
-        try:
-            total += int(value or 0)
-        except ValueError:
-            continue
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        wanted = request.get("exactly") or request
+        if wanted.get("deviceClassName") in DRA_GPU_DRIVERS:
+            total += int(wanted.get("count") or 1) if wanted.get("allocationMode", "ExactCount") == "ExactCount" else 1
     return total
+
+
+def _requested(container: dict[str, Any], gpu: GpuResources) -> int:
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    total = 0
+    for name in {*limits, *requests}:
+        if gpu.counts(str(name)):
+            try:
+                total += int(limits.get(name) or requests.get(name) or 0)
+            except ValueError:
+                continue
+    return total
+
+
+def pod_claims(pod: dict[str, Any]) -> list[str]:
+    """The ResourceClaims a pod uses: named ones, and those made for it from a template (its status names)."""
+    made = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses")
+            or []}
+    return [str(c.get("resourceClaimName") or made.get(c.get("name")) or "")
+            for c in (pod.get("spec") or {}).get("resourceClaims") or []
+            if c.get("resourceClaimName") or made.get(c.get("name"))]
+
+
+def pod_gpus(pod: dict[str, Any], gpu: GpuResources | None = None) -> int:
+    """The GPUs a pod holds as the scheduler counts them: its containers and native sidecars (init containers
+    that keep running) together, or its largest plain init container if that is more, plus the NVIDIA
+    devices of its resource claims."""
+    gpu = gpu or GpuResources()
+    spec = pod.get("spec") or {}
+    inits = spec.get("initContainers") or []
+    running = sum(_requested(c, gpu) for c in [*(spec.get("containers") or []),
+                                               *(c for c in inits if c.get("restartPolicy") == "Always")])
+    first = max((_requested(c, gpu) for c in inits if c.get("restartPolicy") != "Always"), default=0)
+    namespace = str((pod.get("metadata") or {}).get("namespace", "default"))
+    return max(running, first) + sum(gpu.claims.get((namespace, name), 0) for name in pod_claims(pod))
 
 
 def pod_controller(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -372,8 +457,8 @@ def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
     return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)
 
 
-def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
-    gpus = pod_gpus(pod)
+def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> ObservedWorkload | None:
+    gpus = pod_gpus(pod, gpu)
     if not gpus:
         return None
     meta = pod.get("metadata") or {}
@@ -405,7 +490,8 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
 def snapshot_from_kubernetes(source: KubernetesSource, connection: dict[str, Any] | None = None) -> Snapshot:
     pool_label = (connection or {}).get("pool_label")
     nodes = [node_from_kubernetes(node, pool_label) for node in source.nodes()]
-    workloads = [w for w in (workload_from_pod(pod) for pod in source.pods()) if w is not None]
+    gpu = GpuResources.of(connection, source.resource_claims())
+    workloads = [w for w in (workload_from_pod(pod, gpu) for pod in source.pods()) if w is not None]
     return Snapshot(
         nodes=nodes,
         workloads=workloads,

@@ -20,7 +20,7 @@ from tests.helpers import wait_for
 from tests.kube.apiserver import KubeApiServer
 from tests.kube.gpu_operator import GpuOperator
 from tests.kube.kubelet import Kubelet
-from tests.kube.objects import cluster_policy, gpu_node, gpu_pod, nvidia_driver, pdb
+from tests.kube.objects import cluster_policy, gpu_like_pods, gpu_node, gpu_pod, nvidia_driver, pdb
 
 OP = "gs-7-11-drain"
 
@@ -195,6 +195,32 @@ def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(ku
     held = kube.happened("multi-attach")
     assert [d.split()[0] for _, _, d in held] == [f"ml/{name}"], "the replacement waited for the volume"
     assert held[0][0] < evicted < kube.happened("pod-running", f"ml/{name}")[0][0]
+
+
+def test_gpus_in_mig_slices_init_containers_and_resource_claims_are_found_and_moved(kube: KubeApiServer,
+                                                                                   tmp_path: Path) -> None:
+    """Done-when 4 of issue 27: neither pod asks for nvidia.com/gpu, yet each is listed with its GPUs and moved;
+    a pod with an NVIDIA resource claim is listed with the claim's devices."""
+    pods, claims = gpu_like_pods()
+    kube.pods = pods
+    for claim in claims:
+        kube.put("resourceclaims", claim)
+    ex = executor(kube, checkpoint_via="kubelet", checkpoint_image_repository="registry.example/checkpoints",
+                  gpu_resources=["example.com/shared-gpu"])
+    found = {w.id: w.gpus for w in ex.list_workloads(ref("n1"))}
+    assert found == {"ml/mig-only": 1, "ml/warmup": 2, "ml/with-sidecar": 2, "ml/shared": 1, "ml/dra": 2,
+                     "ml/dra-templated": 1}
+    Kubelet(kube, "n1", tmp_path / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    for name in ("mig-only", "warmup"):
+        kube.put("pods", {**kube.get("pods", name, "ml"), "status": {}})  # now run by the kubelet
+    assert wait_for(lambda: all(kube.get("pods", n, "ml")["status"].get("phase") == "Running"
+                                for n in ("mig-only", "warmup")), 10, 0.05)
+    for name in ("mig-only", "warmup"):
+        taken = ex.checkpoint(ref("n1"), f"ml/{name}", "criu", f"gs-7-11-ck-{name}")
+        moved = ex.restore(ref("n3"), taken.checkpoint_id, f"gs-7-11-restore-{name}")
+        assert kube.get("pods", moved.workload_id.split("/")[1], "ml")["spec"]["nodeName"] == "n3"
+        assert wait_for(lambda n=name: kube.get("pods", n, "ml") is None, 10, 0.1)
 
 
 def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer,

@@ -53,6 +53,7 @@ def test_rbac_is_the_least_the_executor_needs_and_the_agent_gets_none() -> None:
         ("", "nodes"): {"get", "list", "watch", "patch"}, ("", "nodes/proxy"): {"create"},
         ("", "pods"): {"get", "list", "create", "patch"}, ("", "pods/eviction"): {"create"},
         ("", "persistentvolumeclaims"): {"get", "list", "patch"}, ("apps", "replicasets"): {"get"},
+        ("resource.k8s.io", "resourceclaims"): {"list"},
         ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},
         ("nvidia.com", "nvidiadrivers"): {"get", "list", "patch"},
     }

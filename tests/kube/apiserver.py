@@ -87,6 +87,7 @@ KINDS = [
     Kind("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("all",)),
     Kind("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), ("all",)),
     Kind("batch", "v1", "jobs", "Job", True, (), ("all",)),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True),
     Kind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", False),
     Kind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver", False, ("nvd",)),
 ]
