@@ -191,10 +191,11 @@ def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(ku
     moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
     name = moved.workload_id.split("/")[1]
     assert kube.get("pods", "server", "ml") is None and kube.get("pods", name, "ml")["spec"]["nodeName"] == "n3"
-    evicted = kube.happened("evicted", "ml/server")[0][0]
-    held = kube.happened("multi-attach")
-    assert [d.split()[0] for _, _, d in held] == [f"ml/{name}"], "the replacement waited for the volume"
-    assert held[0][0] < evicted < kube.happened("pod-running", f"ml/{name}")[0][0]
+    # Made (and pinned) first, its containers started only once the original was gone (on the old code the
+    # replacement waited for the volume the original held, and the restore never ended).
+    created, evicted = kube.happened("created", f"ml/{name}")[0][0], kube.happened("evicted", "ml/server")[0][0]
+    gone = kube.happened("deleted", "ml/server")[0][0]
+    assert created < evicted < gone < kube.happened("container-started", f"ml/{name} n3 0")[0][0]
 
 
 def test_gpus_in_mig_slices_init_containers_and_resource_claims_are_found_and_moved(kube: KubeApiServer,

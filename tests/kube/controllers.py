@@ -1,7 +1,8 @@
 """Stand-ins for the controllers that own pods (ReplicaSet, Job, the Kubeflow training operator, and
 any other), for the test API server of tests/kube/apiserver.py: no controller manager or operator can
 run here. Each keeps what matters to gpusweep of the real one: a pod of its own that is deleted or
-evicted is started again (a new name, the same template, wherever the scheduler puts it), a pod that
+evicted is started again once it is gone (a new name, the same template, wherever the scheduler puts it), a
+pod that
 ended (Succeeded or Failed) is not, and a pod that gains its owner reference counts as its own (a
 ReplicaSet adopting gpusweep's copy)."""
 
@@ -33,11 +34,13 @@ class Restarts:
         self.started: list[str] = []
         api.controllers.append(self)
 
-    def owned(self) -> list[dict[str, Any]]:
+    def owned(self, terminating: bool = False) -> list[dict[str, Any]]:
+        """Its pods; with `terminating`, those being deleted too: it starts a new one only once the old is gone
+        (a Job with podReplacementPolicy Failed, a StatefulSet), so two never run at once."""
         return [
             p
             for p in self.api.objects("pods", self.namespace)
-            if controller_uid(p) == self.owner["uid"] and not p["metadata"].get("deletionTimestamp")
+            if controller_uid(p) == self.owner["uid"] and (terminating or not p["metadata"].get("deletionTimestamp"))
         ]
 
     def tick(self) -> None:
@@ -46,7 +49,8 @@ class Restarts:
                 missing = [n for n in self.names if self.api.get("pods", n, self.namespace) is None]
             else:
                 missing = [
-                    f"{self.owner['name']}-{uuid.uuid4().hex[:5]}" for _ in range(self.replicas - len(self.owned()))
+                    f"{self.owner['name']}-{uuid.uuid4().hex[:5]}"
+                    for _ in range(self.replicas - len(self.owned(terminating=True)))
                 ]
             for name in missing:
                 pod = copy.deepcopy(self.template)
