@@ -81,19 +81,25 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   packages) or ``gpu-operator`` (containerized drivers): every other GPU node not yet at the
   version gets the operator's skip label ``nvidia.com/gpu-driver-upgrade.skip=true`` (marked
   ``gpusweep.io/upgrade-skip-set-by``, so only those are ever lifted), the version is set on the
-  node's ``NVIDIADriver`` (``spec.version``) or the ``ClusterPolicy`` (``spec.driver.version``),
+  node's ``NVIDIADriver`` (``spec.version``; when the ClusterPolicy sets ``spec.driver.useNvidiaDriverCRD``,
+  as the operator reads it) or the ``ClusterPolicy`` (``spec.driver.version``); a policy whose
+  ``upgradePolicy.autoUpgrade`` is false is refused before anything changes (nothing would upgrade),
   this node's skip label is lifted and its ``nvidia.com/gpu-driver-upgrade-state`` label followed
   to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). gpusweep's checkpoints and
   moves come first (drain, checkpoint and migrate end before the patch), so when the operator's state
   machine reaches pod deletion the node holds no GPU pod; it then cordons (already cordoned: it notes
   the initial state and leaves the cordon to gpusweep), restarts the driver pod and validates. The
   state label is the operator's and never written by gpusweep: a node left ``upgrade-failed`` by an
-  earlier upgrade fails at once, saying so. Nodes the campaign never
-  patches keep gpusweep's skip label: the operator never upgrades a node whose work was not moved.
+  earlier upgrade fails at once, saying so. Nodes the campaign never patches keep gpusweep's skip
+  label: the operator's upgrade controller never takes a node whose work was not moved. The label does
+  not pin a node's driver, though: the DaemonSet's template already names the new version, so a held
+  node whose driver pod restarts for another reason (a reboot, a crash) comes back at it.
 - health gates: the node agent's checks (docs/agent-wire-format.md), after "the node is Ready";
   without an agent, the expected versions as the node's labels show them. Rollback: the agent
-  reinstalls the packages it recorded; with gpu-operator the failed node gets gpusweep's skip
-  label back (so the operator leaves it alone, out of service) and the pool's version stays.
+  reinstalls the packages it recorded; with gpu-operator nothing is reinstalled: the operator never
+  downgrades a node, so the failed node keeps the driver the upgrade gave it (the pool's resource
+  still names that version), gets gpusweep's skip label back and stays out of service; the rollback
+  says so.
 - reboot through the agent (nothing with gpu-operator: the operator reloads the driver); verify:
   the node is Ready and GPU feature discovery's labels and the agent's facts show the versions;
   return to service and undo: gpusweep's taint, cordon, labels and annotations removed, the agent
@@ -1088,8 +1094,9 @@ class KubernetesExecutor(Executor):
 
         self._update_node(node.name, skip)
         return RollbackResult(components={}, reboot_required=False, output=(
-            f"gpu-operator: {node.name} keeps {UPGRADE_SKIP}=true (set by gpusweep), so the operator leaves it "
-            "alone; the pool's driver version is unchanged"))
+            f"gpu-operator: nothing reinstalled on {node.name}: the operator never downgrades a node, and its "
+            "driver DaemonSet names the new version, so the node keeps the driver the upgrade gave it; it carries "
+            f"{UPGRADE_SKIP}=true (set by gpusweep) and stays out of service until someone mends it"))
 
     # -- the GPU Operator's driver upgrade -------------------------------------------
     def _operator_upgrade(self, node: NodeRef, version: str, operation_id: str) -> PatchResult:
@@ -1164,9 +1171,23 @@ class KubernetesExecutor(Executor):
             self._update_node(name, hold)
 
     def _governing(self, node: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
-        """The resource that sets the node's driver version: its NVIDIADriver (by nodeSelector, or the one
-        named in the connection), else the ClusterPolicy; with the node selector it governs."""
+        """The resource that sets the node's driver version, with the node selector it governs: with the
+        ClusterPolicy's ``spec.driver.useNvidiaDriverCRD`` (or no ClusterPolicy) the node's NVIDIADriver (by
+        nodeSelector, or the one named in the connection), else the ClusterPolicy itself (the operator then
+        ignores NVIDIADrivers). Refused when the policy's ``upgradePolicy.autoUpgrade`` is off: nothing would
+        upgrade the node, and waiting for it would only run out ``upgrade_timeout_s``."""
         settings = self.connection.get("gpu_operator") or {}
+        name = _meta(node)["name"]
+        policy = next((p for p in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies")
+                       if not settings.get("cluster_policy") or _meta(p)["name"] == settings["cluster_policy"]), None)
+        driver_spec = ((policy or {}).get("spec") or {}).get("driver") or {}
+        if (driver_spec.get("upgradePolicy") or {}).get("autoUpgrade") is False:
+            raise PermanentExecutorError(
+                f"the GPU Operator's driver upgrade controller is off (ClusterPolicy {_meta(policy or {}).get('name')} "
+                f"spec.driver.upgradePolicy.autoUpgrade: false): nothing would upgrade {name}; turn it on, or patch "
+                "with driver_management: agent")
+        if policy is not None and not driver_spec.get("useNvidiaDriverCRD"):
+            return "clusterpolicies", policy, {}
         labels = _labels(node)
         for driver in self._call(self.kube.custom_objects, "nvidia.com", "v1alpha1", "nvidiadrivers"):
             selector = {str(k): str(v) for k, v in ((driver.get("spec") or {}).get("nodeSelector") or {}).items()}
@@ -1174,11 +1195,9 @@ class KubernetesExecutor(Executor):
             if (named and _meta(driver)["name"] == named) or (not named and all(
                     labels.get(k) == v for k, v in selector.items())):
                 return "nvidiadrivers", driver, selector
-        for policy in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies"):
-            if not settings.get("cluster_policy") or _meta(policy)["name"] == settings["cluster_policy"]:
-                return "clusterpolicies", policy, {}
-        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node "
-                                     f"{_meta(node)['name']} and no ClusterPolicy exists")
+        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node {name}"
+                                     + (" (the ClusterPolicy sets useNvidiaDriverCRD)" if policy else
+                                        " and no ClusterPolicy exists"))
 
     def _set_operator_version(self, plural: str, resource: dict[str, Any], version: str) -> None:
         """spec.version of an NVIDIADriver, spec.driver.version of a ClusterPolicy."""

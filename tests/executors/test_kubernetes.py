@@ -230,7 +230,7 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
                   gpu_node("a2", pool="a", labels={"pool": "a"})]
     for name in ("a1", "b1", "a2"):  # the operator's driver pods run there
         Kubelet(kube, name, tmp_path / name)
-    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    kube.put("clusterpolicies", cluster_policy("570.86.15", nvidia_driver_crd=True))
     kube.put("nvidiadrivers", nvidia_driver("pool-a", "570.86.15", {"pool": "a"}))
     kube.put("nvidiadrivers", nvidia_driver("pool-b", "570.86.15", {"pool": "b"}))
     operator = GpuOperator(kube)
@@ -253,9 +253,10 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
     # A retry of the same operation reads what the first did and waits for nothing more.
     assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
     assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
-    # Reverted (its health gate failed): the node keeps gpusweep's skip label, the pool's version stays.
+    # Reverted (its health gate failed): nothing reinstalled, the node keeps gpusweep's skip label and the new driver.
     reverted = ex.rollback(ref("a1"), "gs-7-11-revert")
     assert reverted.components == {} and not reverted.reboot_required
+    assert "the operator never downgrades a node" in reverted.output
     a1 = kube.get("nodes", "a1")["metadata"]
     assert a1["labels"]["nvidia.com/gpu-driver-upgrade.skip"] == "true"
     assert a1["annotations"]["gpusweep.io/upgrade-skip-set-by"] == "gs-7-11-revert"
@@ -266,6 +267,26 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
     assert "excluded from driver upgrades" in ex.maintenance_hold(ref("b1"))
     with pytest.raises(PermanentExecutorError, match="set by someone other than gpusweep"):
         ex.patch(ref("b1"), "driver", "570.195.03", "gs-7-12-patch-driver")
+
+
+def test_the_operator_is_driven_through_the_resource_it_reads_and_never_when_its_upgrades_are_off(
+        kube: KubeApiServer) -> None:
+    """Without useNvidiaDriverCRD the operator ignores NVIDIADrivers: the ClusterPolicy gets the version. With
+    autoUpgrade off nothing would upgrade the node: refused before anything changes, not waited out."""
+    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    kube.put("nvidiadrivers", nvidia_driver("all", "570.86.15", {}))
+    ex = executor(kube, driver_management="gpu-operator", executor_options={"upgrade_wait_s": 0.2})
+    with pytest.raises(TemporaryExecutorError, match="is upgrading n1"):
+        ex.patch(ref("n1"), "driver", "570.195.03", "gs-7-11-patch-driver")
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.195.03"
+    assert kube.get("nvidiadrivers", "all")["spec"]["version"] == "570.86.15"
+
+    kube.put("clusterpolicies", cluster_policy("570.86.15", auto_upgrade=False))
+    before = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in kube.nodes}
+    with pytest.raises(PermanentExecutorError, match=r"upgrade controller is off.*autoUpgrade: false"):
+        ex.patch(ref("n2"), "driver", "570.195.03", "gs-7-12-patch-driver")
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.86.15"
+    assert {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in kube.nodes} == before
 
 
 def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: KubeApiServer, tmp_path: Path) -> None:

@@ -3,8 +3,10 @@ state machine), so the gpu-operator driver management can be tested without a GP
 
 What it keeps from the real controller (NVIDIA's "GPU Driver Upgrades" page and
 NVIDIA/k8s-operator-libs ``pkg/upgrade``): the wanted version is ``spec.version`` of the
-``NVIDIADriver`` whose ``nodeSelector`` matches the node, else ``spec.driver.version`` of the
-``ClusterPolicy``; each GPU node (``nvidia.com/gpu.present=true``) carries its state in the label
+``NVIDIADriver`` whose ``nodeSelector`` matches the node when the ClusterPolicy sets
+``spec.driver.useNvidiaDriverCRD`` (or there is none), else ``spec.driver.version`` of the
+``ClusterPolicy``; with ``upgradePolicy.autoUpgrade: false`` no node's state moves;
+each GPU node (``nvidia.com/gpu.present=true``) carries its state in the label
 ``nvidia.com/gpu-driver-upgrade-state``: upgrade-required, cordon-required,
 wait-for-jobs-required, pod-deletion-required, (drain-required when drain is enabled),
 pod-restart-required, validation-required, uncordon-required, upgrade-done, or upgrade-failed. A
@@ -78,8 +80,15 @@ class GpuOperator:
         policies = self.api.objects("clusterpolicies")
         return (policies[0].get("spec") or {}) if policies else {}
 
+    def uses_nvidia_drivers(self) -> bool:
+        """Whether NVIDIADrivers set the version (the ClusterPolicy's useNvidiaDriverCRD, or no ClusterPolicy)."""
+        return not self.api.objects("clusterpolicies") or bool(
+            (self.policy().get("driver") or {}).get("useNvidiaDriverCRD"))
+
     def wanted(self, node: dict[str, Any]) -> str:
         labels = node["metadata"].get("labels") or {}
+        if not self.uses_nvidia_drivers():
+            return str((self.policy().get("driver") or {}).get("version") or "")
         for driver in self.api.objects("nvidiadrivers"):
             spec = driver.get("spec") or {}
             if matches_label_selector({"matchLabels": spec.get("nodeSelector") or {}}, labels):
@@ -93,7 +102,7 @@ class GpuOperator:
     def _operands(self) -> dict[str, str]:
         """The operand DaemonSets as the operator renders them from its resources: name -> driver version
         ("" for the device plugin and the validator)."""
-        drivers = self.api.objects("nvidiadrivers")
+        drivers = self.api.objects("nvidiadrivers") if self.uses_nvidia_drivers() else []
         wanted = {f"nvidia-gpu-driver-{d['metadata']['name']}": (str((d.get("spec") or {}).get("version") or ""),
                                                                   (d.get("spec") or {}).get("nodeSelector") or {})
                   for d in drivers}
@@ -129,6 +138,8 @@ class GpuOperator:
                 return
             self._operands()
             upgrade = self.policy().get("driver", {}).get("upgradePolicy") or {}
+            if upgrade.get("autoUpgrade") is False:
+                return  # the upgrade controller is off: no node's state moves
             limit = int(upgrade.get("maxParallelUpgrades", 1) or 0)
             nodes = [n for n in self.api.objects("nodes")
                      if (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"]

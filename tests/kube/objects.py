@@ -72,11 +72,13 @@ def gpu_pod(namespace: str, name: str, node: str | None, gpus: int, *, phase: st
     return pod
 
 
-def cluster_policy(version: str, max_parallel: int = 1) -> dict[str, Any]:
+def cluster_policy(version: str, max_parallel: int = 1, *, nvidia_driver_crd: bool = False,
+                   auto_upgrade: bool = True) -> dict[str, Any]:
     return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
             "spec": {"driver": {"enabled": True, "version": version, "repository": "nvcr.io/nvidia",
-                                "image": "driver", "upgradePolicy": {
-                                    "autoUpgrade": True, "maxParallelUpgrades": max_parallel, "maxUnavailable": "25%",
+                                "image": "driver", "useNvidiaDriverCRD": nvidia_driver_crd, "upgradePolicy": {
+                                    "autoUpgrade": auto_upgrade, "maxParallelUpgrades": max_parallel,
+                                    "maxUnavailable": "25%",
                                     "waitForCompletion": {"timeoutSeconds": 0},
                                     "podDeletion": {"force": False, "timeoutSeconds": 300},
                                     "drain": {"enable": False, "force": False, "timeoutSeconds": 300}}}}}
