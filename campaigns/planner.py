@@ -64,6 +64,8 @@ class PlanWorkload:
     model_name: str = ""
     model_version: str = ""
     requires: tuple[tuple[str, str], ...] = ()
+    # The controller that would start it again (inventory Workload.owner), "" for none.
+    owner: str = ""
 
     @property
     def checkpointable(self) -> bool:
@@ -465,6 +467,8 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
     entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
                              "engine": workload.checkpoint_engine}
+    if workload.owner:
+        entry["owner"] = workload.owner
     label = workload.name or workload.ref
     if workload.checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
         needed = capacity.requirements(workload, node)
@@ -493,8 +497,10 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                              "after the reboot")
             return entry, ""
     restarter, restart = _restart_text(policy, node.cluster)
+    # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
+    owned = f"; owned by {workload.owner}, never copied" if workload.owner and not workload.checkpointable else ""
     if workload.policy == WorkloadPolicy.WAIT:
-        entry.update(action="finish_first", why="policy waits for it to end before the node drains")
+        entry.update(action="finish_first", why=f"policy waits for it to end before the node drains{owned}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
     if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not workload.checkpointable:
@@ -502,8 +508,10 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                   "no node where its checkpoint is valid has room outside this and the next wave")
         if workload.policy == WorkloadPolicy.COLD_RESTART:
             reason = "its policy is a cold restart"
+        if owned:
+            restarter, restart = workload.owner, f"started again by its controller, {workload.owner}"
         entry.update(action="cold_start", to=node.id, to_name=node.name, restarted_by=restarter,
-                     why=f"{reason}; stopped before the patch, {restart}")
+                     why=f"{reason}{owned}; stopped before the patch, {restart}")
         outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"cold start of {label}"
     entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "

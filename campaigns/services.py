@@ -348,7 +348,7 @@ def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline:
             policy=policy.workload_policy(campaign, w.scheduler_id, w.name, w.policy),
             checkpoint_engine=w.checkpoint_engine, inference_engine=w.engine, engine_version=w.engine_version,
             model_name=w.model_name, model_version=w.model_version,
-            requires=tuple(sorted((str(k), str(v)) for k, v in (w.requires or {}).items())),
+            requires=tuple(sorted((str(k), str(v)) for k, v in (w.requires or {}).items())), owner=w.owner,
         )
         for w in node.workloads.all() if w.gone_at is None
     )

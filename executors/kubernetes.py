@@ -1,5 +1,7 @@
 """The `kubernetes` back end: a node is a Kubernetes node, a workload is a pod that holds GPUs: one
-that requests ``nvidia.com/gpu``, or one its node's agent finds holding a GPU without asking (a
+that requests them (``nvidia.com/gpu``, a MIG slice, the site's ``gpu_resources``, in any container, init
+container or sidecar, or through a resource claim of NVIDIA's device classes:
+``inventory.sources.kubernetes.pod_gpus``), or one its node's agent finds holding a GPU without asking (a
 runtime class, a device mounted by hand; ``executors.base.as_gpu_workload``), moved like the others;
 and a process the agent finds holding a GPU in no pod (``gpu-pid-<pid>``), which the agents checkpoint,
 stop and restore themselves (``LocalExecutor``'s operations, the images in their shared store). A
@@ -13,10 +15,18 @@ node can do: checkpoint a process, install packages, reboot.
 Everything gpusweep does is written where the cluster shows it, controller-runtime style, so a
 retry reads what the first attempt did and undo removes only gpusweep's own marks:
 
-- drain: cordon, the taint ``gpusweep.io/maintenance=<campaign>:NoSchedule``, the node label
-  ``gpusweep.io/campaign`` and annotations naming the operation (``gpusweep.io/drained-by``); a
-  node already cordoned by someone else is noted (``gpusweep.io/cordoned-before``) and stays
-  cordoned when gpusweep is done with it. The agent stops admitting work (maintenance).
+- drain: cordon, the node label ``gpusweep.io/campaign`` and annotations naming the operation
+  (``gpusweep.io/drained-by``), and with ``driver_management: agent`` the taint
+  ``gpusweep.io/maintenance=<campaign>:NoSchedule``; a node already cordoned by someone else is noted
+  (``gpusweep.io/cordoned-before``) and stays cordoned when gpusweep is done with it. The agent stops
+  admitting work (maintenance). With ``gpu-operator`` there is no taint: the operator's operand
+  DaemonSets (driver, validator, device plugin) tolerate only the chart's default
+  ``nvidia.com/gpu:NoSchedule`` (``daemonsets.tolerations``), so a gpusweep taint would keep the driver
+  pod the operator deletes at pod-restart-required from coming back; every DaemonSet pod tolerates the
+  cordon (``node.kubernetes.io/unschedulable``, added by the DaemonSet controller). In agent mode
+  DaemonSet pods keep running through the taint (NoSchedule evicts nothing, and a reboot keeps pods
+  bound); a site DaemonSet whose pods may be deleted on a swept node needs a toleration for
+  ``gpusweep.io/maintenance`` (the shipped agent tolerates everything).
 - checkpoint, per pod (DaemonSet and static pods never move): first a server-side dry-run
   eviction, so a PodDisruptionBudget that forbids the move holds the node before anything is
   touched; then the node agent (``criu``, ``cuda``, ``signal``; images in the agents' shared
@@ -43,10 +53,25 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
     starts; once it runs, the original gets the lowest ``controller.kubernetes.io/pod-deletion-cost``
     and the copy gets those labels and the ReplicaSet's owner reference (adopted), then the
     original is evicted.
-  - StatefulSet and Job: never copied (a StatefulSet pod's name and volumes are its identity, a
-    Job counts its own pods), so they are not checkpointed (``pod_checkpoint_engine``): a cold
-    restart evicts them and their controller starts them again; or the campaign waits for them.
+  - StatefulSet: never copied (its name and claims are its identity). Its pod is checkpointed
+    through the agent, then stopped (evicted); its controller starts it again under its name and
+    claims, wherever the scheduler can attach them, and that node's agent restores the checkpoint
+    into it (``gpusweep-run`` finds it by the workload id); the move succeeds when that node is the
+    target the engine chose. Meanwhile the record waits on the pod's claims (label
+    ``gpusweep.io/checkpoint-id``), so a retry finds it.
+  - any other controller: never copied while it has one (the controller would start the pod again
+    beside the copy, and the work would run twice), so it is not checkpointed
+    (``inventory.sources.kubernetes.never_copied``). A Job's pod, a known
+    training or serving controller's (PyTorchJob and the Kubeflow training operator's kinds, TrainJob,
+    JobSet, RayCluster, RayJob, LeaderWorkerSet) and an unknown controller's get the policy wait
+    (``owner_policy``) and the plan names the owner; with a cold restart (the campaign's override, or
+    ``cold_restart_allowed`` past the wait limit) the pod is evicted and its controller starts it again.
   - DaemonSet: stays on its node.
+
+  A pod with a ReadWriteOnce (or ReadWriteOncePod) claim cannot share its volume with its
+  replacement: the replacement is created and pinned first (and adopted, for a ReplicaSet), then the
+  original is evicted, and the replacement's containers start once the volume has moved to the target.
+  The copied spec never carries ``ephemeralContainers`` (the API refuses them on create).
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
   once the node leaves maintenance its container restarts and restores its pending checkpoint;
@@ -56,20 +81,31 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   packages) or ``gpu-operator`` (containerized drivers): every other GPU node not yet at the
   version gets the operator's skip label ``nvidia.com/gpu-driver-upgrade.skip=true`` (marked
   ``gpusweep.io/upgrade-skip-set-by``, so only those are ever lifted), the version is set on the
-  node's ``NVIDIADriver`` (``spec.version``) or the ``ClusterPolicy`` (``spec.driver.version``),
+  node's ``NVIDIADriver`` (``spec.version``; when the ClusterPolicy sets ``spec.driver.useNvidiaDriverCRD``,
+  as the operator reads it) or the ``ClusterPolicy`` (``spec.driver.version``); a policy whose
+  ``upgradePolicy.autoUpgrade`` is false is refused before anything changes (nothing would upgrade),
   this node's skip label is lifted and its ``nvidia.com/gpu-driver-upgrade-state`` label followed
-  to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). Nodes the campaign never
-  patches keep gpusweep's skip label: the operator never upgrades a node whose work was not moved.
+  to ``upgrade-done`` (success) or ``upgrade-failed`` (the node fails). gpusweep's checkpoints and
+  moves come first (drain, checkpoint and migrate end before the patch), so when the operator's state
+  machine reaches pod deletion the node holds no GPU pod; it then cordons (already cordoned: it notes
+  the initial state and leaves the cordon to gpusweep), restarts the driver pod and validates. The
+  state label is the operator's and never written by gpusweep: a node left ``upgrade-failed`` by an
+  earlier upgrade fails at once, saying so. Nodes the campaign never patches keep gpusweep's skip
+  label: the operator's upgrade controller never takes a node whose work was not moved. The label does
+  not pin a node's driver, though: the DaemonSet's template already names the new version, so a held
+  node whose driver pod restarts for another reason (a reboot, a crash) comes back at it.
 - health gates: the node agent's checks (docs/agent-wire-format.md), after "the node is Ready";
   without an agent, the expected versions as the node's labels show them. Rollback: the agent
-  reinstalls the packages it recorded; with gpu-operator the failed node gets gpusweep's skip
-  label back (so the operator leaves it alone, out of service) and the pool's version stays.
+  reinstalls the packages it recorded; with gpu-operator nothing is reinstalled: the operator never
+  downgrades a node, so the failed node keeps the driver the upgrade gave it (the pool's resource
+  still names that version), gets gpusweep's skip label back and stays out of service; the rollback
+  says so.
 - reboot through the agent (nothing with gpu-operator: the operator reloads the driver); verify:
   the node is Ready and GPU feature discovery's labels and the agent's facts show the versions;
   return to service and undo: gpusweep's taint, cordon, labels and annotations removed, the agent
   out of maintenance.
 
-Settings: ``connection`` keys ``driver_management``, ``agents`` (false: no agent on the nodes),
+Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
 ``nvidia_driver`` names), ``checkpoint_via`` (agent), ``checkpoint_image_repository``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
@@ -117,8 +153,11 @@ from executors.base import (
 )
 from executors.local import LocalExecutor
 from inventory.sources.kubernetes import (
+    DRA_API,
+    GpuResources,
     KubernetesError,
     api_client_for,
+    never_copied,
     node_from_kubernetes,
     pod_checkpoint_engine,
     pod_controller,
@@ -317,6 +356,22 @@ class Kube:
     def kubelet(self, node: str, path: str) -> Any:
         return self.call(f"POST node {node} proxy /{path}", self.core.connect_post_node_proxy_with_path, node, path)
 
+    def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET persistentvolumeclaim {namespace}/{name}",
+                                                  self.core.read_namespaced_persistent_volume_claim, name, namespace,
+                                                  missing_ok=True)
+        return result
+
+    def claims(self, label_selector: str) -> list[dict[str, Any]]:
+        answer = self.call("GET persistentvolumeclaims", self.core.list_persistent_volume_claim_for_all_namespaces,
+                           label_selector=label_selector)
+        return list(answer.get("items") or [])
+
+    def patch_claim(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.call(f"PATCH persistentvolumeclaim {namespace}/{name}",
+                  self.core.patch_namespaced_persistent_volume_claim, name, namespace, patch, missing_ok=True,
+                  content_type="application/merge-patch+json")
+
     def replica_set(self, namespace: str, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = self.call(f"GET replicaset {namespace}/{name}",
                                                   self.apps.read_namespaced_replica_set, name, namespace,
@@ -356,8 +411,8 @@ class Kube:
 
 class KubernetesExecutor(Executor):
     name = "kubernetes"
-    restarts_cold_starts = ("its Kubernetes controller (ReplicaSet, StatefulSet, Job); gpusweep starts a fresh "
-                            "copy of a pod that has none")
+    restarts_cold_starts = ("its Kubernetes controller (ReplicaSet, StatefulSet, Job, a training operator ...); "
+                            "gpusweep starts a fresh copy of a pod that has none")
 
     def __init__(self, cluster: Any = None, **options: Any) -> None:
         super().__init__(cluster, **options)
@@ -502,10 +557,18 @@ class KubernetesExecutor(Executor):
         return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
                                       self._observed(node, obj)[0])
 
-    def _held_by(self, node: NodeRef, pods: list[dict[str, Any]]) -> list[GpuUser]:
-        """The agent's GPU users when some of `pods` requests no nvidia.com/gpu (such a pod may hold GPUs all
-        the same: a runtime class, a device mounted by hand); [] when none does or the node runs no agent."""
-        if all(pod_gpus(p) for p in pods):
+    def _gpu(self, pods: list[dict[str, Any]]) -> GpuResources:
+        """What counts as a GPU here (the site's resource names); NVIDIA's resource claims read only when one of
+        `pods` uses a claim."""
+        uses = any((p.get("spec") or {}).get("resourceClaims") for p in pods)
+        claims = self._call(self.kube.custom_objects, *DRA_API, "resourceclaims") if uses else []
+        return GpuResources.of(self.connection, claims)
+
+    def _held_by(self, node: NodeRef, pods: list[dict[str, Any]], gpu: GpuResources | None = None) -> list[GpuUser]:
+        """The agent's GPU users when some of `pods` requests no GPU (such a pod may hold GPUs all the same: a
+        runtime class, a device mounted by hand); [] when none does or the node runs no agent."""
+        gpu = gpu or self._gpu(pods)
+        if all(pod_gpus(p, gpu) for p in pods):
             return []
         ref = self._agent(node)
         return self.agents.gpu_users(ref) if ref is not None else []
@@ -513,8 +576,9 @@ class KubernetesExecutor(Executor):
     def _pod_gpus(self, node: NodeRef, pod: dict[str, Any]) -> int:
         """The GPUs the pod requests, else those the agent sees it hold (by its cgroup's pod UID, or the
         workload id its gpusweep-run registered)."""
-        return pod_gpus(pod) or held_gpus(self._held_by(node, [pod]), "k8s_pod", str(_meta(pod).get("uid", "")),
-                                          self._workload_id(pod))
+        gpu = self._gpu([pod])
+        return pod_gpus(pod, gpu) or held_gpus(self._held_by(node, [pod], gpu), "k8s_pod",
+                                               str(_meta(pod).get("uid", "")), self._workload_id(pod))
 
     def list_workloads(self, node: NodeRef) -> list[WorkloadInfo]:
         found = []
@@ -524,11 +588,13 @@ class KubernetesExecutor(Executor):
                     or (pod.get("status") or {}).get("phase") != "Running":
                 continue
             pods.append(pod)
-        users = self._held_by(node, pods)
+        gpu = self._gpu(pods)
+        users = self._held_by(node, pods, gpu)
         for pod in pods:
             meta, notes = _meta(pod), _annotations(pod)
             info = as_gpu_workload(WorkloadInfo(
-                id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod), checkpoint_engine=pod_checkpoint_engine(pod),
+                id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod, gpu),
+                checkpoint_engine=pod_checkpoint_engine(pod),
                 fingerprint={"engine": notes.get("gpusweep.io/engine", ""),
                              "engine_version": notes.get("gpusweep.io/engine-version", ""),
                              "model_name": notes.get("gpusweep.io/model", ""),
@@ -544,19 +610,23 @@ class KubernetesExecutor(Executor):
     # -- drain, return, undo ---------------------------------------------------------
     def drain(self, node: NodeRef, operation_id: str) -> None:
         campaign = campaign_of(operation_id)
-        wanted = {"key": TAINT, "value": campaign, "effect": "NoSchedule"}
+        # With the GPU Operator no taint: its operand DaemonSets tolerate only the chart's `nvidia.com/gpu`
+        # (`daemonsets.tolerations`), so a taint of gpusweep's would keep the driver pod the operator deletes
+        # at pod-restart-required from coming back. The cordon alone keeps new work off, and every DaemonSet
+        # pod tolerates it (node.kubernetes.io/unschedulable, added by the DaemonSet controller).
+        wanted = [] if self.mode == "gpu-operator" else [{"key": TAINT, "value": campaign, "effect": "NoSchedule"}]
 
         def change(obj: dict[str, Any]) -> dict[str, Any] | None:
             notes, spec = _annotations(obj), obj.get("spec") or {}
             taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT]
-            if notes.get(DRAINED_BY) == operation_id and spec.get("unschedulable") and wanted in (spec.get("taints")
-                                                                                                   or []):
+            if notes.get(DRAINED_BY) == operation_id and spec.get("unschedulable") and taints + wanted == (
+                    spec.get("taints") or []):
                 return None
             marks = {DRAINED_BY: operation_id, CAMPAIGN: campaign}
             if spec.get("unschedulable") and DRAINED_BY not in notes:
                 marks[CORDONED_BEFORE] = "true"
             return {"metadata": {"labels": {CAMPAIGN: campaign}, "annotations": marks},
-                    "spec": {"unschedulable": True, "taints": [*taints, wanted]}}
+                    "spec": {"unschedulable": True, "taints": [*taints, *wanted] or None}}
 
         obj = self._update_node(node.name, change)
         ref = self._agent(node, obj)
@@ -656,15 +726,20 @@ class KubernetesExecutor(Executor):
             return self._result(restored, workload_id)
         if pod is None:
             raise PermanentExecutorError(f"pod {workload_id} is gone from {node.name}")
+        why = never_copied(pod)
         kind = (pod_controller(pod) or {}).get("kind")
-        if kind in ("StatefulSet", "Job", "DaemonSet"):
-            raise PermanentExecutorError(f"pod {workload_id} belongs to a {kind}, which gpusweep does not copy; "
-                                         "its controller restarts it (policy cold_restart) or it is waited for")
+        if why and kind != "StatefulSet":
+            raise PermanentExecutorError(f"pod {workload_id} is never copied: {why}; it is waited for, or its "
+                                         "controller starts it again after a cold restart (policy cold_restart)")
+        claims = self._single_node_claims(pod)
+        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
+        if kind == "StatefulSet" and via == "kubelet":
+            raise PermanentExecutorError(f"pod {workload_id} belongs to a StatefulSet, whose new pod runs its own "
+                                         "image: checkpoint it with the agent (criu, cuda, signal), not the kubelet")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
         gpus = self._pod_gpus(node, pod)
         if requires is None:
             requires = self._requirements(pod, engine, self._portability_facts(node), gpus).as_dict()
-        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
         if via == "kubelet":
             taken = self._kubelet_checkpoint(node, pod)
         else:
@@ -674,7 +749,8 @@ class KubernetesExecutor(Executor):
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
             taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
-                  "requires": requires}
+                  "requires": requires, "uid": str(_meta(pod).get("uid", "")), "claims": claims,
+                  **({"controller": kind} if kind == "StatefulSet" else {})}
         self._call(self.kube.patch_pod, namespace, name, {"metadata": {
             "labels": {CHECKPOINT_ID: record["id"]},
             "annotations": {CHECKPOINTED: json.dumps(record, sort_keys=True), CAMPAIGN: campaign_of(operation_id)}}})
@@ -715,7 +791,7 @@ class KubernetesExecutor(Executor):
         """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container."""
         namespace, name = _split(_pod_ref(pod))
         containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []
-                      if pod_gpus({"spec": {"containers": [c]}})] or \
+                      if pod_gpus({"spec": {"containers": [c]}}, GpuResources.of(self.connection))] or \
                      [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
         archives = []
         for container in containers:
@@ -767,6 +843,11 @@ class KubernetesExecutor(Executor):
         original = self._find(CHECKPOINT_ID, checkpoint_id)
         record = json.loads(_annotations(replacement).get(RESTORED_RECORD, "{}") if replacement else
                             _annotations(original).get(CHECKPOINTED, "{}") if original else "{}")
+        if not record:  # a StatefulSet's pod already stopped: its record waits on its claims
+            marked = self._call(self.kube.claims, f"{CHECKPOINT_ID}={checkpoint_id}")
+            record = json.loads(_annotations(marked[0]).get(CHECKPOINTED, "{}")) if marked else {}
+            if record:
+                return self._restore_by_controller(None, record, target, operation_id)
         if not record:
             ref = self._agent(target)
             if ref is not None and self.agents.holds_bare_checkpoint(ref, checkpoint_id):
@@ -794,6 +875,8 @@ class KubernetesExecutor(Executor):
                 "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None, OPERATION: operation_id,
                                 RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
             return RestoreResult(workload_id=_pod_ref(original), node=target.identity)
+        if replacement is None and record.get("controller") == "StatefulSet":
+            return self._restore_by_controller(original, record, target, operation_id)
         if replacement is None:
             if original is None:
                 raise PermanentExecutorError(f"the pod checkpointed as {checkpoint_id} is gone")
@@ -801,11 +884,60 @@ class KubernetesExecutor(Executor):
         elif (replacement.get("spec") or {}).get("nodeName") not in (None, target.name):
             raise PermanentExecutorError(f"checkpoint {checkpoint_id} was restored as {_pod_ref(replacement)} on "
                                          f"{replacement['spec']['nodeName']}, not {target.name}")
+        if original is not None and record.get("claims"):
+            # A volume that attaches to one node at a time: the original stops first (its ReplicaSet adopts the
+            # waiting replacement before), then the volume moves and the replacement's containers start.
+            self._hand_over(original, replacement)
+            self._evict(original)
+            original = None
         self._wait_restored(replacement, record, target)
         if original is not None:
             self._hand_over(original, replacement)
             self._evict(original)
         return RestoreResult(workload_id=_pod_ref(replacement), node=target.identity)
+
+    def _single_node_claims(self, pod: dict[str, Any]) -> list[str]:
+        """The pod's claims whose volume attaches to one node at a time (ReadWriteOnce, ReadWriteOncePod): its
+        replacement's containers can start only once the original is gone."""
+        namespace = str(_meta(pod).get("namespace", "default"))
+        found = []
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            claim = self._call(self.kube.claim, namespace, name) if name else None
+            if {"ReadWriteOnce", "ReadWriteOncePod"} & set(((claim or {}).get("spec") or {}).get("accessModes") or []):
+                found.append(str(name))
+        return found
+
+    def _restore_by_controller(self, original: dict[str, Any] | None, record: dict[str, Any], target: NodeRef,
+                               operation_id: str) -> RestoreResult:
+        """A StatefulSet's pod is never copied: the original stops, its controller starts the pod again under
+        its name with its claims, where they can attach, and the node's agent restores the checkpoint into it
+        (``gpusweep-run`` finds it by the workload id). The record waits on the claims meanwhile, so a retry
+        finds it."""
+        checkpoint_id, (namespace, name) = str(record["id"]), _split(str(record["pod"]))
+        marks = {"metadata": {"labels": {CHECKPOINT_ID: checkpoint_id}, "annotations": {
+            CHECKPOINTED: json.dumps(record, sort_keys=True)}}}
+        for claim in record.get("claims") or []:
+            self._call(self.kube.patch_claim, namespace, claim, marks)
+        if original is not None:
+            self._evict(original)
+        current = self._call(self.kube.pod, namespace, name)
+        if current is None or _meta(current).get("uid") == record.get("uid") or _meta(current).get(
+                "deletionTimestamp"):
+            raise TemporaryExecutorError(f"pod {namespace}/{name} stopped for checkpoint {checkpoint_id}; its "
+                                         "StatefulSet has not started it again yet")
+        landed = (current.get("spec") or {}).get("nodeName")
+        if landed and landed != target.name:
+            raise PermanentExecutorError(f"the StatefulSet started pod {namespace}/{name} on {landed}, not on "
+                                         f"{target.name}: its agent there restores checkpoint {checkpoint_id}")
+        self._wait_restored(current, record, target)
+        self._call(self.kube.patch_pod, namespace, name, {"metadata": {
+            "labels": {RESTORED_FROM: checkpoint_id},
+            "annotations": {OPERATION: operation_id, RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
+        for claim in record.get("claims") or []:
+            self._call(self.kube.patch_claim, namespace, claim, {"metadata": {
+                "labels": {CHECKPOINT_ID: None}, "annotations": {CHECKPOINTED: None}}})
+        return RestoreResult(workload_id=f"{namespace}/{name}", node=target.identity)
 
     def _copy(self, pod: dict[str, Any], name: str, annotations: dict[str, str],
               labels: dict[str, str]) -> dict[str, Any]:
@@ -813,6 +945,7 @@ class KubernetesExecutor(Executor):
         meta = _meta(pod)
         spec = copy.deepcopy(pod.get("spec") or {})
         spec.pop("nodeName", None)
+        spec.pop("ephemeralContainers", None)  # debugging containers: never set on create (a 422)
         kept_labels = {k: v for k, v in _labels(pod).items() if k != CHECKPOINT_ID}
         kept_notes = {k: v for k, v in _annotations(pod).items()
                       if k not in (CHECKPOINTED, EVICTION_BLOCKED, DELETION_COST, MIRROR)}
@@ -940,9 +1073,15 @@ class KubernetesExecutor(Executor):
         ref = self._agent(node, obj)
         if ref is None:
             return HealthResult((ready, versions_check(expected, self._observed(node, obj)[0])))
-        from_agent = self.agents.health(replace(ref, gpu_count=ref.gpu_count or node.gpu_count), expected, gates,
-                                        operation_id)
-        return HealthResult((ready, *from_agent.checks))
+        # The operator's containerized driver shows in GPU feature discovery's labels; the agent on the host
+        # checks everything else (and its GPUs against the driver it reads itself).
+        operated = {k: v for k, v in expected.items() if self.mode == "gpu-operator" and k == "driver"}
+        checks = [ready]
+        if operated:
+            checks.append(replace(versions_check(operated, self._observed(node, obj)[1]), name="operator-driver"))
+        from_agent = self.agents.health(replace(ref, gpu_count=ref.gpu_count or node.gpu_count),
+                                        {k: v for k, v in expected.items() if k not in operated}, gates, operation_id)
+        return HealthResult((*checks, *from_agent.checks))
 
     def rollback(self, node: NodeRef, operation_id: str) -> RollbackResult:
         if self.mode != "gpu-operator":
@@ -955,14 +1094,22 @@ class KubernetesExecutor(Executor):
 
         self._update_node(node.name, skip)
         return RollbackResult(components={}, reboot_required=False, output=(
-            f"gpu-operator: {node.name} keeps {UPGRADE_SKIP}=true (set by gpusweep), so the operator leaves it "
-            "alone; the pool's driver version is unchanged"))
+            f"gpu-operator: nothing reinstalled on {node.name}: the operator never downgrades a node, and its "
+            "driver DaemonSet names the new version, so the node keeps the driver the upgrade gave it; it carries "
+            f"{UPGRADE_SKIP}=true (set by gpusweep) and stays out of service until someone mends it"))
 
     # -- the GPU Operator's driver upgrade -------------------------------------------
     def _operator_upgrade(self, node: NodeRef, version: str, operation_id: str) -> PatchResult:
         obj = self._node(node.name)
         record = json.loads(_annotations(obj).get(PATCH_RECORD) or "{}")
         if record.get("op") != operation_id:
+            if _labels(obj).get(UPGRADE_STATE) == "upgrade-failed":
+                # The state label is the operator's: gpusweep never writes it. The operator retries such a node
+                # once its driver pod is healthy again, or when an administrator resets it.
+                raise PermanentExecutorError(
+                    f"node {node.name}: the GPU Operator failed an earlier driver upgrade of it ({UPGRADE_STATE}="
+                    "upgrade-failed); mend its driver pod, or reset its state as NVIDIA's upgrade guide says, then "
+                    "sweep it again")
             record = {"op": operation_id, "version": version, "started": _now(),
                       "before": node_from_kubernetes(obj).components.get("driver", "")}
             plural, resource, selector = self._governing(obj)
@@ -1000,10 +1147,7 @@ class KubernetesExecutor(Executor):
         if labels.get(UPGRADE_SKIP) == "true" and SKIP_SET_BY not in notes:
             raise PermanentExecutorError(f"node {_meta(obj)['name']} carries {UPGRADE_SKIP}=true set by someone other "
                                          "than gpusweep; it is not upgraded")
-        new_labels: dict[str, Any] = {UPGRADE_SKIP: None}
-        if labels.get(UPGRADE_STATE) == "upgrade-failed":
-            new_labels[UPGRADE_STATE] = "upgrade-required"  # the operator's documented retry
-        return {"metadata": {"labels": new_labels, "annotations": {
+        return {"metadata": {"labels": {UPGRADE_SKIP: None}, "annotations": {
             PATCH_RECORD: json.dumps(record, sort_keys=True), SKIP_SET_BY: None}}}
 
     def _hold_others(self, this: str, selector: dict[str, str], version: str, operation_id: str) -> None:
@@ -1027,9 +1171,23 @@ class KubernetesExecutor(Executor):
             self._update_node(name, hold)
 
     def _governing(self, node: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, str]]:
-        """The resource that sets the node's driver version: its NVIDIADriver (by nodeSelector, or the one
-        named in the connection), else the ClusterPolicy; with the node selector it governs."""
+        """The resource that sets the node's driver version, with the node selector it governs: with the
+        ClusterPolicy's ``spec.driver.useNvidiaDriverCRD`` (or no ClusterPolicy) the node's NVIDIADriver (by
+        nodeSelector, or the one named in the connection), else the ClusterPolicy itself (the operator then
+        ignores NVIDIADrivers). Refused when the policy's ``upgradePolicy.autoUpgrade`` is off: nothing would
+        upgrade the node, and waiting for it would only run out ``upgrade_timeout_s``."""
         settings = self.connection.get("gpu_operator") or {}
+        name = _meta(node)["name"]
+        policy = next((p for p in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies")
+                       if not settings.get("cluster_policy") or _meta(p)["name"] == settings["cluster_policy"]), None)
+        driver_spec = ((policy or {}).get("spec") or {}).get("driver") or {}
+        if (driver_spec.get("upgradePolicy") or {}).get("autoUpgrade") is False:
+            raise PermanentExecutorError(
+                f"the GPU Operator's driver upgrade controller is off (ClusterPolicy {_meta(policy or {}).get('name')} "
+                f"spec.driver.upgradePolicy.autoUpgrade: false): nothing would upgrade {name}; turn it on, or patch "
+                "with driver_management: agent")
+        if policy is not None and not driver_spec.get("useNvidiaDriverCRD"):
+            return "clusterpolicies", policy, {}
         labels = _labels(node)
         for driver in self._call(self.kube.custom_objects, "nvidia.com", "v1alpha1", "nvidiadrivers"):
             selector = {str(k): str(v) for k, v in ((driver.get("spec") or {}).get("nodeSelector") or {}).items()}
@@ -1037,11 +1195,9 @@ class KubernetesExecutor(Executor):
             if (named and _meta(driver)["name"] == named) or (not named and all(
                     labels.get(k) == v for k, v in selector.items())):
                 return "nvidiadrivers", driver, selector
-        for policy in self._call(self.kube.custom_objects, "nvidia.com", "v1", "clusterpolicies"):
-            if not settings.get("cluster_policy") or _meta(policy)["name"] == settings["cluster_policy"]:
-                return "clusterpolicies", policy, {}
-        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node "
-                                     f"{_meta(node)['name']} and no ClusterPolicy exists")
+        raise PermanentExecutorError(f"driver_management gpu-operator: no NVIDIADriver selects node {name}"
+                                     + (" (the ClusterPolicy sets useNvidiaDriverCRD)" if policy else
+                                        " and no ClusterPolicy exists"))
 
     def _set_operator_version(self, plural: str, resource: dict[str, Any], version: str) -> None:
         """spec.version of an NVIDIADriver, spec.driver.version of a ClusterPolicy."""

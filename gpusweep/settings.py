@@ -325,6 +325,9 @@ GPUSWEEP_EVIDENCE_KEY_FILE = env_str(
     "GPUSWEEP_EVIDENCE_KEY_FILE", str(VAR_DIR / "evidence-signing-key.pem") if DEBUG else "")
 GPUSWEEP_EVIDENCE_KEY_GENERATE = DEBUG
 # Every seal and signed node head is also appended here, outside the database (campaigns.digests).
+# Where a pod's service account token and CA are mounted (the in-cluster Kubernetes configuration).
+GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR = Path(env_str("GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR",
+                                                 "/var/run/secrets/kubernetes.io/serviceaccount"))
 GPUSWEEP_EVIDENCE_DIGEST_DIR = Path(env_str("GPUSWEEP_EVIDENCE_DIGEST_DIR", str(VAR_DIR / "evidence-digests")))
 GPUSWEEP_EVIDENCE_DIGEST_STORE = env_str("GPUSWEEP_EVIDENCE_DIGEST_STORE", "")
 # campaigns.digests.ObjectLockStore as the store: one object per digest in this S3 bucket (created with

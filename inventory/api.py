@@ -119,8 +119,8 @@ class WorkloadSerializer(serializers.ModelSerializer):
         model = Workload
         fields = ["id", "cluster", "cluster_name", "node", "node_name", "node_names", "kind", "scheduler_id", "name",
                   "user", "state",
-                  "gpus", "started_at", "time_limit", "checkpoint_engine", "policy", "engine", "engine_version",
-                  "model_name", "model_version", "last_seen", "gone_at"]
+                  "gpus", "started_at", "time_limit", "checkpoint_engine", "policy", "owner", "engine",
+                  "engine_version", "model_name", "model_version", "last_seen", "gone_at"]
         read_only_fields = [f for f in fields if f not in ("policy", "checkpoint_engine")]
 
     def validate_checkpoint_engine(self, value: Any) -> str:

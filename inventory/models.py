@@ -185,6 +185,8 @@ class Workload(models.Model):
     # No choices here: the engines are a registry (executors.portability), validated by the sources.
     checkpoint_engine = models.CharField(max_length=20, default=CheckpointEngine.NONE)
     policy = models.CharField(max_length=20, choices=WorkloadPolicy.choices(), default=WorkloadPolicy.CHECKPOINT)
+    # The controller that starts it again if it stops (Kubernetes: "PyTorchJob kubeflow.org/v1 llama"); "" none.
+    owner = models.CharField(max_length=200, blank=True)
     engine = models.CharField(max_length=100, blank=True, help_text="e.g. triton, vllm")
     engine_version = models.CharField(max_length=100, blank=True)
     model_name = models.CharField(max_length=200, blank=True)

@@ -33,7 +33,7 @@ from django.utils import timezone
 from gpusweep.db.bulk import db_datetime, db_json, insert_rows
 from gpusweep.db.reads import prepared_cursor, select_rows
 from inventory import queries
-from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
+from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind, WorkloadPolicy
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
 from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
@@ -77,6 +77,7 @@ WORKLOAD_FIELDS = (
     "started_at",
     "time_limit",
     "checkpoint_engine",
+    "owner",
     "engine",
     "engine_version",
     "model_name",
@@ -128,6 +129,10 @@ class ObservedWorkload:
     model_name: str = ""
     model_version: str = ""
     requires: dict[str, str] = field(default_factory=dict)
+    # The controller that would start it again (Workload.owner), and the policy that controller's semantics
+    # imply, given to a new row only: a policy set later by the workload's owner is never overwritten.
+    owner: str = ""
+    default_policy: str = ""
     # All nodes held (multi-node jobs); empty means just `node`.
     nodes: list[str] = field(default_factory=list)
 
@@ -615,7 +620,8 @@ def _apply_workloads(
         row = existing.get(key)
         if row is None:
             creates.append(Workload(cluster=cluster, kind=observed.kind, scheduler_id=observed.scheduler_id,
-                                    last_seen=now, **values))
+                                    last_seen=now, policy=observed.default_policy or WorkloadPolicy.CHECKPOINT,
+                                    **values))
             continue
         diff = {f: [row[f], v] for f, v in values.items() if row[f] != v}
         if row["gone_at"] is not None:

@@ -4,15 +4,28 @@ Read through the official `kubernetes` client (CoreV1Api, raw JSON pages of 500 
 `continue`, so a large cluster never lands as one response). `KubernetesSource` is the
 interface (`nodes()`, `pods()` return API dictionaries); `ApiKubernetesSource` implements it.
 
-Cluster settings (`cluster.connection`, never secrets) and secret references (`secret_env`):
+Cluster settings (`cluster.connection`, never secrets) and secret references (`secret_env`), read
+in this order (``api_client_for``):
+- `connection.in_cluster: true`: the cluster gpusweep runs in, through its pod's service account
+  (token and CA under ``GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR``, the standard
+  /var/run/secrets/kubernetes.io/serviceaccount; the API at KUBERNETES_SERVICE_HOST/PORT; the
+  token re-read as the kubelet rotates it); an error when gpusweep runs in no pod;
 - `connection.host` + `secret_env.token` (name of an environment variable holding a bearer
-  token), optional `connection.ca_cert` (path) and `connection.verify_ssl` (default true); or
+  token), optional `connection.ca_cert` (path) and `connection.verify_ssl` (default true);
 - `secret_env.kubeconfig` (environment variable holding a kubeconfig path) and optional
-  `connection.context`; or nothing: the default kubeconfig ($KUBECONFIG / ~/.kube/config).
+  `connection.context`;
+- none of these: in-cluster when gpusweep runs in a pod (the environment and the token are there),
+  else the default kubeconfig ($KUBECONFIG / ~/.kube/config).
 - `connection.pool_label`: node label naming the pool (default: the first present of
   gpusweep.io/pool, cloud.google.com/gke-nodepool, eks.amazonaws.com/nodegroup, agentpool,
   node.kubernetes.io/instance-type).
 - `connection.timeout_s`: per request (default 30).
+- `connection.gpu_resources`: extended resource names that are GPUs at this site besides
+  `nvidia.com/gpu`, every `nvidia.com/mig-*` and `nvidia.com/gpu.shared` (e.g. a time-slicing rename).
+
+A pod's GPUs (``pod_gpus``) are counted as the scheduler counts them, over its containers, native
+sidecars and init containers, plus the devices of its dynamic resource allocation claims whose device
+class is NVIDIA's (``gpu.nvidia.com``, ``mig.nvidia.com``; resource.k8s.io/v1 ResourceClaims).
 
 Labels read (GPU feature discovery): nvidia.com/gpu.product, nvidia.com/gpu.count,
 nvidia.com/cuda.driver-version.full or nvidia.com/cuda.driver.major|minor|rev,
@@ -21,8 +34,11 @@ nvidia.com/gpu.family (GPU architecture), nvidia.com/gpu.machine (platform) and
 gpusweep.io/container-toolkit-mode (legacy|cdi|csv). Kernel and OS come from status.nodeInfo.
 Pod annotations gpusweep.io/checkpoint (criu|cuda|signal|none),
 gpusweep.io/engine, gpusweep.io/engine-version, gpusweep.io/model, gpusweep.io/model-version
-describe what the pod runs; StatefulSet and Job pods count as not checkpointable
-(``pod_checkpoint_engine``): their controller recreates them under their own identity.
+describe what the pod runs. A pod of any controller but a ReplicaSet is never copied, so it
+counts as not checkpointable (``never_copied``, ``pod_checkpoint_engine``); its controller is the
+workload's ``owner``, and a Job's, a known training or serving controller's (PyTorchJob, JobSet,
+RayCluster, LeaderWorkerSet ...) or an unknown controller's pod is created with the policy wait
+(``owner_policy``).
 ``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
@@ -31,15 +47,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from gpusweep import secret_env
-from inventory.choices import CheckpointEngine, ServiceState, WorkloadKind
+from inventory.choices import CheckpointEngine, ServiceState, WorkloadKind, WorkloadPolicy
 from inventory.models import Cluster
 from inventory.services import ObservedNode, ObservedWorkload, Snapshot
 
 PAGE = 500
 GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # the device plugin's time-slicing rename (renameByDefault)
+MIG_PREFIX = "nvidia.com/mig-"
+DRA_API = ("resource.k8s.io", "v1")
+# NVIDIA's DRA driver (k8s-dra-driver-gpu): its driver name and device classes (gpu.nvidia.com, mig.nvidia.com).
+DRA_GPU_DRIVERS = ("gpu.nvidia.com", "mig.nvidia.com")
 POOL_LABELS = (
     "gpusweep.io/pool",
     "cloud.google.com/gke-nodepool",
@@ -59,6 +82,8 @@ class KubernetesSource(Protocol):
     def nodes(self) -> list[dict[str, Any]]: ...
 
     def pods(self) -> list[dict[str, Any]]: ...
+
+    def resource_claims(self) -> list[dict[str, Any]]: ...
 
 
 class ApiKubernetesSource:
@@ -99,6 +124,19 @@ class ApiKubernetesSource:
         return self._list("/api/v1/pods?fieldSelector=status.phase=Running", self.api.list_pod_for_all_namespaces,
                           field_selector="status.phase=Running")
 
+    def resource_claims(self) -> list[dict[str, Any]]:
+        """Dynamic resource allocation's claims ([] where the cluster does not serve resource.k8s.io/v1)."""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api.api_client)
+        try:
+            return self._list(f"/apis/{DRA_API[0]}/{DRA_API[1]}/resourceclaims", custom.list_cluster_custom_object,
+                              group=DRA_API[0], version=DRA_API[1], plural="resourceclaims")
+        except KubernetesError as exc:
+            if "HTTP 404" in str(exc):
+                return []
+            raise
+
 
 def api_client_for(cluster: Cluster) -> tuple[Any, float]:
     """The official client's ApiClient for the cluster's settings, and the per-request timeout.
@@ -113,6 +151,10 @@ def api_client_for(cluster: Cluster) -> tuple[Any, float]:
     if own := sorted(v for v in secrets.values() if secret_env.own(str(v))):  # never hand the service's keys on
         raise KubernetesError(f"cluster {cluster.name}: {', '.join(own)} are the service's own settings, not secrets")
     timeout = float(connection.get("timeout_s", 30))
+    if connection.get("in_cluster") or not (connection.get("host") or secrets.get("kubeconfig")):
+        in_cluster = _in_cluster_client(cluster, required=bool(connection.get("in_cluster")))
+        if in_cluster is not None:
+            return in_cluster, timeout
     if connection.get("host"):
         configuration = client.Configuration()
         configuration.host = str(connection["host"])
@@ -139,6 +181,31 @@ def api_client_for(cluster: Cluster) -> tuple[Any, float]:
     except (config.ConfigException, OSError) as exc:
         raise KubernetesError(f"cluster {cluster.name}: cannot load kubeconfig: {exc}") from None
     return api_client, timeout
+
+
+def _in_cluster_client(cluster: Cluster, required: bool) -> Any | None:
+    """The client of the pod's own service account (the worker's, as deploy/kubernetes ships it), or None
+    when gpusweep runs in no pod and `required` is false."""
+    from django.conf import settings
+    from kubernetes import client, config
+
+    folder = Path(settings.GPUSWEEP_KUBE_SERVICE_ACCOUNT_DIR)
+    token = folder / "token"
+    if not (os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+            and token.is_file()):
+        if required:
+            raise KubernetesError(
+                f"cluster {cluster.name}: connection.in_cluster is set but gpusweep runs in no pod of it "
+                f"(KUBERNETES_SERVICE_HOST/PORT unset or no service account token at {token})")
+        return None
+    configuration = client.Configuration()
+    try:
+        # Re-reads the token file as the kubelet rotates it (bound service account tokens last an hour).
+        config.incluster_config.InClusterConfigLoader(str(token), str(folder / "ca.crt")).load_and_set(
+            configuration)
+    except config.ConfigException as exc:
+        raise KubernetesError(f"cluster {cluster.name}: in-cluster configuration: {exc}") from None
+    return client.ApiClient(configuration)
 
 
 def client_for(cluster: Cluster) -> ApiKubernetesSource:
@@ -250,18 +317,76 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
     )
 
 
-def pod_gpus(pod: dict[str, Any]) -> int:
+@dataclass(frozen=True)
+class GpuResources:
+    """What counts as a GPU in a pod: ``nvidia.com/gpu``, every MIG slice (``nvidia.com/mig-1g.10gb`` ...),
+    the device plugin's time-slicing rename ``nvidia.com/gpu.shared``, the site's own names
+    (``connection.gpu_resources``, e.g. a renamed shared resource), and the devices of dynamic resource
+    allocation claims whose device class is NVIDIA's (``claims``: (namespace, claim) -> devices)."""
+
+    names: tuple[str, ...] = ()
+    claims: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, connection: dict[str, Any] | None, claims: list[dict[str, Any]] | None = None) -> GpuResources:
+        names = (connection or {}).get("gpu_resources") or ()
+        return cls(tuple(str(n) for n in names), {
+            (str(c["metadata"].get("namespace", "default")), str(c["metadata"]["name"])): count
+            for c in claims or [] if (count := claim_gpus(c))})
+
+    def counts(self, resource: str) -> bool:
+        return resource in (GPU_RESOURCE, SHARED_GPU_RESOURCE, *self.names) or resource.startswith(MIG_PREFIX)
+
+
+def claim_gpus(claim: dict[str, Any]) -> int:
+    """The NVIDIA devices a ResourceClaim holds: its allocation's results from NVIDIA's DRA driver, else what
+    its requests of NVIDIA's device classes ask for (resource.k8s.io v1 ``exactly``, or v1beta1's fields)."""
+    allocated = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    results = [r for r in allocated.get("results") or [] if r.get("driver") in DRA_GPU_DRIVERS]
+    if results:
+        return len(results)
     total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(GPU_RESOURCE) or (resources.get("requests") or {}).get(
-            GPU_RESOURCE
-        )
-        try:
-            total += int(value or 0)
-        except ValueError:
-            continue
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        wanted = request.get("exactly") or request
+        if wanted.get("deviceClassName") in DRA_GPU_DRIVERS:
+            total += int(wanted.get("count") or 1) if wanted.get("allocationMode", "ExactCount") == "ExactCount" else 1
     return total
+
+
+def _requested(container: dict[str, Any], gpu: GpuResources) -> int:
+    resources = container.get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    total = 0
+    for name in {*limits, *requests}:
+        if gpu.counts(str(name)):
+            try:
+                total += int(limits.get(name) or requests.get(name) or 0)
+            except ValueError:
+                continue
+    return total
+
+
+def pod_claims(pod: dict[str, Any]) -> list[str]:
+    """The ResourceClaims a pod uses: named ones, and those made for it from a template (its status names)."""
+    made = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses")
+            or []}
+    return [str(c.get("resourceClaimName") or made.get(c.get("name")) or "")
+            for c in (pod.get("spec") or {}).get("resourceClaims") or []
+            if c.get("resourceClaimName") or made.get(c.get("name"))]
+
+
+def pod_gpus(pod: dict[str, Any], gpu: GpuResources | None = None) -> int:
+    """The GPUs a pod holds as the scheduler counts them: its containers and native sidecars (init containers
+    that keep running) together, or its largest plain init container if that is more, plus the NVIDIA
+    devices of its resource claims."""
+    gpu = gpu or GpuResources()
+    spec = pod.get("spec") or {}
+    inits = spec.get("initContainers") or []
+    running = sum(_requested(c, gpu) for c in [*(spec.get("containers") or []),
+                                               *(c for c in inits if c.get("restartPolicy") == "Always")])
+    first = max((_requested(c, gpu) for c in inits if c.get("restartPolicy") != "Always"), default=0)
+    namespace = str((pod.get("metadata") or {}).get("namespace", "default"))
+    return max(running, first) + sum(gpu.claims.get((namespace, name), 0) for name in pod_claims(pod))
 
 
 def pod_controller(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -270,19 +395,70 @@ def pod_controller(pod: dict[str, Any]) -> dict[str, Any] | None:
     return next((o for o in owners if o.get("controller")), None)
 
 
+# The one controller whose pods gpusweep copies: the copy is adopted by the ReplicaSet before the
+# original leaves (executors/kubernetes.py), so the ReplicaSet never starts a pod of its own meanwhile.
+COPIED_BY_ADOPTION = "ReplicaSet"
+# Controllers that start their pods again by their own rules: a StatefulSet under the pod's name and
+# volumes, a DaemonSet on its node; gpusweep's rules for them are in executors/kubernetes.py.
+RESTARTED_IN_PLACE = ("StatefulSet", "DaemonSet")
+# Known controllers of batch, training and serving work by API group. A pod of theirs is never copied
+# (the controller would start it again: the work would run twice); it is waited for, or, when the
+# campaign allows a cold restart, evicted and started again by its controller (a Job counts it as a
+# disruption, the Kubeflow training operator restarts the replica by its restartPolicy, KubeRay and
+# LeaderWorkerSet recreate the group member).
+KNOWN_CONTROLLERS = {
+    "batch": ("Job",),
+    "kubeflow.org": ("PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob"),
+    "trainer.kubeflow.org": ("TrainJob",),
+    "jobset.x-k8s.io": ("JobSet",),
+    "ray.io": ("RayCluster", "RayJob"),
+    "leaderworkerset.x-k8s.io": ("LeaderWorkerSet",),
+}
+
+
+def pod_owner(pod: dict[str, Any]) -> str:
+    """Its controller as the plan shows it ("PyTorchJob kubeflow.org/v1 llama"), "" for a bare pod."""
+    controller = pod_controller(pod)
+    if controller is None:
+        return ""
+    return f"{controller.get('kind', '?')} {controller.get('apiVersion', '?')} {controller.get('name', '?')}"[:200]
+
+
+def never_copied(pod: dict[str, Any]) -> str:
+    """Why gpusweep never copies this pod while its controller lives ("" when it may: a bare pod, a
+    ReplicaSet's). Every controller but a ReplicaSet would start the pod again beside the copy."""
+    controller = pod_controller(pod)
+    if controller is None or controller.get("kind") == COPIED_BY_ADOPTION:
+        return ""
+    kind, group = str(controller.get("kind", "")), str(controller.get("apiVersion", "")).rpartition("/")[0]
+    known = kind in KNOWN_CONTROLLERS.get(group or "", ()) or kind in RESTARTED_IN_PLACE
+    return (f"it belongs to a {kind} ({pod_owner(pod)}), which starts it again itself" if known else
+            f"it belongs to a {kind} ({pod_owner(pod)}), a controller gpusweep does not know")
+
+
+def owner_policy(pod: dict[str, Any]) -> str:
+    """The workload policy its controller implies ("" where the campaign's applies): wait for a Job's pod,
+    a known training or serving controller's and an unknown controller's; a cold restart is the
+    campaign's to allow (its override or ``cold_restart_allowed`` past the wait limit)."""
+    kind = (pod_controller(pod) or {}).get("kind")
+    if not never_copied(pod) or kind in RESTARTED_IN_PLACE:
+        return ""
+    return str(WorkloadPolicy.WAIT)
+
+
 def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
     """How a pod's state can be saved: its ``gpusweep.io/checkpoint`` annotation, except that a pod
-    whose controller recreates it under its own identity (StatefulSet: its name and volumes; Job:
-    its completion) is never copied, so it is not checkpointed: its controller starts it again."""
-    controller = pod_controller(pod)
-    if controller is not None and controller.get("kind") in ("StatefulSet", "Job"):
+    gpusweep never copies (``never_copied``) is not checkpointed: its controller starts it again. A
+    StatefulSet's pod is the exception: its controller starts it again under its name and claims, and
+    the new pod's agent restores the checkpoint into it."""
+    if never_copied(pod) and (pod_controller(pod) or {}).get("kind") != "StatefulSet":
         return str(CheckpointEngine.NONE)
     engine = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpusweep.io/checkpoint", "")
     return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)
 
 
-def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
-    gpus = pod_gpus(pod)
+def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> ObservedWorkload | None:
+    gpus = pod_gpus(pod, gpu)
     if not gpus:
         return None
     meta = pod.get("metadata") or {}
@@ -302,6 +478,8 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
         started_at=dt.datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None,
         time_limit=dt.timedelta(seconds=int(deadline)) if deadline else None,
         checkpoint_engine=pod_checkpoint_engine(pod),
+        owner=pod_owner(pod),
+        default_policy=owner_policy(pod),
         engine=str(notes.get("gpusweep.io/engine", ""))[:100],
         engine_version=str(notes.get("gpusweep.io/engine-version", ""))[:100],
         model_name=str(notes.get("gpusweep.io/model", ""))[:200],
@@ -312,7 +490,8 @@ def workload_from_pod(pod: dict[str, Any]) -> ObservedWorkload | None:
 def snapshot_from_kubernetes(source: KubernetesSource, connection: dict[str, Any] | None = None) -> Snapshot:
     pool_label = (connection or {}).get("pool_label")
     nodes = [node_from_kubernetes(node, pool_label) for node in source.nodes()]
-    workloads = [w for w in (workload_from_pod(pod) for pod in source.pods()) if w is not None]
+    gpu = GpuResources.of(connection, source.resource_claims())
+    workloads = [w for w in (workload_from_pod(pod, gpu) for pod in source.pods()) if w is not None]
     return Snapshot(
         nodes=nodes,
         workloads=workloads,

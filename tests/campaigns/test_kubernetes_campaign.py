@@ -230,6 +230,54 @@ def test_the_gpu_operator_upgrades_only_the_nodes_gpusweep_releases_in_plan_orde
         assert "n4" not in operator.started("")
 
 
+def test_a_gpu_operator_campaign_moves_the_gpu_pods_first_and_each_node_gets_its_driver_pod_back(
+        tmp_path: Path) -> None:
+    """Issue 27, done-when 1: the operator runs its driver, device plugin and validator as DaemonSet pods
+    with the chart's default tolerations (only nvidia.com/gpu). gpusweep cordons n0 and n1 without a
+    taint of its own, checkpoints their GPU pods and restores them on the spare n2 before the operator's
+    state machine reaches pod deletion; the operator deletes each node's old driver pod, the DaemonSet
+    brings the new one back, the state reaches upgrade-done, and gpusweep never wrote the state label."""
+    with KubeFleet(tmp_path, ["n0", "n1", "n2"], driver=OLD, connection={"driver_management": "gpu-operator"},
+                   options={"upgrade_wait_s": 20}) as fleet:
+        api, helpers = fleet.api, fleet.helpers
+        api.put("clusterpolicies", cluster_policy(OLD, max_parallel=0))
+        operator = GpuOperator(api)
+        assert wait_for(lambda: all(operator.operand_pod(n, "nvidia-operator-validator") and api.get(
+            "nodes", n)["metadata"]["labels"].get(STATE) == "upgrade-done" for n in ("n0", "n1", "n2")), 15, 0.1)
+        logs = {"n0": tmp_path / "counter-a.log", "n1": tmp_path / "counter-b.log"}
+        fleet.counter_pod("ml", "trainer-a", "n0", "signal", logs["n0"])
+        fleet.counter_pod("ml", "trainer-b", "n1", "signal", logs["n1"])
+        for log in logs.values():
+            helpers.wait_steps(log, 3)
+        fleet.make_cluster()
+        done = drive(campaign(["n0", "n1"]).pk)
+        assert done.status == CampaignStatus.COMPLETED, (done.status_reason, list(
+            NodeSweep.objects.filter(campaign=done).values_list("node__name", "state", "error")))
+        moves = {m.workload_ref: m for m in WorkloadMove.objects.filter(sweep__campaign=done)}
+        assert sorted(moves) == ["ml/trainer-a", "ml/trainer-b"]
+        for node, ref in (("n0", "ml/trainer-a"), ("n1", "ml/trainer-b")):
+            labels = api.get("nodes", node)["metadata"]["labels"]
+            assert labels[STATE] == "upgrade-done" and untouched(fleet, node)
+            assert Node.objects.get(name=node).component_versions()["driver"] == FIXED
+            driver = operator.operand_pod(node, "nvidia-driver-daemonset")
+            assert driver is not None and driver["spec"]["containers"][0]["image"].endswith(f":{FIXED}")
+            assert driver["status"]["phase"] == "Running"
+            # Moved first: the replacement ran on the spare before the operator reached pod deletion.
+            move = moves[ref]
+            assert move.state == MoveState.RESTORED and move.target_node.name == "n2"
+            ran = api.happened("pod-running", move.new_workload_ref)[0][0]
+            deletion = api.happened("upgrade-state", f"{node} pod-deletion-required")[0][0]
+            assert ran < deletion < api.happened("driver-pod-deleted")[-1][0]
+        assert sorted(operator.driver_restarts) == ["n0", "n1"] and operator.deleted_pods == []
+        # The spare outside the campaign keeps its old driver pod (held by gpusweep's skip label).
+        spare = operator.operand_pod("n2", "nvidia-driver-daemonset")
+        assert spare is not None and spare["spec"]["containers"][0]["image"].endswith(f":{OLD}")
+        assert not [w for w in api.writes if STATE.encode() in w[2]], "gpusweep wrote the operator's state label"
+        for log in logs.values():
+            after = helpers.wait_steps(log, len(helpers.steps(log)) + 3)
+            assert after == list(range(1, len(after) + 1)), "the counter restarted, skipped or repeated a step"
+
+
 def test_pods_without_a_gpu_request_that_the_agent_finds_holding_a_gpu_are_moved_or_stopped_by_the_policy(
         tmp_path: Path) -> None:
     """Issue 19, item 6: neither pod asks for nvidia.com/gpu, so the scheduler never reports them; each

@@ -20,7 +20,7 @@ from tests.helpers import wait_for
 from tests.kube.apiserver import KubeApiServer
 from tests.kube.gpu_operator import GpuOperator
 from tests.kube.kubelet import Kubelet
-from tests.kube.objects import cluster_policy, gpu_node, gpu_pod, nvidia_driver, pdb
+from tests.kube.objects import cluster_policy, gpu_like_pods, gpu_node, gpu_pod, nvidia_driver, pdb
 
 OP = "gs-7-11-drain"
 
@@ -86,15 +86,18 @@ def test_it_lists_gpu_pods_but_never_daemonset_static_or_cpu_pods(kube: KubeApiS
         gpu_pod("kube-system", "static-n1", "n1", 1, annotations={"kubernetes.io/config.mirror": "abc"}),
         gpu_pod("ml", "db-0", "n1", 1, annotations={"gpusweep.io/checkpoint": "criu"},
                 owner={"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s1"}),
+        gpu_pod("ml", "train-0", "n1", 1, annotations={"gpusweep.io/checkpoint": "criu"},
+                owner={"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train", "uid": "p1"}),
         gpu_pod("ml", "elsewhere", "n2", 1),
     ]
     found = {w.id: w for w in executor(kube).list_workloads(ref("n1"))}
-    assert sorted(found) == ["ml/db-0", "ml/trainer"]
+    assert sorted(found) == ["ml/db-0", "ml/train-0", "ml/trainer"]
     assert (found["ml/trainer"].gpus, found["ml/trainer"].checkpoint_engine) == (2, "criu")
-    # A StatefulSet pod is never copied: its controller restarts it, so it is not checkpointed.
-    assert found["ml/db-0"].checkpoint_engine == "none"
-    with pytest.raises(PermanentExecutorError, match="StatefulSet"):
-        executor(kube).checkpoint(ref("n1"), "ml/db-0", "criu", "gs-7-11-ck-db")
+    # A StatefulSet's pod is checkpointed (its controller starts it again, where the checkpoint is restored);
+    # a PyTorchJob's is never copied, so it is not checkpointed.
+    assert found["ml/db-0"].checkpoint_engine == "criu" and found["ml/train-0"].checkpoint_engine == "none"
+    with pytest.raises(PermanentExecutorError, match="never copied: it belongs to a PyTorchJob"):
+        executor(kube).checkpoint(ref("n1"), "ml/train-0", "criu", "gs-7-11-ck-train")
 
 
 def test_a_disruption_budget_holds_the_checkpoint_until_its_deadline_and_nothing_is_taken(
@@ -171,10 +174,63 @@ def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_resto
     assert len([p for p in kube.objects("pods", "ml")]) == 1
 
 
-def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer) -> None:
+def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(kube: KubeApiServer,
+                                                                             tmp_path: Path) -> None:
+    """The replacement is made and pinned first, but its containers start only once the original is gone and
+    the volume can attach to the target (the kubelet stand-in holds it in ContainerCreating meanwhile)."""
+    Kubelet(kube, "n1", tmp_path / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    kube.put("persistentvolumeclaims", {"metadata": {"namespace": "ml", "name": "cache"}, "spec": {
+        "accessModes": ["ReadWriteOnce"]}})
+    pod = gpu_pod("ml", "server", "n1", 1, annotations={"gpusweep.io/checkpoint-via": "kubelet"})
+    pod["spec"]["volumes"] = [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache"}}]
+    kube.put("pods", pod)
+    wait_for(lambda: kube.get("pods", "server", "ml")["status"].get("phase") == "Running", 10, 0.05)
+    ex = executor(kube, checkpoint_image_repository="registry.example/checkpoints")
+    taken = ex.checkpoint(ref("n1"), "ml/server", "criu", "gs-7-11-ck")
+    moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
+    name = moved.workload_id.split("/")[1]
+    assert kube.get("pods", "server", "ml") is None and kube.get("pods", name, "ml")["spec"]["nodeName"] == "n3"
+    # Made (and pinned) first, its containers started only once the original was gone (on the old code the
+    # replacement waited for the volume the original held, and the restore never ended).
+    created, evicted = kube.happened("created", f"ml/{name}")[0][0], kube.happened("evicted", "ml/server")[0][0]
+    gone = kube.happened("deleted", "ml/server")[0][0]
+    assert created < evicted < gone < kube.happened("container-started", f"ml/{name} n3 0")[0][0]
+
+
+def test_gpus_in_mig_slices_init_containers_and_resource_claims_are_found_and_moved(kube: KubeApiServer,
+                                                                                   tmp_path: Path) -> None:
+    """Done-when 4 of issue 27: neither pod asks for nvidia.com/gpu, yet each is listed with its GPUs and moved;
+    a pod with an NVIDIA resource claim is listed with the claim's devices."""
+    pods, claims = gpu_like_pods()
+    kube.pods = pods
+    for claim in claims:
+        kube.put("resourceclaims", claim)
+    ex = executor(kube, checkpoint_via="kubelet", checkpoint_image_repository="registry.example/checkpoints",
+                  gpu_resources=["example.com/shared-gpu"])
+    found = {w.id: w.gpus for w in ex.list_workloads(ref("n1"))}
+    assert found == {"ml/mig-only": 1, "ml/warmup": 2, "ml/with-sidecar": 2, "ml/shared": 1, "ml/dra": 2,
+                     "ml/dra-templated": 1}
+    Kubelet(kube, "n1", tmp_path / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    for name in ("mig-only", "warmup"):
+        kube.put("pods", {**kube.get("pods", name, "ml"), "status": {}})  # now run by the kubelet
+    assert wait_for(lambda: all(kube.get("pods", n, "ml")["status"].get("phase") == "Running"
+                                for n in ("mig-only", "warmup")), 10, 0.05)
+    for name in ("mig-only", "warmup"):
+        taken = ex.checkpoint(ref("n1"), f"ml/{name}", "criu", f"gs-7-11-ck-{name}")
+        moved = ex.restore(ref("n3"), taken.checkpoint_id, f"gs-7-11-restore-{name}")
+        assert kube.get("pods", moved.workload_id.split("/")[1], "ml")["spec"]["nodeName"] == "n3"
+        assert wait_for(lambda n=name: kube.get("pods", n, "ml") is None, 10, 0.1)
+
+
+def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube: KubeApiServer,
+                                                                             tmp_path: Path) -> None:
     kube.nodes = [gpu_node("a1", pool="a", labels={"pool": "a"}), gpu_node("b1", pool="b", labels={"pool": "b"}),
                   gpu_node("a2", pool="a", labels={"pool": "a"})]
-    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    for name in ("a1", "b1", "a2"):  # the operator's driver pods run there
+        Kubelet(kube, name, tmp_path / name)
+    kube.put("clusterpolicies", cluster_policy("570.86.15", nvidia_driver_crd=True))
     kube.put("nvidiadrivers", nvidia_driver("pool-a", "570.86.15", {"pool": "a"}))
     kube.put("nvidiadrivers", nvidia_driver("pool-b", "570.86.15", {"pool": "b"}))
     operator = GpuOperator(kube)
@@ -190,12 +246,17 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
     # Pool b's driver does not change: its nodes are not held.
     assert "nvidia.com/gpu-driver-upgrade.skip" not in kube.get("nodes", "b1")["metadata"]["labels"]
     assert operator.started("") == ["a1"]
+    # The operator deleted a1's driver pod, and its DaemonSet brought it back at the new version.
+    assert operator.driver_restarts == ["a1"]
+    driver = operator.operand_pod("a1", "nvidia-gpu-driver-pool-a")
+    assert driver is not None and driver["spec"]["containers"][0]["image"].endswith(":570.195.03")
     # A retry of the same operation reads what the first did and waits for nothing more.
     assert ex.patch(ref("a1"), "driver", "570.195.03", "gs-7-11-patch-driver") == done
     assert ex.verify(ref("a1")).versions["driver"] == "570.195.03"
-    # Reverted (its health gate failed): the node keeps gpusweep's skip label, the pool's version stays.
+    # Reverted (its health gate failed): nothing reinstalled, the node keeps gpusweep's skip label and the new driver.
     reverted = ex.rollback(ref("a1"), "gs-7-11-revert")
     assert reverted.components == {} and not reverted.reboot_required
+    assert "the operator never downgrades a node" in reverted.output
     a1 = kube.get("nodes", "a1")["metadata"]
     assert a1["labels"]["nvidia.com/gpu-driver-upgrade.skip"] == "true"
     assert a1["annotations"]["gpusweep.io/upgrade-skip-set-by"] == "gs-7-11-revert"
@@ -208,11 +269,34 @@ def test_a_node_pools_nvidiadriver_gets_the_version_and_the_others_are_held(kube
         ex.patch(ref("b1"), "driver", "570.195.03", "gs-7-12-patch-driver")
 
 
+def test_the_operator_is_driven_through_the_resource_it_reads_and_never_when_its_upgrades_are_off(
+        kube: KubeApiServer) -> None:
+    """Without useNvidiaDriverCRD the operator ignores NVIDIADrivers: the ClusterPolicy gets the version. With
+    autoUpgrade off nothing would upgrade the node: refused before anything changes, not waited out."""
+    kube.put("clusterpolicies", cluster_policy("570.86.15"))
+    kube.put("nvidiadrivers", nvidia_driver("all", "570.86.15", {}))
+    ex = executor(kube, driver_management="gpu-operator", executor_options={"upgrade_wait_s": 0.2})
+    with pytest.raises(TemporaryExecutorError, match="is upgrading n1"):
+        ex.patch(ref("n1"), "driver", "570.195.03", "gs-7-11-patch-driver")
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.195.03"
+    assert kube.get("nvidiadrivers", "all")["spec"]["version"] == "570.86.15"
+
+    kube.put("clusterpolicies", cluster_policy("570.86.15", auto_upgrade=False))
+    before = {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in kube.nodes}
+    with pytest.raises(PermanentExecutorError, match=r"upgrade controller is off.*autoUpgrade: false"):
+        ex.patch(ref("n2"), "driver", "570.195.03", "gs-7-12-patch-driver")
+    assert kube.get("clusterpolicies", "cluster-policy")["spec"]["driver"]["version"] == "570.86.15"
+    assert {n["metadata"]["name"]: n["metadata"]["resourceVersion"] for n in kube.nodes} == before
+
+
 def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: KubeApiServer, tmp_path: Path) -> None:
     for name in ("n1", "n2"):
         Kubelet(kube, name, tmp_path / name)
     kube.mutate("nodes", "n1", "", lambda n: n["spec"].update(unschedulable=True))
-    kube.put("pods", gpu_pod("ml", "bare", "n1", 1))
+    bare = gpu_pod("ml", "bare", "n1", 1)
+    # A debugging container added since (kubectl debug): the API refuses it on create, so the copy drops it.
+    bare["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox", "targetContainerName": "main"}]
+    kube.put("pods", bare)
     kube.put("pods", gpu_pod("ml", "web-7c9d-x", "n1", 1, owner={
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7c9d", "uid": "rs"}))
     ex = executor(kube)
@@ -223,6 +307,7 @@ def test_a_cold_restart_evicts_a_controlled_pod_and_copies_a_bare_one(kube: Kube
     fresh = kube.objects("pods", "ml")[0]
     assert fresh["spec"]["nodeName"] == "n2" and fresh["metadata"]["annotations"]["gpusweep.io/replaces"] == "ml/bare"
     assert "affinity" not in fresh["spec"], "a cold start goes wherever the scheduler puts it"
+    assert "ephemeralContainers" not in fresh["spec"]
     assert kube.happened("evicted", "ml/web-7c9d-x") and kube.happened("evicted", "ml/bare")
     ex.stop(ref("n1"), "ml/bare", "gs-7-11-stop-ml_bare")  # already done: nothing more
     assert len(kube.objects("pods", "ml")) == 1

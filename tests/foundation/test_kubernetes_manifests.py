@@ -52,7 +52,9 @@ def test_rbac_is_the_least_the_executor_needs_and_the_agent_gets_none() -> None:
     assert rules == {
         ("", "nodes"): {"get", "list", "watch", "patch"}, ("", "nodes/proxy"): {"create"},
         ("", "pods"): {"get", "list", "create", "patch"}, ("", "pods/eviction"): {"create"},
-        ("apps", "replicasets"): {"get"}, ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "list", "patch"}, ("apps", "replicasets"): {"get"},
+        ("resource.k8s.io", "resourceclaims"): {"list"},
+        ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},
         ("nvidia.com", "nvidiadrivers"): {"get", "list", "patch"},
     }
     subjects = [s for b in by_kind("ClusterRoleBinding").values() for s in b["subjects"]]

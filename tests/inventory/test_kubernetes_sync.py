@@ -17,7 +17,7 @@ from inventory.models import Cluster, Node, Workload
 from inventory.sources.kubernetes import PAGE, client_for, snapshot_from_kubernetes
 from inventory.sync import sync_cluster
 from tests.kube.apiserver import KubeApiServer
-from tests.kube.objects import gpu_node, gpu_pod
+from tests.kube.objects import gpu_like_pods, gpu_node, gpu_pod
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,3 +118,17 @@ if os.environ.get("KUBECONFIG"):
         first = sync_cluster(cluster)
         assert first.added == Node.objects.filter(cluster=cluster).count() > 0
         assert sync_cluster(cluster).added == 0
+
+
+def test_it_finds_gpus_in_init_containers_mig_slices_site_resources_and_nvidia_resource_claims(kube):
+    pods, claims = gpu_like_pods()
+    kube.pods = pods
+    for claim in claims:
+        kube.put("resourceclaims", claim)
+    cluster = k8s_cluster(kube)
+    cluster.connection = {**cluster.connection, "gpu_resources": ["example.com/shared-gpu"]}
+    cluster.save()
+    sync_cluster(cluster)
+    found = dict(Workload.objects.filter(cluster=cluster).values_list("name", "gpus"))
+    # Init containers: the largest plain one (2), native sidecars add to the containers (1 + 1).
+    assert found == {"mig-only": 1, "warmup": 2, "with-sidecar": 2, "shared": 1, "dra": 2, "dra-templated": 1}

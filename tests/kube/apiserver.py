@@ -19,6 +19,7 @@ Everything that happened is in ``history`` (time, what, detail) so a test can ch
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import ssl
@@ -79,12 +80,14 @@ KINDS = [
     Kind("", "v1", "namespaces", "Namespace", False, ("ns",)),
     Kind("", "v1", "nodes", "Node", False, ("no",)),
     Kind("", "v1", "pods", "Pod", True, ("po",), ("all",)),
+    Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",)),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",)),
     Kind("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("all",)),
     Kind("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",)),
     Kind("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("all",)),
     Kind("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), ("all",)),
     Kind("batch", "v1", "jobs", "Job", True, (), ("all",)),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True),
     Kind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", False),
     Kind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver", False, ("nvd",)),
 ]
@@ -123,11 +126,13 @@ class KubeApiServer:
         self.rv = 1000
         self.events: list[tuple[int, str, Kind, dict[str, Any], dict[str, Any] | None]] = []
         self.requests: list[str] = []
+        # Every write's method, path and body, so a test can say what a client never wrote.
+        self.writes: list[tuple[str, str, bytes]] = []
         self.history: list[tuple[float, str, str]] = []
         self.fail_status: int | None = None
         self.node_proxies: dict[str, NodeProxy] = {}
         self.managed_nodes: set[str] = set()  # nodes whose kubelet finalizes pod deletions
-        self.controllers: list[Controller] = [Scheduler(self)]
+        self.controllers: list[Controller] = [DaemonSets(self), Scheduler(self)]
         self._stop = threading.Event()
         for name in ("default", "kube-system"):
             self.put("namespaces", {"metadata": {"name": name}})
@@ -357,6 +362,15 @@ class KubeApiServer:
         return self.remove("pods", name, namespace)
 
 
+def single_node_claims(api: KubeApiServer, pod: dict[str, Any]) -> list[str]:
+    """The pod's claims whose volume attaches to one node at a time (ReadWriteOnce, ReadWriteOncePod)."""
+    namespace = pod["metadata"].get("namespace", "default")
+    names = [v["persistentVolumeClaim"]["claimName"] for v in (pod.get("spec") or {}).get("volumes") or []
+             if v.get("persistentVolumeClaim")]
+    return [n for n in names if {"ReadWriteOnce", "ReadWriteOncePod"} & set(
+        ((api.get("persistentvolumeclaims", n, namespace) or {}).get("spec") or {}).get("accessModes") or [])]
+
+
 def is_healthy(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
@@ -373,6 +387,17 @@ def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool
         if tol.get("key") == taint.get("key") and tol.get("value", "") == taint.get("value", ""):
             return True
     return False
+
+
+UNSCHEDULABLE = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+
+
+def taints_tolerated(node: dict[str, Any], tolerations: list[dict[str, Any]], effects: tuple[str, ...]) -> str:
+    """"" when every taint of `node` with one of `effects` is tolerated, else the first that is not."""
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in effects and not _tolerated(taint, tolerations):
+            return f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+    return ""
 
 
 def _term_matches(term: dict[str, Any], node: dict[str, Any]) -> bool:
@@ -396,6 +421,102 @@ def gpu_request(pod: dict[str, Any]) -> int:
     return total
 
 
+# -- the DaemonSet controller ---------------------------------------------------------------
+# What the DaemonSet controller adds to every daemon pod (pkg/controller/daemon/util
+# AddOrUpdateDaemonPodTolerations): it keeps running through node trouble and a cordon.
+DAEMON_TOLERATIONS = [
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/disk-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/pid-pressure", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+]
+
+
+def controller_uid(obj: dict[str, Any]) -> str:
+    owner = next((o for o in obj["metadata"].get("ownerReferences") or [] if o.get("controller")), {})
+    return str(owner.get("uid", ""))
+
+
+class DaemonSets:
+    """One pod per eligible node for each DaemonSet, as the DaemonSet controller runs them: a node is
+    eligible when the template's nodeSelector and required node affinity match it and every NoSchedule
+    or NoExecute taint on it is tolerated (the template's tolerations plus ``DAEMON_TOLERATIONS``). A
+    pod already on a node whose new taint is only NoSchedule keeps running; a deleted one comes back only
+    where the node is still eligible (the driver pod the GPU Operator deletes at pod-restart-required).
+    Each pod is pinned to its node by a required ``metadata.name`` affinity and bound by the scheduler."""
+
+    def __init__(self, api: KubeApiServer) -> None:
+        self.api = api
+
+    def tick(self) -> None:
+        with self.api.lock:
+            sets = self.api.objects("daemonsets")
+            if not sets:
+                return
+            nodes, pods = self.api.objects("nodes"), self.api.objects("pods")
+            for ds in sets:
+                self._sync(ds, nodes, [p for p in pods if controller_uid(p) == ds["metadata"]["uid"]])
+
+    def _sync(self, ds: dict[str, Any], nodes: list[dict[str, Any]], owned: list[dict[str, Any]]) -> None:
+        template = copy.deepcopy((ds.get("spec") or {}).get("template") or {})
+        spec = template.setdefault("spec", {})
+        spec["tolerations"] = [*(spec.get("tolerations") or []),
+                               *(t for t in DAEMON_TOLERATIONS if t not in (spec.get("tolerations") or []))]
+        for node in nodes:
+            name = node["metadata"]["name"]
+            here = [p for p in owned if _pinned_to(p) == name]
+            runs = self.eligible(spec, node, ("NoSchedule", "NoExecute"))
+            if not runs and here and not self.eligible(spec, node, ("NoExecute",)):
+                for pod in here:  # an untolerated NoExecute taint or a selector that no longer matches
+                    self.api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+            if runs and not here:
+                self._create(ds, template, name)
+
+    @staticmethod
+    def eligible(spec: dict[str, Any], node: dict[str, Any], effects: tuple[str, ...]) -> bool:
+        labels = node["metadata"].get("labels") or {}
+        if any(labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+            return False
+        terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+        if terms and not any(_term_matches(t, node) for t in terms):
+            return False
+        return not taints_tolerated(node, spec.get("tolerations") or [], effects)
+
+    def _create(self, ds: dict[str, Any], template: dict[str, Any], node: str) -> None:
+        meta = ds["metadata"]
+        pod = copy.deepcopy(template)
+        pod_meta = pod.setdefault("metadata", {})
+        pod_meta.update(name=f"{meta['name']}-{uuid.uuid4().hex[:5]}", namespace=meta.get("namespace", "default"),
+                        ownerReferences=[{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": meta["name"],
+                                          "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}])
+        pod_meta.setdefault("labels", {})["controller-revision-hash"] = template_hash(template)
+        pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+        pod["status"] = {"phase": "Pending"}
+        self.api.put("pods", pod)
+        self.api.record("daemon-pod-created", f"{pod_meta['namespace']}/{meta['name']} {node}")
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """The label a daemon pod carries of the template it was made from (its ControllerRevision)."""
+    spec = {k: v for k, v in (template.get("spec") or {}).items() if k not in ("tolerations", "affinity")}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _pinned_to(pod: dict[str, Any]) -> str:
+    """The node a daemon pod is bound or pinned to."""
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        return str(spec["nodeName"])
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    return next((str(e["values"][0]) for t in terms for e in t.get("matchFields") or []
+                 if e.get("key") == "metadata.name" and e.get("values")), "")
+
+
 class Scheduler:
     """Binds pending pods to a node that admits them: schedulable, taints tolerated, nodeSelector and
     required node affinity met, and enough free ``nvidia.com/gpu``."""
@@ -405,7 +526,10 @@ class Scheduler:
 
     def fits(self, pod: dict[str, Any], node: dict[str, Any], pods: list[dict[str, Any]]) -> str:
         spec = pod.get("spec") or {}
-        if (node.get("spec") or {}).get("unschedulable"):
+        # The NodeUnschedulable plugin: a cordon keeps out every pod but those tolerating its taint
+        # (a DaemonSet's pods get that toleration from their controller).
+        if (node.get("spec") or {}).get("unschedulable") and not _tolerated(UNSCHEDULABLE, spec.get("tolerations")
+                                                                             or []):
             return "node(s) were unschedulable"
         for taint in (node.get("spec") or {}).get("taints") or []:
             if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
@@ -498,6 +622,8 @@ def _validate(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> No
         containers = (obj.get("spec") or {}).get("containers") or []
         if not containers:
             problems.append("spec.containers: Required value")
+        if old is None and (obj.get("spec") or {}).get("ephemeralContainers"):
+            problems.append("spec.ephemeralContainers: Forbidden: cannot be set on create")
         if old is not None:
             def fixed(spec: dict[str, Any]) -> dict[str, Any]:
                 out = {k: v for k, v in spec.items() if k not in POD_MUTABLE_SPEC}
@@ -539,6 +665,8 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             api.requests.append(self.path if method == "GET" else f"{method} {self.path}")
+            if method != "GET":
+                api.writes.append((method, self.path, body))
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             path = unquote(url.path).rstrip("/") or "/"
@@ -549,7 +677,10 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                     return self._raw(200, b"ok", "text/plain")
                 if path == "/version":
                     return self._send(200, VERSION)
-                if self.headers.get("Authorization") != f"Bearer {api.token}":
+                # The scheme is case-insensitive, as the API server's bearer authenticator reads it (the
+                # official client's in-cluster configuration sends "bearer").
+                scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+                if scheme.lower() != "bearer" or token != api.token:
                     raise ApiError(401, "Unauthorized", "Unauthorized")
                 self._route(method, path, query, body)
             except ApiError as exc:

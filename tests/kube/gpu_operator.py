@@ -3,8 +3,10 @@ state machine), so the gpu-operator driver management can be tested without a GP
 
 What it keeps from the real controller (NVIDIA's "GPU Driver Upgrades" page and
 NVIDIA/k8s-operator-libs ``pkg/upgrade``): the wanted version is ``spec.version`` of the
-``NVIDIADriver`` whose ``nodeSelector`` matches the node, else ``spec.driver.version`` of the
-``ClusterPolicy``; each GPU node (``nvidia.com/gpu.present=true``) carries its state in the label
+``NVIDIADriver`` whose ``nodeSelector`` matches the node when the ClusterPolicy sets
+``spec.driver.useNvidiaDriverCRD`` (or there is none), else ``spec.driver.version`` of the
+``ClusterPolicy``; with ``upgradePolicy.autoUpgrade: false`` no node's state moves;
+each GPU node (``nvidia.com/gpu.present=true``) carries its state in the label
 ``nvidia.com/gpu-driver-upgrade-state``: upgrade-required, cordon-required,
 wait-for-jobs-required, pod-deletion-required, (drain-required when drain is enabled),
 pod-restart-required, validation-required, uncordon-required, upgrade-done, or upgrade-failed. A
@@ -12,20 +14,36 @@ node labelled ``nvidia.com/gpu-driver-upgrade.skip=true`` parks in upgrade-requi
 is lifted. At most ``spec.driver.upgradePolicy.maxParallelUpgrades`` nodes are between cordon and
 uncordon at once. A node already unschedulable when its upgrade starts gets the annotation
 ``nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable`` and is left cordoned at the end.
-Pod deletion deletes the node's GPU pods; the driver pod restart sets the node's driver labels (as
-GPU feature discovery would) to the new version. A node in ``fail_nodes`` ends upgrade-failed.
+Pod deletion deletes the node's GPU pods. A node in ``fail_nodes`` ends upgrade-failed.
+
+Its operands are DaemonSets in namespace ``gpu-operator``, run by the test API server's DaemonSet
+controller: the driver (``nvidia-driver-daemonset`` from the ClusterPolicy, or one
+``nvidia-gpu-driver-<name>`` per NVIDIADriver with its nodeSelector; update strategy OnDelete, its
+image tagged with the wanted version), the device plugin and the validator, each with the chart's
+default tolerations (``CHART_TOLERATIONS``). At pod-restart-required the controller deletes the
+node's driver pod when it is not of the wanted version and waits for the DaemonSet's new one to be
+Ready there, then sets the node's driver labels (as GPU feature discovery would); at
+validation-required it waits for the node's validator pod to be Ready. A node whose taints the
+operands do not tolerate gets no new driver pod, so its upgrade stays at pod-restart-required.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tests.kube.apiserver import KubeApiServer, gpu_request
+from tests.kube.apiserver import KubeApiServer, controller_uid, gpu_request, is_healthy
 from tests.kube.machinery import matches_label_selector
 
 STATE = "nvidia.com/gpu-driver-upgrade-state"
 SKIP = "nvidia.com/gpu-driver-upgrade.skip"
 INITIAL = "nvidia.com/gpu-driver-upgrade.node-initial-state.unschedulable"
+NAMESPACE = "gpu-operator"
+# The GPU Operator chart's default tolerations for every operand DaemonSet (driver, device plugin,
+# validator, GFD, DCGM exporter ...): `daemonsets.tolerations` in NVIDIA/gpu-operator
+# deployments/gpu-operator/values.yaml (v24.x: one entry, key nvidia.com/gpu, Exists, NoSchedule;
+# the same file notes that the driver DaemonSet always updates OnDelete).
+CHART_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+DRIVER_IMAGE = "nvcr.io/nvidia/driver"
 IN_PROGRESS = ("cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required",
                "pod-restart-required", "validation-required", "uncordon-required")
 
@@ -54,14 +72,23 @@ class GpuOperator:
         self.transitions: list[tuple[str, str]] = []
         self.max_in_progress = 0
         self.deleted_pods: list[str] = []
+        # The nodes whose driver pod the controller deleted for the new version, in order.
+        self.driver_restarts: list[str] = []
         api.controllers.append(self)
 
     def policy(self) -> dict[str, Any]:
         policies = self.api.objects("clusterpolicies")
         return (policies[0].get("spec") or {}) if policies else {}
 
+    def uses_nvidia_drivers(self) -> bool:
+        """Whether NVIDIADrivers set the version (the ClusterPolicy's useNvidiaDriverCRD, or no ClusterPolicy)."""
+        return not self.api.objects("clusterpolicies") or bool(
+            (self.policy().get("driver") or {}).get("useNvidiaDriverCRD"))
+
     def wanted(self, node: dict[str, Any]) -> str:
         labels = node["metadata"].get("labels") or {}
+        if not self.uses_nvidia_drivers():
+            return str((self.policy().get("driver") or {}).get("version") or "")
         for driver in self.api.objects("nvidiadrivers"):
             spec = driver.get("spec") or {}
             if matches_label_selector({"matchLabels": spec.get("nodeSelector") or {}}, labels):
@@ -72,9 +99,47 @@ class GpuOperator:
         """The nodes in the order their upgrade began (they left upgrade-required)."""
         return [n for n, s in self.transitions if s == "cordon-required" and (not node or n == node)]
 
+    def _operands(self) -> dict[str, str]:
+        """The operand DaemonSets as the operator renders them from its resources: name -> driver version
+        ("" for the device plugin and the validator)."""
+        drivers = self.api.objects("nvidiadrivers") if self.uses_nvidia_drivers() else []
+        wanted = {f"nvidia-gpu-driver-{d['metadata']['name']}": (str((d.get("spec") or {}).get("version") or ""),
+                                                                  (d.get("spec") or {}).get("nodeSelector") or {})
+                  for d in drivers}
+        if not drivers and self.api.objects("clusterpolicies"):
+            wanted["nvidia-driver-daemonset"] = (str((self.policy().get("driver") or {}).get("version") or ""), {})
+        wanted["nvidia-device-plugin-daemonset"] = ("", {})
+        wanted["nvidia-operator-validator"] = ("", {})
+        for name, (version, selector) in wanted.items():
+            image = f"{DRIVER_IMAGE}:{version}" if version else f"nvcr.io/nvidia/{name}:v24.9.0"
+            spec = {"selector": {"matchLabels": {"app": name}},
+                    "updateStrategy": {"type": "OnDelete" if version else "RollingUpdate"},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                        "nodeSelector": {"nvidia.com/gpu.present": "true", **selector},
+                        "tolerations": CHART_TOLERATIONS, "priorityClassName": "system-node-critical",
+                        # Images are not run here: a container that sleeps stands in for each.
+                        "containers": [{"name": "main", "image": image, "command": ["sleep", "86400"]}]}}}
+            current = self.api.get("daemonsets", name, NAMESPACE)
+            if current is None or current.get("spec") != spec:
+                self.api.put("daemonsets", {"metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec})
+        return {name: version for name, (version, _) in wanted.items()}
+
+    def operand_pod(self, node: str, prefix: str) -> dict[str, Any] | None:
+        """The live pod on `node` of the operand DaemonSet whose name starts with `prefix`."""
+        sets = {d["metadata"]["uid"] for d in self.api.objects("daemonsets", NAMESPACE)
+                if d["metadata"]["name"].startswith(prefix)}
+        return next((p for p in self.api.objects("pods", NAMESPACE)
+                     if controller_uid(p) in sets and (p.get("spec") or {}).get("nodeName") == node
+                     and not p["metadata"].get("deletionTimestamp")), None)
+
     def tick(self) -> None:
         with self.api.lock:
+            if not (self.api.objects("clusterpolicies") or self.api.objects("nvidiadrivers")):
+                return
+            self._operands()
             upgrade = self.policy().get("driver", {}).get("upgradePolicy") or {}
+            if upgrade.get("autoUpgrade") is False:
+                return  # the upgrade controller is off: no node's state moves
             limit = int(upgrade.get("maxParallelUpgrades", 1) or 0)
             nodes = [n for n in self.api.objects("nodes")
                      if (n["metadata"].get("labels") or {}).get("nvidia.com/gpu.present") == "true"]
@@ -134,9 +199,18 @@ class GpuOperator:
             if name in self.fail_nodes:
                 self._move(name, "upgrade-failed")
                 return -1
-            self._move(name, "validation-required", lambda o: set_driver(o["metadata"]["labels"], wanted))
+            driver = self.operand_pod(name, "nvidia-driver-daemonset") or self.operand_pod(name, "nvidia-gpu-driver-")
+            if driver is not None and not driver["spec"]["containers"][0]["image"].endswith(f":{wanted}"):
+                self.driver_restarts.append(name)
+                self.api.record("driver-pod-deleted", f"{name} {driver['metadata']['name']}")
+                self.api.delete_pod(NAMESPACE, driver["metadata"]["name"])
+            elif driver is not None and is_healthy(driver):
+                self._move(name, "validation-required", lambda o: set_driver(o["metadata"]["labels"], wanted))
+            # Otherwise the DaemonSet has not brought the new driver pod back yet (or cannot: a taint).
         elif state == "validation-required":
-            self._move(name, "uncordon-required")
+            validator = self.operand_pod(name, "nvidia-operator-validator")
+            if validator is not None and is_healthy(validator):
+                self._move(name, "uncordon-required")
         elif state == "uncordon-required":
             def uncordon(obj: dict[str, Any]) -> None:
                 if (obj["metadata"].get("annotations") or {}).pop(INITIAL, None) is None:

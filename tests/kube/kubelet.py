@@ -7,7 +7,9 @@ container without a command, whose image would run here, is a process that sleep
 plus the node agent's settings (``agent_env``: in a cluster the agent DaemonSet hands them to pods
 through its hostPath). Each start writes its own log file (like ``/var/log/pods/.../<n>.log``), a
 container that exits is restarted after a back-off under ``restartPolicy`` Always/OnFailure, a
-pod being deleted has its processes stopped and is then removed. Status (phase, conditions,
+pod being deleted has its processes stopped and is then removed. A pod whose ReadWriteOnce claim is
+still used by a pod on another node waits in ContainerCreating (the Multi-Attach error) until that pod
+is gone. Status (phase, conditions,
 containerStatuses with restart counts) is written as the kubelet reports it.
 
 The node proxy answers the ContainerCheckpoint call (``POST /checkpoint/{ns}/{pod}/{container}``)
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.kube.apiserver import KubeApiServer, set_condition
+from tests.kube.apiserver import KubeApiServer, set_condition, single_node_claims
 from tests.kube.machinery import now
 
 
@@ -86,6 +88,17 @@ class Kubelet:
         phase = (pod.get("status") or {}).get("phase")
         if phase in ("Succeeded", "Failed"):
             return
+        blocked = self._attached_elsewhere(pod)
+        if blocked and not any(k[0] == uid for k in self.containers):
+            def waiting(obj: dict[str, Any]) -> None:
+                obj.setdefault("status", {}).update(phase="Pending", containerStatuses=[{
+                    "name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
+                    "state": {"waiting": {"reason": "ContainerCreating", "message": blocked}}}
+                    for c in spec.get("containers") or []])
+            if not self.api.happened("multi-attach", f"{meta['namespace']}/{meta['name']} {uid}"):
+                self.api.record("multi-attach", f"{meta['namespace']}/{meta['name']} {uid}")
+            self.api.mutate("pods", meta["name"], meta["namespace"], waiting)
+            return
         policy = spec.get("restartPolicy", "Always")
         statuses = []
         for index, cspec in enumerate(spec.get("containers") or []):
@@ -120,6 +133,24 @@ class Kubelet:
             set_condition(obj, "ContainersReady", "True" if running else "False")
             set_condition(obj, "Ready", "True" if running else "False")
         self.api.mutate("pods", meta["name"], meta["namespace"], write)
+
+    def _attached_elsewhere(self, pod: dict[str, Any]) -> str:
+        """Why the pod's volumes cannot attach here yet ("" when they can): a ReadWriteOnce claim still used by
+        a pod on another node stays attached there until that pod is gone (the attach/detach controller's
+        Multi-Attach error)."""
+        claims = single_node_claims(self.api, pod)
+        if not claims:
+            return ""
+        for other in self.api.objects("pods", pod["metadata"]["namespace"]):
+            node = (other.get("spec") or {}).get("nodeName")
+            if other["metadata"]["uid"] == pod["metadata"]["uid"] or node in (None, self.node) or (
+                    other.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            shared = set(claims) & set(single_node_claims(self.api, other))
+            if shared:
+                return (f"Multi-Attach error for volume of claim {sorted(shared)[0]}: the volume is already used by "
+                        f"pod {other['metadata']['name']} on {node}")
+        return ""
 
     def _container_status(self, cspec: dict[str, Any], container: Container, index: int,
                           policy: str) -> dict[str, Any]:

@@ -72,11 +72,13 @@ def gpu_pod(namespace: str, name: str, node: str | None, gpus: int, *, phase: st
     return pod
 
 
-def cluster_policy(version: str, max_parallel: int = 1) -> dict[str, Any]:
+def cluster_policy(version: str, max_parallel: int = 1, *, nvidia_driver_crd: bool = False,
+                   auto_upgrade: bool = True) -> dict[str, Any]:
     return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
             "spec": {"driver": {"enabled": True, "version": version, "repository": "nvcr.io/nvidia",
-                                "image": "driver", "upgradePolicy": {
-                                    "autoUpgrade": True, "maxParallelUpgrades": max_parallel, "maxUnavailable": "25%",
+                                "image": "driver", "useNvidiaDriverCRD": nvidia_driver_crd, "upgradePolicy": {
+                                    "autoUpgrade": auto_upgrade, "maxParallelUpgrades": max_parallel,
+                                    "maxUnavailable": "25%",
                                     "waitForCompletion": {"timeoutSeconds": 0},
                                     "podDeletion": {"force": False, "timeoutSeconds": 300},
                                     "drain": {"enable": False, "force": False, "timeoutSeconds": 300}}}}}
@@ -97,3 +99,34 @@ def pdb(namespace: str, name: str, match: dict[str, str], *, min_available: int 
         spec["maxUnavailable"] = max_unavailable
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"namespace": namespace, "name": name}, "spec": spec}
+
+
+def gpu_like_pods() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pods holding GPUs in every form the scheduler knows, and the resource claims two of them use."""
+    mig = gpu_pod("ml", "mig-only", "n1", 0)
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    init = gpu_pod("ml", "warmup", "n1", 0)
+    init["spec"]["initContainers"] = [{"name": "load", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+    sidecar = gpu_pod("ml", "with-sidecar", "n1", 1)
+    sidecar["spec"]["initContainers"] = [{"name": "proxy", "image": "x", "restartPolicy": "Always",
+                                          "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    shared = gpu_pod("ml", "shared", "n1", 0)
+    shared["spec"]["containers"][0]["resources"] = {"limits": {"example.com/shared-gpu": "1"}}
+    dra = gpu_pod("ml", "dra", "n1", 0)
+    dra["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "two-gpus"}]
+    templated = gpu_pod("ml", "dra-templated", "n1", 0)
+    templated["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    templated["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "dra-templated-gpu-x7"}]
+    fpga = gpu_pod("ml", "fpga", "n1", 0)
+    fpga["spec"]["resourceClaims"] = [{"name": "fpga", "resourceClaimName": "an-fpga"}]
+    claims = [
+        {"metadata": {"namespace": "ml", "name": "two-gpus"}, "spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}},
+         "status": {"allocation": {"devices": {"results": [
+             {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": f"gpu-{i}"} for i in (0, 1)]}}}},
+        {"metadata": {"namespace": "ml", "name": "dra-templated-gpu-x7"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}}},
+        {"metadata": {"namespace": "ml", "name": "an-fpga"}, "spec": {"devices": {"requests": [
+            {"name": "fpga", "exactly": {"deviceClassName": "fpga.example.com"}}]}}},
+    ]
+    return [mig, init, sidecar, shared, dra, templated, fpga], claims

@@ -31,7 +31,12 @@ def kubectl(tmp_path: Path) -> Iterator[tuple[KubeApiServer, object]]:
                             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-5d8f", "uid": "r"}),
                     gpu_pod("gpu-operator", "dcgm-n1", "n1", 0, owner={"apiVersion": "apps/v1", "kind": "DaemonSet",
                                                                       "name": "dcgm", "uid": "d"})]
-        api.put("daemonsets", {"metadata": {"namespace": "gpu-operator", "name": "dcgm"}, "spec": {}})
+        # Its DaemonSet (the same uid) selects n1 only, so the DaemonSet controller adds no pod.
+        api.put("daemonsets", {"metadata": {"namespace": "gpu-operator", "name": "dcgm", "uid": "d"}, "spec": {
+            "selector": {"matchLabels": {"app": "dcgm"}}, "template": {"metadata": {"labels": {"app": "dcgm"}},
+                                                                     "spec": {"nodeSelector": {
+                                                                         "kubernetes.io/hostname": "n1"},
+                                                                         "containers": [{"name": "main"}]}}}})
         config = api.kubeconfig(tmp_path / "kubeconfig")
         env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "KUBECONFIG": str(config)}
 
