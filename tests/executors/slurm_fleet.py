@@ -197,16 +197,17 @@ class SlurmFleet:
     def counter_job(self, log: Path, node: str, engine: str = "signal", name: str = "counter",
                     interval: float = 0.05, extra: str = "", gpus: int = 1, holds: Path | None = None,
                     prints: bool = False, open_mode: str = "") -> str:
-        """A batch job on `node` asking for `gpus` GPUs whose payload counts steps into `log` under gpusweep-run;
-        with `holds` the counter keeps that stand-in GPU device open (tests/gpu_holder.py); with `prints` the
-        job prints a first line and the counter each step to the job's output file (cluster.output_of)."""
+        """A batch job on `node` ("": wherever Slurm starts it) asking for `gpus` GPUs whose payload counts steps
+        into `log` under gpusweep-run; with `holds` the counter keeps that stand-in GPU device open
+        (tests/gpu_holder.py); with `prints` the job prints a first line and the counter each step to the job's
+        output file (cluster.output_of)."""
         run = Path(sys.executable).parent / "gpusweep-run"
         holder = f"{sys.executable} {HOLDER} {holds} " if holds is not None else ""
         command = (f"GPUSWEEP_AGENT_CONFIG={self.root}/agent-$SLURMD_NODENAME.json exec {run} --engine {engine} "
                    f"{extra} -- {holder}{sys.executable} {agents.COUNTER} {log} 1 {interval}")
         if prints:
             command = f"echo job begins on $SLURMD_NODENAME; COUNTER_STDOUT=1 {command}"
-        return self.cluster.sbatch(command, nodelist=node, gpus=gpus, name=name, open_mode=open_mode)
+        return self.cluster.sbatch(command, nodelist=node or None, gpus=gpus, name=name, open_mode=open_mode)
 
     def reset(self) -> None:
         """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
