@@ -141,22 +141,26 @@ class TestUntypedSite:
         return made
 
     @staticmethod
-    def started(fleet: SlurmFleet, log: Path) -> str:
-        job = fleet.counter_job(log, "gpu01", prints=True)
+    def started(fleet: SlurmFleet, log: Path, engine: str = "signal") -> str:
+        job = fleet.counter_job(log, "gpu01", engine=engine, prints=True)
         assert fleet.cluster.wait_running([job]), fleet.cluster.logs()
         agents.wait_steps(log, 10)
         return job
 
+    @pytest.mark.parametrize("engine", ["signal", "criu"])
     def test_a_moved_job_keeps_every_line_it_printed_although_slurm_truncates_at_the_requeue(
-            self, untyped: SlurmFleet, ex: SlurmExecutor, tmp_path: Path) -> None:
+            self, untyped: SlurmFleet, ex: SlurmExecutor, tmp_path: Path, engine: str) -> None:
         """Issue 26 item 4: the job prints a line, then one per step, to its output file; after the move (images
         fetched by gpu02's agent, GPU model and versions from the agents alone) its output file still holds
-        the first run's lines, then the second's, every step once, and the evidence says gpusweep-run kept it."""
+        the first run's lines, then the second's, every step once, and the evidence says gpusweep-run kept it.
+        The signal engine's payload starts again on the requeued job's descriptors; CRIU's reopens its file."""
+        if engine == "criu":
+            need(agents.criu_usable(), agents.CRIU_HINT)
         log = tmp_path / "counter.log"
-        job = self.started(untyped, log)
+        job = self.started(untyped, log, engine)
         a, b = untyped.ref("gpu01"), untyped.ref("gpu02")
         ex.drain(a, op("out-drain"))
-        taken = ex.checkpoint(a, f"slurm-{job}", "signal", op("out-ck"))
+        taken = ex.checkpoint(a, f"slurm-{job}", engine, op("out-ck"))
         assert taken.manifest["output"] == OUTPUT_MODES["kept"]
         printed = untyped.cluster.output_of(job).read_text().splitlines()
         before = [line for line in printed if line.endswith(" ok")]
