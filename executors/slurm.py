@@ -661,7 +661,7 @@ class SlurmExecutor(Executor):
         gpusweep-run restores the checkpoint where Slurm starts it if it is valid there, else starts it cold.
         The record goes, so no later campaign finds a move it has to wait for."""
         job_id = job_of(workload_id)
-        job = self._job(job_id)
+        job = self._requeued(job_id)
         if job is None:
             return f"job {job_id} is no longer known to Slurm"
         record = read_record(job)
@@ -675,6 +675,19 @@ class SlurmExecutor(Executor):
             self._slurm(f"release job {job_id}", self.slurm.release, job_id)
         return ("released to Slurm: the job starts again where its own constraints allow, from its checkpoint "
                 "where it is valid there, else from its first line")
+
+    def _requeued(self, job_id: str) -> dict[str, Any] | None:
+        """The job once its requeue has landed (a requeue takes a moment: a release before it would be undone
+        by the hold it brings); None when Slurm no longer knows it."""
+        until = time.monotonic() + self.option("restore_wait_s", 60)
+        while True:
+            job = self._job(job_id)
+            if job is None or _job_state(job) not in ("RUNNING", "COMPLETING"):
+                return job
+            if time.monotonic() > until:
+                raise TemporaryExecutorError(f"job {job_id} is still {_job_state(job).lower()}: its requeue has "
+                                             "not landed")
+            time.sleep(self.option("poll_s", 0.5))
 
     def _transfer(self, record: dict[str, Any], target: NodeRef, operation_id: str) -> None:
         """No folder shared by the nodes: the target's agent fetches the images from the source's (a token for

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from gpusweep_agent.workloads import device_holders
 
 from campaigns import engine, policy, queue, services
@@ -29,6 +30,7 @@ from conftest import need
 from executors.base import UNDECLARED, PermanentExecutorError
 from executors.slurm import SlurmExecutor, read_record
 from inventory.sources.slurm import expand_hostlist, parse_key_values
+from metrics.collect import DatabaseCollector
 from tests.campaigns.fleet import FIXED, drive, drive_until_rest, user
 from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
@@ -314,8 +316,16 @@ def test_a_checkpoint_no_node_takes_leaves_its_node_drained_and_the_job_released
     assert end["left"] == "drained" and [w["workload"] for w in end["workloads_released"]] == ["trainer"], end
     info = fleet.node(node)
     assert "DRAIN" in info["state_flags"] and info["reason"].startswith("gpusweep: "), info
+    # What the operator reads: the campaign page names the release; nothing is stranded (no alert).
+    client = Client()
+    client.force_login(done.requested_by)
+    page = client.get(f"/campaigns/{done.pk}/").content.decode()
+    assert "Released to its scheduler" in page and "recover_stranded" not in page
+    gauges = {m.name: m for m in DatabaseCollector().collect()}
+    assert gauges["gpusweep_workloads_stranded"].samples == []
     monkeypatch.undo()
-    assert fleet.cluster.wait_running([job_id]), fleet.job(job_id)
+    assert fleet.cluster.wait_running([job_id]), {k: v for k, v in (fleet.job(job_id) or {}).items() if k in (
+        "job_state", "state_reason", "priority", "required_nodes", "resv_name")}
     job = fleet.job(job_id) or {}
     assert job["batch_host"] != node and read_record(job) == {}, job
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)
