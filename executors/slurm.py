@@ -29,6 +29,17 @@ did and undo removes only gpusweep's own marks:
   ``gpusweep-run`` restores the checkpoint inside the job. The call returns once the job runs on
   the target and the target's agent reports the checkpoint restored there. The job id is kept.
   A restore under another operation id is refused: a checkpoint is restored once.
+- the job's output: Slurm 22.05 truncates a requeued job's output files unless it runs with
+  ``--open-mode=append`` or ``JobFileAppend=1``; its ``gpusweep-run`` then keeps them (a copy taken at
+  the checkpoint, put back in the requeued job) and the checkpoint's manifest says which
+  (``OUTPUT_MODES``, from the mode the wrapper registered and ``scontrol show config``).
+- the node's own unwind: ``undo`` leaves the drain while jobs checkpointed there by the campaign wait to
+  come home; a restore there swaps the drain for a reservation of that node for the job's user
+  (``gpusweep-c<C>-home-<node>``, the job joins it), so only that job starts; the engine's undo after
+  the restores resumes the node and deletes it. A restore there that fails drains the node again.
+- no node takes the checkpoint: ``release_held`` gives the held job back to Slurm with its own
+  constraints and admin comment (the record goes), released; never left requeued held. A record of a
+  move whose job runs again (released by hand) blocks no later checkpoint.
 - stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line.
 - patch through the agent; reboot through the agent (default) or through Slurm
   (``connection["reboot_via"] = "slurm"``: ``scontrol reboot ASAP nextstate=RESUME``, the site's
