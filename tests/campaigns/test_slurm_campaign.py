@@ -330,6 +330,10 @@ def test_a_checkpoint_no_node_takes_leaves_its_node_drained_and_the_job_released
     assert job["batch_host"] != node and read_record(job) == {}, job
     after = agents.wait_steps(log, len(agents.steps(log)) + 5)
     assert agents.unbroken(after) == len(after), "restored from its checkpoint where Slurm started it again"
+    # Gone with its job, so nothing of it reaches the next test's nodes.
+    fleet.cluster.run("scancel", job_id)
+    assert fleet.cluster.wait_ended(job_id, 30)
+    assert wait_for(lambda: not counter_pids(log), 20, interval=0.2), counter_pids(log)
 
 
 def wave_reservations(fleet: SlurmFleet) -> dict[str, list[str]]:
