@@ -39,7 +39,13 @@ time with ``isinstance``; nothing to register):
 - ``SupportsWaveReservations``: a maintenance reservation per wave (``wave_reservation``,
   ``reserve_wave``, ``release_wave``; Slurm's ``flags=maint``). Without it none is held.
 
-memory, local, slurm and kubernetes implement every capability; only slurm holds wave reservations.
+- ``SupportsSchedulerRelease``: ``release_held`` hands a workload held in a checkpoint that no node
+  would take back to its scheduler, which starts it again (Slurm: the held job released with its own
+  constraints; its gpusweep-run restores the checkpoint where it is valid, else starts it cold).
+  Without it such a workload is stranded for an operator.
+
+memory, local, slurm and kubernetes implement every capability; only slurm holds wave reservations and
+releases held workloads to its scheduler.
 
 The shared contract every back end passes is ``tests/executors/contract.py``.
 """
@@ -462,3 +468,11 @@ def get_executor(cluster: Cluster | None = None, **options: Any) -> Executor:
     """The back end for `cluster`: its connection's "executor", else the setting, else local."""
     options = {**((cluster.connection or {}).get("executor_options", {}) if cluster else {}), **options}
     return executor_class(executor_name(cluster))(cluster, **options)
+
+
+@runtime_checkable
+class SupportsSchedulerRelease(Protocol):
+    def release_held(self, node: NodeRef, workload_id: str, checkpoint_id: str, operation_id: str) -> str:
+        """Hand `workload_id`, held in checkpoint `checkpoint_id` taken on `node`, back to its scheduler, which
+        starts it again (from the checkpoint where it is valid, else cold); the back end forgets its marks of
+        that move. Idempotent. Returns what the scheduler will do, for the evidence."""

@@ -29,6 +29,17 @@ did and undo removes only gpusweep's own marks:
   ``gpusweep-run`` restores the checkpoint inside the job. The call returns once the job runs on
   the target and the target's agent reports the checkpoint restored there. The job id is kept.
   A restore under another operation id is refused: a checkpoint is restored once.
+- the job's output: Slurm 22.05 truncates a requeued job's output files unless it runs with
+  ``--open-mode=append`` or ``JobFileAppend=1``; its ``gpusweep-run`` then keeps them (a copy taken at
+  the checkpoint, put back in the requeued job) and the checkpoint's manifest says which
+  (``OUTPUT_MODES``, from the mode the wrapper registered and ``scontrol show config``).
+- the node's own unwind: ``undo`` leaves the drain while jobs checkpointed there by the campaign wait to
+  come home; a restore there swaps the drain for a reservation of that node for the job's user
+  (``gpusweep-c<C>-home-<node>``, the job joins it), so only that job starts; the engine's undo after
+  the restores resumes the node and deletes it. A restore there that fails drains the node again.
+- no node takes the checkpoint: ``release_held`` gives the held job back to Slurm with its own
+  constraints and admin comment (the record goes), released; never left requeued held. A record of a
+  move whose job runs again (released by hand) blocks no later checkpoint.
 - stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line.
 - patch through the agent; reboot through the agent (default) or through Slurm
   (``connection["reboot_via"] = "slurm"``: ``scontrol reboot ASAP nextstate=RESUME``, the site's
@@ -110,6 +121,15 @@ RESERVATION_PREFIX = "gpusweep-"
 AGENT_OPTIONS = ("secret", "request_timeout", "operation_timeout", "patch_method")
 REBOOT_VIA = ("agent", "slurm")
 RESERVATION_KINDS = ("", "node", "wave")  # executor_options.maintenance_reservation
+# What a requeue does to a job's output files, by what its gpusweep-run registered (agent run.output_mode).
+OUTPUT_MODES = {
+    "append": "appended by Slurm: the job runs with --open-mode=append or the site's JobFileAppend=1",
+    "kept": "kept by gpusweep-run: Slurm truncates the job's output files at a requeue (--open-mode=truncate, "
+            "or the site's JobFileAppend=0); the wrapper copied them before the requeue and put them back "
+            "in the requeued job",
+    "": "not kept: the job has no output file, or its payload does not run under gpusweep-run",
+}
+ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL")  # a job in none of them may run again
 HELD_STATES = ("down", "fail", "failing", "not_responding", "maintenance", "reboot_requested", "reboot_issued",
                "power_down", "powered_down", "powering_down")
 
@@ -146,6 +166,13 @@ def _nodes(job: dict[str, Any]) -> list[str]:
 def _held(job: dict[str, Any]) -> bool:
     return _job_state(job) == "PENDING" and (int(job.get("priority") or 0) == 0 or str(
         job.get("state_reason") or "").startswith("JobHeld"))
+
+
+def _constraints_of(job: dict[str, Any]) -> dict[str, str]:
+    """Where the job asked to run, before gpusweep constrained it to a target (put back by a release)."""
+    return {"nodelist": str(job.get("required_nodes") or ""), "excnodelist": str(job.get("excluded_nodes") or ""),
+            "features": str(job.get("features") or ""),
+            "reservation": str(job.get("reservation") or job.get("resv_name") or "")}
 
 
 def read_record(job: dict[str, Any]) -> dict[str, Any]:
@@ -386,9 +413,63 @@ class SlurmExecutor(Executor):
         self._leave_wave(node, operation_id)
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
-        self._resume(node, operation_id)
+        """Give the node back, except while jobs checkpointed on it by this campaign wait to come home: it
+        stays drained and each restore there admits its job alone (``_admit_home``); the engine's undo
+        after those restores (same operation id) resumes it, so it takes other work only once they run."""
+        if not self._coming_home(node, operation_id):
+            self._resume(node, operation_id)
+            self._end_home(node, operation_id)
         self._unreserve(node, operation_id)
         self._leave_wave(node, operation_id)
+
+    def _coming_home(self, node: NodeRef, operation_id: str) -> list[str]:
+        """Jobs this campaign checkpointed on `node` that wait, pending, for a restore."""
+        campaign = campaign_of(operation_id)
+        found = []
+        for job in self._slurm("squeue", self.slurm.jobs):
+            record = read_record(job)
+            if (record.get("node") == node.name and record.get("ck_op") and not record.get("restore_op")
+                    and campaign_of(str(record["ck_op"])) == campaign and _job_state(job) not in ENDED):
+                found.append(str(job.get("job_id")))
+        return found
+
+    @staticmethod
+    def _home_reservation(node: NodeRef, operation_id: str) -> str:
+        return f"{RESERVATION_PREFIX}c{campaign_of(operation_id)}-home-{node.name}"
+
+    def _admit_home(self, job: dict[str, Any], record: dict[str, Any], target: NodeRef, operation_id: str) -> str:
+        """A restore on the job's own node while gpusweep drains it (an unwind): a reservation of that node for
+        the job's user, which the job joins, replaces the drain, so the job starts there and no other job does.
+        Returns the reservation's name ("" when the node is not drained by this campaign)."""
+        info = self._node(target.name)
+        reason = str(info.get("reason") or "")
+        if (target.name != record.get("node") or not reason.startswith(MARK)
+                or f"campaign {campaign_of(operation_id)} " not in reason
+                or not _state_words(info) & {"drain", "drained", "draining"}):
+            return ""
+        name = self._home_reservation(target, operation_id)
+        if not any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                         self.slurm.reservations)):
+            minutes = max(1, int(self.option("restore_wait_s", 60) // 60) + 5)
+            self._slurm(f"create reservation {name}", self.slurm.create_reservation, name, [target.name], "now",
+                        minutes, "maint,ignore_jobs", str(job.get("user_name") or "root"))
+        return name
+
+    def _end_home(self, node: NodeRef, operation_id: str) -> None:
+        """The node's own jobs are home (or given up): its homecoming reservation ends."""
+        name = self._home_reservation(node, operation_id)
+        if not any(r.get("ReservationName") == name for r in self._slurm("scontrol show reservation",
+                                                                         self.slurm.reservations)):
+            return
+        # Slurm deletes no reservation a job uses: the jobs leave it first (they run on, it only admitted them).
+        for job in self._slurm("squeue", self.slurm.jobs):
+            if _constraints_of(job)["reservation"] == name:
+                self._slurm(f"job {job.get('job_id')} leaves {name}", self.slurm.update_job, str(job.get("job_id")),
+                            reservation="")
+        try:
+            self._slurm(f"delete reservation {name}", self.slurm.delete_reservation, name)
+        except PermanentExecutorError:
+            self._slurm(f"end reservation {name}", self.slurm.end_reservation, name)
 
     def _leave_wave(self, node: NodeRef, operation_id: str) -> None:
         """A node back in service leaves its wave's reservation, so work (a job coming home after a
@@ -441,8 +522,11 @@ class SlurmExecutor(Executor):
         if record.get("ck_op") == operation_id:
             self._requeue_held(job_id, record)
             return self._result(record, workload_id)
-        if record.get("ck_op") and not record.get("restore_op"):
+        if record.get("ck_op") and not record.get("restore_op") and _job_state(job) != "RUNNING":
             raise PermanentExecutorError(f"job {job_id} was already checkpointed by {record['ck_op']}")
+        # A record of a move whose job runs again (released by hand, or from before releases cleared it) is over:
+        # it never blocks the next campaign.
+        prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
         observed = workload_from_slurm(job)
         if _job_state(job) != "RUNNING" or observed is None or node.name not in observed.nodes:
             raise PermanentExecutorError(f"job {job_id} does not run on {node.name} ({_job_state(job).lower()})")
@@ -456,11 +540,11 @@ class SlurmExecutor(Executor):
             requires = portability.requirements(engine, self._portability_facts(node), gpus=gpus).as_dict()
         # The agent checks a restore against what it reads itself, so it gets the rule applied to its own facts.
         mine = portability.requirements(engine, self.agents.own_facts(ref), gpus=gpus)
+        output = self._output_of(ref, workload_id)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
                   "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
-                  "requires": requires,
-                  "prior": str(job.get("admin_comment") or "")[:500] if not read_record(job) else ""}
+                  "requires": requires, "output": output, "prior": prior, "was": _constraints_of(job)}
         # The record first: a retry after a crash finds the checkpoint, then finishes the requeue.
         self._slurm(f"record checkpoint on job {job_id}", self.slurm.update_job, job_id,
                     admincomment=write_record(record))
@@ -480,6 +564,15 @@ class SlurmExecutor(Executor):
             if again is None or _job_state(again) != "PENDING":
                 raise PermanentExecutorError(f"requeuehold of job {job_id}: {exc}") from None
 
+    def _output_of(self, ref: NodeRef, workload_id: str) -> str:
+        """What the requeue does to the job's output files, as its gpusweep-run read them (OUTPUT_MODES)."""
+        listed = self.agents.client(ref).get("/v1/workloads").get("workloads", [])
+        mode = next((str(w.get("output") or "") for w in listed if w.get("id") == workload_id), "")
+        if mode == "site":  # the job asked for neither: slurm.conf's JobFileAppend decides (0 by default)
+            appends = self._slurm("scontrol show config", self.slurm.config).get("JobFileAppend", "0") == "1"
+            mode = "append" if appends else "truncate"
+        return OUTPUT_MODES["kept" if mode == "truncate" else mode if mode in OUTPUT_MODES else ""]
+
     @staticmethod
     def _result(record: dict[str, Any], workload_id: str) -> CheckpointResult:
         steps = record.get("steps")
@@ -487,7 +580,8 @@ class SlurmExecutor(Executor):
             checkpoint_id=str(record["ck"]), sha256=str(record.get("sha256", "")),
             total_bytes=int(record.get("bytes") or 0), steps=int(steps) if steps is not None else None,
             manifest={"job": workload_id, "node": record.get("node"), "engine": record.get("engine"),
-                      "requires": record.get("requires", {})})
+                      "requires": record.get("requires", {}),
+                      **({"output": record["output"]} if record.get("output") else {})})
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
         """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process
@@ -542,10 +636,69 @@ class SlurmExecutor(Executor):
             if not self.connection.get("shared_checkpoint_dir") and target.name != record.get("node"):
                 self._transfer(record, target, operation_id)
             constraint = self._constraint(job, record, target)
-            record = {**record, "restore_op": operation_id, "restore_to": target.name}
+            home = self._admit_home(job, record, target, operation_id)
+            if home:
+                constraint["reservation"] = home
+            record = {**record, "restore_op": operation_id, "restore_to": target.name,
+                      **({"home": home, "drain_reason": str(self._node(target.name).get("reason") or "")}
+                         if home else {})}
             self._slurm(f"constrain job {job_id}", self.slurm.update_job, job_id, admincomment=write_record(record),
                         **constraint)
-        return self._wait_restored(job_id, checkpoint_id, target)
+        if not record.get("home"):
+            return self._wait_restored(job_id, checkpoint_id, target)
+        self._resume(target, operation_id)  # the reservation admits this job alone
+        try:
+            return self._wait_restored(job_id, checkpoint_id, target)
+        except (PermanentExecutorError, TemporaryExecutorError):
+            self._give_up_home(job_id, record, target, operation_id)
+            raise
+
+    def _give_up_home(self, job_id: str, record: dict[str, Any], target: NodeRef, operation_id: str) -> None:
+        """A restore on the job's own node failed: the node is drained again with gpusweep's reason (never
+        left taking work while its job is not back), and the job may be restored elsewhere or released."""
+        self._slurm(f"drain {target.name} again", self.slurm.update_node, target.name, state="DRAIN",
+                    reason=str(record.get("drain_reason") or f"{MARK} campaign {campaign_of(operation_id)} "
+                                                              f"op {operation_id}"))
+        job = self._job(job_id)
+        if job is not None and _job_state(job) == "PENDING":
+            left = {k: v for k, v in record.items() if k not in ("restore_op", "restore_to", "home", "drain_reason")}
+            self._slurm(f"record failed restore on job {job_id}", self.slurm.update_job, job_id,
+                        admincomment=write_record(left), reservation="")
+        self._end_home(target, operation_id)
+
+    def release_held(self, node: NodeRef, workload_id: str, checkpoint_id: str, operation_id: str) -> str:
+        """No node takes the checkpoint: the job goes back to Slurm with its own constraints (its node list,
+        exclusions, features and reservation from before the move) and its own admin comment, released; its
+        gpusweep-run restores the checkpoint where Slurm starts it if it is valid there, else starts it cold.
+        The record goes, so no later campaign finds a move it has to wait for."""
+        job_id = job_of(workload_id)
+        job = self._requeued(job_id)
+        if job is None:
+            return f"job {job_id} is no longer known to Slurm"
+        record = read_record(job)
+        if record.get("ck") == checkpoint_id:
+            was = dict(record.get("was") or {})
+            self._slurm(f"release job {job_id} to Slurm", self.slurm.update_job, job_id,
+                        admincomment=str(record.get("prior") or ""), starttime="now",
+                        **{k: str(was.get(k) or "") for k in ("nodelist", "excnodelist", "features", "reservation")})
+            job = self._job(job_id) or job
+        if _held(job):
+            self._slurm(f"release job {job_id}", self.slurm.release, job_id)
+        return ("released to Slurm: the job starts again where its own constraints allow, from its checkpoint "
+                "where it is valid there, else from its first line")
+
+    def _requeued(self, job_id: str) -> dict[str, Any] | None:
+        """The job once its requeue has landed (a requeue takes a moment: a release before it would be undone
+        by the hold it brings); None when Slurm no longer knows it."""
+        until = time.monotonic() + self.option("restore_wait_s", 60)
+        while True:
+            job = self._job(job_id)
+            if job is None or _job_state(job) not in ("RUNNING", "COMPLETING"):
+                return job
+            if time.monotonic() > until:
+                raise TemporaryExecutorError(f"job {job_id} is still {_job_state(job).lower()}: its requeue has "
+                                             "not landed")
+            time.sleep(self.option("poll_s", 0.5))
 
     def _transfer(self, record: dict[str, Any], target: NodeRef, operation_id: str) -> None:
         """No folder shared by the nodes: the target's agent fetches the images from the source's (a token for
@@ -593,7 +746,7 @@ class SlurmExecutor(Executor):
         until = time.monotonic() + self.option("restore_wait_s", 60)
         while True:
             job = self._job(job_id)
-            if job is None or _job_state(job) in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL"):
+            if job is None or _job_state(job) in ENDED:
                 raise PermanentExecutorError(f"job {job_id} restoring {checkpoint_id} ended "
                                              f"({_job_state(job).lower() if job else 'gone'})")
             if _held(job):  # requeued and held (a requeue takes a moment to land): now it may start

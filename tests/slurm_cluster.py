@@ -106,6 +106,8 @@ class SlurmCluster:
         cluster_name: str = "gpusweeptest",
         accounting: bool = False,
         reboot_program: str = "",
+        gres_type: str = "",
+        job_file_append: int | None = None,
     ) -> None:
         self.root = root
         self.nodes = list(nodes)
@@ -114,6 +116,10 @@ class SlurmCluster:
         # node name -> comma-separated features, e.g. {"gpu01": "nvdriver_570.86.15,h100"}
         self.features = dict(features or {})
         self.cluster_name = cluster_name
+        # The site's shape: typed GRES (gpu:<type>:N) or untyped (gpu:N); JobFileAppend as written in
+        # slurm.conf (None: not written, Slurm's default 0, which truncates a requeued job's output).
+        self.gres_type = gres_type
+        self.job_file_append = job_file_append
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.sock"
         self._procs: list[subprocess.Popen[bytes]] = []
@@ -150,11 +156,15 @@ class SlurmCluster:
     def _node_line(self, name: str) -> str:
         line = (
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.node_ports[name]} "
-            f"CPUs={self.cpus_per_node} RealMemory=1000 Gres=gpu:{self.gpus_per_node} State=UNKNOWN"
+            f"CPUs={self.cpus_per_node} RealMemory=1000 Gres={self.gres} State=UNKNOWN"
         )
         if self.features.get(name):
             line += f" Feature={self.features[name]}"
         return line
+
+    @property
+    def gres(self) -> str:
+        return f"gpu:{self.gres_type}:{self.gpus_per_node}" if self.gres_type else f"gpu:{self.gpus_per_node}"
 
     def write_conf(self, nodes: Iterable[str] | None = None) -> None:
         active = list(nodes) if nodes is not None else self.nodes
@@ -194,6 +204,7 @@ class SlurmCluster:
             "KillWait=2",
             "GresTypes=gpu",
             *([f"RebootProgram={self.reboot_program}"] if self.reboot_program else []),
+            *([f"JobFileAppend={self.job_file_append}"] if self.job_file_append is not None else []),
             # Trust slurm.conf for CPUs and GRES: the test host has no GPUs and only a few cores.
             "SlurmdParameters=config_overrides",
             *[self._node_line(name) for name in active],
@@ -208,7 +219,8 @@ class SlurmCluster:
         files = f"{dev}/nvidia[0-{self.gpus_per_node - 1}]"
         (self.root / "gres.conf").write_text(
             "AutoDetect=off\n"
-            + "".join(f"NodeName={n} Name=gpu Count={self.gpus_per_node} File={files}\n" for n in active)
+            + "".join(f"NodeName={n} Name=gpu{f' Type={self.gres_type}' if self.gres_type else ''} "
+                      f"Count={self.gpus_per_node} File={files}\n" for n in active)
         )
         (self.root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
         if self.accounting:
@@ -448,15 +460,22 @@ class SlurmCluster:
         self.stop()
 
     # --- jobs --------------------------------------------------------------------------
+    def output_of(self, job_id: str) -> Path:
+        """The job's output file (stdout and stderr): a real file, as at a site."""
+        return self.root / "output" / f"job-{job_id}.out"
+
     def sbatch(self, command: str, *, nodelist: str | None = None, gpus: int = 0, name: str = "job",
-               time_limit: str = "01:00:00", nodes: int = 1) -> str:
-        """Submit a batch job; `gpus` is per node. Returns the job id."""
+               time_limit: str = "01:00:00", nodes: int = 1, open_mode: str = "") -> str:
+        """Submit a batch job; `gpus` is per node, `open_mode` sbatch's --open-mode (append or truncate; none:
+        the site's JobFileAppend). Returns the job id; its output goes to ``output_of(job_id)``."""
+        (self.root / "output").mkdir(exist_ok=True)
         args = ["sbatch", "--parsable", f"--job-name={name}", f"--time={time_limit}", f"--chdir={self.root}",
-                "--output=/dev/null", f"--nodes={nodes}"]
+                f"--output={self.root}/output/job-%j.out", f"--nodes={nodes}",
+                *([f"--open-mode={open_mode}"] if open_mode else [])]
         if nodelist:
             args.append(f"--nodelist={nodelist}")
         if gpus:
-            args.append(f"--gres=gpu:{gpus}")
+            args.append(f"--gres=gpu:{gpus}")  # untyped: a job asks for any GPU model, typed GRES or not
         args.append(f"--wrap={command}")
         return self.run(*args).strip().split(";")[0]
 

@@ -83,6 +83,7 @@ def on_evidence(campaign_id: int, sweep_id: int | None, kind: str, seq: int, has
               "campaign_name": sweep.campaign.name, "sweep": sweep_id, "state": sweep.state, "error": sweep.error,
               "evidence": {"kind": kind, "seq": seq, "hash": hash, "actor": actor, "at": at, "data": data},
               "stranded_workloads": list(data.get("stranded_workloads") or []),
+              "released_workloads": list(data.get("workloads_released") or []),
               "url": absolute(f"/campaigns/{sweep.campaign_id}/")})
 
 

@@ -54,7 +54,9 @@ DATA: dict[str, dict[str, Any]] = {
         "node": TEXT, "cluster": TEXT, "campaign": COUNT, "campaign_name": TEXT, "sweep": COUNT, "state": TEXT,
         "error": TEXT, "evidence": EVIDENCE, "url": URL,
         # Workloads the failed sweep could restore nowhere: checkpoint kept, an operator must act.
-        "stranded_workloads": {"type": "array", "items": {"type": "object"}}}),
+        "stranded_workloads": {"type": "array", "items": {"type": "object"}},
+        # Workloads no node took back that went to their scheduler instead (a Slurm job released, not held).
+        "released_workloads": {"type": "array", "items": {"type": "object"}}}),
     EventType.TEST: _object({"requested_by": TEXT}),
 }
 BODY: dict[str, dict[str, Any]] = {

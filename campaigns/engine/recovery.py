@@ -36,8 +36,10 @@ from executors.base import (
     NodeRef,
     PermanentExecutorError,
     SupportsRollback,
+    SupportsSchedulerRelease,
     TemporaryExecutorError,
     get_executor,
+    is_bare_process,
 )
 from inventory import services as inventory
 from inventory.choices import ChangeSource, ServiceState
@@ -101,6 +103,10 @@ def unwind(sweep: NodeSweep, worker: str, ex: Executor, final: str, error: str) 
         for move in WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
                                                 ).select_related("target_node__cluster"):
             returned.append(_bring_back(sweep, worker, ex, ref, move))
+        if returned and sweep.state != SweepState.PENDING:
+            # Again, now that its workloads run: a back end that kept the node out until they were home
+            # (Slurm keeps it drained, admitting each returning job alone) gives it back only now.
+            ex.undo(ref, op_id(sweep, "undo"))
         _close_untouched(sweep, worker, ex, ref)
     except ExecutorError as exc:
         if final == SweepState.ROLLED_BACK and isinstance(exc, TemporaryExecutorError) and may_retry(sweep):
@@ -215,11 +221,34 @@ def settle(sweep: NodeSweep, worker: str, ex: Executor, home: bool) -> dict[str,
     stranded: list[dict[str, Any]] = []
     held = WorkloadMove.objects.filter(sweep=sweep, state__in=[MoveState.CHECKPOINTED, MoveState.PARKED]
                                        ).select_related("target_node__cluster").order_by("pk")
+    released: list[dict[str, Any]] = []
     for move in held:
         entry = _restore_somewhere(sweep, worker, ex, move, home)
-        (restored if entry is not None else stranded).append(entry or _strand(sweep, worker, move))
+        if entry is not None:
+            restored.append(entry)
+            continue
+        entry = _release(sweep, worker, ex, move)
+        (released if entry is not None else stranded).append(entry or _strand(sweep, worker, move))
     return {**({"workloads_restored": restored} if restored else {}),
+            **({"workloads_released": released} if released else {}),
             **({"stranded_workloads": stranded} if stranded else {})}
+
+
+def _release(sweep: NodeSweep, worker: str, ex: Executor, move: WorkloadMove) -> dict[str, Any] | None:
+    """No node takes the checkpoint: a back end whose scheduler restarts work hands the workload back to it
+    (never left held); None where it cannot, and the workload is stranded."""
+    if not isinstance(ex, SupportsSchedulerRelease) or is_bare_process(move.workload_ref):
+        return None
+    try:
+        how = ex.release_held(node_ref(sweep.node), move.workload_ref, move.checkpoint_id,
+                              move_op(sweep, move, "release"))
+    except (PermanentExecutorError, TemporaryExecutorError, InterruptedOperation):
+        return None
+    entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": move.checkpoint_id,
+             "node": sweep.node.name, "action": "released to its scheduler: no node took its checkpoint",
+             "restarted_by": how, "after_failure": True, **origin_of(move)}
+    record_move(sweep, worker, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
+    return entry
 
 
 def receivers(sweep: NodeSweep, move: WorkloadMove, home: bool) -> list[Node]:

@@ -239,7 +239,9 @@ def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, An
 def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: CheckpointResult) -> dict[str, Any]:
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
              "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
-             "requires": move.detail.get("requires"), **origin_of(move)}
+             "requires": move.detail.get("requires"), **origin_of(move),
+             # What the move does to the job's output files, where the back end knows (Slurm: kept or appended).
+             **({"output": result.manifest["output"]} if result.manifest.get("output") else {})}
     home = move.detail.get("planned") == "return_home"
     fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
                               "steps_before": result.steps}

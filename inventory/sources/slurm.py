@@ -73,12 +73,20 @@ class SlurmClient(Protocol):
     def reboot(self, name: str, reason: str) -> None:
         """`scontrol reboot ASAP nextstate=RESUME reason=... NAME` (the site's RebootProgram reboots)."""
 
-    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None: ...
+    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str,
+                           users: str = "root") -> None: ...
 
     def update_reservation(self, name: str, nodes: list[str]) -> None:
         """`scontrol update reservationname=NAME nodes=...` (a node leaves a wave's reservation)."""
 
     def delete_reservation(self, name: str) -> None: ...
+
+    def config(self) -> dict[str, str]:
+        """`scontrol show config`: slurm.conf's settings as slurmctld runs them (JobFileAppend ...)."""
+
+    def end_reservation(self, name: str) -> None:
+        """`scontrol update reservationname=NAME endtime=now`: Slurm refuses to delete one a running job
+        uses; ended, it goes, and the job runs on."""
 
 
 class CliSlurmClient:
@@ -161,8 +169,9 @@ class CliSlurmClient:
     def reboot(self, name: str, reason: str) -> None:
         self._run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", name)
 
-    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str) -> None:
-        self._run("scontrol", "create", "reservation", f"reservationname={name}", "users=root",
+    def create_reservation(self, name: str, nodes: list[str], start: str, minutes: int, flags: str,
+                           users: str = "root") -> None:
+        self._run("scontrol", "create", "reservation", f"reservationname={name}", f"users={users}",
                   f"nodes={','.join(nodes)}", f"starttime={start}", f"duration={max(1, minutes)}", f"flags={flags}")
 
     def update_reservation(self, name: str, nodes: list[str]) -> None:
@@ -170,6 +179,17 @@ class CliSlurmClient:
 
     def delete_reservation(self, name: str) -> None:
         self._run("scontrol", "delete", f"reservationname={name}")
+
+    def config(self) -> dict[str, str]:
+        found = {}
+        for line in self._run("scontrol", "show", "config").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                found[key.strip()] = value.strip()
+        return found
+
+    def end_reservation(self, name: str) -> None:
+        self._run("scontrol", "update", f"reservationname={name}", "endtime=now")
 
 
 def parse_key_values(line: str) -> dict[str, str]:

@@ -20,14 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from gpusweep_agent.workloads import device_holders
 
 from campaigns import engine, policy, queue, services
 from campaigns.choices import CampaignStatus, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from conftest import need
-from executors.base import UNDECLARED
+from executors.base import UNDECLARED, PermanentExecutorError
+from executors.slurm import SlurmExecutor, read_record
 from inventory.sources.slurm import expand_hostlist, parse_key_values
+from metrics.collect import DatabaseCollector
 from tests.campaigns.fleet import FIXED, drive, drive_until_rest, user
 from tests.executors.slurm_fleet import SlurmFleet, agents
 from tests.helpers import HOLDER, cgroups_writable, in_cgroup, wait_for
@@ -280,6 +283,57 @@ def test_an_abort_leaves_no_node_drained_and_no_reservation(fleet: SlurmFleet, t
     assert all(fleet.takes_work(n) for n in ("gpu01", "gpu03", "gpu04"))
     assert fleet.node("gpu02")["reason"] == "RMA 4711"
     assert "ReservationName" not in fleet.cluster.run("scontrol", "show", "reservation", "-o", check=False)
+
+
+def test_a_checkpoint_no_node_takes_leaves_its_node_drained_and_the_job_released_to_slurm_never_held(
+        fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26 item 3, the fault on the real cluster: every restore of the checkpoint is refused (injected in
+    the executor: the spare, then the node's own unwind, then the settling), so the sweep fails; the node
+    stays drained with gpusweep's reason, as the evidence says, and the job (submitted with no node list) is
+    released to Slurm, not left requeued held, with no gpusweep record: Slurm starts it again on another node,
+    where its gpusweep-run restores the checkpoint (valid there), and it counts on."""
+    fleet.reset()
+    log = tmp_path / "signal.log"
+    job_id = fleet.counter_job(log, "", engine="signal", name="trainer")
+    assert fleet.cluster.wait_running([job_id]), fleet.cluster.logs()
+    agents.wait_steps(log, 5)
+    node = (fleet.job(job_id) or {})["batch_host"]
+    fleet.make_cluster()
+
+    def refused(self: SlurmExecutor, target: Any, checkpoint_id: str, operation_id: str) -> Any:
+        raise PermanentExecutorError(f"injected: checkpoint {checkpoint_id} cannot be restored on {target.name}")
+
+    monkeypatch.setattr(SlurmExecutor, "restore", refused)
+    done = drive_until_rest(start_campaign([node], error_budget="1").pk)
+    sweep = NodeSweep.objects.get(campaign=done)
+    assert sweep.state == SweepState.FAILED and "injected" in sweep.error
+    [move] = WorkloadMove.objects.filter(sweep=sweep)
+    assert move.state == MoveState.STOPPED, move.state
+    released = EvidenceEvent.objects.get(sweep=sweep, kind="stopped").data
+    assert released["action"] == "released to its scheduler: no node took its checkpoint"
+    assert "released to Slurm" in released["restarted_by"]
+    end = EvidenceEvent.objects.get(sweep=sweep, kind="failed").data
+    assert end["left"] == "drained" and [w["workload"] for w in end["workloads_released"]] == ["trainer"], end
+    info = fleet.node(node)
+    assert "DRAIN" in info["state_flags"] and info["reason"].startswith("gpusweep: "), info
+    # What the operator reads: the campaign page names the release; nothing is stranded (no alert).
+    client = Client()
+    client.force_login(done.requested_by)
+    page = client.get(f"/campaigns/{done.pk}/").content.decode()
+    assert "Released to its scheduler" in page and "recover_stranded" not in page
+    gauges = {m.name: m for m in DatabaseCollector().collect()}
+    assert gauges["gpusweep_workloads_stranded"].samples == []
+    monkeypatch.undo()
+    assert fleet.cluster.wait_running([job_id]), {k: v for k, v in (fleet.job(job_id) or {}).items() if k in (
+        "job_state", "state_reason", "priority", "required_nodes", "resv_name")}
+    job = fleet.job(job_id) or {}
+    assert job["batch_host"] != node and read_record(job) == {}, job
+    after = agents.wait_steps(log, len(agents.steps(log)) + 5)
+    assert agents.unbroken(after) == len(after), "restored from its checkpoint where Slurm started it again"
+    # Gone with its job, so nothing of it reaches the next test's nodes.
+    fleet.cluster.run("scancel", job_id)
+    assert fleet.cluster.wait_ended(job_id, 30)
+    assert wait_for(lambda: not counter_pids(log), 20, interval=0.2), counter_pids(log)
 
 
 def wave_reservations(fleet: SlurmFleet) -> dict[str, list[str]]:

@@ -43,12 +43,15 @@ PATCH_METHODS = json.dumps({"package": {"simulate": True, "commands": {
 class SlurmFleet:
     def __init__(self, root: Path, nodes: list[str], shared_artifacts: bool = True,
                  features: dict[str, str] | None = None, accounting: bool = False,
-                 cluster_class: type[SlurmCluster] = SlurmCluster) -> None:
+                 cluster_class: type[SlurmCluster] = SlurmCluster, **shape: Any) -> None:
+        """`features` None: every node publishes FEATURES ({}: none); `shape`: SlurmCluster's site options
+        (gres_type, job_file_append)."""
         self.root = root
         self.names = list(nodes)
         root.mkdir(parents=True, exist_ok=True)
         self.cluster = cluster_class(root / "slurm", nodes=nodes, accounting=accounting,
-                                    features=features or dict.fromkeys(nodes, FEATURES))
+                                    features=dict.fromkeys(nodes, FEATURES) if features is None else features,
+                                    **shape)
         self.shared = root / "shared-artifacts" if shared_artifacts else None
         self.libcuda: Path | None = None  # the agents' libcuda (None: their default, absent here)
         self.agents: dict[str, agents.AgentProcess] = {}
@@ -192,14 +195,19 @@ class SlurmFleet:
 
     # -- jobs -------------------------------------------------------------------------
     def counter_job(self, log: Path, node: str, engine: str = "signal", name: str = "counter",
-                    interval: float = 0.05, extra: str = "", gpus: int = 1, holds: Path | None = None) -> str:
-        """A batch job on `node` asking for `gpus` GPUs whose payload counts steps into `log` under gpusweep-run;
-        with `holds` the counter keeps that stand-in GPU device open (tests/gpu_holder.py)."""
+                    interval: float = 0.05, extra: str = "", gpus: int = 1, holds: Path | None = None,
+                    prints: bool = False, open_mode: str = "") -> str:
+        """A batch job on `node` ("": wherever Slurm starts it) asking for `gpus` GPUs whose payload counts steps
+        into `log` under gpusweep-run; with `holds` the counter keeps that stand-in GPU device open
+        (tests/gpu_holder.py); with `prints` the job prints a first line and the counter each step to the job's
+        output file (cluster.output_of)."""
         run = Path(sys.executable).parent / "gpusweep-run"
         holder = f"{sys.executable} {HOLDER} {holds} " if holds is not None else ""
         command = (f"GPUSWEEP_AGENT_CONFIG={self.root}/agent-$SLURMD_NODENAME.json exec {run} --engine {engine} "
                    f"{extra} -- {holder}{sys.executable} {agents.COUNTER} {log} 1 {interval}")
-        return self.cluster.sbatch(command, nodelist=node, gpus=gpus, name=name)
+        if prints:
+            command = f"echo job begins on $SLURMD_NODENAME; COUNTER_STDOUT=1 {command}"
+        return self.cluster.sbatch(command, nodelist=node or None, gpus=gpus, name=name, open_mode=open_mode)
 
     def reset(self) -> None:
         """Between tests: no job left, every node resumed and idle, its agent fresh, its old versions back."""
@@ -212,8 +220,8 @@ class SlurmFleet:
         for name in self.names:
             if not self.takes_work(name):
                 self.cluster.run("scontrol", "update", f"nodename={name}", "state=RESUME", check=False)
-            features = self.cluster.features[name]
-            if self.node(name).get("active_features") != features:
+            features = self.cluster.features.get(name, "")
+            if (self.node(name).get("active_features") or "") != features:
                 self.cluster.run("scontrol", "update", f"nodename={name}", f"availablefeatures={features}",
                                  f"activefeatures={features}")
             if not self._fresh(name):

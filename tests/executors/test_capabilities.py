@@ -11,12 +11,13 @@ from executors.base import (
     SupportsHealthGates,
     SupportsMaintenanceHolds,
     SupportsRollback,
+    SupportsSchedulerRelease,
     SupportsWaveReservations,
     executor_class,
 )
 
 CAPABILITIES = (SupportsGpuUsers, SupportsHealthGates, SupportsMaintenanceHolds, SupportsRollback,
-                SupportsWaveReservations)
+                SupportsWaveReservations, SupportsSchedulerRelease)
 CORE = ("reachable", "facts", "list_workloads", "drain", "checkpoint", "stop", "restore", "patch", "reboot",
         "verify", "return_to_service", "undo")
 
@@ -28,7 +29,8 @@ def test_every_back_end_implements_the_core_and_the_capabilities_it_says(name: s
     assert all(getattr(cls, op) is not getattr(Executor, op) for op in CORE), "the whole core"
     has = {capability.__name__ for capability in CAPABILITIES if issubclass(cls, capability)}
     expected = {"SupportsGpuUsers", "SupportsHealthGates", "SupportsMaintenanceHolds", "SupportsRollback"}
-    assert has == (expected | {"SupportsWaveReservations"} if reserves else expected)
+    # Slurm alone reserves waves and hands held jobs back to its scheduler.
+    assert has == (expected | {"SupportsWaveReservations", "SupportsSchedulerRelease"} if reserves else expected)
 
 
 def test_the_core_alone_has_no_capability() -> None:

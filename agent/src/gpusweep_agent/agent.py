@@ -411,6 +411,8 @@ class Agent:
             "env": {k: str(v) for k, v in dict(params.get("env") or {}).items()
                     if not any(word in k.upper() for word in SECRET_WORDS)},
             "checkpoint_dir": str(exchange), "state": "running",
+            # What a requeue does to the job's output files, as gpusweep-run read it (run.output_mode).
+            "output": str(params.get("output") or ""),
         }
         self.workloads.put(workload)
         return {"workload_id": workload_id, "checkpoint_dir": str(exchange)}

@@ -24,6 +24,17 @@ it (``scontrol requeuehold``; at most ``GPUSWEEP_REQUEUE_WAIT_S``, 3600 s), so t
 requeued rather than ended; the requeued job's ``gpusweep-run`` restores the checkpoint.
 ``--no-pid-namespace`` keeps the plain exec.
 
+The job's output survives the requeue. Slurm 22.05 reopens a requeued job's output files truncated
+unless the job was submitted with ``--open-mode=append`` (the job then has ``SLURM_OPEN_MODE=a``) or
+the site sets ``JobFileAppend=1`` (the default is 0); the descriptors look alike either way (always
+``O_APPEND``), and ``squeue``/``scontrol show job`` do not show the mode. So the wrapper registers
+what it knows (``output``: ``append`` for ``SLURM_OPEN_MODE=a``, ``truncate`` for ``t``, ``site`` for
+the site's setting, which the executor reads from ``scontrol show config``; ``""``: no output file),
+and unless the job appends it copies each output file to ``<file>.gpusweep-keep-<jobid>`` once the
+payload is checkpointed; the requeued job's wrapper puts that copy back in front of what the new
+run printed (unless the file still begins with it: the site appended) and the job's writes go on
+at the end.
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -34,6 +45,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +57,64 @@ from typing import Any
 from .client import AgentClient, AgentClientError
 from .config import ConfigError, load_config
 from .util import pid_alive
+
+KEEP_SUFFIX = ".gpusweep-keep-"
+
+
+def output_files(fds: tuple[int, ...] = (1, 2)) -> dict[int, Path]:
+    """fd -> the regular file it writes (the job's output files)."""
+    found = {}
+    for fd in fds:
+        try:
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+        if path.is_file():
+            found[fd] = path
+    return found
+
+
+def output_mode(env: dict[str, str]) -> str:
+    """What a requeue does to the job's output files: "append", "truncate", "site" (JobFileAppend decides),
+    "" (no output file)."""
+    if not output_files():
+        return ""
+    return {"a": "append", "t": "truncate"}.get(env.get("SLURM_OPEN_MODE", ""), "site")
+
+
+def keep_output(job_id: str, env: dict[str, str]) -> None:
+    """The payload is checkpointed and the job is about to be requeued: copy each output file Slurm may
+    truncate, so the requeued job can put it back."""
+    if output_mode(env) == "append":
+        return
+    for path in set(output_files().values()):
+        try:
+            shutil.copyfile(path, f"{path}{KEEP_SUFFIX}{job_id}")
+        except OSError as exc:
+            print(f"gpusweep-run: could not keep the output of {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def restore_output(job_id: str) -> int:
+    """In a requeued job: what was printed before the requeue back in front of what this run printed, and
+    the job's descriptors at the end of it. Returns the bytes put back."""
+    files = output_files()
+    kept = 0
+    for path in set(files.values()):
+        saved = Path(f"{path}{KEEP_SUFFIX}{job_id}")
+        if not saved.is_file():
+            continue
+        before = saved.read_bytes()
+        now = path.read_bytes()
+        saved.unlink()
+        if now.startswith(before):
+            continue  # appended after all (the site's JobFileAppend=1): nothing was lost
+        with open(path, "r+b") as fh:
+            fh.write(before + now)
+        for fd, other in files.items():
+            if other == path:
+                os.lseek(fd, len(before) + len(now), os.SEEK_SET)  # shared with the job's shell and the payload
+        kept += len(before)
+    return kept
 
 
 def workload_id_from_env(env: dict[str, str]) -> str:
@@ -95,14 +165,21 @@ class NamespacedChild:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._forward)
         _, status = os.waitpid(self.pid, 0)
+        self.code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
         self.ended = True
-        return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        return self.code
 
     ended = False
     signalled = False  # told to stop (scancel, the time limit): the payload's end is no checkpoint
+    # Run when the job ends after its payload was stopped by a signal (a checkpoint): keep_output. The
+    # requeue may end the job before the wrapper has asked the agent whether it was a checkpoint.
+    on_requeue: Any = None
+    code = 0
 
     def _forward(self, signum: int, frame: Any) -> None:
         if self.ended:  # the payload is gone (checkpointed): the job's end is ours alone
+            if self.on_requeue is not None and self.code >= 128:
+                self.on_requeue()
             os._exit(128 + signum)
         self.signalled = True
         try:
@@ -161,12 +238,20 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], workload_id: str, endpoint: str,
            identity: str, key: str, child: NamespacedChild | None) -> int:
     client = AgentClient(endpoint, identity, key)
+    job_id = env.get("SLURM_JOB_ID", "")
+    if job_id:
+        kept = restore_output(job_id)
+        if kept:
+            print(f"gpusweep-run: kept the {kept} bytes job {job_id} printed before its requeue (Slurm truncates "
+                  "a requeued job's output unless it runs with --open-mode=append or JobFileAppend=1)",
+                  file=sys.stderr, flush=True)
     fields: dict[str, Any] = {
         "workload_id": workload_id, "pid": child.pid if child else os.getpid(),
         "name": args.name or os.path.basename(command[0]), "checkpoint_engine": args.engine,
         "checkpoint_signal": args.signal, "gpus": args.gpus, "command": command, "cwd": os.getcwd(), "env": env,
         # Inside a scheduler's job a criu image is restored by this wrapper, so it stays in the job.
         "restore_in_job": bool(env.get("SLURM_JOB_ID")) and not args.pid_namespace,
+        "output": output_mode(env) if job_id else "",
     }
     try:
         op = client.call("/v1/workloads", operation_id=f"register-{workload_id}-{os.getpid()}-{int(time.time())}",
@@ -206,9 +291,12 @@ def launch(args: argparse.Namespace, command: list[str], env: dict[str, str], wo
         why = result.get("message") or "its checkpoint kept no state (engine none)"
         print(f"gpusweep-run: workload {workload_id} COLD START: {why}", file=sys.stderr, flush=True)
     if child:
+        if job_id:
+            child.on_requeue = lambda: keep_output(job_id, env)
         code = child.run(command, env)
         # A checkpoint stops the payload with a signal; any other end is the job's own.
         if env.get("SLURM_JOB_ID") and code >= 128 and not child.signalled and _checkpointed(client, workload_id):
+            keep_output(env["SLURM_JOB_ID"], env)
             # Keep the job until gpusweep requeues it; silent, so no output file grows after the checkpoint.
             time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
         return code
@@ -241,14 +329,22 @@ def restore_in_job(client: AgentClient, result: dict[str, Any], workload_id: str
         print(f"gpusweep-run: workload {workload_id}: {op.get('error')}", file=sys.stderr, flush=True)
     print(f"gpusweep-run: workload {workload_id} restored from {checkpoint_id} in this job as pid {pid}",
           file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda signum, frame: _kill(pid))
+    job_id = env.get("SLURM_JOB_ID", "")
+    keep = (lambda: keep_output(job_id, env)) if job_id else None
+    signal.signal(signal.SIGTERM, lambda signum, frame: _kill(pid, keep))
     code = _wait_child(pid)
     if code >= 128 and _checkpointed(client, workload_id):
+        if env.get("SLURM_JOB_ID"):
+            keep_output(env["SLURM_JOB_ID"], env)
         time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
     return code
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int, on_requeue: Any = None) -> None:
+    """The job is ending: the restored payload goes with it; if it was gone already (checkpointed), this is
+    the requeue, and `on_requeue` keeps the job's output."""
+    if not pid_alive(pid) and on_requeue is not None:
+        on_requeue()
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -38,7 +38,7 @@ CONTAINER_RE = re.compile(r"(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a
 SLURM_JOB_RE = re.compile(r"/job_(\d+)(?:/step_([A-Za-z0-9_.]+))?")
 
 PUBLIC_FIELDS = ("id", "kind", "scheduler_id", "name", "gpus", "started_at", "checkpoint_engine", "engine",
-                 "engine_version", "model_name", "model_version", "pid", "state")
+                 "engine_version", "model_name", "model_version", "pid", "state", "output")
 
 
 class WorkloadRegistry:

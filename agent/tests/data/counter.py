@@ -6,6 +6,7 @@ Every step checks one byte of the state against its expected value (so a restore
 mangled memory shows as BAD lines) and appends "<step> ok" to LOG. For the signal engine it also
 saves itself: on SIGUSR1 it writes its step to $GPUSWEEP_CHECKPOINT_DIR/state.json and
 acknowledges with .gpusweep-ack; started with $GPUSWEEP_RESTORE_DIR it continues from the saved step.
+With $COUNTER_STDOUT set it prints each step line to its standard output too (a job's output file).
 """
 
 import json
@@ -34,6 +35,7 @@ def on_usr1(signum, frame):
 
 signal.signal(signal.SIGUSR1, on_usr1)
 log = open(log_path, "a", buffering=1)
+echo = bool(os.environ.get("COUNTER_STDOUT"))
 while True:
     if save_requested:
         folder = os.environ["GPUSWEEP_CHECKPOINT_DIR"]
@@ -45,5 +47,9 @@ while True:
         time.sleep(3600)  # the agent stops us once it has the state
     step += 1
     index = (step * 4096 * 7919) % len(state)
-    log.write(f"{step} {'ok' if state[index] == index % 256 else 'BAD'}\n")
+    line = f"{step} {'ok' if state[index] == index % 256 else 'BAD'}\n"
+    log.write(line)
+    if echo:
+        sys.stdout.write(line)
+        sys.stdout.flush()
     time.sleep(interval)
