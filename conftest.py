@@ -9,9 +9,8 @@ default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` 
 Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
 browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
 another. `make pytest` goes further and runs them in phases of their own, after the others
-(`--resource-groups without` on every core; then `lanes`, the Slurm group beside the agents-and-
-browser group, one worker each, as they share no outside resource; then `alone` in one process):
-their timing bounds hold with nothing but the other lane beside them.
+(`--resource-groups without` on every core; then `lanes` and `alone`, each in one process): their
+timing bounds hold on a machine that runs nothing else, as they did when the suite was serial.
 """
 
 from __future__ import annotations
@@ -35,11 +34,11 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # xdist group -> the test files sharing that outside resource: one worker runs a group's files one
 # test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
 # own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
-# `make pytest` runs the first two groups side by side (LANES, one worker each), split by what
-# cannot run twice at once: the Slurm cluster (one controller, slurmdbd and the machine's MariaDB)
-# in one; CRIU, the agents, the Kubernetes stand-in and the browser, which share nothing with Slurm,
-# in the other. Then `alone`: real Celery workers killed mid-campaign and the heartbeat flush, whose
-# timing bounds failed with anything beside them on the 2-core machine.
+# The Slurm cluster (one controller, slurmdbd and the machine's MariaDB) is one group; CRIU, the
+# agents, the Kubernetes stand-in and the browser another (LANES: they share no outside resource,
+# but not side by side either: every test agent lists every Slurm job step on this host, which
+# plays all the nodes); `alone`, last: real Celery workers killed mid-campaign and the heartbeat
+# flush, whose timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
               "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
@@ -99,7 +98,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", "alone"), default="with",
                      help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
                           "run only them, only those of LANES or only the others (make pytest: `without` on every "
-                          "core, then `lanes` with one worker per group, then `alone` in one process)")
+                          "core, then `lanes` and `alone`, each in one process)")
     parser.addoption("--database-tests-only", action="store_true",
                      help="only the tests that touch the configured database or broker (conftest.touches_database): "
                           "make test-postgres, after the whole suite ran on the SQLite default")
