@@ -25,7 +25,7 @@ RESTORED = "restored.json"
 SCHEMA = "gpusweep.checkpoint/1"
 # What must match between the node a checkpoint was taken on and the restore target.
 FINGERPRINT_KEYS = ("gpu_model", "driver", "cuda", "engine", "engine_version", "model_name", "model_version")
-_CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
+CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
 
 
 class ArtifactError(Exception):
@@ -234,7 +234,7 @@ class LocalArtifactStore(ArtifactStore):
         files = []
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(folder).as_posix()
-            if rel in _CONTROL_FILES:
+            if rel in CONTROL_FILES:
                 continue
             st = path.stat()
             early = (hashed or {}).get(rel)
@@ -281,7 +281,7 @@ class LocalArtifactStore(ArtifactStore):
                 problems.append(f"{entry['path']}: sha256 differs from the manifest")
         for path in folder.rglob("*"):
             rel = path.relative_to(folder).as_posix()
-            if path.is_file() and rel not in listed and rel not in _CONTROL_FILES:
+            if path.is_file() and rel not in listed and rel not in CONTROL_FILES:
                 problems.append(f"{rel}: not in the manifest")
         if problems:
             raise ArtifactError(f"checkpoint {checkpoint_id} is corrupted: " + "; ".join(sorted(problems)))
