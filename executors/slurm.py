@@ -458,7 +458,7 @@ class SlurmExecutor(Executor):
         mine = portability.requirements(engine, self.agents.own_facts(ref), gpus=gpus)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
-                  "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
+                  "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint, "dump": done.dump,
                   "requires": requires,
                   "prior": str(job.get("admin_comment") or "")[:500] if not read_record(job) else ""}
         # The record first: a retry after a crash finds the checkpoint, then finishes the requeue.
@@ -487,7 +487,7 @@ class SlurmExecutor(Executor):
             checkpoint_id=str(record["ck"]), sha256=str(record.get("sha256", "")),
             total_bytes=int(record.get("bytes") or 0), steps=int(steps) if steps is not None else None,
             manifest={"job": workload_id, "node": record.get("node"), "engine": record.get("engine"),
-                      "requires": record.get("requires", {})})
+                      "requires": record.get("requires", {})}, dump=dict(record.get("dump") or {}))
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
         """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process

@@ -229,6 +229,8 @@ def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: Che
     entry = {"workload": move.workload_name or move.workload_ref, "checkpoint_id": result.checkpoint_id,
              "sha256": result.sha256, "bytes": result.total_bytes, "steps": result.steps, "engine": engine,
              "requires": move.detail.get("requires"), **origin_of(move)}
+    if result.dump:  # a criu image: plain or after pre-dumps, each round and the time CRIU held it frozen
+        entry["dump"] = result.dump
     home = move.detail.get("planned") == "return_home"
     fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
                               "steps_before": result.steps}
