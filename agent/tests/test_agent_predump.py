@@ -56,7 +56,8 @@ if arg("--prev-images-dir"):
     os.symlink(arg("--prev-images-dir"), os.path.join(folder, "parent"))
 entry = b"".join(varint(k << 3) + varint(v) for k, v in ((1, 900), (2, 5000 + written), (5, 9999), (7, written)))
 body = varint(1 << 3 | 2) + varint(len(entry)) + entry
-open(os.path.join(folder, "stats-dump"), "wb").write(b"\x40\x59\x10\x55\x06\x33\x09\x57" + len(body).to_bytes(4, "little") + body)
+magic = b"\x40\x59\x10\x55\x06\x33\x09\x57"
+open(os.path.join(folder, "stats-dump"), "wb").write(magic + len(body).to_bytes(4, "little") + body)
 open(log, "w").write("Dumping finished successfully\n" if args[0] == "dump" else "Pre-dumping finished successfully\n")
 '''
 
