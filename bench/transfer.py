@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "agent" / "src"), str(REPO / "agent" / "tests")]
@@ -69,7 +70,7 @@ SMALL = [
 ]
 
 
-def make_image(store: LocalArtifactStore, mib: int) -> dict[str, object]:
+def make_image(store: LocalArtifactStore, mib: int) -> dict[str, Any]:
     folder = store.image_dir(CHECKPOINT)
     folder.mkdir(parents=True)
     block = os.urandom(64 * MIB)  # incompressible, written again and again (hashing cares not)
@@ -134,9 +135,9 @@ def main() -> int:
     plain: subprocess.Popen[bytes] | None = None
     try:
         manifest = make_image(stores[0], args.mib)
-        files = [dict(f) for f in manifest["files"]]  # type: ignore[union-attr]
+        files = [dict(f) for f in manifest["files"]]
         names = [str(f["path"]) for f in files]
-        total = int(manifest["total_bytes"])  # type: ignore[call-overload]
+        total = int(manifest["total_bytes"])
         source = AgentProcess(root, "source", stores[0].root).start()
         agents.append(source)
         receiver = AgentProcess(root, "receiver", stores[1].root).start()

@@ -267,8 +267,8 @@ class CriuEngine(CheckpointEngine):
         self.after_dump(pid, leave_running, ok)
         if not ok:
             raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
-        final = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
-                 "seconds": round(time.monotonic() - started, 3), **dump_stats(image_dir)}
+        final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
+                                 "seconds": round(time.monotonic() - started, 3), **dump_stats(image_dir)}
         # Where each dump's `parent` link points, relative to its folder (link_parents puts them back).
         parents = {r["folder"]: f"../{before['folder']}" for before, r in itertools.pairwise(rounds)}
         if rounds:
