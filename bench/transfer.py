@@ -88,8 +88,14 @@ def make_image(store: LocalArtifactStore, mib: int) -> dict[str, Any]:
     return manifest
 
 
-def curl(base: str, names: list[str], into: Path, token: str = "") -> float:
-    """One curl copying every file, sequentially on one connection; the seconds it took."""
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of a process so far, all its threads (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def curl(base: str, names: list[str], into: Path, server: int, token: str = "") -> tuple[float, float, float]:
+    """One curl copying every file, sequentially on one connection: seconds, curl's CPU, the server's CPU."""
     into.mkdir(parents=True, exist_ok=True)
     args = ["curl", "-sS", "--fail"]
     if token:
@@ -97,13 +103,22 @@ def curl(base: str, names: list[str], into: Path, token: str = "") -> float:
     for name in names:
         args += [f"{base}/{name}", "-o", str(into / name)]
     os.sync()
+    before, served = os.times(), cpu_seconds(server)
     start = time.perf_counter()
     subprocess.run(args, check=True)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    after = os.times()
+    used = after.children_user + after.children_system - before.children_user - before.children_system
+    return seconds, used, cpu_seconds(server) - served
 
 
-def agent_fetch(receiver: AgentProcess, source: AgentProcess, token: str, digest: str, number: int) -> float:
+def agent_fetch(
+    receiver: AgentProcess, source: AgentProcess, token: str, digest: str, number: int
+) -> tuple[float, float, float]:
+    """The receiver's fetch operation: seconds, the receiving agent's CPU, the source agent's CPU."""
+    assert receiver.proc is not None and source.proc is not None
     os.sync()
+    used, served = cpu_seconds(receiver.proc.pid), cpu_seconds(source.proc.pid)
     start = time.perf_counter()
     op = receiver.client.submit(
         "/v1/fetch",
@@ -117,7 +132,7 @@ def agent_fetch(receiver: AgentProcess, source: AgentProcess, token: str, digest
     seconds = time.perf_counter() - start
     if done["state"] != "succeeded":
         raise SystemExit(f"the fetch failed: {done.get('error')}")
-    return seconds
+    return seconds, cpu_seconds(receiver.proc.pid) - used, cpu_seconds(source.proc.pid) - served
 
 
 def main() -> int:
@@ -170,20 +185,26 @@ def main() -> int:
             what="python -m http.server",
         )
         digest = image_digest(manifest)
-        seconds: dict[str, list[float]] = {"curl": [], "curl from http.server": [], "agent to agent": []}
+        runs: dict[str, list[tuple[float, float, float]]] = {
+            "curl": [],
+            "curl from http.server": [],
+            "agent to agent": [],
+        }
         fetched = stores[1].image_dir(CHECKPOINT)
+        assert source.proc is not None
         for number in range(1, args.trials + 1):
             copy = root / "curl"
-            seconds["curl"].append(curl(f"http://127.0.0.1:{source.port}/v1/transfer/{CHECKPOINT}", names, copy, token))
+            base = f"http://127.0.0.1:{source.port}/v1/transfer/{CHECKPOINT}"
+            runs["curl"].append(curl(base, names, copy, source.proc.pid, token))
             shutil.rmtree(copy)
-            seconds["curl from http.server"].append(curl(f"http://127.0.0.1:{port}", names, copy))
+            runs["curl from http.server"].append(curl(f"http://127.0.0.1:{port}", names, copy, plain.pid))
             shutil.rmtree(copy)
-            seconds["agent to agent"].append(agent_fetch(receiver, source, token, digest, number))
+            runs["agent to agent"].append(agent_fetch(receiver, source, token, digest, number))
             wrong = [f["path"] for f in files if sha256_file(fetched / str(f["path"])) != f["sha256"]]
             if wrong:
                 raise SystemExit(f"fetched files differ from the source: {wrong}")
             shutil.rmtree(fetched)
-            print(f"trial {number}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in seconds.items()), flush=True)
+            print(f"trial {number}: " + ", ".join(f"{k} {v[-1][0]:.3f} s" for k, v in runs.items()), flush=True)
     finally:
         if plain is not None:
             plain.terminate()
@@ -192,19 +213,20 @@ def main() -> int:
             agent.stop()
         shutil.rmtree(root, ignore_errors=True)
 
-    def rate(name: str) -> float:
-        return total / MIB / statistics.median(seconds[name])
+    def median(name: str, column: int) -> float:
+        return statistics.median(run[column] for run in runs[name])
 
     largest = max(int(f["size"]) for f in files) / MIB
     print(
         f"\n{total / MIB:.0f} MiB in {len(files)} files (largest {largest:.0f} MiB), "
         f"{args.trials} trials, loopback, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'median':34} {'seconds':>8} {'MiB/s':>7}")
-    for name in seconds:
-        print(f"{name:34} {statistics.median(seconds[name]):8.3f} {rate(name):7.0f}")
-    ratio = rate("agent to agent") / rate("curl")
-    per_trial = sorted(c / a for c, a in zip(seconds["curl"], seconds["agent to agent"], strict=True))
+    print(f"{'median':24} {'seconds':>8} {'MiB/s':>7} {'client CPU s':>13} {'server CPU s':>13}")
+    for name in runs:
+        rate = total / MIB / median(name, 0)
+        print(f"{name:24} {median(name, 0):8.3f} {rate:7.0f} {median(name, 1):13.3f} {median(name, 2):13.3f}")
+    ratio = median("curl", 0) / median("agent to agent", 0)
+    per_trial = sorted(c[0] / a[0] for c, a in zip(runs["curl"], runs["agent to agent"], strict=True))
     print("agent to agent (SHA-256 verified) / curl, per trial: " + ", ".join(f"{r:.2f}" for r in per_trial))
     print(
         f"target >= {TARGET_RATIO}: {ratio:.2f} ({'met' if ratio >= TARGET_RATIO else 'MISSED'}); "
