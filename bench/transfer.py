@@ -15,8 +15,10 @@ writes (LocalArtifactStore.build_manifest). Each trial, alternately:
   with its manifest last. Timed from the fetch request to its operation's success, polled every
   10 ms (the service polls every 200 ms; that wait is left out).
 
-Afterwards every fetched file is compared with the source's SHA-256 again, or the run fails. The
-page cache is flushed (`sync`) before each timed copy, and the received files are deleted after.
+Afterwards every fetched file is compared with the source's SHA-256 again, or the run fails. Before
+each timed copy an uncounted write of as many bytes is deleted (see `settle`) and the page cache
+flushed (`sync`); the received files are deleted after. It prints the CPU seconds of each client
+and server too: where the machine is busy, the copy rates follow them.
 Target: agent to agent >= 0.8x the curl copy from the same server (medians).
 
     .venv/bin/python bench/transfer.py [--mib 1024] [--trials 5] [--dir /var/tmp]
@@ -94,7 +96,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def curl(base: str, names: list[str], into: Path, server: int, token: str = "") -> tuple[float, float, float]:
+def settle(root: Path, nbytes: int) -> None:
+    """Before each timed copy: leave it `nbytes` of just-freed memory, then flush the page cache.
+
+    On a VM, a guest page free for a couple of seconds goes back to the host (free page reporting)
+    and its next touch pays a host fault, which can double the time of a 1 GiB copy; an uncounted
+    write of as many bytes, deleted at once, gives each copy the same start (as bench/checkpoint.py).
+    """
+    block = bytes(64 * MIB)
+    ballast = root / "ballast.bin"
+    with ballast.open("wb") as fh:
+        for _ in range(0, nbytes, len(block)):
+            fh.write(block)
+    ballast.unlink()  # freed before it is written back
+    os.sync()
+
+
+def curl(
+    base: str, names: list[str], into: Path, total_bytes: int, server: int, token: str = ""
+) -> tuple[float, float, float]:
     """One curl copying every file, sequentially on one connection: seconds, curl's CPU, the server's CPU."""
     into.mkdir(parents=True, exist_ok=True)
     args = ["curl", "-sS", "--fail"]
@@ -102,7 +122,7 @@ def curl(base: str, names: list[str], into: Path, server: int, token: str = "") 
         args += ["-H", f"{TOKEN_HEADER}: {token}"]
     for name in names:
         args += [f"{base}/{name}", "-o", str(into / name)]
-    os.sync()
+    settle(into.parent, total_bytes)
     before, served = os.times(), cpu_seconds(server)
     start = time.perf_counter()
     subprocess.run(args, check=True)
@@ -113,11 +133,11 @@ def curl(base: str, names: list[str], into: Path, server: int, token: str = "") 
 
 
 def agent_fetch(
-    receiver: AgentProcess, source: AgentProcess, token: str, digest: str, number: int
+    receiver: AgentProcess, source: AgentProcess, token: str, digest: str, number: int, total_bytes: int
 ) -> tuple[float, float, float]:
     """The receiver's fetch operation: seconds, the receiving agent's CPU, the source agent's CPU."""
     assert receiver.proc is not None and source.proc is not None
-    os.sync()
+    settle(receiver.state.parent, total_bytes)
     used, served = cpu_seconds(receiver.proc.pid), cpu_seconds(source.proc.pid)
     start = time.perf_counter()
     op = receiver.client.submit(
@@ -195,11 +215,11 @@ def main() -> int:
         for number in range(1, args.trials + 1):
             copy = root / "curl"
             base = f"http://127.0.0.1:{source.port}/v1/transfer/{CHECKPOINT}"
-            runs["curl"].append(curl(base, names, copy, source.proc.pid, token))
+            runs["curl"].append(curl(base, names, copy, total, source.proc.pid, token))
             shutil.rmtree(copy)
-            runs["curl from http.server"].append(curl(f"http://127.0.0.1:{port}", names, copy, plain.pid))
+            runs["curl from http.server"].append(curl(f"http://127.0.0.1:{port}", names, copy, total, plain.pid))
             shutil.rmtree(copy)
-            runs["agent to agent"].append(agent_fetch(receiver, source, token, digest, number))
+            runs["agent to agent"].append(agent_fetch(receiver, source, token, digest, number, total))
             wrong = [f["path"] for f in files if sha256_file(fetched / str(f["path"])) != f["sha256"]]
             if wrong:
                 raise SystemExit(f"fetched files differ from the source: {wrong}")
