@@ -112,6 +112,9 @@ def test_it_pre_dumps_until_little_changes_then_dumps_on_top_of_the_last_round(c
     assert "--prev-images-dir" not in steps[0]
     assert [c[c.index("--prev-images-dir") + 1] for c in steps[1:]] == ["../pre-1", "../pre-2", "pre-3"]
     assert dump["parents"] == {"pre-2": "../pre-1", "pre-3": "../pre-2", "": "pre-3"}
+    # An agent that died between the dump and the manifest finds the links again when it recovers.
+    assert engine.recover({"id": "w", "pid": 0}, image_dir, {"log": str(engine.log_path(image_dir, "dump"))})
+    assert engine.recovered["dump"]["parents"] == dump["parents"]
 
     # A copy of the files alone (as an agent fetches it) has no links; the restore puts them back.
     store = LocalArtifactStore(image_dir.parent)

@@ -13,7 +13,6 @@ with CRIU's words. Every round's figures (CRIU's own stats) and the frozen time 
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shutil
@@ -110,6 +109,17 @@ def dump_stats(folder: Path) -> dict[str, int]:
     except (OSError, IndexError):
         return {}
     return {name: value for number, name in STATS_FIELDS.items() if isinstance(value := fields.get(number), int)}
+
+
+def parent_links(image_dir: Path) -> dict[str, str]:
+    """The ``parent`` links CRIU left from each dump to the pre-dump before it: folder ("" for the image's
+    own) -> where its link points, relative to it (link_parents puts them back)."""
+    found: dict[str, str] = {}
+    for folder in [image_dir, *sorted(image_dir.glob("pre-*"))]:
+        link = folder / "parent"
+        if link.is_symlink():
+            found["" if folder == image_dir else folder.name] = os.readlink(link)
+    return found
 
 
 def link_parents(image_dir: Path, engine_data: dict[str, Any]) -> None:
@@ -269,11 +279,8 @@ class CriuEngine(CheckpointEngine):
             raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
         final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
                                  "seconds": round(time.monotonic() - started, 3), **dump_stats(image_dir)}
-        # Where each dump's `parent` link points, relative to its folder (link_parents puts them back).
-        parents = {r["folder"]: f"../{before['folder']}" for before, r in itertools.pairwise(rounds)}
-        if rounds:
-            parents[""] = rounds[-1]["folder"]
-        data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final], "parents": parents,
+        data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final],
+                        "parents": parent_links(image_dir),
                         "frozen_ms": round(final["frozen_us"] / 1000, 1) if "frozen_us" in final else None,
                         **({"plain_because": why_plain} if why_plain else {})}
         return data
@@ -332,6 +339,9 @@ class CriuEngine(CheckpointEngine):
             time.sleep(0.1)
         log = Path(state.get("log") or self.log_path(image_dir, "dump"))
         complete = log.is_file() and DUMP_OK in log.read_text(errors="replace")
+        # Rounds of pre-dump the image builds on: recorded as the checkpoint would have (the agent died first).
+        self.recovered = {"dump": {"mode": "pre-dump" if parent_links(image_dir) else "plain", "recovered": True,
+                                   "rounds": [], "parents": parent_links(image_dir), "frozen_ms": None}}
         pid = int(workload.get("pid") or 0)
         if complete and not state.get("leave_running") and pid and stopped(pid):
             # The agent died between CRIU's end and its kill: finish what it was about to do.
