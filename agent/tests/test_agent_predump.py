@@ -50,6 +50,9 @@ written = pages.pop(0)
 json.dump(pages, open(os.path.join(here, "pages.json"), "w"))
 if args[0] == "pre-dump" and written < 0:
     open(log, "w").write("Error (criu/mem.c:45): BUG at criu/mem.c:45\n"); sys.exit(134)
+if args[0] == "dump" and arg("--prev-images-dir") and os.path.exists(os.path.join(here, "parent-fails")):
+    open(os.path.join(folder, "pages-1.img"), "wb").write(b"half")
+    open(log, "w").write("Error (criu/page-xfer.c:1): Can't open parent\n"); sys.exit(1)
 open(os.path.join(folder, "pages-1.img"), "wb").write(b"p" * written * 16)
 open(os.path.join(folder, "pagemap-42.img"), "wb").write(b"m" * 10)
 if arg("--prev-images-dir"):
@@ -154,3 +157,12 @@ def test_it_dumps_plainly_and_says_why_without_dirty_tracking_or_when_a_round_fa
     dump = data["dump"]
     assert dump["mode"] == "plain" and "round 2 failed (exit 134)" in dump["plain_because"], dump
     assert not [p for p in other.iterdir() if p.name.startswith("pre-")], "the rounds of a failed pre-dump are gone"
+
+    # The dump on top of the pre-dumps fails (the workload thawed, as CRIU leaves it): once more, plainly.
+    (bin_dir / "parent-fails").write_text("1")
+    third = image_dir.with_name("ck-0123456789abcdef0125")
+    dump = run_checkpoint(engine, bin_dir, third, [262_144, 1_000, 700, 262_144])["dump"]
+    assert dump["mode"] == "plain" and "dump on the pre-dumps failed (exit 1)" in dump["plain_because"], dump
+    assert [r["pages_written"] for r in dump["rounds"]] == [262_144] and dump["parents"] == {}
+    assert not [p for p in third.iterdir() if p.name.startswith("pre-") or p.name == "parent"]
+    assert (third / "pages-1.img").stat().st_size == 262_144 * 16

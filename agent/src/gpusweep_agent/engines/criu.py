@@ -253,11 +253,39 @@ class CriuEngine(CheckpointEngine):
         data.update(self.before_dump(pid, progress))
         image_dir.mkdir(parents=True, exist_ok=True)
         rounds, why_plain = self._pre_dumps(pid, image_dir, data, progress)
+        ok, rc, log, seconds = self._dump(pid, image_dir, data, leave_running, progress,
+                                          rounds[-1]["folder"] if rounds else "")
+        if not ok and rounds and pid_alive(pid) and not stopped(pid):
+            # CRIU thaws a workload whose dump failed: try once more without the pre-dumps, recorded as such.
+            why_plain = f"criu dump on the pre-dumps failed (exit {rc}): {tail(log)}"
+            rounds = []
+            for entry in image_dir.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            ok, rc, log, seconds = self._dump(pid, image_dir, data, leave_running, progress, "")
+        if ok and not leave_running:
+            kill_tree(pid)
+        self.after_dump(pid, leave_running, ok)
+        if not ok:
+            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
+        final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
+                                 "seconds": seconds, **dump_stats(image_dir)}
+        data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final],
+                        "parents": parent_links(image_dir),
+                        "frozen_ms": round(final["frozen_us"] / 1000, 1) if "frozen_us" in final else None,
+                        **({"plain_because": why_plain} if why_plain else {})}
+        return data
+
+    def _dump(self, pid: int, image_dir: Path, data: dict[str, Any], leave_running: bool, progress: Progress,
+              parent: str) -> tuple[bool, int, Path, float]:
+        """`criu dump`, on top of the pre-dump in `parent` if any: (complete, exit code, log, seconds)."""
         log = self.log_path(image_dir, "dump")
         args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v3",
                 *self._options(data)]
-        if rounds:
-            args += ["--track-mem", "--prev-images-dir", rounds[-1]["folder"]]
+        if parent:
+            args += ["--track-mem", "--prev-images-dir", parent]
         if leave_running:
             args.append("--leave-running")
         else:
@@ -272,18 +300,7 @@ class CriuEngine(CheckpointEngine):
         progress(helper_pid=proc.pid, log=str(log), leave_running=leave_running)
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
-        if ok and not leave_running:
-            kill_tree(pid)
-        self.after_dump(pid, leave_running, ok)
-        if not ok:
-            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
-        final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
-                                 "seconds": round(time.monotonic() - started, 3), **dump_stats(image_dir)}
-        data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final],
-                        "parents": parent_links(image_dir),
-                        "frozen_ms": round(final["frozen_us"] / 1000, 1) if "frozen_us" in final else None,
-                        **({"plain_because": why_plain} if why_plain else {})}
-        return data
+        return ok, rc, log, round(time.monotonic() - started, 3)
 
     def _options(self, data: dict[str, Any]) -> list[str]:
         return [*self.common_options, *(["--shell-job"] if data["shell_job"] else []),
