@@ -269,7 +269,10 @@ def fetch(store: LocalArtifactStore, checkpoint_id: str, source: str, token: str
     holder = _Source(source, checkpoint_id, token, timeout)
     try:
         with holder.get(MANIFEST) as response:
-            manifest = json.loads(response.read(MAX_MANIFEST + 1)[:MAX_MANIFEST + 1])
+            raw = response.read(MAX_MANIFEST + 1)
+        if len(raw) > MAX_MANIFEST:
+            raise ValueError(f"over {MAX_MANIFEST} bytes")
+        manifest = json.loads(raw)
     except (ValueError, OSError, http.client.HTTPException) as exc:
         raise TransferError(f"the manifest {source} sent for {checkpoint_id} is unreadable: {exc}") from None
     finally:
