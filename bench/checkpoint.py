@@ -28,15 +28,28 @@ Fairness on a VM: a guest page that was free for a couple of seconds is handed b
 1 GiB. An uncounted write before the plain I/O, and the deleted plain-I/O file before the
 checkpoint, leave each of them the same amount of just-freed memory.
 
+With `--pause` (issue 33) it measures instead the pause of a CRIU move as the workload sees it:
+a process holding 1 GiB that dirties 5% of its memory per second and stamps the time every 10 ms
+is registered with a real agent (`python -m gpusweep_agent.main`), checkpointed through the
+agent's API (`POST /v1/checkpoint`) and restored at once by a second agent sharing the store
+(`POST /v1/restore`, hashes verified): the pause is the largest gap between two of its own time
+stamps (an uncounted 1 GiB write, deleted, before each checkpoint: see "Fairness" above). Each
+trial does it with pre-dumps (`criu_pre_dumps` 3: rounds of `criu pre-dump
+--track-mem` while it runs, then a dump of what changed) and without (0), alternately. Where the
+kernel tracks no dirty memory the agent dumps plainly and says why; the bench prints what the
+agent recorded (mode, rounds, CRIU's frozen time). Target: a pause of 1 s or less with pre-dumps.
+
 Needs root and CRIU 4 (scripts/build-criu.sh).
 
     sudo .venv/bin/python bench/checkpoint.py [--mib 1024] [--trials 15] [--dir /var/tmp]
+    sudo .venv/bin/python bench/checkpoint.py --pause [--mib 1024] [--trials 3] [--dirty 0.05]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import shutil
 import signal
@@ -191,15 +204,134 @@ BASELINE = {
 }
 
 
+# The workload of --pause: MiB held, the share of it dirtied per second, a time stamp every 10 ms.
+DIRTIER = """
+import sys, time
+log_path, mib, share = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+state = bytearray(b"x" * (mib << 20))
+pages, tick = len(state) // 4096, 0.01
+per_tick = max(1, int(pages * share * tick))
+at = step = 0
+log = open(log_path, "a", buffering=1)
+while True:
+    step += 1
+    for _ in range(per_tick):  # one byte in each page dirties the page
+        state[at * 4096] = step & 0xFF
+        at = (at + 1) % pages
+    log.write(f"{time.time():.6f}\\n")
+    time.sleep(tick)
+"""
+
+
+def stamps(log: Path) -> list[float]:
+    return [float(line) for line in log.read_text().split()]
+
+
+def pause_trial(root: Path, number: int, mib: int, dirty: float, pre_dumps: int) -> dict[str, Any]:
+    """One move through real agents; the workload's largest gap and what the agent recorded."""
+    from agent_helpers import AgentProcess  # agent/tests: the real agent processes the tests use
+
+    store = root / f"store-{number}-{pre_dumps}"
+    source = AgentProcess(root, f"src{number}{pre_dumps}", store, criu_pre_dumps=str(pre_dumps)).start()
+    target = AgentProcess(root, f"dst{number}{pre_dumps}", store, criu_pre_dumps=str(pre_dumps)).start()
+    log = root / f"dirtier-{number}-{pre_dumps}.log"
+    script = root / "dirtier.py"
+    script.write_text(DIRTIER)
+    proc = subprocess.Popen([sys.executable, str(script), str(log), str(mib), str(dirty)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    restored = 0
+    try:
+        deadline = time.monotonic() + 60
+        while not (log.exists() and len(stamps(log)) > 100) and time.monotonic() < deadline:
+            time.sleep(0.1)  # 1 GiB allocated and a second of dirtying
+        workload = f"dirtier-{number}-{pre_dumps}"
+        source.client.call("/v1/workloads", f"reg-{workload}", workload_id=workload, pid=proc.pid)
+        # Uncounted, while it runs: as much just-freed memory for the images as the plain I/O gets
+        # above (see the docstring: free page reporting), so the pause is not the VM's host faults.
+        block = bytes(64 * 1024 * 1024)
+        with (root / "ballast.bin").open("wb") as fh:
+            for _ in range(mib // 64 + 1):
+                fh.write(block)
+        (root / "ballast.bin").unlink()
+        t0 = time.perf_counter()
+        done = source.client.wait(source.client.submit("/v1/checkpoint", f"ck-{workload}", workload_id=workload),
+                                  interval=0.01)
+        t1 = time.perf_counter()
+        if done["state"] != "succeeded":
+            raise SystemExit(f"checkpoint failed: {done.get('error')}")
+        proc.wait(30)
+        checkpoint_id = done["result"]["checkpoint_id"]
+        back = target.client.wait(target.client.submit("/v1/restore", f"rs-{workload}", checkpoint_id=checkpoint_id),
+                                  interval=0.01)
+        t2 = time.perf_counter()
+        if back["state"] != "succeeded":
+            raise SystemExit(f"restore failed: {back.get('error')}")
+        restored = int(back["result"]["pid"])
+        count = len(stamps(log))
+        while len(stamps(log)) < count + 50 and time.monotonic() < deadline + 60:
+            time.sleep(0.05)
+        times = stamps(log)
+        dump = done["result"]["manifest"]["engine_data"]["dump"]
+        return {"pause": max(b - a for a, b in itertools.pairwise(times)), "checkpoint call": t1 - t0,
+                "restore call": t2 - t1, "image bytes": done["result"]["manifest"]["total_bytes"], "dump": dump}
+    finally:
+        for pid in (proc.pid, restored):
+            if pid and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+        source.stop()
+        target.stop()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def pause_main(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="gpusweep-pause-", dir=args.dir))
+    sys.path.insert(0, str(REPO / "agent" / "tests"))
+    results: dict[int, list[dict[str, Any]]] = {3: [], 0: []}
+    try:
+        for number in range(1, args.trials + 1):
+            for pre_dumps in results:
+                result = pause_trial(root, number, args.mib, args.dirty, pre_dumps)
+                results[pre_dumps].append(result)
+                dump = result["dump"]
+                rounds = ", ".join(f"{r['kind']} {r['seconds']:.2f} s {r.get('pages_written', '?')} pages"
+                                   for r in dump["rounds"])
+                print(f"trial {number}, criu_pre_dumps {pre_dumps}: pause {result['pause']:.3f} s (checkpoint "
+                      f"call {result['checkpoint call']:.3f} s, restore call {result['restore call']:.3f} s); "
+                      f"agent recorded {dump['mode']}: {rounds}; CRIU frozen {dump['frozen_ms']} ms"
+                      + (f"; plain because: {dump['plain_because']}" if dump.get("plain_because") else ""),
+                      flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\nprocess holding {args.mib} MiB, dirtying {args.dirty:.0%} of it per second; {args.trials} trials "
+          f"each; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{'median':36} {'pause':>8} {'checkpoint':>11} {'restore':>8}  dumps as the agent recorded them")
+    for pre_dumps, rows in results.items():
+        modes = sorted({r["dump"]["mode"] for r in rows})
+        print(f"{'with pre-dumps (criu_pre_dumps 3)' if pre_dumps else 'without (criu_pre_dumps 0)':36} "
+              f"{statistics.median(r['pause'] for r in rows):7.3f}s "
+              f"{statistics.median(r['checkpoint call'] for r in rows):10.3f}s "
+              f"{statistics.median(r['restore call'] for r in rows):7.3f}s  {', '.join(modes)}")
+    with_pre = statistics.median(r["pause"] for r in results[3])
+    print(f"target: pause <= 1 s with pre-dumps: {with_pre:.3f} s ({'met' if with_pre <= 1 else 'MISSED'})")
+    return 0 if with_pre <= 1 else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=1024, help="memory the process holds (MiB)")
-    parser.add_argument("--trials", type=int, default=15, help="trials; the figures are medians")
+    parser.add_argument("--trials", type=int, default=None, help="trials; the figures are medians (15, --pause 3)")
     parser.add_argument("--dir", default=None, help="folder for images and the plain I/O (default: a temp folder)")
+    parser.add_argument("--pause", action="store_true", help="the pause of a move, with and without pre-dumps")
+    parser.add_argument("--dirty", type=float, default=0.05, help="--pause: share of its memory dirtied per second")
     args = parser.parse_args()
     if os.geteuid() != 0 or shutil.which("criu") is None:
         print("bench/checkpoint.py needs root and CRIU 4: run scripts/build-criu.sh as root", file=sys.stderr)
         return 2
+    if args.pause:
+        args.trials = args.trials or 3
+        return pause_main(args)
+    args.trials = args.trials or 15
 
     root = Path(tempfile.mkdtemp(prefix="gpusweep-bench-", dir=args.dir))
     config = AgentConfig(node="bench", key="bench", state_dir=root / "state", artifact_dir=root / "artifacts")

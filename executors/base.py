@@ -163,6 +163,20 @@ class CheckpointResult:
     total_bytes: int = 0
     steps: int | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
+    # How a criu image was taken, for the evidence (dump_summary): {} where the engine says nothing.
+    dump: dict[str, Any] = field(default_factory=dict)
+
+
+def dump_summary(engine_data: dict[str, Any]) -> dict[str, Any]:
+    """What the evidence keeps of the agent's account of a criu dump (gpusweep_agent/engines/criu.py): plain or
+    with pre-dumps (and why plain), each round's seconds and pages written, and how long CRIU kept it frozen."""
+    dump = engine_data.get("dump")
+    if not isinstance(dump, dict):
+        return {}
+    rounds = [{k: r[k] for k in ("round", "kind", "seconds", "pages_written", "frozen_us") if k in r}
+              for r in dump.get("rounds") or [] if isinstance(r, dict)]
+    summary = {"mode": dump.get("mode"), "rounds": rounds, "frozen_ms": dump.get("frozen_ms")}
+    return {**summary, "plain_because": dump["plain_because"]} if dump.get("plain_because") else summary
 
 
 @dataclass(frozen=True)

@@ -747,7 +747,8 @@ class KubernetesExecutor(Executor):
             # The agent checks a restore against its own facts, so it gets the rule applied to its own.
             mine = self._requirements(pod, engine, self.agents.own_facts(ref), gpus)
             done = self.agents.checkpoint(ref, self._workload_id(pod), engine, operation_id, requires=mine.as_dict())
-            taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps}
+            taken = {"id": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes, "steps": done.steps,
+                     "dump": done.dump}
         record = {**taken, "op": operation_id, "engine": engine, "via": via, "node": node.name, "pod": workload_id,
                   "requires": requires, "uid": str(_meta(pod).get("uid", "")), "claims": claims,
                   **({"controller": kind} if kind == "StatefulSet" else {})}
@@ -785,7 +786,7 @@ class KubernetesExecutor(Executor):
             total_bytes=int(record.get("bytes") or 0), steps=int(steps) if steps is not None else None,
             manifest={"pod": workload_id, "node": record.get("node"), "engine": record.get("engine"),
                       "via": record.get("via"), "archives": record.get("archives", []),
-                      "requires": record.get("requires", {})})
+                      "requires": record.get("requires", {})}, dump=dict(record.get("dump") or {}))
 
     def _kubelet_checkpoint(self, node: NodeRef, pod: dict[str, Any]) -> dict[str, Any]:
         """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container."""

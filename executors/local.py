@@ -6,8 +6,9 @@ run the agent. Scheduling is the agent's own: maintenance mode stops it admittin
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
+
+from gpusweep_agent.transfer import image_digest
 
 from executors import portability
 from executors.agent_client import AgentClient, fleet_secret
@@ -25,6 +26,7 @@ from executors.base import (
     RollbackResult,
     VerifyResult,
     WorkloadInfo,
+    dump_summary,
     gpu_users_from,
     health_result,
     is_bare_process,
@@ -161,12 +163,11 @@ class LocalExecutor(Executor):
         manifest: dict[str, Any] = result.get("manifest") or {}
         if not result.get("checkpoint_id"):
             raise PermanentExecutorError(f"agent {node.identity} returned no checkpoint id for {workload_id}")
-        # The image's identity for the evidence: the hash over its files' hashes, in manifest order.
-        files = manifest.get("files") or []
-        digest = hashlib.sha256("".join(str(f.get("sha256", "")) for f in files).encode()).hexdigest()
         return CheckpointResult(
-            checkpoint_id=str(result["checkpoint_id"]), sha256=digest,
+            # The image's identity for the evidence, as the receiving agent checks it (transfer.image_digest).
+            checkpoint_id=str(result["checkpoint_id"]), sha256=image_digest(manifest),
             total_bytes=int(manifest.get("total_bytes") or 0), steps=saved_steps(manifest), manifest=manifest,
+            dump=dump_summary(manifest.get("engine_data") or {}),
         )
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:

@@ -543,7 +543,7 @@ class SlurmExecutor(Executor):
         output = self._output_of(ref, workload_id)
         done = self.agents.checkpoint(ref, workload_id, engine, operation_id, requires=mine.as_dict())
         record = {"ck_op": operation_id, "ck": done.checkpoint_id, "sha256": done.sha256, "bytes": done.total_bytes,
-                  "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint,
+                  "steps": done.steps, "engine": engine, "node": node.name, "endpoint": ref.endpoint, "dump": done.dump,
                   "requires": requires, "output": output, "prior": prior, "was": _constraints_of(job)}
         # The record first: a retry after a crash finds the checkpoint, then finishes the requeue.
         self._slurm(f"record checkpoint on job {job_id}", self.slurm.update_job, job_id,
@@ -581,7 +581,8 @@ class SlurmExecutor(Executor):
             total_bytes=int(record.get("bytes") or 0), steps=int(steps) if steps is not None else None,
             manifest={"job": workload_id, "node": record.get("node"), "engine": record.get("engine"),
                       "requires": record.get("requires", {}),
-                      **({"output": record["output"]} if record.get("output") else {})})
+                      **({"output": record["output"]} if record.get("output") else {})},
+            dump=dict(record.get("dump") or {}))
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
         """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process

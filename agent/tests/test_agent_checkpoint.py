@@ -26,7 +26,7 @@ from agent_helpers import (
     wait_steps,
 )
 from gpusweep_agent.agent import PR_SET_CHILD_SUBREAPER
-from gpusweep_agent.engines.criu import kill_tree, processes_mentioning
+from gpusweep_agent.engines.criu import dirty_tracking_missing, kill_tree, processes_mentioning
 from gpusweep_agent.util import pid_alive
 
 from conftest import need
@@ -65,6 +65,15 @@ def test_it_moves_a_200mb_process_from_agent_a_to_agent_b(agents, tmp_path: Path
     assert manifest["fingerprint"]["driver"] == "570.86.15"
     assert all(len(f["sha256"]) == 64 for f in manifest["files"])
     assert (store / op["result"]["checkpoint_id"] / "manifest.json").is_file()
+    dump = manifest["engine_data"]["dump"]
+    if dirty_tracking_missing("criu"):
+        # This kernel tracks no dirty memory (no CONFIG_MEM_SOFT_DIRTY): a plain dump, saying why in CRIU's words.
+        assert dump["mode"] == "plain" and "mem_dirty_track" in dump["plain_because"], dump
+        assert [r["kind"] for r in dump["rounds"]] == ["dump"]
+    else:
+        assert dump["mode"] == "pre-dump" and dump["rounds"][0]["kind"] == "pre-dump", dump
+        assert dump["rounds"][0]["pages_written"] > 200 * 256 > dump["rounds"][-1]["pages_written"]
+    assert dump["rounds"][-1]["pages_written"] > 0 and dump["frozen_ms"] > 0
     time.sleep(0.5)
     assert steps(log) == at_checkpoint, "the workload kept running after its checkpoint"
 

@@ -242,6 +242,8 @@ def _checkpointed(sweep: NodeSweep, move: WorkloadMove, engine: str, result: Che
              "requires": move.detail.get("requires"), **origin_of(move),
              # What the move does to the job's output files, where the back end knows (Slurm: kept or appended).
              **({"output": result.manifest["output"]} if result.manifest.get("output") else {})}
+    if result.dump:  # a criu image: plain or after pre-dumps, each round and the time CRIU held it frozen
+        entry["dump"] = result.dump
     home = move.detail.get("planned") == "return_home"
     fields: dict[str, Any] = {"checkpoint_id": result.checkpoint_id, "checkpoint_sha256": result.sha256,
                               "steps_before": result.steps}

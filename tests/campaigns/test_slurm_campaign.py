@@ -118,6 +118,13 @@ def test_a_campaign_over_two_of_four_nodes_moves_each_job_which_goes_on_and_stay
     done = drive(start_campaign(["gpu01", "gpu02"]).pk)
     moves = completed_moves(done)
     assert sorted(moves) == sorted(f"slurm-{j}" for j in jobs.values())
+    # The evidence says how the CRIU image was taken (plain here: no dirty-memory tracking in this kernel,
+    # with CRIU's words; else after pre-dumps), round by round, and how long CRIU kept the job frozen.
+    dumps = {e.data["engine"]: e.data.get("dump") for e in EvidenceEvent.objects.filter(campaign=done,
+                                                                                        kind="checkpointed")}
+    assert dumps["signal"] is None and dumps["criu"]["rounds"][-1]["kind"] == "dump", dumps
+    assert dumps["criu"]["frozen_ms"] > 0 and (dumps["criu"]["mode"] == "pre-dump"
+                                               or "mem_dirty_track" in dumps["criu"]["plain_because"])
     for node, job_id in jobs.items():
         move = moves[f"slurm-{job_id}"]
         assert move.target_node is not None

@@ -645,8 +645,8 @@ class Agent:
                     self.operations.update(op_id, state="failed", finished_at=utcnow(), error=str(exc),
                                            result=exc.result)
                     return
-                result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id, {}, leave,
-                                                 requires=record["params"].get("requires"))
+                result = self._finish_checkpoint(op_id, workload, progress["engine"], checkpoint_id,
+                                                 engine.recovered, leave, requires=record["params"].get("requires"))
                 self.operations.update(op_id, state="succeeded", finished_at=utcnow(),
                                        result={**result, "recovered": True})
                 return

@@ -25,7 +25,7 @@ RESTORED = "restored.json"
 SCHEMA = "gpusweep.checkpoint/1"
 # What must match between the node a checkpoint was taken on and the restore target.
 FINGERPRINT_KEYS = ("gpu_model", "driver", "cuda", "engine", "engine_version", "model_name", "model_version")
-_CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
+CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
 
 
 class ArtifactError(Exception):
@@ -118,7 +118,7 @@ class GrowingFileHasher:
     match what was hashed; anything else is hashed again from the start.
     """
 
-    def __init__(self, folder: Path, pattern: str = "pages-*.img", chunk: int = 4 * 1024 * 1024) -> None:
+    def __init__(self, folder: Path, pattern: str = "**/pages-*.img", chunk: int = 4 * 1024 * 1024) -> None:
         self.folder, self.pattern, self.chunk = folder, pattern, chunk
         self._files: dict[str, tuple[int, int, Any]] = {}
         self._stop = threading.Event()
@@ -150,11 +150,13 @@ class GrowingFileHasher:
         progressed = False
         if not self.folder.is_dir():
             return False
+        # "**" takes in the pre-dump rounds' folders (engines/criu.py), never following their `parent` links.
         for path in self.folder.glob(self.pattern):
+            rel = path.relative_to(self.folder).as_posix()
             try:
                 with path.open("rb") as fh:
                     st = os.fstat(fh.fileno())
-                    ino, offset, digest = self._files.get(path.name, (st.st_ino, 0, None))
+                    ino, offset, digest = self._files.get(rel, (st.st_ino, 0, None))
                     if digest is None or ino != st.st_ino:
                         ino, offset, digest = st.st_ino, 0, hashlib.sha256()
                     fh.seek(offset)
@@ -165,13 +167,13 @@ class GrowingFileHasher:
                         digest.update(block)
                         offset += len(block)
                         progressed = True
-                    self._files[path.name] = (ino, offset, digest)
+                    self._files[rel] = (ino, offset, digest)
             except FileNotFoundError:
                 continue
         return progressed
 
     def digests(self) -> dict[str, tuple[int, int, str]]:
-        """name -> (inode, size hashed, sha256), once the hasher has stopped."""
+        """path in the folder -> (inode, size hashed, sha256), once the hasher has stopped."""
         return {name: (ino, size, digest.hexdigest()) for name, (ino, size, digest) in self._files.items()}
 
 
@@ -234,7 +236,7 @@ class LocalArtifactStore(ArtifactStore):
         files = []
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(folder).as_posix()
-            if rel in _CONTROL_FILES:
+            if rel in CONTROL_FILES:
                 continue
             st = path.stat()
             early = (hashed or {}).get(rel)
@@ -281,7 +283,7 @@ class LocalArtifactStore(ArtifactStore):
                 problems.append(f"{entry['path']}: sha256 differs from the manifest")
         for path in folder.rglob("*"):
             rel = path.relative_to(folder).as_posix()
-            if path.is_file() and rel not in listed and rel not in _CONTROL_FILES:
+            if path.is_file() and rel not in listed and rel not in CONTROL_FILES:
                 problems.append(f"{rel}: not in the manifest")
         if problems:
             raise ArtifactError(f"checkpoint {checkpoint_id} is corrupted: " + "; ".join(sorted(problems)))

@@ -47,6 +47,9 @@ class AgentConfig:
     criu: str = "criu"
     # Flush a checkpoint's images to disk before it counts as taken (the node is patched and rebooted next).
     checkpoint_fsync: bool = True
+    # At most this many `criu pre-dump` rounds while the workload runs, before its (short) final dump;
+    # 0: a plain dump. Needs the kernel's dirty-memory tracking; without it the dump is plain (and says so).
+    criu_pre_dumps: int = 3
     signal_timeout: float = 60.0
     # name -> dotted path of a CheckpointEngine / PatchMethod / Probe class; merged over the built-ins.
     engines: dict[str, str] = field(default_factory=dict)

@@ -39,6 +39,7 @@ class CheckpointEngine:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.recovered: dict[str, Any] = {}
 
     def check(self) -> None:
         """Raise EngineUnavailable when the engine cannot run here."""
@@ -49,7 +50,8 @@ class CheckpointEngine:
         raise NotImplementedError
 
     def recover(self, workload: dict[str, Any], image_dir: Path, state: dict[str, Any]) -> bool:
-        """After an agent restart mid-checkpoint: True when the image is complete and usable."""
+        """After an agent restart mid-checkpoint: True when the image is complete and usable. The engine
+        data a restore needs, as far as it can be read from the image, is left in ``recovered``."""
         return False
 
     def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:

@@ -1,4 +1,15 @@
-"""The `criu` engine: the whole process tree (memory, threads, open files) through CRIU 4."""
+"""The `criu` engine: the whole process tree (memory, threads, open files) through CRIU 4.
+
+Pre-dumps shorten the pause: while the workload runs, rounds of ``criu pre-dump --track-mem``
+copy its memory, each round only what changed since the one before (the kernel's soft-dirty
+bits), until little changes; then ``criu dump --track-mem --prev-images-dir`` freezes it and
+writes only the last changes. Each round is a folder of the image (``pre-1``, ``pre-2``...), and
+CRIU links each dump to the round before it (``parent``); the manifest lists files only, so the
+links are recorded in the engine data and put back before a restore (a fetched copy has none).
+Where the kernel tracks no dirty memory (``criu check --feature mem_dirty_track`` fails, e.g. a
+kernel built without CONFIG_MEM_SOFT_DIRTY) the dump is a plain one, and the engine data says so
+with CRIU's words. Every round's figures (CRIU's own stats) and the frozen time go to the evidence.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +22,118 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import fsync_tree
 from ..util import pid_alive, proc_stat
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
 DUMP_OK = "Dumping finished successfully"
+# A pre-dump round that wrote fewer pages than this (16 MiB) leaves the final dump little to do.
+PRE_DUMP_ENOUGH_PAGES = 4096
+# CRIU's DumpStatsEntry (images/stats.proto): field number -> our name; times in microseconds.
+STATS_FIELDS = {1: "freezing_us", 2: "frozen_us", 3: "memdump_us", 4: "memwrite_us", 5: "pages_scanned",
+                6: "pages_skipped_parent", 7: "pages_written"}
 
 
 _versions: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
+_dirty_tracking: dict[tuple[str, int, int], str] = {}
 
 
-def criu_version(binary: str) -> tuple[int, ...] | None:
+def _binary_key(binary: str) -> tuple[str, int, int] | None:
+    # Asked once per binary (by path, inode and mtime): every checkpoint checks, and a run costs ~10 ms.
     path = shutil.which(binary)
     if not path:
         return None
-    # Asked once per binary (by path, inode and mtime): every checkpoint checks, and a run costs ~10 ms.
     st = os.stat(path)
-    key = (path, st.st_ino, st.st_mtime_ns)
+    return (path, st.st_ino, st.st_mtime_ns)
+
+
+def criu_version(binary: str) -> tuple[int, ...] | None:
+    key = _binary_key(binary)
+    if key is None:
+        return None
     if key not in _versions:
-        _versions[key] = _run_version(path)
+        _versions[key] = _run_version(key[0])
     return _versions[key]
+
+
+def dirty_tracking_missing(binary: str) -> str:
+    """"" when CRIU can track the memory a process dirties (what pre-dumps need); else why not, in CRIU's words."""
+    key = _binary_key(binary)
+    if key is None:
+        return f"criu not found ({binary})"
+    if key not in _dirty_tracking:
+        done = subprocess.run([key[0], "check", "--feature", "mem_dirty_track"], capture_output=True, text=True,
+                              timeout=30, check=False)
+        said = " ".join((done.stdout + done.stderr).split())
+        _dirty_tracking[key] = "" if done.returncode == 0 else \
+            f"criu check --feature mem_dirty_track: exit {done.returncode}: {said or 'no output'}"
+    return _dirty_tracking[key]
+
+
+def _protobuf_fields(data: bytes) -> dict[int, int | bytes]:
+    """The varint and length-delimited fields of one protobuf message (all CRIU's stats use)."""
+    fields: dict[int, int | bytes] = {}
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = data[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while at < len(data):
+        key = varint()
+        if key & 7 == 0:
+            fields[key >> 3] = varint()
+        elif key & 7 == 2:
+            size = varint()
+            fields[key >> 3] = data[at:at + size]
+            at += size
+        else:
+            break  # a wire type CRIU's stats do not use: stop rather than misread
+    return fields
+
+
+def dump_stats(folder: Path) -> dict[str, int]:
+    """CRIU's own figures of the (pre-)dump in `folder`: its ``stats-dump`` image, a StatsEntry after
+    two magic words and a size ({} when there is none or it cannot be read)."""
+    try:
+        data = (folder / "stats-dump").read_bytes()
+        dump = _protobuf_fields(data[12:12 + int.from_bytes(data[8:12], "little")]).get(1)
+        fields = _protobuf_fields(dump) if isinstance(dump, bytes) else {}
+    except (OSError, IndexError):
+        return {}
+    return {name: value for number, name in STATS_FIELDS.items() if isinstance(value := fields.get(number), int)}
+
+
+def parent_links(image_dir: Path) -> dict[str, str]:
+    """The ``parent`` links CRIU left from each dump to the pre-dump before it: folder ("" for the image's
+    own) -> where its link points, relative to it (link_parents puts them back)."""
+    found: dict[str, str] = {}
+    for folder in [image_dir, *sorted(image_dir.glob("pre-*"))]:
+        link = folder / "parent"
+        if link.is_symlink():
+            found["" if folder == image_dir else folder.name] = os.readlink(link)
+    return found
+
+
+def link_parents(image_dir: Path, engine_data: dict[str, Any]) -> None:
+    """Put back the ``parent`` links from each dump to the pre-dump before it, as recorded at the checkpoint."""
+    root = image_dir.resolve()
+    for rel, target in ((engine_data.get("dump") or {}).get("parents") or {}).items():
+        folder = image_dir / rel if rel else image_dir
+        if root not in (folder / target).resolve().parents or root not in [folder.resolve(), *folder.resolve().parents]:
+            raise EngineError(f"the image's parent link {rel or '.'} -> {target} leaves the image folder")
+        link = folder / "parent"
+        if link.is_symlink() and os.readlink(link) == target:
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
 
 
 def _run_version(path: str) -> tuple[int, ...] | None:
@@ -113,6 +217,8 @@ class CriuEngine(CheckpointEngine):
     live = True
     # File locks are common in real jobs and harmless when absent; --tcp-established is added when needed.
     common_options = ("--file-locks",)
+    # Pre-dumps copy memory while the process runs (the cuda engine moves GPU memory only at its dump).
+    pre_dumps = True
 
     def check(self) -> None:
         version = criu_version(self.config.criu)
@@ -146,13 +252,40 @@ class CriuEngine(CheckpointEngine):
         data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid, "tcp_established": has_tcp_connections(pid)}
         data.update(self.before_dump(pid, progress))
         image_dir.mkdir(parents=True, exist_ok=True)
+        rounds, why_plain = self._pre_dumps(pid, image_dir, data, progress)
+        ok, rc, log, seconds = self._dump(pid, image_dir, data, leave_running, progress,
+                                          rounds[-1]["folder"] if rounds else "")
+        if not ok and rounds and pid_alive(pid) and not stopped(pid):
+            # CRIU thaws a workload whose dump failed: try once more without the pre-dumps, recorded as such.
+            why_plain = f"criu dump on the pre-dumps failed (exit {rc}): {tail(log)}"
+            rounds = []
+            for entry in image_dir.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            ok, rc, log, seconds = self._dump(pid, image_dir, data, leave_running, progress, "")
+        if ok and not leave_running:
+            kill_tree(pid)
+        self.after_dump(pid, leave_running, ok)
+        if not ok:
+            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
+        final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
+                                 "seconds": seconds, **dump_stats(image_dir)}
+        data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final],
+                        "parents": parent_links(image_dir),
+                        "frozen_ms": round(final["frozen_us"] / 1000, 1) if "frozen_us" in final else None,
+                        **({"plain_because": why_plain} if why_plain else {})}
+        return data
+
+    def _dump(self, pid: int, image_dir: Path, data: dict[str, Any], leave_running: bool, progress: Progress,
+              parent: str) -> tuple[bool, int, Path, float]:
+        """`criu dump`, on top of the pre-dump in `parent` if any: (complete, exit code, log, seconds)."""
         log = self.log_path(image_dir, "dump")
         args = [self.config.criu, "dump", "-t", str(pid), "-D", str(image_dir), "-o", str(log), "-v3",
-                *self.common_options]
-        if data["shell_job"]:
-            args.append("--shell-job")
-        if data["tcp_established"]:
-            args.append("--tcp-established")
+                *self._options(data)]
+        if parent:
+            args += ["--track-mem", "--prev-images-dir", parent]
         if leave_running:
             args.append("--leave-running")
         else:
@@ -161,17 +294,57 @@ class CriuEngine(CheckpointEngine):
             args.append("--leave-stopped")
         # Its own session and no pipes back to us: if the agent dies, CRIU still finishes (or
         # fails and thaws the process), and the log says which.
+        started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         progress(helper_pid=proc.pid, log=str(log), leave_running=leave_running)
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
-        if ok and not leave_running:
-            kill_tree(pid)
-        self.after_dump(pid, leave_running, ok)
-        if not ok:
-            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
-        return data
+        return ok, rc, log, round(time.monotonic() - started, 3)
+
+    def _options(self, data: dict[str, Any]) -> list[str]:
+        return [*self.common_options, *(["--shell-job"] if data["shell_job"] else []),
+                *(["--tcp-established"] if data["tcp_established"] else [])]
+
+    def _pre_dumps(self, pid: int, image_dir: Path, data: dict[str, Any],
+                   progress: Progress) -> tuple[list[dict[str, Any]], str]:
+        """Copy the workload's memory while it runs, round after round, each round only the pages
+        dirtied since the one before, until a round writes little (PRE_DUMP_ENOUGH_PAGES) or no
+        less than half the round before (the workload dirties as fast as we copy), or
+        ``criu_pre_dumps`` rounds. Returns the rounds, or none and why the dump is a plain one."""
+        if self.config.criu_pre_dumps <= 0 or not self.pre_dumps:
+            return [], "pre-dumps are off (criu_pre_dumps = 0)" if self.pre_dumps else ""
+        missing = dirty_tracking_missing(self.config.criu)
+        if missing:
+            return [], missing
+        rounds: list[dict[str, Any]] = []
+        for number in range(1, self.config.criu_pre_dumps + 1):
+            folder = f"pre-{number}"
+            (image_dir / folder).mkdir()
+            log = self.log_path(image_dir, f"pre-dump-{number}")
+            args = [self.config.criu, "pre-dump", "-t", str(pid), "-D", str(image_dir / folder), "-o", str(log),
+                    "-v3", "--track-mem", *self._options(data)]
+            if rounds:
+                args += ["--prev-images-dir", f"../{rounds[-1]['folder']}"]
+            started = time.monotonic()
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            progress(helper_pid=proc.pid, log=str(log), leave_running=True)
+            if proc.wait() != 0:
+                # A pre-dump leaves the workload running whatever happens: drop the rounds, dump plainly.
+                for done in (*rounds, {"folder": folder}):
+                    shutil.rmtree(image_dir / done["folder"], ignore_errors=True)
+                return [], f"criu pre-dump round {number} failed (exit {proc.returncode}): {tail(log)}"
+            stats = dump_stats(image_dir / folder)
+            if self.config.checkpoint_fsync:
+                fsync_tree(image_dir / folder)  # while the workload runs, not in its pause
+            rounds.append({"round": number, "kind": "pre-dump", "folder": folder,
+                           "seconds": round(time.monotonic() - started, 3), **stats})
+            written = stats.get("pages_written")
+            before = rounds[-2].get("pages_written") if len(rounds) > 1 else None
+            if written is None or written < PRE_DUMP_ENOUGH_PAGES or (before is not None and written * 2 > before):
+                break
+        return rounds, ""
 
     def recover(self, workload: dict[str, Any], image_dir: Path, state: dict[str, Any]) -> bool:
         # The agent may have died before it recorded CRIU's pid: find CRIU by its image folder.
@@ -183,6 +356,9 @@ class CriuEngine(CheckpointEngine):
             time.sleep(0.1)
         log = Path(state.get("log") or self.log_path(image_dir, "dump"))
         complete = log.is_file() and DUMP_OK in log.read_text(errors="replace")
+        # Rounds of pre-dump the image builds on: recorded as the checkpoint would have (the agent died first).
+        self.recovered = {"dump": {"mode": "pre-dump" if parent_links(image_dir) else "plain", "recovered": True,
+                                   "rounds": [], "parents": parent_links(image_dir), "frozen_ms": None}}
         pid = int(workload.get("pid") or 0)
         if complete and not state.get("leave_running") and pid and stopped(pid):
             # The agent died between CRIU's end and its kill: finish what it was about to do.
@@ -192,6 +368,7 @@ class CriuEngine(CheckpointEngine):
     def restore_args(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> tuple[list[str], Path]:
         """The `criu restore` command line (detached, with a pidfile) and its pidfile."""
         engine_data = manifest.get("engine_data", {})
+        link_parents(image_dir, engine_data)
         work_dir.mkdir(parents=True, exist_ok=True)
         pidfile = work_dir / "restored.pid"
         pidfile.unlink(missing_ok=True)

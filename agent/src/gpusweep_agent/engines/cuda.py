@@ -78,6 +78,8 @@ class CudaCheckpoint:
 class CudaEngine(CriuEngine):
     name = "cuda"
     lock_timeout_ms = 30_000
+    # The GPU's memory reaches host memory only at the dump (before_dump): pre-dumps would copy the rest twice.
+    pre_dumps = False
 
     def __init__(self, config: AgentConfig) -> None:
         super().__init__(config)
