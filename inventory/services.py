@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from gpusweep.db.bulk import db_datetime, db_json, insert_rows
 from gpusweep.db.reads import prepared_cursor, select_rows
-from inventory import queries
+from inventory import identity, queries
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
@@ -130,6 +130,10 @@ class ObservedWorkload:
     requires: dict[str, str] = field(default_factory=dict)
     # All nodes held (multi-node jobs); empty means just `node`.
     nodes: list[str] = field(default_factory=list)
+    # The fields this observation speaks for on a row that exists (None: all of them). A gpusweep-run
+    # registration joined to its scheduler's workload owns only its own (inventory.identity): it
+    # creates the row when it reports first, and never revives one its scheduler ended.
+    owns: frozenset[str] | None = None
 
 
 @dataclass
@@ -171,6 +175,9 @@ class SyncResult:
     changed_components: dict[str, list[str]] = field(default_factory=dict)
     # node name -> versions its agent reported while a campaign patches it, not yet taken (PENDING_VERIFICATION)
     held_versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Registrations whose scheduler's workload has ended here (inventory.identity): not stored; the
+    # agent's next heartbeat is a full one, so they are joined once the scheduler reports the job again.
+    unattached: list[str] = field(default_factory=list)
     # Seconds per phase, for bench/inventory.py and slow-sync investigations.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -607,16 +614,24 @@ def _apply_workloads(
     updates: list[Workload] = []
     fields: set[str] = set()
     observed_keys: set[tuple[str, str]] = set()
+    placed: list[ObservedWorkload] = []  # those whose nodes this source sets
     for observed in snapshot.workloads:
         key = (observed.kind, observed.scheduler_id)
+        row = existing.get(key)
+        if observed.owns is not None and row is not None and row["gone_at"] is not None:
+            result.unattached.append(observed.scheduler_id)  # its scheduler ended it: not ours to revive
+            continue
         observed_keys.add(key)
         values: dict[str, Any] = {f: getattr(observed, f) for f in WORKLOAD_FIELDS if f != "node_id"}
         values["node_id"] = node_ids.get(observed.node) if observed.node else None
-        row = existing.get(key)
         if row is None:
             creates.append(Workload(cluster=cluster, kind=observed.kind, scheduler_id=observed.scheduler_id,
                                     last_seen=now, **values))
+            placed.append(observed)
             continue
+        values = _owned_values(values, observed, source)
+        if "node_id" in values:
+            placed.append(observed)
         diff = {f: [row[f], v] for f, v in values.items() if row[f] != v}
         if row["gone_at"] is not None:
             diff["gone_at"] = [row["gone_at"], None]
@@ -657,10 +672,20 @@ def _apply_workloads(
         Workload.objects.filter(pk__in=seen_ids[start:start + BATCH]).update(last_seen=now)
     ids = {key: row["id"] for key, row in existing.items()}
     ids.update({(w.kind, w.scheduler_id): w.pk for w in creates})
-    moved = _apply_workload_nodes(snapshot.workloads, ids, node_ids)
+    moved = _apply_workload_nodes(placed, ids, node_ids)
     result.workloads_added = len(creates)
     result.workloads_changed = len({w.pk for w in updates} | (moved - {w.pk for w in creates}))
     result.workloads_removed = len(gone)
+
+
+def _owned_values(values: dict[str, Any], observed: ObservedWorkload, source: str) -> dict[str, Any]:
+    """What `observed` may change on its existing row: the fields it owns (inventory.identity), and of the
+    registration's fields never a scheduler's empty value over a known one."""
+    if observed.owns is not None:
+        values = {f: v for f, v in values.items() if f in observed.owns}
+    if source != ChangeSource.AGENT:
+        values = {f: v for f, v in values.items() if f not in identity.AGENT_FIELDS or v not in identity.EMPTY_VALUES}
+    return values
 
 
 def _apply_workload_nodes(
@@ -826,7 +851,9 @@ def _clear_pending(node_id: int, recorded: dict[str, ParsedVersion]) -> None:
 
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
                   user_id: int | None = None) -> bool:
-    """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
+    """Record that a workload now runs on `node_id` as `scheduler_id` (an executor's id: a job's
+    ``slurm-<jobid>`` is the job's row, inventory.identity); False when it already did."""
+    scheduler_id = identity.inventory_id(scheduler_id)
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         # The workload, and any row its target's own source already made for it, in one read.
         with prepared_cursor() as cursor:
