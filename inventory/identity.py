@@ -27,8 +27,7 @@ SLURM_PREFIX = "slurm-"
 SCHEDULER_FIELDS = frozenset({"node_id", "name", "user", "state", "gpus", "started_at", "time_limit"})
 # The fields a registration owns: what only the payload's wrapper knows. A scheduler's empty value
 # ("", "none", {}) never overwrites them (a Slurm job says nothing of its checkpoint engine).
-AGENT_FIELDS = frozenset({"checkpoint_engine", "engine", "engine_version", "model_name", "model_version",
-                          "requires"})
+AGENT_FIELDS = frozenset({"checkpoint_engine", "engine", "engine_version", "model_name", "model_version", "requires"})
 EMPTY_VALUES: tuple[Any, ...] = ("", "none", {}, None)
 
 

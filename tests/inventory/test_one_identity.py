@@ -40,45 +40,84 @@ def cluster() -> Cluster:
 
 
 def sinfo_node(name: str, gres: str = "gpu:4") -> dict[str, Any]:
-    return {"name": name, "gres": gres, "state": "idle", "active_features": "", "partitions": ["gpu"],
-            "cpus": 32, "real_memory": 256000, "operating_system": "Linux 6.1.0-27-amd64 #1 SMP"}
+    return {
+        "name": name,
+        "gres": gres,
+        "state": "idle",
+        "active_features": "",
+        "partitions": ["gpu"],
+        "cpus": 32,
+        "real_memory": 256000,
+        "operating_system": "Linux 6.1.0-27-amd64 #1 SMP",
+    }
 
 
 def squeue_job(job_id: int, node: str = "gpu01", gpus: int = 1) -> dict[str, Any]:
-    return {"job_id": job_id, "job_state": "RUNNING", "batch_host": node, "nodes": node, "name": "train",
-            "user_name": "alice", "tres_per_node": f"gres:gpu:{gpus}", "node_count": 1,
-            "start_time": 1_796_000_000, "time_limit": 600}
+    return {
+        "job_id": job_id,
+        "job_state": "RUNNING",
+        "batch_host": node,
+        "nodes": node,
+        "name": "train",
+        "user_name": "alice",
+        "tres_per_node": f"gres:gpu:{gpus}",
+        "node_count": 1,
+        "start_time": 1_796_000_000,
+        "time_limit": 600,
+    }
 
 
 def slurm_sync(cluster: Cluster, jobs: list[dict[str, Any]], nodes: tuple[str, ...] = ("gpu01", "gpu02")):
     """What `sync_cluster` does with what sinfo and squeue printed."""
-    snapshot = Snapshot(nodes=[node_from_slurm(sinfo_node(n), {"nvdriver_": "driver"}) for n in nodes],
-                        workloads=[w for w in map(workload_from_slurm, jobs) if w is not None],
-                        complete=True, workload_kinds=frozenset({WorkloadKind.SLURM_JOB}))
+    snapshot = Snapshot(
+        nodes=[node_from_slurm(sinfo_node(n), {"nvdriver_": "driver"}) for n in nodes],
+        workloads=[w for w in map(workload_from_slurm, jobs) if w is not None],
+        complete=True,
+        workload_kinds=frozenset({WorkloadKind.SLURM_JOB}),
+    )
     return apply_snapshot(cluster, snapshot, ChangeSource.SLURM)
 
 
 def registration(job_id: int, owner: bool = True) -> dict[str, Any]:
     """gpusweep-run's registration inside job `job_id`, as the agent's heartbeat lists it."""
-    item = {"kind": "process", "scheduler_id": f"slurm-{job_id}", "name": "train.sh", "gpus": 0,
-            "started_at": "2026-12-01T07:00:00Z", "checkpoint_engine": "criu", "engine": "vllm",
-            "engine_version": "0.6.3", "model_name": "llama", "model_version": "3.1"}
+    item = {
+        "kind": "process",
+        "scheduler_id": f"slurm-{job_id}",
+        "name": "train.sh",
+        "gpus": 0,
+        "started_at": "2026-12-01T07:00:00Z",
+        "checkpoint_engine": "criu",
+        "engine": "vllm",
+        "engine_version": "0.6.3",
+        "model_name": "llama",
+        "model_version": "3.1",
+    }
     return {**item, "owner": {"kind": "slurm_job", "id": str(job_id)}} if owner else item
 
 
 def heartbeat(client: Client, workloads: list[dict[str, Any]], node: str = "gpu01", driver: str = OLD):
-    payload = {"schema": "gpusweep.heartbeat/1", "cluster": "local", "node": node,
-               "facts": {"gpu_model": "NVIDIA H100 80GB HBM3", "gpu_count": 4,
-                         "components": {"driver": driver, "cuda": "12.8"}},
-               "workloads": workloads}
+    payload = {
+        "schema": "gpusweep.heartbeat/1",
+        "cluster": "local",
+        "node": node,
+        "facts": {
+            "gpu_model": "NVIDIA H100 80GB HBM3",
+            "gpu_count": 4,
+            "components": {"driver": driver, "cuda": "12.8"},
+        },
+        "workloads": workloads,
+    }
     response = post(client, payload, identity=f"local/{node}")
     assert response.status_code == 200, response.content
     return response.json()
 
 
 def the_job(cluster: Cluster, job_id: int = 1) -> dict[str, Any]:
-    rows = list(Workload.objects.filter(cluster=cluster).values(
-        "kind", "scheduler_id", "gpus", "user", "checkpoint_engine", "engine", "model_name", "node__name", "gone_at"))
+    rows = list(
+        Workload.objects.filter(cluster=cluster).values(
+            "kind", "scheduler_id", "gpus", "user", "checkpoint_engine", "engine", "model_name", "node__name", "gone_at"
+        )
+    )
     assert len(rows) == 1, rows  # one row for the job, whoever reported it
     assert (rows[0]["kind"], rows[0]["scheduler_id"]) == (WorkloadKind.SLURM_JOB, str(job_id))
     return rows[0]
@@ -94,7 +133,12 @@ def test_a_heartbeat_then_the_sync_make_one_row_with_each_sources_fields(client,
     job = the_job(cluster)
     # The scheduler's GPUs and user, the registration's checkpoint engine and model.
     assert (job["gpus"], job["user"], job["checkpoint_engine"], job["engine"], job["model_name"]) == (
-        1, "alice", "criu", "vllm", "llama")
+        1,
+        "alice",
+        "criu",
+        "vllm",
+        "llama",
+    )
 
 
 def test_the_sync_then_a_heartbeat_make_the_same_row(client, cluster):
@@ -154,16 +198,21 @@ def test_the_plan_promises_exactly_one_move_for_the_job(client, cluster):
     fleet = Fleet()
     fleet.reset()
     for name in ("gpu01", "gpu02"):
-        fleet.add_node("local", name, gpu_model="NVIDIA H100 80GB HBM3", gpu_count=4,
-                       versions={"driver": OLD, "cuda": "12.8"})
+        fleet.add_node(
+            "local", name, gpu_model="NVIDIA H100 80GB HBM3", gpu_count=4, versions={"driver": OLD, "cuda": "12.8"}
+        )
     fleet.add_workload("local", "gpu01", "slurm-1", name="train", gpus=1, engine="criu", rate=1000)
     slurm_sync(cluster, [squeue_job(1)])
     heartbeat(client, [registration(1)])
     heartbeat(client, [], node="gpu02")
     requester = user("req", "operator")
     campaign = services.Campaign.objects.create(
-        name="sweep", requested_by=requester, node_selector={"names": ["gpu01"]}, canary="0",
-        target_versions={"driver": {"R570": FIXED}})
+        name="sweep",
+        requested_by=requester,
+        node_selector={"names": ["gpu01"]},
+        canary="0",
+        target_versions={"driver": {"R570": FIXED}},
+    )
     plan = services.make_plan(campaign.pk, requester)
     node = next(n for n in plan.content["nodes"].values() if n["name"] == "gpu01")
     assert [(m["workload"], m["action"]) for m in node["moves"]] == [("1", "migrate")], node["moves"]
