@@ -97,6 +97,10 @@ class Node(models.Model):
     # Facts advisories match on besides versions (inventory.versions.KNOWN_FACTS): the GPU
     # architecture, the platform (DGX A100, HGX H100 ...), the container toolkit's mode.
     facts = models.JSONField(default=dict, blank=True)
+    # Which source set each owned fact, and the facts two sources disagree on ({fact: {source: value,
+    # "since": time}}): inventory.owners. Database defaults: bulk inserts name their columns.
+    fact_sources = models.JSONField(default=dict, blank=True, db_default={})
+    fact_conflicts = models.JSONField(default=dict, blank=True, db_default={})
     cpu_milli = models.PositiveIntegerField(null=True, blank=True)
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
     scheduler_state = models.CharField(max_length=100, blank=True)

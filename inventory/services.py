@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from gpusweep.db.bulk import db_datetime, db_json, insert_rows
 from gpusweep.db.reads import prepared_cursor, select_rows
-from inventory import identity, queries
+from inventory import identity, owners, queries
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
@@ -66,6 +66,8 @@ NODE_FIELDS = (
     "agent_endpoint",
     "facts",
 )
+# Who set each owned fact, and the conflicts between sources (inventory.owners): written by apply_snapshot alone.
+OWNER_FIELDS = ("fact_sources", "fact_conflicts")
 # Node fields advisories match on: a change re-matches the node's exposures like a version change.
 MATCHED_FIELDS = frozenset({"gpu_model", "product_line", "os_family", "facts"})
 WORKLOAD_FIELDS = (
@@ -398,7 +400,7 @@ def _apply_nodes(
 ) -> dict[str, int]:
     """Create, update and retire nodes and their components; return name -> id of observed nodes."""
     started = time.perf_counter()
-    columns = ("id", "name", "gone_at", *NODE_FIELDS)
+    columns = ("id", "name", "gone_at", *NODE_FIELDS, *OWNER_FIELDS)
     observed_names = {node.name for node in snapshot.nodes}
     # Plain statements (inventory/queries.py): compiling ORM queries costs a heartbeat more
     # than running them, and the ORM's per-row work would dominate a 600,000-row read.
@@ -440,6 +442,7 @@ def _apply_nodes(
                 # The campaign gave the node back: its agent's word counts again.
                 values["facts"].pop(PENDING_VERIFICATION, None)
             facts_after[observed.name] = values["facts"]
+        values = owners.weigh(row, values, source, now.isoformat())  # measured facts beat declared ones
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -463,7 +466,7 @@ def _apply_nodes(
     held = {name: row for name, row in existing.items() if name in observed_names and source == ChangeSource.AGENT
             and row["service_state"] == ServiceState.PATCHING}
     if to_create:
-        _insert_nodes(cluster, to_create, now)
+        _insert_nodes(cluster, to_create, now, source)
         created = dict(Node.objects.filter(cluster=cluster, created_at=now).values_list("name", "id"))
         if len(created) < len(to_create):  # clock granularity: fall back to the names
             created = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
@@ -721,10 +724,10 @@ def _apply_workload_nodes(
 
 # The fields these inserts give (insert_rows fills every other one with its default).
 _COMPONENT_INSERT = ("node_id", "component", "version", "version_key", "branch", "source", "updated_at")
-_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "last_seen", "created_at", "updated_at")
+_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "fact_sources", "last_seen", "created_at", "updated_at")
 
 
-def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime) -> None:
+def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime, source: str) -> None:
     defaults = {f: Node._meta.get_field(f).get_default() for f in NODE_FIELDS}  # type: ignore[union-attr]
     stamp = db_datetime(now)
 
@@ -734,7 +737,8 @@ def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime)
             value = getattr(observed, f)
             value = defaults[f] if value is None else value
             values.append(db_json(value) if f in ("labels", "facts") else value)
-        return (cluster.pk, observed.name, *values, stamp, stamp, stamp)
+        facts = {f: getattr(observed, f) for f in owners.OWNED_FACTS}
+        return (cluster.pk, observed.name, *values, db_json(owners.first_owners(facts, source)), stamp, stamp, stamp)
 
     insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))
 
