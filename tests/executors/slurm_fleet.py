@@ -153,7 +153,27 @@ class SlurmFleet:
         sync_cluster(cluster)
         for name, agent in self.agents.items():
             Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
+            self.heartbeat(cluster, name)
         return cluster
+
+    def heartbeat(self, cluster: Any, name: str) -> None:
+        """What node `name`'s agent heartbeat tells the service (its facts, and each gpusweep-run registration
+        on its job's row: inventory.identity), applied as the heartbeat endpoint applies it."""
+        from gpusweep_agent.heartbeat import SCHEMA
+        from gpusweep_agent.workloads import LIVE_STATES
+
+        from inventory.agent import parse_heartbeat
+        from inventory.choices import ChangeSource, WorkloadKind
+        from inventory.services import Snapshot, apply_snapshot
+
+        client = self.agents[name].client
+        listed = [{k: v for k, v in w.items() if k not in ("id", "pid", "state")}
+                  for w in client.get("/v1/workloads")["workloads"] if w.get("state", "running") in LIVE_STATES]
+        payload = {"schema": SCHEMA, "cluster": cluster.name, "node": name, "endpoint": self.ref(name).endpoint,
+                   "facts": client.get("/v1/facts"), "workloads": listed}
+        node, workloads = parse_heartbeat(payload, cluster.name, name)
+        apply_snapshot(cluster, Snapshot(nodes=[node], workloads=workloads, complete=False, replace_components=True,
+                                         workload_kinds=frozenset({WorkloadKind.PROCESS})), ChangeSource.AGENT)
 
     # -- views ------------------------------------------------------------------------
     @property
