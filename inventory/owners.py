@@ -27,8 +27,15 @@ from inventory.choices import ChangeSource
 
 OWNED_FACTS = ("gpu_model", "gpu_count")
 # Highest first: a person's word, then what the node's agent measured, then what a scheduler or a file declares.
-PRECEDENCE = (ChangeSource.ADMIN, ChangeSource.API, ChangeSource.CAMPAIGN, ChangeSource.AGENT,
-              ChangeSource.SLURM, ChangeSource.KUBERNETES, ChangeSource.FILE)
+PRECEDENCE = (
+    ChangeSource.ADMIN,
+    ChangeSource.API,
+    ChangeSource.CAMPAIGN,
+    ChangeSource.AGENT,
+    ChangeSource.SLURM,
+    ChangeSource.KUBERNETES,
+    ChangeSource.FILE,
+)
 
 
 def rank(source: str) -> int:
