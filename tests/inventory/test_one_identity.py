@@ -21,16 +21,9 @@ from inventory.models import ChangeLog, Cluster, Node, Workload
 from inventory.services import Snapshot, apply_snapshot, move_workload
 from inventory.sources.slurm import node_from_slurm, workload_from_slurm
 from tests.campaigns.fleet import FIXED, OLD, user
-from tests.inventory.test_agent_heartbeat import post
+from tests.inventory.test_agent_heartbeat import fleet_secret, post  # noqa: F401 - the fixture, applied to every test
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SECRET = "fleet-secret-for-tests-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def fleet_secret(settings):
-    settings.GPUSWEEP_AGENT_FLEET_SECRET = SECRET
 
 
 @pytest.fixture
