@@ -157,22 +157,23 @@ class SlurmFleet:
         return cluster
 
     def heartbeat(self, cluster: Any, name: str) -> None:
-        """What node `name`'s agent heartbeat tells the service (its facts, and each gpusweep-run registration
-        on its job's row: inventory.identity), applied as the heartbeat endpoint applies it."""
+        """The workloads node `name`'s agent heartbeat reports (each gpusweep-run registration on its job's row:
+        inventory.identity), applied as the heartbeat endpoint applies them. Its node facts are left out: the
+        test agents report only the few facts their files hold, where a real agent's probes read the rest."""
         from gpusweep_agent.heartbeat import SCHEMA
         from gpusweep_agent.workloads import LIVE_STATES
 
         from inventory.agent import parse_heartbeat
         from inventory.choices import ChangeSource, WorkloadKind
-        from inventory.services import Snapshot, apply_snapshot
+        from inventory.services import ObservedNode, Snapshot, apply_snapshot
 
         client = self.agents[name].client
         listed = [{k: v for k, v in w.items() if k not in ("id", "pid", "state")}
                   for w in client.get("/v1/workloads")["workloads"] if w.get("state", "running") in LIVE_STATES]
         payload = {"schema": SCHEMA, "cluster": cluster.name, "node": name, "endpoint": self.ref(name).endpoint,
                    "facts": client.get("/v1/facts"), "workloads": listed}
-        node, workloads = parse_heartbeat(payload, cluster.name, name)
-        apply_snapshot(cluster, Snapshot(nodes=[node], workloads=workloads, complete=False, replace_components=True,
+        _node, workloads = parse_heartbeat(payload, cluster.name, name)
+        apply_snapshot(cluster, Snapshot(nodes=[ObservedNode(name)], workloads=workloads, complete=False,
                                          workload_kinds=frozenset({WorkloadKind.PROCESS})), ChangeSource.AGENT)
 
     # -- views ------------------------------------------------------------------------
