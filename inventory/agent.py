@@ -173,10 +173,11 @@ def _workload(item: dict[str, Any], node_name: str, errors: dict[str, str], wher
         # A bare GPU process is known by its pid, unique only on its node.
         scheduler_id = bare_process_ref(node_name, scheduler_id)
     elif (joined := identity.registered_in(item.get("owner"), scheduler_id)) is not None:
-        # A registration inside a scheduler's job: that job's row, with the registration's own fields.
+        # A registration inside a scheduler's job or pod: that row, with the registration's own fields.
         (workload_kind, scheduler_id), owns = joined, identity.AGENT_FIELDS
     return ObservedWorkload(
         kind=workload_kind, scheduler_id=scheduler_id, node=node_name, owns=owns,
+        uid=scheduler_id if workload_kind == WorkloadKind.K8S_POD else "",
         name=_text(item, "name", errors, where),
         gpus=gpus, started_at=_when(item.get("started_at"), errors, f"{where}started_at"),
         checkpoint_engine=str(engine), state="running",
@@ -250,6 +251,7 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
             if counter <= newest:
                 raise StaleHeartbeat(newest)
             heartbeats.take_full(node_id, counter, newest)  # newer than any short one accepted
+        workloads, waiting = identity.resolve_pods(cluster.pk, workloads)
         snapshot = Snapshot(
             nodes=[node], workloads=workloads, complete=False, replace_components=True,
             # Only its own process rows end with the heartbeat; a job's row ends with its scheduler's sync.
@@ -259,7 +261,7 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
         # Versions held for a campaign's gates: no digest, so the next heartbeat is a full one (a
         # short one would leave them held after the campaign gives the node back).
         # Nor while a registration waits for its job's row (inventory.identity): the next full one joins it.
-        taken = "" if result.held_versions.get(node.name) or result.unattached else digest
+        taken = "" if result.held_versions.get(node.name) or result.unattached or waiting else digest
         cursor.execute(queries.TAKE_COUNTER, [counter, taken, cluster.pk, node.name, counter])
         if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(

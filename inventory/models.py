@@ -180,6 +180,9 @@ class Workload(models.Model):
     nodes = models.ManyToManyField(Node, related_name="all_workloads", blank=True)
     kind = models.CharField(max_length=20, choices=WorkloadKind.choices())
     scheduler_id = models.CharField(max_length=200, help_text="Slurm job id, pod namespace/name, or agent id")
+    # The scheduler's unique id where its name is not one (a pod's UID): how a node's agent, which sees the
+    # UID in a process's cgroup, names the pod its gpusweep-run registration runs in (inventory.identity).
+    uid = models.CharField(max_length=64, blank=True, default="", db_default="", db_index=True)
     name = models.CharField(max_length=200, blank=True)
     user = models.CharField(max_length=100, blank=True)
     state = models.CharField(max_length=40, blank=True)

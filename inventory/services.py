@@ -84,6 +84,7 @@ WORKLOAD_FIELDS = (
     "model_name",
     "model_version",
     "requires",
+    "uid",
 )
 
 
@@ -132,6 +133,8 @@ class ObservedWorkload:
     requires: dict[str, str] = field(default_factory=dict)
     # All nodes held (multi-node jobs); empty means just `node`.
     nodes: list[str] = field(default_factory=list)
+    # The scheduler's unique id where scheduler_id is a name (a pod's UID); "" for others.
+    uid: str = ""
     # The fields this observation speaks for on a row that exists (None: all of them). A gpusweep-run
     # registration joined to its scheduler's workload owns only its own (inventory.identity): it
     # creates the row when it reports first, and never revives one its scheduler ended.

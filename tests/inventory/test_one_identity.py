@@ -18,7 +18,8 @@ from executors.base import inventory_ref
 from executors.memory import Fleet
 from inventory.choices import ChangeSource, ClusterKind, WorkloadKind
 from inventory.models import ChangeLog, Cluster, Node, Workload
-from inventory.services import Snapshot, apply_snapshot, move_workload
+from inventory.services import ObservedNode, Snapshot, apply_snapshot, move_workload
+from inventory.sources.kubernetes import workload_from_pod
 from inventory.sources.slurm import node_from_slurm, workload_from_slurm
 from tests.campaigns.fleet import FIXED, OLD, user
 from tests.inventory.test_agent_heartbeat import fleet_secret, post  # noqa: F401 - the fixture, applied to every test
@@ -209,3 +210,49 @@ def test_the_plan_promises_exactly_one_move_for_the_job(client, cluster):
     plan = services.make_plan(campaign.pk, requester)
     node = next(n for n in plan.content["nodes"].values() if n["name"] == "gpu01")
     assert [(m["workload"], m["action"]) for m in node["moves"]] == [("1", "migrate")], node["moves"]
+
+
+# -- Kubernetes: a pod whose container runs under gpusweep-run, named by its UID in the agent's heartbeat --
+POD_UID = "7c1e2f0a-5b6d-4c3e-9f8a-1b2c3d4e5f60"
+
+
+def kubernetes_sync(cluster: Cluster, pods: list[dict[str, Any]]) -> None:
+    """What the Kubernetes sync writes of these pods (`workload_from_pod` over the API's pod objects)."""
+    snapshot = Snapshot(
+        nodes=[ObservedNode("gpu01")],
+        workloads=[w for w in map(workload_from_pod, pods) if w is not None],
+        complete=False,
+        workload_kinds=frozenset({WorkloadKind.K8S_POD}),
+    )
+    apply_snapshot(cluster, snapshot, ChangeSource.KUBERNETES)
+
+
+def pod() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "infer-0", "namespace": "ml", "uid": POD_UID},
+        "spec": {"nodeName": "gpu01", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+        "status": {"phase": "Running", "startTime": "2026-12-01T07:00:00Z"},
+    }
+
+
+def pod_registration() -> dict[str, Any]:
+    return {**registration(1), "scheduler_id": "wl-3f2a", "owner": {"kind": "k8s_pod", "id": POD_UID}}
+
+
+def the_pod(cluster: Cluster) -> dict[str, Any]:
+    rows = list(Workload.objects.filter(cluster=cluster).values("kind", "scheduler_id", "gpus", "checkpoint_engine"))
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_a_pods_registration_fills_the_pods_row_in_either_order(client):
+    cluster = Cluster.objects.create(name="local", kind=ClusterKind.KUBERNETES)
+    kubernetes_sync(cluster, [])
+    heartbeat(client, [pod_registration()])  # before the sync saw the pod: nothing yet, and no digest kept
+    assert not Workload.objects.exists() and Node.objects.get(name="gpu01").heartbeat_digest == ""
+    kubernetes_sync(cluster, [pod()])
+    assert the_pod(cluster) == {"kind": "k8s_pod", "scheduler_id": "ml/infer-0", "gpus": 2, "checkpoint_engine": "none"}
+    heartbeat(client, [pod_registration()])  # the next (full) heartbeat joins it
+    assert the_pod(cluster) == {"kind": "k8s_pod", "scheduler_id": "ml/infer-0", "gpus": 2, "checkpoint_engine": "criu"}
+    kubernetes_sync(cluster, [pod()])  # a pod without the annotation says nothing of its engine
+    assert the_pod(cluster)["checkpoint_engine"] == "criu"
