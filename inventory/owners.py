@@ -38,6 +38,15 @@ PRECEDENCE = (
 )
 
 
+# A component version set by the key's source is not overwritten by these: the agent reads the node
+# itself, while Slurm features and Kubernetes labels are published about it (and may lag or spell
+# versions differently, e.g. the OS). Their differing value is a conflict (weigh).
+OUTRANKED_BY: dict[str, frozenset[str]] = {
+    ChangeSource.AGENT: frozenset({ChangeSource.SLURM, ChangeSource.KUBERNETES}),
+}
+COMPONENT = "component:"  # the key of a component's conflict in Node.fact_conflicts
+
+
 def rank(source: str) -> int:
     """Larger is stronger; a source not listed (or none recorded) is the weakest."""
     return len(PRECEDENCE) - PRECEDENCE.index(source) if source in PRECEDENCE else 0
@@ -61,12 +70,32 @@ def agree(fact: str, a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def weigh(row: dict[str, Any], values: dict[str, Any], source: str, now: str) -> dict[str, Any]:
+def weigh(
+    row: dict[str, Any],
+    values: dict[str, Any],
+    source: str,
+    now: str,
+    components: dict[str, str] | None = None,
+    current: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     """`values` (a node's reported fields) less the owned facts `source` may not set on `row` (the
     node's current fields, with ``fact_sources`` and ``fact_conflicts``), plus those two columns when
-    they change."""
+    they change. `components` (reported) against `current` ({component: (version, source)}) open or close
+    the components' conflicts; which version is kept is services' (OUTRANKED_BY)."""
     owners = dict(row.get("fact_sources") or {})
     conflicts = {fact: dict(seen) for fact, seen in (row.get("fact_conflicts") or {}).items()}
+    for component, reported in (components or {}).items():
+        stored, set_by = (current or {}).get(component, ("", ""))
+        _weigh_one(
+            conflicts,
+            f"{COMPONENT}{component}",
+            reported,
+            stored,
+            set_by,
+            source,
+            now,
+            outranked=source in OUTRANKED_BY.get(set_by, ()),
+        )
     for fact in OWNED_FACTS:
         reported = values.pop(fact, None)
         if empty(reported):
@@ -99,3 +128,26 @@ def weigh(row: dict[str, Any], values: dict[str, Any], source: str, now: str) ->
 def first_owners(values: dict[str, Any], source: str) -> dict[str, str]:
     """The owners of a new node's facts: `source` for each it reported."""
     return {fact: source for fact in OWNED_FACTS if not empty(values.get(fact))}
+
+
+def _weigh_one(
+    conflicts: dict[str, dict[str, Any]],
+    key: str,
+    reported: Any,
+    stored: Any,
+    owner: str,
+    source: str,
+    now: str,
+    outranked: bool,
+) -> None:
+    """Open, keep or close the conflict `key` after `source` reported `reported` (the kept value `stored`,
+    set by `owner`; `outranked`: the report is not kept)."""
+    if source in conflicts.get(key, {}):
+        conflicts[key][source] = reported
+        words = [v for k, v in conflicts[key].items() if k != "since"]
+        if all(w == words[0] for w in words[1:]):
+            del conflicts[key]
+    if outranked and not empty(stored) and reported != stored:
+        seen = {owner: stored, source: reported}
+        if {k: v for k, v in conflicts.get(key, {}).items() if k != "since"} != seen:
+            conflicts[key] = {**seen, "since": now}

@@ -39,12 +39,6 @@ from inventory.signals import node_versions_changed
 from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
 
 BATCH = 2000
-# A component set by the key's source is not overwritten by these: the agent reads the node
-# itself, while Slurm features and Kubernetes labels are published about it (and may lag or
-# spell versions differently, e.g. the OS).
-OUTRANKED_BY: dict[str, frozenset[str]] = {
-    ChangeSource.AGENT: frozenset({ChangeSource.SLURM, ChangeSource.KUBERNETES}),
-}
 
 # The key in Node.facts of the versions a node's agent reported while a campaign patches it: the
 # campaign takes them into the inventory (and credits the remediation) once the node's health gates
@@ -445,7 +439,10 @@ def _apply_nodes(
                 # The campaign gave the node back: its agent's word counts again.
                 values["facts"].pop(PENDING_VERIFICATION, None)
             facts_after[observed.name] = values["facts"]
-        values = owners.weigh(row, values, source, now.isoformat())  # measured facts beat declared ones
+        # Measured facts beat declared ones; disagreements are kept as conflicts (inventory.owners).
+        values = owners.weigh(row, values, source, now.isoformat(),
+                              {c: v.raw for c, v in parsed[observed.name].items()},
+                              {c: (v, by) for c, (_id, v, by) in current_components.get(row["id"], {}).items()})
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -539,12 +536,13 @@ def _apply_components(
             if before is None:
                 creates.append((node_id, component, version))
                 diff[component] = [None, version.raw]
-            elif before[1] != version.raw and source not in OUTRANKED_BY.get(before[2], ()):
+            elif before[1] != version.raw and source not in owners.OUTRANKED_BY.get(before[2], ()):
                 updates.append((version.raw, version.key, version.branch, source, stamp, before[0]))
                 diff[component] = [before[1], version.raw]
         if snapshot.replace_components:
-            for component, (comp_id, version_raw, _set_by) in have.items():
-                if component not in components:
+            for component, (comp_id, version_raw, set_by) in have.items():
+                # Its own silence erases what it reported before, never what another source knows.
+                if component not in components and set_by in (source, ""):
                     deletes.append(comp_id)
                     diff[component] = [version_raw, None]
         if diff:

@@ -139,3 +139,38 @@ def test_a_model_no_source_knows_is_no_requirement():
     row = Workload(kind="slurm_job", scheduler_id="1", gpus=1, checkpoint_engine="criu")
     needed = requirements(None, row, "criu", {"gpu_model": "", "driver": OLD, "kernel": "6.1.0"})
     assert needed.must == {"driver": OLD, "kernel": "6.1.0"}
+
+
+def test_a_stale_version_feature_is_one_conflict_and_a_component_only_slurm_knows_stays(client, cluster):
+    """The agent's driver against Slurm's `nvdriver_` feature: the agent's stays, the disagreement shows once;
+    a component only the Slurm features name (`cuda_`, here the agent reads none) is not erased by the agent."""
+
+    def sync(features: str) -> None:
+        node = {"name": "gpu01", "gres": "gpu:4", "state": "idle", "active_features": features}
+        observed = node_from_slurm(node, {"nvdriver_": "driver", "cuda_": "cuda"})
+        apply_snapshot(cluster, Snapshot(nodes=[observed], workloads=None, complete=False), ChangeSource.SLURM)
+
+    def agent() -> None:
+        payload = {
+            "schema": "gpusweep.heartbeat/1",
+            "cluster": "local",
+            "node": "gpu01",
+            "facts": {"gpu_model": MEASURED, "gpu_count": 4, "components": {"driver": OLD}},
+            "workloads": [],
+        }
+        assert post(client, payload).status_code == 200
+
+    agent()
+    for _ in range(3):
+        sync("nvdriver_570.195.03,cuda_12.8")
+        agent()
+    node = Node.objects.get(name="gpu01")
+    assert node.component_versions() == {"driver": OLD, "cuda": "12.8"}
+    conflict = {k: v for k, v in node.fact_conflicts["component:driver"].items() if k != "since"}
+    assert conflict == {"agent": OLD, "slurm": "570.195.03"}
+    logged = [log.changes for log in ChangeLog.objects.filter(object_type="node", object_id=node.pk)]
+    assert sum("fact_conflicts" in c for c in logged) == 1
+    assert sum("component:cuda" in c for c in logged) == 1  # added once, never erased and added again
+    sync(f"nvdriver_{OLD},cuda_12.8")  # the site fixes its feature
+    node.refresh_from_db()
+    assert node.fact_conflicts == {}
