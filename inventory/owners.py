@@ -84,40 +84,32 @@ def weigh(
     the components' conflicts; which version is kept is services' (OUTRANKED_BY)."""
     owners = dict(row.get("fact_sources") or {})
     conflicts = {fact: dict(seen) for fact, seen in (row.get("fact_conflicts") or {}).items()}
-    for component, reported in (components or {}).items():
-        stored, set_by = (current or {}).get(component, ("", ""))
+    for component, version in (components or {}).items():
+        kept, set_by = (current or {}).get(component, ("", ""))
+        # Which version is kept is services' (OUTRANKED_BY); a kept one differing from an outranked one is shown.
         _weigh_one(
             conflicts,
             f"{COMPONENT}{component}",
-            reported,
-            stored,
+            version,
+            kept,
             set_by,
             source,
             now,
-            outranked=source in OUTRANKED_BY.get(set_by, ()),
+            shown=source in OUTRANKED_BY.get(set_by, ()),
         )
     for fact in OWNED_FACTS:
         reported = values.pop(fact, None)
         if empty(reported):
             continue  # says nothing
         stored, owner = row.get(fact), str(owners.get(fact, ""))
-        if source in conflicts.get(fact, {}):
-            conflicts[fact][source] = reported
-            words = [v for k, v in conflicts[fact].items() if k != "since"]
-            if all(agree(fact, words[0], other) for other in words[1:]):
-                del conflicts[fact]  # the sources agree again
+        _weigh_one(conflicts, fact, reported, stored, owner, source, now, shown=bool(owner) and source != owner)
         if empty(stored) or source == owner or not owner:  # unknown, its own, or set before owners were kept
             values[fact], owners[fact] = reported, source
         elif agree(fact, reported, stored):
             if rank(source) > rank(owner):
                 owners[fact] = source  # the same fact from a stronger source, which owns it from now on
-        else:
-            # Two sources, two non-empty values: the stronger one's stays, and the disagreement is shown.
-            seen = {owner or "unknown": stored, source: reported}
-            if {k: v for k, v in conflicts.get(fact, {}).items() if k != "since"} != seen:
-                conflicts[fact] = {**seen, "since": now}
-            if rank(source) >= rank(owner):
-                values[fact], owners[fact] = reported, source
+        elif rank(source) >= rank(owner):  # two sources disagree: the stronger one's value is kept
+            values[fact], owners[fact] = reported, source
     if owners != (row.get("fact_sources") or {}):
         values["fact_sources"] = owners
     if conflicts != (row.get("fact_conflicts") or {}):
@@ -138,16 +130,17 @@ def _weigh_one(
     owner: str,
     source: str,
     now: str,
-    outranked: bool,
+    shown: bool,
 ) -> None:
-    """Open, keep or close the conflict `key` after `source` reported `reported` (the kept value `stored`,
-    set by `owner`; `outranked`: the report is not kept)."""
+    """Open, keep or close the conflict `key` (a fact, or ``component:<name>``) after `source` reported
+    `reported`, the node holding `stored` from `owner`; `shown`: a differing report is a disagreement."""
+    fact = key.removeprefix(COMPONENT)
     if source in conflicts.get(key, {}):
         conflicts[key][source] = reported
         words = [v for k, v in conflicts[key].items() if k != "since"]
-        if all(w == words[0] for w in words[1:]):
-            del conflicts[key]
-    if outranked and not empty(stored) and reported != stored:
+        if all(agree(fact, words[0], other) for other in words[1:]):
+            del conflicts[key]  # the sources agree again
+    if shown and not empty(stored) and not agree(fact, reported, stored):
         seen = {owner: stored, source: reported}
         if {k: v for k, v in conflicts.get(key, {}).items() if k != "since"} != seen:
             conflicts[key] = {**seen, "since": now}

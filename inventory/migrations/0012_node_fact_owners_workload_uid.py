@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0011_package_sets'),
+        ("inventory", "0011_package_sets"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='fact_conflicts',
+            model_name="node",
+            name="fact_conflicts",
             field=models.JSONField(blank=True, db_default={}, default=dict),
         ),
         migrations.AddField(
-            model_name='node',
-            name='fact_sources',
+            model_name="node",
+            name="fact_sources",
             field=models.JSONField(blank=True, db_default={}, default=dict),
         ),
         migrations.AddField(
-            model_name='workload',
-            name='uid',
-            field=models.CharField(blank=True, db_default='', db_index=True, default='', max_length=64),
+            model_name="workload",
+            name="uid",
+            field=models.CharField(blank=True, db_default="", db_index=True, default="", max_length=64),
         ),
     ]
