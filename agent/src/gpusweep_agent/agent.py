@@ -41,8 +41,8 @@ from .workloads import (
     WorkloadRegistry,
     discover_cgroup_workloads,
     gpu_users,
+    listed,
     public,
-    registration_owner,
 )
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ class Agent:
     def list_workloads(self) -> list[dict[str, Any]]:
         registered = self.workloads.refreshed()
         known_pids = {int(w.get("pid") or 0) for w in registered}
-        out = [{**public(w), "id": w["id"], **({"owner": owner} if (owner := registration_owner(w)) else {})}
-               for w in registered]
+        out = [listed(w) for w in registered]
         for found in discover_cgroup_workloads() + self._gpu_processes():
             if found["pid"] not in known_pids:
                 out.append({**public(found), "id": found["id"]})

@@ -104,6 +104,13 @@ def registration_owner(workload: dict[str, Any], proc_root: Path = Path("/proc")
     return {}
 
 
+def listed(workload: dict[str, Any], proc_root: Path = Path("/proc")) -> dict[str, Any]:
+    """A registered workload as ``GET /v1/workloads`` and the heartbeat list it: its public fields, its id,
+    and the scheduler's workload it runs in (``owner``) when it runs in one."""
+    owner = registration_owner(workload, proc_root)
+    return {**public(workload), "id": workload["id"], **({"owner": owner} if owner else {})}
+
+
 def discover_cgroup_workloads(proc_root: Path = Path("/proc")) -> list[dict[str, Any]]:
     """Slurm job steps and Kubernetes pods, one entry each, from /proc/<pid>/cgroup."""
     found: dict[str, dict[str, Any]] = {}
