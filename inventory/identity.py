@@ -5,7 +5,8 @@ A job (or pod) whose payload runs under ``gpusweep-run`` is reported twice: by i
 ``slurm-<jobid>``, with its checkpoint engine, inference engine and model). It is one workload, so it
 is one row: the scheduler's identity, with the fields each source owns (``SCHEDULER_FIELDS``,
 ``AGENT_FIELDS``). Whichever source reports first creates the row; the other fills in its own fields
-and leaves the rest alone. Everything that names such a workload (the heartbeat, the executors'
+and leaves the rest alone; a pod's row is the Kubernetes sync's to create (the agent knows the pod
+only by its UID), and a registration waits for it. Everything that names such a workload (the heartbeat, the executors'
 ``slurm-<jobid>``, the plan, the engine and its evidence) goes through this module to find the row.
 
 A registration in no scheduler's workload stays a process row (its registered id); a process holding
