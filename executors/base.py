@@ -63,6 +63,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from executors.portability import node_facts
+from inventory import identity
 from inventory.choices import bare_process_ref
 
 if TYPE_CHECKING:
@@ -150,10 +151,11 @@ def is_bare_process(workload_id: str) -> bool:
 
 def inventory_ref(node_name: str, workload_id: str) -> str:
     """The inventory's (and so the plan's) id of a workload an executor lists on `node_name`: the same
-    id, except a bare process, whose pid the inventory qualifies with its node (bare_process_ref)."""
+    id, except a bare process, whose pid the inventory qualifies with its node (bare_process_ref), and a
+    Slurm job's ``slurm-<jobid>``, which is the job's row (inventory.identity)."""
     if is_bare_process(workload_id):
         return bare_process_ref(node_name, workload_id[len(BARE_PROCESS):])
-    return workload_id
+    return identity.inventory_id(workload_id)
 
 
 @dataclass(frozen=True)

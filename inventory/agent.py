@@ -34,7 +34,7 @@ from gpusweep_agent.heartbeat import content_digest
 
 from gpusweep.errors import error_body, error_response
 from gpusweep.parsers import JSONInputError, load_json
-from inventory import heartbeats, packages, queries
+from inventory import heartbeats, identity, packages, queries
 from inventory.choices import ChangeSource, CheckpointEngine, WorkloadKind, bare_process_ref
 from inventory.models import Cluster, Node
 from inventory.services import (
@@ -49,7 +49,8 @@ from inventory.versions import KNOWN_FACTS
 
 SCHEMA = "gpusweep.heartbeat/1"
 # Workload kinds an agent reports: its own `process` registry and bare GPU processes are stored
-# (as process workloads); Slurm steps/jobs and pods are skipped, their scheduler sync owns them.
+# (as process workloads; a registration inside a Slurm job as that job's row, inventory.identity);
+# Slurm steps/jobs and pods are skipped, their scheduler sync owns them.
 AGENT_KINDS = frozenset({"process", "gpu_process"})
 SCHEDULER_KINDS = frozenset({"slurm_step", "slurm_job", "k8s_pod"})
 MAX_BODY = 1024 * 1024
@@ -130,48 +131,62 @@ def parse_heartbeat(payload: Any, cluster_name: str, node_name: str) -> tuple[Ob
         agent_endpoint=_text(payload, "endpoint", errors, "", 200),
         origin=f"heartbeat from {cluster_name}/{node_name}",
     )
-    workloads: list[ObservedWorkload] = []
     items = payload.get("workloads", [])
     if not isinstance(items, list):
         errors["workloads"] = "expected a list"
         items = []
+    workloads: list[ObservedWorkload] = []
+    joined: set[str] = set()
     for index, item in enumerate(items):
-        where = f"workloads[{index}]."
         if not isinstance(item, dict):
             errors[f"workloads[{index}]"] = "expected an object"
-            continue
-        kind = item.get("kind", WorkloadKind.PROCESS)
-        if kind in SCHEDULER_KINDS:
-            continue  # the Slurm and Kubernetes syncs own jobs and pods
-        if kind not in AGENT_KINDS:
-            errors[f"{where}kind"] = f"one of {sorted(AGENT_KINDS | SCHEDULER_KINDS)}"
-        engine = item.get("checkpoint_engine", CheckpointEngine.NONE) or CheckpointEngine.NONE
-        if engine not in CheckpointEngine.values():
-            errors[f"{where}checkpoint_engine"] = f"one of {CheckpointEngine.values()}"
-        gpus = item.get("gpus", 0)
-        if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-            errors[f"{where}gpus"] = "must be a whole number >= 0"
-            gpus = 0
-        scheduler_id = _text(item, "scheduler_id", errors, where)
-        if not scheduler_id:
-            errors[f"{where}scheduler_id"] = "required"
-        if kind == "gpu_process":
-            # A bare GPU process is known by its pid, unique only on its node.
-            scheduler_id = bare_process_ref(node_name, scheduler_id)
-        workloads.append(ObservedWorkload(
-            kind=WorkloadKind.PROCESS, scheduler_id=scheduler_id, node=node_name,
-            name=_text(item, "name", errors, where),
-            gpus=gpus, started_at=_when(item.get("started_at"), errors, f"{where}started_at"),
-            checkpoint_engine=str(engine), state="running",
-            engine=_text(item, "engine", errors, where, 100),
-            engine_version=_text(item, "engine_version", errors, where, 100),
-            model_name=_text(item, "model_name", errors, where, 200),
-            model_version=_text(item, "model_version", errors, where, 100),
-            requires=_requires(item.get("requires"), errors, f"{where}requires"),
-        ))
+        elif (workload := _workload(item, node_name, errors, f"workloads[{index}].")) is not None:
+            if workload.owns is not None:
+                if workload.scheduler_id in joined:
+                    continue  # a second wrapper in the same job: the job's row takes the first one's facts
+                joined.add(workload.scheduler_id)
+            workloads.append(workload)
     if errors:
         raise PayloadError(errors)
     return node, workloads
+
+
+def _workload(item: dict[str, Any], node_name: str, errors: dict[str, str], where: str) -> ObservedWorkload | None:
+    """One of the heartbeat's workloads as the inventory stores it; None for a scheduler's own entry."""
+    kind = item.get("kind", WorkloadKind.PROCESS)
+    if kind in SCHEDULER_KINDS:
+        return None  # the Slurm and Kubernetes syncs own jobs and pods
+    if kind not in AGENT_KINDS:
+        errors[f"{where}kind"] = f"one of {sorted(AGENT_KINDS | SCHEDULER_KINDS)}"
+    engine = item.get("checkpoint_engine", CheckpointEngine.NONE) or CheckpointEngine.NONE
+    if engine not in CheckpointEngine.values():
+        errors[f"{where}checkpoint_engine"] = f"one of {CheckpointEngine.values()}"
+    gpus = item.get("gpus", 0)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        errors[f"{where}gpus"] = "must be a whole number >= 0"
+        gpus = 0
+    scheduler_id = _text(item, "scheduler_id", errors, where)
+    if not scheduler_id:
+        errors[f"{where}scheduler_id"] = "required"
+    workload_kind, owns = WorkloadKind.PROCESS, None
+    if kind == "gpu_process":
+        # A bare GPU process is known by its pid, unique only on its node.
+        scheduler_id = bare_process_ref(node_name, scheduler_id)
+    elif (joined := identity.registered_in(item.get("owner"), scheduler_id)) is not None:
+        # A registration inside a scheduler's job or pod: that row, with the registration's own fields.
+        (workload_kind, scheduler_id), owns = joined, identity.AGENT_FIELDS
+    return ObservedWorkload(
+        kind=workload_kind, scheduler_id=scheduler_id, node=node_name, owns=owns,
+        uid=scheduler_id if workload_kind == WorkloadKind.K8S_POD else "",
+        name=_text(item, "name", errors, where),
+        gpus=gpus, started_at=_when(item.get("started_at"), errors, f"{where}started_at"),
+        checkpoint_engine=str(engine), state="running",
+        engine=_text(item, "engine", errors, where, 100),
+        engine_version=_text(item, "engine_version", errors, where, 100),
+        model_name=_text(item, "model_name", errors, where, 200),
+        model_version=_text(item, "model_version", errors, where, 100),
+        requires=_requires(item.get("requires"), errors, f"{where}requires"),
+    )
 
 
 def _requires(value: Any, errors: dict[str, str], where: str) -> dict[str, str]:
@@ -236,14 +251,17 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
             if counter <= newest:
                 raise StaleHeartbeat(newest)
             heartbeats.take_full(node_id, counter, newest)  # newer than any short one accepted
+        workloads, waiting = identity.resolve_pods(cluster.pk, workloads)
         snapshot = Snapshot(
             nodes=[node], workloads=workloads, complete=False, replace_components=True,
+            # Only its own process rows end with the heartbeat; a job's row ends with its scheduler's sync.
             workload_kinds=frozenset({WorkloadKind.PROCESS}),
         )
         result = apply_snapshot(cluster, snapshot, ChangeSource.AGENT)
         # Versions held for a campaign's gates: no digest, so the next heartbeat is a full one (a
         # short one would leave them held after the campaign gives the node back).
-        taken = "" if result.held_versions.get(node.name) else digest
+        # Nor while a registration waits for its job's row (inventory.identity): the next full one joins it.
+        taken = "" if result.held_versions.get(node.name) or result.unattached or waiting else digest
         cursor.execute(queries.TAKE_COUNTER, [counter, taken, cluster.pk, node.name, counter])
         if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(

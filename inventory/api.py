@@ -94,11 +94,11 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = ["id", "cluster", "cluster_name", "name", "pool", "labels", "gpu_model", "gpu_count", "product_line",
                   "os_family", "cpu_milli", "memory_mib", "scheduler_state", "service_state", "agent_endpoint",
-                  "last_seen", "gone_at", "created_at", "updated_at", "components"]
+                  "fact_sources", "fact_conflicts", "last_seen", "gone_at", "created_at", "updated_at", "components"]
         # Sources own what they observe; people may set grouping and availability.
         read_only_fields = ["cluster", "name", "gpu_model", "gpu_count", "product_line", "os_family", "cpu_milli",
-                            "memory_mib", "scheduler_state", "agent_endpoint", "last_seen", "gone_at", "created_at",
-                            "updated_at"]
+                            "memory_mib", "scheduler_state", "agent_endpoint", "fact_sources", "fact_conflicts",
+                            "last_seen", "gone_at", "created_at", "updated_at"]
 
     def validate_labels(self, value: Any) -> dict[str, str]:
         try:

@@ -97,6 +97,10 @@ class Node(models.Model):
     # Facts advisories match on besides versions (inventory.versions.KNOWN_FACTS): the GPU
     # architecture, the platform (DGX A100, HGX H100 ...), the container toolkit's mode.
     facts = models.JSONField(default=dict, blank=True)
+    # Which source set each owned fact, and the facts two sources disagree on ({fact: {source: value,
+    # "since": time}}): inventory.owners. Database defaults: bulk inserts name their columns.
+    fact_sources = models.JSONField(default=dict, blank=True, db_default={})
+    fact_conflicts = models.JSONField(default=dict, blank=True, db_default={})
     cpu_milli = models.PositiveIntegerField(null=True, blank=True)
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
     scheduler_state = models.CharField(max_length=100, blank=True)
@@ -176,6 +180,9 @@ class Workload(models.Model):
     nodes = models.ManyToManyField(Node, related_name="all_workloads", blank=True)
     kind = models.CharField(max_length=20, choices=WorkloadKind.choices())
     scheduler_id = models.CharField(max_length=200, help_text="Slurm job id, pod namespace/name, or agent id")
+    # The scheduler's unique id where its name is not one (a pod's UID): how a node's agent, which sees the
+    # UID in a process's cgroup, names the pod its gpusweep-run registration runs in (inventory.identity).
+    uid = models.CharField(max_length=64, blank=True, default="", db_default="", db_index=True)
     name = models.CharField(max_length=200, blank=True)
     user = models.CharField(max_length=100, blank=True)
     state = models.CharField(max_length=40, blank=True)

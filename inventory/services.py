@@ -32,19 +32,13 @@ from django.utils import timezone
 
 from gpusweep.db.bulk import db_datetime, db_json, insert_rows
 from gpusweep.db.reads import prepared_cursor, select_rows
-from inventory import queries
+from inventory import identity, owners, queries
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind, WorkloadPolicy
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
 from inventory.signals import node_versions_changed
 from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
 
 BATCH = 2000
-# A component set by the key's source is not overwritten by these: the agent reads the node
-# itself, while Slurm features and Kubernetes labels are published about it (and may lag or
-# spell versions differently, e.g. the OS).
-OUTRANKED_BY: dict[str, frozenset[str]] = {
-    ChangeSource.AGENT: frozenset({ChangeSource.SLURM, ChangeSource.KUBERNETES}),
-}
 
 # The key in Node.facts of the versions a node's agent reported while a campaign patches it: the
 # campaign takes them into the inventory (and credits the remediation) once the node's health gates
@@ -66,6 +60,8 @@ NODE_FIELDS = (
     "agent_endpoint",
     "facts",
 )
+# Who set each owned fact, and the conflicts between sources (inventory.owners): written by apply_snapshot alone.
+OWNER_FIELDS = ("fact_sources", "fact_conflicts")
 # Node fields advisories match on: a change re-matches the node's exposures like a version change.
 MATCHED_FIELDS = frozenset({"gpu_model", "product_line", "os_family", "facts"})
 WORKLOAD_FIELDS = (
@@ -83,6 +79,7 @@ WORKLOAD_FIELDS = (
     "model_name",
     "model_version",
     "requires",
+    "uid",
 )
 
 
@@ -135,6 +132,12 @@ class ObservedWorkload:
     default_policy: str = ""
     # All nodes held (multi-node jobs); empty means just `node`.
     nodes: list[str] = field(default_factory=list)
+    # The scheduler's unique id where scheduler_id is a name (a pod's UID); "" for others.
+    uid: str = ""
+    # The fields this observation speaks for on a row that exists (None: all of them). A gpusweep-run
+    # registration joined to its scheduler's workload owns only its own (inventory.identity): it
+    # creates the row when it reports first, and never revives one its scheduler ended.
+    owns: frozenset[str] | None = None
 
 
 @dataclass
@@ -176,6 +179,9 @@ class SyncResult:
     changed_components: dict[str, list[str]] = field(default_factory=dict)
     # node name -> versions its agent reported while a campaign patches it, not yet taken (PENDING_VERIFICATION)
     held_versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Registrations whose scheduler's workload has ended here (inventory.identity): not stored; the
+    # agent's next heartbeat is a full one, so they are joined once the scheduler reports the job again.
+    unattached: list[str] = field(default_factory=list)
     # Seconds per phase, for bench/inventory.py and slow-sync investigations.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -396,7 +402,7 @@ def _apply_nodes(
 ) -> dict[str, int]:
     """Create, update and retire nodes and their components; return name -> id of observed nodes."""
     started = time.perf_counter()
-    columns = ("id", "name", "gone_at", *NODE_FIELDS)
+    columns = ("id", "name", "gone_at", *NODE_FIELDS, *OWNER_FIELDS)
     observed_names = {node.name for node in snapshot.nodes}
     # Plain statements (inventory/queries.py): compiling ORM queries costs a heartbeat more
     # than running them, and the ORM's per-row work would dominate a 600,000-row read.
@@ -438,6 +444,10 @@ def _apply_nodes(
                 # The campaign gave the node back: its agent's word counts again.
                 values["facts"].pop(PENDING_VERIFICATION, None)
             facts_after[observed.name] = values["facts"]
+        # Measured facts beat declared ones; disagreements are kept as conflicts (inventory.owners).
+        values = owners.weigh(row, values, source, now.isoformat(),
+                              {c: v.raw for c, v in parsed[observed.name].items()},
+                              {c: (v, by) for c, (_id, v, by) in current_components.get(row["id"], {}).items()})
         if row["service_state"] == ServiceState.PATCHING and "service_state" in values:
             values.pop("service_state")  # a campaign owns this node's state until it hands it back
         if row["service_state"] == ServiceState.GONE and "service_state" not in values:
@@ -461,7 +471,7 @@ def _apply_nodes(
     held = {name: row for name, row in existing.items() if name in observed_names and source == ChangeSource.AGENT
             and row["service_state"] == ServiceState.PATCHING}
     if to_create:
-        _insert_nodes(cluster, to_create, now)
+        _insert_nodes(cluster, to_create, now, source)
         created = dict(Node.objects.filter(cluster=cluster, created_at=now).values_list("name", "id"))
         if len(created) < len(to_create):  # clock granularity: fall back to the names
             created = dict(Node.objects.filter(cluster=cluster).values_list("name", "id"))
@@ -531,12 +541,13 @@ def _apply_components(
             if before is None:
                 creates.append((node_id, component, version))
                 diff[component] = [None, version.raw]
-            elif before[1] != version.raw and source not in OUTRANKED_BY.get(before[2], ()):
+            elif before[1] != version.raw and source not in owners.OUTRANKED_BY.get(before[2], ()):
                 updates.append((version.raw, version.key, version.branch, source, stamp, before[0]))
                 diff[component] = [before[1], version.raw]
         if snapshot.replace_components:
-            for component, (comp_id, version_raw, _set_by) in have.items():
-                if component not in components:
+            for component, (comp_id, version_raw, set_by) in have.items():
+                # Its own silence erases what it reported before, never what another source knows.
+                if component not in components and set_by in (source, ""):
                     deletes.append(comp_id)
                     diff[component] = [version_raw, None]
         if diff:
@@ -612,17 +623,25 @@ def _apply_workloads(
     updates: list[Workload] = []
     fields: set[str] = set()
     observed_keys: set[tuple[str, str]] = set()
+    placed: list[ObservedWorkload] = []  # those whose nodes this source sets
     for observed in snapshot.workloads:
         key = (observed.kind, observed.scheduler_id)
+        row = existing.get(key)
+        if observed.owns is not None and row is not None and row["gone_at"] is not None:
+            result.unattached.append(observed.scheduler_id)  # its scheduler ended it: not ours to revive
+            continue
         observed_keys.add(key)
         values: dict[str, Any] = {f: getattr(observed, f) for f in WORKLOAD_FIELDS if f != "node_id"}
         values["node_id"] = node_ids.get(observed.node) if observed.node else None
-        row = existing.get(key)
         if row is None:
             creates.append(Workload(cluster=cluster, kind=observed.kind, scheduler_id=observed.scheduler_id,
                                     last_seen=now, policy=observed.default_policy or WorkloadPolicy.CHECKPOINT,
                                     **values))
+            placed.append(observed)
             continue
+        values = _owned_values(values, observed, source)
+        if "node_id" in values:
+            placed.append(observed)
         diff = {f: [row[f], v] for f, v in values.items() if row[f] != v}
         if row["gone_at"] is not None:
             diff["gone_at"] = [row["gone_at"], None]
@@ -663,10 +682,20 @@ def _apply_workloads(
         Workload.objects.filter(pk__in=seen_ids[start:start + BATCH]).update(last_seen=now)
     ids = {key: row["id"] for key, row in existing.items()}
     ids.update({(w.kind, w.scheduler_id): w.pk for w in creates})
-    moved = _apply_workload_nodes(snapshot.workloads, ids, node_ids)
+    moved = _apply_workload_nodes(placed, ids, node_ids)
     result.workloads_added = len(creates)
     result.workloads_changed = len({w.pk for w in updates} | (moved - {w.pk for w in creates}))
     result.workloads_removed = len(gone)
+
+
+def _owned_values(values: dict[str, Any], observed: ObservedWorkload, source: str) -> dict[str, Any]:
+    """What `observed` may change on its existing row: the fields it owns (inventory.identity), and of the
+    registration's fields never a scheduler's empty value over a known one."""
+    if observed.owns is not None:
+        values = {f: v for f, v in values.items() if f in observed.owns}
+    if source != ChangeSource.AGENT:
+        values = {f: v for f, v in values.items() if f not in identity.AGENT_FIELDS or v not in identity.EMPTY_VALUES}
+    return values
 
 
 def _apply_workload_nodes(
@@ -702,10 +731,10 @@ def _apply_workload_nodes(
 
 # The fields these inserts give (insert_rows fills every other one with its default).
 _COMPONENT_INSERT = ("node_id", "component", "version", "version_key", "branch", "source", "updated_at")
-_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "last_seen", "created_at", "updated_at")
+_NODE_INSERT = ("cluster_id", "name", *NODE_FIELDS, "fact_sources", "last_seen", "created_at", "updated_at")
 
 
-def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime) -> None:
+def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime, source: str) -> None:
     defaults = {f: Node._meta.get_field(f).get_default() for f in NODE_FIELDS}  # type: ignore[union-attr]
     stamp = db_datetime(now)
 
@@ -715,7 +744,8 @@ def _insert_nodes(cluster: Cluster, nodes: list[ObservedNode], now: dt.datetime)
             value = getattr(observed, f)
             value = defaults[f] if value is None else value
             values.append(db_json(value) if f in ("labels", "facts") else value)
-        return (cluster.pk, observed.name, *values, stamp, stamp, stamp)
+        facts = {f: getattr(observed, f) for f in owners.OWNED_FACTS}
+        return (cluster.pk, observed.name, *values, db_json(owners.first_owners(facts, source)), stamp, stamp, stamp)
 
     insert_rows(Node, _NODE_INSERT, (row(observed) for observed in nodes))
 
@@ -832,7 +862,9 @@ def _clear_pending(node_id: int, recorded: dict[str, ParsedVersion]) -> None:
 
 def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str, reference: str = "",
                   user_id: int | None = None) -> bool:
-    """Record that a workload now runs on `node_id` as `scheduler_id`; False when it already did."""
+    """Record that a workload now runs on `node_id` as `scheduler_id` (an executor's id: a job's
+    ``slurm-<jobid>`` is the job's row, inventory.identity); False when it already did."""
+    scheduler_id = identity.inventory_id(scheduler_id)
     with transaction.atomic(savepoint=False):  # part of the caller's transaction when there is one
         # The workload, and any row its target's own source already made for it, in one read.
         with prepared_cursor() as cursor:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import AgentProcess, wait_for
-from gpusweep_agent.workloads import cgroup_path, device_holders, owner_of_cgroup
+from gpusweep_agent.workloads import cgroup_path, device_holders, owner_of_cgroup, registration_owner
 
 CONTAINER = "4f1c2b3a" * 8
 RECORDED = [
@@ -39,6 +39,21 @@ def test_it_maps_a_process_to_its_pod_job_or_nothing_by_its_cgroup_path(text: st
     found = owner_of_cgroup(cgroup_path(text))
     assert {k: v for k, v in found.items() if k != "cgroup"} == owner
     assert found["cgroup"].startswith("/")
+
+
+@pytest.mark.parametrize(("text", "owner"), RECORDED)
+def test_a_registration_names_the_job_or_pod_it_runs_in(tmp_path: Path, text: str, owner: dict[str, str]) -> None:
+    """What the heartbeat's `owner` says of a gpusweep-run registration (the service joins it to that job's
+    row): by its process's cgroup (a recorded one, in a /proc-shaped folder), or by SLURM_JOB_ID."""
+    (tmp_path / "4321").mkdir()
+    (tmp_path / "4321" / "cgroup").write_text(text)
+    found = registration_owner({"id": "wl-1", "pid": 4321, "env": {}}, tmp_path)
+    wanted = {"slurm_job": {"kind": "slurm_job", "id": owner.get("job_id", "")},
+              "k8s_pod": {"kind": "k8s_pod", "id": owner.get("pod_uid", "")}}.get(owner["kind"], {})
+    assert found == wanted
+    # Inside a job, its environment says so even when its process is gone (checkpointed, restored elsewhere).
+    assert registration_owner({"id": "slurm-9", "pid": 999999, "env": {"SLURM_JOB_ID": "9"}}, tmp_path) == {
+        "kind": "slurm_job", "id": "9"}
 
 
 def test_it_finds_a_real_process_holding_a_stand_in_gpu_device(tmp_path: Path) -> None:

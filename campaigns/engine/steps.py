@@ -181,7 +181,10 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     moves = []
     for ref in missing:
         info, row = running[ref], known.get(ids[ref])
-        engine = (row.checkpoint_engine if row else info.checkpoint_engine) or CheckpointEngine.NONE
+        # The inventory's engine (the registration's, inventory.identity), unless it knows none: then the
+        # back end's live view (the job's registration before a heartbeat joined it to the job's row).
+        known_engine = row.checkpoint_engine if row and row.checkpoint_engine != CheckpointEngine.NONE else ""
+        engine = known_engine or info.checkpoint_engine or CheckpointEngine.NONE
         needed = requirements(info, row, engine, facts)
         gpus = info.gpus or (row.gpus if row else 0)
         moves.append(WorkloadMove(

@@ -3,6 +3,8 @@ executors.portability) and the node chosen to receive it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from campaigns.engine import rows
 from campaigns.models import NodeSweep, WorkloadMove
 from executors import portability
@@ -32,16 +34,22 @@ def requirements(info: WorkloadInfo | None, row: Workload | None, engine: str,
     def pick(name: str, own: str) -> str:
         return str(reported.get(name) or own or "")
 
-    return portability.requirements(
+    declared = {**(row.requires if row else {}), **(info.requires if info is not None else {})}
+    needed = portability.requirements(
         engine, facts, gpus=(info.gpus if info is not None and info.gpus else (row.gpus if row else 0)),
         inference_engine=pick("engine", row.engine if row else ""),
         engine_version=pick("engine_version", row.engine_version if row else ""),
         model_name=pick("model_name", row.model_name if row else ""),
         model_version=pick("model_version", row.model_version if row else ""),
-        requires={**(row.requires if row else {}), **(info.requires if info is not None else {})},
+        requires=declared,
     )
+    # A node fact nobody measured is unknown, not absent: no requirement (an empty GPU model would refuse
+    # every target, the checkpoint's own node included); the agent checks its own facts at the restore.
+    return replace(needed, must={k: v for k, v in needed.must.items() if v or k in declared})
 
 
 def source_facts(sweep: NodeSweep) -> dict[str, str]:
-    """The facts of the node being swept, as portability reads them (its GPU model and versions)."""
+    """The facts of the node being swept, as portability reads them (its GPU model and versions): the
+    inventory's, where what the node's agent measured outranks what a scheduler declares and an empty
+    report never erased a known value (inventory.owners)."""
     return portability.node_facts(sweep.node.gpu_model, rows.node_versions(sweep.node_id))

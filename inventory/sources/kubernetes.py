@@ -470,6 +470,7 @@ def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> O
     return ObservedWorkload(
         kind=WorkloadKind.K8S_POD,
         scheduler_id=f"{meta.get('namespace', 'default')}/{meta.get('name', '')}",
+        uid=str(meta.get("uid") or "")[:64],
         node=spec.get("nodeName"),
         name=str(meta.get("name", ""))[:200],
         user=str(meta.get("namespace", ""))[:100],

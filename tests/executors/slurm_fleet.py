@@ -156,7 +156,29 @@ class SlurmFleet:
         sync_cluster(cluster)
         for name, agent in self.agents.items():
             Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
+            self.heartbeat(cluster, name)
         return cluster
+
+    def heartbeat(self, cluster: Any, name: str) -> None:
+        """The workloads node `name`'s agent heartbeat reports (each gpusweep-run registration on its job's row:
+        inventory.identity), applied as the heartbeat endpoint applies them. Its node facts are left out: the
+        test agents report only the few facts their files hold, where a real agent's probes read the rest."""
+        from gpusweep_agent.heartbeat import SCHEMA
+        from gpusweep_agent.workloads import LIVE_STATES, WorkloadRegistry, listed
+
+        from inventory.agent import parse_heartbeat
+        from inventory.choices import ChangeSource, WorkloadKind
+        from inventory.services import ObservedNode, Snapshot, apply_snapshot
+
+        # The agent's registrations as its /v1/workloads lists them, read from its registry: asking the agent
+        # would also scan /proc for GPU users, seconds on a busy machine, which the tests' short jobs cannot spare.
+        registered = WorkloadRegistry(self.agents[name].state).all().values()
+        reported = [{k: v for k, v in listed(w).items() if k not in ("id", "pid", "state")}
+                    for w in registered if w.get("state") in LIVE_STATES]
+        payload = {"schema": SCHEMA, "cluster": cluster.name, "node": name, "facts": {}, "workloads": reported}
+        _node, workloads = parse_heartbeat(payload, cluster.name, name)
+        apply_snapshot(cluster, Snapshot(nodes=[ObservedNode(name)], workloads=workloads, complete=False,
+                                         workload_kinds=frozenset({WorkloadKind.PROCESS})), ChangeSource.AGENT)
 
     # -- views ------------------------------------------------------------------------
     @property

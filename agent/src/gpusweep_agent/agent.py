@@ -36,7 +36,14 @@ from .packages import PackageError, get_package_manager, patterns_for
 from .patch import PatchError, get_patch_method, validate
 from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
-from .workloads import WORKLOAD_ID_RE, WorkloadRegistry, discover_cgroup_workloads, gpu_users, public
+from .workloads import (
+    WORKLOAD_ID_RE,
+    WorkloadRegistry,
+    discover_cgroup_workloads,
+    gpu_users,
+    listed,
+    public,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +109,7 @@ class Agent:
     def list_workloads(self) -> list[dict[str, Any]]:
         registered = self.workloads.refreshed()
         known_pids = {int(w.get("pid") or 0) for w in registered}
-        out = [{**public(w), "id": w["id"]} for w in registered]
+        out = [listed(w) for w in registered]
         for found in discover_cgroup_workloads() + self._gpu_processes():
             if found["pid"] not in known_pids:
                 out.append({**public(found), "id": found["id"]})

@@ -84,6 +84,33 @@ def public(workload: dict[str, Any]) -> dict[str, Any]:
     return {**base, **{k: workload[k] for k in PUBLIC_FIELDS if k in workload}}
 
 
+def registration_owner(workload: dict[str, Any], proc_root: Path = Path("/proc")) -> dict[str, str]:
+    """The scheduler's workload a gpusweep-run registration runs in, for the heartbeat's ``owner``:
+    {"kind": "slurm_job", "id": <job id>} (its environment's SLURM_JOB_ID, which a requeue and a
+    restore keep) or, by its process's cgroup, {"kind": "slurm_job" | "k8s_pod", "id": <job id | pod UID>};
+    {} when it runs in neither. The service stores the registration on that workload's row."""
+    job = str((workload.get("env") or {}).get("SLURM_JOB_ID") or "")
+    if job.isdigit():
+        return {"kind": "slurm_job", "id": job}
+    try:
+        text = (proc_root / str(int(workload.get("pid") or 0)) / "cgroup").read_text()
+    except (OSError, ValueError):
+        return {}
+    owner = owner_of_cgroup(cgroup_path(text))
+    if owner["kind"] == "slurm_job":
+        return {"kind": "slurm_job", "id": owner["job_id"]}
+    if owner["kind"] == "k8s_pod":
+        return {"kind": "k8s_pod", "id": owner["pod_uid"]}
+    return {}
+
+
+def listed(workload: dict[str, Any], proc_root: Path = Path("/proc")) -> dict[str, Any]:
+    """A registered workload as ``GET /v1/workloads`` and the heartbeat list it: its public fields, its id,
+    and the scheduler's workload it runs in (``owner``) when it runs in one."""
+    owner = registration_owner(workload, proc_root)
+    return {**public(workload), "id": workload["id"], **({"owner": owner} if owner else {})}
+
+
 def discover_cgroup_workloads(proc_root: Path = Path("/proc")) -> list[dict[str, Any]]:
     """Slurm job steps and Kubernetes pods, one entry each, from /proc/<pid>/cgroup."""
     found: dict[str, dict[str, Any]] = {}
