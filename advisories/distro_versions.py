@@ -101,3 +101,11 @@ def kernel_release(uname_r: str) -> tuple[str, int, str] | None:
     if not m:
         return None
     return m["upstream"], int(m["abi"]), m["flavour"] or ""
+
+
+def kernel_order(uname_r: str) -> tuple[tuple[int, ...], int] | None:
+    """A running kernel's place in its series: (upstream numbers, ABI) of "5.15.0-1042-nvidia"."""
+    release = kernel_release(uname_r)
+    if release is None:
+        return None
+    return tuple(int(p) for p in release[0].split(".") if p.isdigit()), release[1]

@@ -39,6 +39,7 @@ from advisories.exposure import DeadlineRules, RecomputeResult, assign_deadlines
 from advisories.models import AffectedRange, Exposure
 from advisories.osv import OS_LIVEPATCH, OS_PACKAGE
 from gpusweep.db.reads import rowcount
+from inventory.choices import ChangeSource
 from inventory.models import Cluster, Node, Package, PackageSet
 
 _KERNEL_BINARY = re.compile(r"^linux-(?:image|image-unsigned|modules)-(\d+\.\d+\.\d+)-(\d+)-([a-z][a-z0-9-]*)$")
@@ -332,7 +333,9 @@ def _restate(exposure: Exposure, want: Verdict | None, seen: str, gone: bool, no
             return False  # leaving the inventory is not a patch
         exposure.state, exposure.remediated_at = ExposureState.REMEDIATED, now
         exposure.fixed_by_version = (want.version if want else seen or "(package removed)")[:128]
-        exposure.remediated_by = (want.note if want else remediated_by)[:200]
+        # Credited to what caused it: a campaign's reference; the verdict's note (the notice) otherwise.
+        exposure.remediated_by = (want.note if want and remediated_by in ("", ChangeSource.AGENT)
+                                  else remediated_by)[:200]
         exposure.note = want.note if want else ""
         result.remediated += 1
     elif exposure.state == ExposureState.REMEDIATED:

@@ -148,3 +148,26 @@ def apply_os_report(node_id: int, report: OsReport | None, reference: str = "") 
     Node.objects.filter(pk=node_id).update(**changes)
     transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
     return True
+
+
+def record_running(node_id: int, kernel: str = "", livepatch_version: str = "", reference: str = "") -> bool:
+    """What a campaign verified runs on the node: the kernel it booted, the livepatch it applied; True
+    when either changed. The node's OS package exposures follow on commit, remediated with
+    `reference` (the campaign and sweep) as their evidence, before the agent's next report says so.
+    A new kernel drops the old one's livepatch state (livepatches are per kernel)."""
+    current = Node.objects.filter(pk=node_id).values("running_kernel", "livepatch").first()
+    if current is None:
+        return False
+    changes: dict[str, Any] = {}
+    if kernel and current["running_kernel"] != kernel:
+        changes.update(running_kernel=kernel, livepatch=None)
+    if livepatch_version:
+        before = (current["livepatch"] or {}) if "running_kernel" not in changes else {}
+        state = {"tool": "campaign", "fixes": [], **before, "state": "applied", "version": livepatch_version}
+        if state != current["livepatch"]:
+            changes["livepatch"] = state
+    if not changes:
+        return False
+    Node.objects.filter(pk=node_id).update(**changes)
+    transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
+    return True
