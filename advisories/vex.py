@@ -50,6 +50,7 @@ STATUS = {
 }
 PRECEDENCE = ["known_affected", "under_investigation", "fixed", "known_not_affected"]
 NVIDIA_BULLETIN = "https://nvidia.custhelp.com/app/answers/detail/a_id/"
+OSV_PAGE = "https://osv.dev/vulnerability/"
 
 
 def _when(value: dt.datetime) -> str:
@@ -224,9 +225,11 @@ def _unexposed(advisories: list[Advisory], status: dict[str, dict[str, tuple[str
 
 
 def _reference(advisory: Advisory) -> dict[str, str]:
-    """Where the bulletin is: its URL when it came from one, else NVIDIA's page for its id."""
+    """Where the bulletin is: its URL when it came from one, else NVIDIA's page for its id, or osv.dev's
+    page for a distribution's advisory (the aggregator of OSV records)."""
+    page = NVIDIA_BULLETIN if advisory.publisher.upper() == "NVIDIA" else OSV_PAGE
     url = advisory.source if advisory.source.startswith(("http://", "https://")) else (
-        f"{NVIDIA_BULLETIN}{advisory.publisher_id}")
+        f"{page}{advisory.publisher_id}")
     return {"category": "external", "summary": f"{advisory.publisher} {advisory.publisher_id}: {advisory.title}"[:1000],
             "url": url}
 

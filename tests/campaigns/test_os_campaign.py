@@ -170,6 +170,19 @@ def test_a_usn_campaign_livepatches_covered_nodes_in_place_and_reboots_the_rest(
     too_old.refresh_from_db()
     assert covered.livepatch["state"] == "applied" and covered.livepatch["version"] == "66"
     assert too_old.running_kernel == SPARE and too_old.service_state == ServiceState.IN_SERVICE
+    # The campaign's report says what each node got, and the USN's report credits the sweeps.
+    report = operator.get(f"/campaigns/{campaign_id}/report.json").json()
+    nodes_done = {n["node"]: (n["remedy"], n["target"], n["state"]) for n in report["nodes"]}
+    assert nodes_done == {
+        "covered": ("livepatch", {"livepatch": "66"}, "done"),
+        "too-old": ("reboot", {"kernel": SPARE}, "done"),
+    }
+    usn = operator.get("/advisories/ubuntu-usn-9999-1/report.json").json()
+    assert {r["node"]: (r["component"], r["state"]) for r in usn["exposures"]} == {
+        "covered": ("package linux", "remediated"),
+        "too-old": ("package linux", "remediated"),
+    }
+    assert operator.get(f"/campaigns/{campaign_id}/report.pdf").content.startswith(b"%PDF")
 
 
 def test_a_failed_livepatch_leaves_the_node_in_service_with_its_work(fleet):
