@@ -110,6 +110,22 @@ def parse_os_report(payload: dict[str, Any]) -> OsReport | None:
                     livepatch=livepatch)
 
 
+@dataclass(frozen=True)
+class OsState:
+    """What the node's row holds of its OS: the heartbeat reads it with the node's row (LOCK_NODE), so
+    comparing a report with it costs no statement."""
+
+    digest: str  # its package set's ("" for none)
+    running_kernel: str
+    livepatch: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, digest: str | None, running_kernel: str | None, livepatch: Any) -> OsState:
+        """From the database's values (a JSON column read by a plain statement may come as text)."""
+        return cls(digest or "", running_kernel or "",
+                   json.loads(livepatch) if isinstance(livepatch, str) else livepatch)
+
+
 def package_set(report: OsReport) -> PackageSet:
     """The set of these packages, written once for every node that has it."""
     digest = report.digest
@@ -128,20 +144,24 @@ def package_set(report: OsReport) -> PackageSet:
         return PackageSet.objects.get(digest=digest)
 
 
-def apply_os_report(node_id: int, report: OsReport | None, reference: str = "") -> bool:
+def apply_os_report(node_id: int, report: OsReport | None, reference: str = "",
+                    current: OsState | None = None) -> bool:
     """Point the node at its package set, record its kernel and livepatch; True when any changed
-    (advisories then rematch the node's OS package exposures)."""
+    (advisories then rematch the node's OS package exposures). With `current` (the heartbeat read
+    it with the node's row) a report that changes nothing costs no statement at all."""
     if report is None:
         return False
-    current = Node.objects.filter(pk=node_id).values("package_set__digest", "running_kernel", "livepatch").first()
     if current is None:
-        return False
+        row = Node.objects.filter(pk=node_id).values_list("package_set__digest", "running_kernel", "livepatch").first()
+        if row is None:
+            return False
+        current = OsState.of(*row)
     changes: dict[str, Any] = {}
-    if report.packages is not None and current["package_set__digest"] != report.digest:
+    if report.packages is not None and current.digest != report.digest:
         changes["package_set"] = package_set(report)
-    if current["running_kernel"] != report.running_kernel:
+    if current.running_kernel != report.running_kernel:
         changes["running_kernel"] = report.running_kernel
-    if current["livepatch"] != report.livepatch:
+    if current.livepatch != report.livepatch:
         changes["livepatch"] = report.livepatch
     if not changes:
         return False
