@@ -141,7 +141,9 @@ class ExposureSerializer(serializers.ModelSerializer):
                   "risk_reason", "risk_expires_at", "justification", "remediation", "source", "finding"]
         read_only_fields = fields
 
-    source = serializers.SerializerMethodField(help_text="nvidia (NVIDIA's bulletins) or distribution (OSV)")
+    # The API's name for it; a declared field leaves the class (DRF's metaclass), Field.source is untouched.
+    source = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="nvidia (NVIDIA's bulletins) or distribution (OSV)")
 
     def get_cves(self, obj: Exposure) -> list[str]:
         return sorted(c.cve_id for c in obj.affected_range.cves.all())
@@ -151,10 +153,13 @@ class ExposureSerializer(serializers.ModelSerializer):
 
     @extend_schema_field({"type": "object", "nullable": True})
     def get_finding(self, obj: Exposure) -> dict[str, Any] | None:
-        if "joined" not in self.context:  # once for the page: the findings of its nodes
-            page = self.parent.instance if self.parent is not None else [obj]
-            self.context["joined"] = findings.joined({e.node_id for e in page})
-        return findings.of_row(obj, self.context["joined"], self.get_cves(obj))
+        holder = self.parent if self.parent is not None else self  # the page's list serializer
+        joined = getattr(holder, "_joined", None)
+        if joined is None:  # once for the page: the findings of its nodes
+            page = holder.instance if self.parent is not None else [obj]
+            joined = findings.joined({e.node_id for e in page or [obj]})
+            holder._joined = joined  # type: ignore[attr-defined]
+        return findings.of_row(obj, joined, self.get_cves(obj))
 
     def get_overdue(self, obj: Exposure) -> bool:
         return (obj.state in (ExposureState.OPEN, ExposureState.PRESUMED) and obj.deadline is not None
@@ -356,7 +361,7 @@ class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
     search_fields = ["node__name", "advisory__publisher_id", "advisory__title", "component", "detected_version"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
 
-    def filter_queryset(self, queryset: QuerySet[Exposure]) -> QuerySet[Exposure]:
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         rows = super().filter_queryset(queryset)
         params = self.request.query_params
         joined = parse_bool(params.get("joined")) if params.get("joined") else not params.get("source")

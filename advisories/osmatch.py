@@ -307,8 +307,8 @@ def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[i
                     elif found.version:
                         seen[(node_id, rng.id)] = found.version
         result = _restate_existing(existing, wanted, seen, now, remediated_by)
-        fresh = set(range_ids) - {e.affected_range_id for e in existing}
-        result.opened = _insert(inserts, node_ids, now, fresh)
+        unmatched = set(range_ids) - {e.affected_range_id for e in existing}
+        result.opened = _insert(inserts, node_ids, now, unmatched)
         assign_deadlines(node_ids=node_ids, advisory_ids=sorted({r.advisory_id for r in ranges}))
     return result
 

@@ -81,10 +81,10 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
     products: dict[str, str] = {}
     # cve -> product -> (status, exposure)
     status: dict[str, dict[str, tuple[str, Exposure]]] = defaultdict(dict)
-    rows = list(rows)
-    joined = findings.joined({e.node_id for e in rows})
+    listed = list(rows)
+    joined = findings.joined({e.node_id for e in listed})
     deciders = _deciders(joined)
-    for exposure in rows:
+    for exposure in listed:
         pid = _product_id(exposure)
         products.setdefault(pid, f"{pid} {_version(exposure)}")
         for cve in exposure.affected_range.cves.all():
