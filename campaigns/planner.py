@@ -22,6 +22,9 @@ nodes of the same clusters (possible receivers), and the policy. Output: a JSON-
   workload finishes first (policy "wait") or cold-starts (policy "cold restart", or cold restart
   allowed) and the plan says who restarts it (the cluster's scheduler, or nobody); else the node
   carries a "no capacity" risk. All named in advance.
+- A node whose target is a livepatch alone (advisories.osplan: a Livepatch notice covers its running
+  kernel) is neither drained nor checkpointed: its work stays (`stays`), it takes and frees no
+  capacity, and its steps are patch and verify only (SweepState.steps_of).
 - Time: each wave takes `node_seconds`, starts at the earliest moment inside a window, outside
   any blackout, with room for the whole wave; a node ending after its deadline is at risk.
 """

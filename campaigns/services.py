@@ -19,7 +19,15 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from campaigns import evidence, policy
-from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
+from campaigns.choices import (
+    AfterRollback,
+    CampaignStatus,
+    EvidenceKind,
+    HeldNodes,
+    Placement,
+    SweepState,
+    livepatch_only,
+)
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -506,7 +514,8 @@ def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int,
         by_cluster: dict[str, list[str]] = {}
         for node_id in wave.get("nodes") or []:
             node = nodes.get(int(node_id))
-            if node is not None:
+            # A livepatched node keeps taking work: no reservation holds it.
+            if node is not None and not livepatch_only((content["nodes"].get(str(node_id)) or {}).get("target")):
                 by_cluster.setdefault(node.cluster.name, []).append(node.name)
         start = parse_datetime(wave["start"]) if wave.get("start") else None
         end = parse_datetime(wave["end"]) if wave.get("end") else None
