@@ -43,7 +43,6 @@ from inventory.choices import ChangeSource
 from inventory.models import Cluster, Node, Package, PackageSet
 
 _KERNEL_BINARY = re.compile(r"^linux-(?:image|image-unsigned|modules)-(\d+\.\d+\.\d+)-(\d+)-([a-z][a-z0-9-]*)$")
-_ABI = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+)-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -155,13 +154,13 @@ def livepatched(livepatch: dict[str, Any] | None, codename: str, uname_r: str,
 def covers(notice: LivepatchNotice, codename: str, uname_r: str) -> bool:
     """Whether a Livepatch notice's patch applies to this running kernel (release, flavour, from its base)."""
     release = dv.kernel_release(uname_r)
-    base = _ABI.match(notice.kernel)
+    base = dv.kernel_abi(notice.kernel)
     if release is None or base is None:
         return False
     upstream, abi, flavour = release
     series = ".".join(upstream.split(".")[:2])
     return (notice.codename == codename and notice.flavour in (flavour, f"{flavour}-{series}")
-            and base[1] == upstream and abi >= int(base[2]))
+            and base[0] == upstream and abi >= base[1])
 
 
 def _running_version(index: SetIndex, uname_r: str) -> str:
@@ -180,9 +179,9 @@ def _kernel_verdict(rng: OsRange, order: str, index: SetIndex, uname_r: str, pat
     if running:
         exposed = rng.hits(order, running)
     else:  # the running kernel's package was removed: its ABI number is all there is
-        fixed_abi = _ABI.match(rng.fixed)
+        fixed_abi = dv.kernel_abi(rng.fixed)
         running = f"{upstream}-{abi}"
-        exposed = fixed_abi is None or abi < int(fixed_abi[2])
+        exposed = fixed_abi is None or abi < fixed_abi[1]
     if not exposed:
         return Verdict("", running)
     if rng.cve_ids and all(c in patched for c in rng.cve_ids):

@@ -85,7 +85,6 @@ def remedies(node_ids: Iterable[int], advisory_ids: Iterable[int] | None = None)
 # Source packages that build NVIDIA's driver: their fix is the driver component's upstream version,
 # so a packaged driver follows the driver-group rules (branches, checkpoint portability) like a runfile.
 _DRIVER_SOURCE = re.compile(r"^nvidia-graphics-drivers-\d+(?:-server)?$")
-_KERNEL_FIX = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+)-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -114,12 +113,12 @@ def node_target(remedy: NodeRemedy, running_kernel: str) -> OsTarget:
     unpatched: list[str] = []
     if remedy.kernel:
         release = dv.kernel_release(running_kernel)
-        fixes = [m for fixed in remedy.kernel.values() if (m := _KERNEL_FIX.match(fixed))]
+        fixes = [abi for fixed in remedy.kernel.values() if (abi := dv.kernel_abi(fixed))]
         if release is None or not fixes:
             unpatched += sorted(remedy.kernel)
         else:
-            best = max(fixes, key=lambda m: (tuple(int(p) for p in m[1].split(".")), int(m[2])))
-            target["kernel"] = f"{best[1]}-{best[2]}-{release[2]}"
+            upstream_version, abi = max(fixes, key=lambda f: dv.kernel_order(*f))
+            target["kernel"] = f"{upstream_version}-{abi}-{release[2]}"
     elif remedy.livepatch:
         target[LIVEPATCH] = str(max(remedy.livepatch.values()))
     drivers = sorted((upstream(v) for p, v in remedy.packages.items() if _DRIVER_SOURCE.match(p) and v),

@@ -265,11 +265,11 @@ def _newer(version: str, than: str, component: str) -> bool:
     if not than:
         return bool(version)  # a component the node lacks (no livepatch yet) is wanted
     if component == "kernel":  # uname -r: the ABI number orders kernels of one upstream release
-        from advisories.distro_versions import kernel_order
+        from advisories.distro_versions import kernel_order, kernel_release
 
-        ka, kb = kernel_order(version), kernel_order(than)
+        ka, kb = kernel_release(version), kernel_release(than)
         if ka is not None and kb is not None:
-            return ka > kb
+            return kernel_order(*ka[:2]) > kernel_order(*kb[:2])
     a, b = parse_version(component, version), parse_version(component, than)
     if a.key is None or b.key is None:
         return version != than
