@@ -113,7 +113,7 @@ def node_target(remedy: NodeRemedy, running_kernel: str) -> OsTarget:
     unpatched: list[str] = []
     if remedy.kernel:
         release = dv.kernel_release(running_kernel)
-        fixes = [abi for fixed in remedy.kernel.values() if (abi := dv.kernel_abi(fixed))]
+        fixes = [found for fixed in remedy.kernel.values() if (found := dv.kernel_abi(fixed))]
         if release is None or not fixes:
             unpatched += sorted(remedy.kernel)
         else:
