@@ -20,7 +20,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from advisories import coverage, services
+from advisories import coverage, findings, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.identifiers import PublicAdvisoryFilter, resolve
 from advisories.models import (
@@ -32,8 +32,9 @@ from advisories.models import (
     Exposure,
     ReviewItem,
 )
+from advisories.osv import OS_PACKAGE
 from advisories.vex import vex_document
-from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter
+from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter, parse_bool
 from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
@@ -124,6 +125,9 @@ class ExposureSerializer(serializers.ModelSerializer):
     remediation = serializers.CharField(source="affected_range.remediation", read_only=True)
     cves = serializers.SerializerMethodField()
     overdue = serializers.SerializerMethodField()
+    finding = serializers.SerializerMethodField(help_text=(
+        "where NVIDIA's bulletin and the distribution's advisory both name this node and CVE: the finding's "
+        "state (decided by the distribution's package where it packages the software) and every source"))
     risk_approver = serializers.CharField(source="risk_approver.username", read_only=True, default=None,
                                           allow_null=True)
     # Empty until an approver sets the exposure not affected: the schema must allow "" too.
@@ -134,11 +138,28 @@ class ExposureSerializer(serializers.ModelSerializer):
         fields = ["id", "node", "node_name", "cluster", "advisory", "advisory_id", "affected_range", "component",
                   "detected_version", "fixed_version", "severity", "cves", "state", "first_seen", "deadline",
                   "deadline_source", "overdue", "fixed_by_version", "remediated_at", "remediated_by", "risk_approver",
-                  "risk_reason", "risk_expires_at", "justification", "remediation"]
+                  "risk_reason", "risk_expires_at", "justification", "remediation", "source", "finding"]
         read_only_fields = fields
+
+    # The API's name for it; a declared field leaves the class (DRF's metaclass), Field.source is untouched.
+    source = serializers.SerializerMethodField(  # type: ignore[assignment]
+        help_text="nvidia (NVIDIA's bulletins) or distribution (OSV)")
 
     def get_cves(self, obj: Exposure) -> list[str]:
         return sorted(c.cve_id for c in obj.affected_range.cves.all())
+
+    def get_source(self, obj: Exposure) -> str:
+        return findings.DISTRIBUTION if obj.component == OS_PACKAGE else findings.NVIDIA
+
+    @extend_schema_field({"type": "object", "nullable": True})
+    def get_finding(self, obj: Exposure) -> dict[str, Any] | None:
+        holder = self.parent if self.parent is not None else self  # the page's list serializer
+        joined = getattr(holder, "_joined", None)
+        if joined is None:  # once for the page: the findings of its nodes
+            page = holder.instance if self.parent is not None else [obj]
+            joined = findings.joined({e.node_id for e in page or [obj]})
+            holder._joined = joined  # type: ignore[attr-defined]
+        return findings.of_row(obj, joined, self.get_cves(obj))
 
     def get_overdue(self, obj: Exposure) -> bool:
         return (obj.state in (ExposureState.OPEN, ExposureState.PRESUMED) and obj.deadline is not None
@@ -238,10 +259,21 @@ class ExposureFilter(FilterSet):
     cluster = django_filters.CharFilter(field_name="node__cluster__name")
     advisory = PublicAdvisoryFilter(field_name="advisory")
     overdue = BooleanFilter(method="filter_overdue", help_text="open and past its deadline")
+    source = django_filters.ChoiceFilter(choices=findings.SOURCES, method="filter_source", help_text=(
+        "nvidia: NVIDIA's bulletins; distribution: the distribution's advisories (OSV); each source's own rows"))
+    joined = BooleanFilter(method="filter_joined", help_text=(
+        "true (the default without `source`): one row per node and CVE, an NVIDIA row that a distribution row "
+        "decides listed within it (its `finding`); false: every source's own row"))
 
     class Meta:
         model = Exposure
         fields = ["node", "component", "severity", "state"]
+
+    def filter_source(self, queryset: QuerySet[Exposure], name: str, value: str) -> QuerySet[Exposure]:
+        return queryset.filter(findings.source_q(value)) if value else queryset
+
+    def filter_joined(self, queryset: QuerySet[Exposure], name: str, value: bool | None) -> QuerySet[Exposure]:
+        return queryset  # applied by the list (ExposureViewSet.filter_queryset), which knows its default
 
     def filter_overdue(self, queryset: QuerySet[Exposure], name: str, value: bool | None) -> QuerySet[Exposure]:
         late = Q(state=ExposureState.OPEN, deadline__lt=timezone.now())
@@ -328,6 +360,14 @@ class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
                        "node__cluster__name", "advisory__publisher_id"]
     search_fields = ["node__name", "advisory__publisher_id", "advisory__title", "component", "detected_version"]
     action_roles = {"accept_risk": {Role.APPROVER}, "revoke_risk": {Role.APPROVER}, "not_affected": {Role.APPROVER}}
+
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        rows = super().filter_queryset(queryset)
+        params = self.request.query_params
+        joined = parse_bool(params.get("joined")) if params.get("joined") else not params.get("source")
+        if self.action == "list" and joined:  # one row per finding (VEX reads every source itself)
+            rows = rows.exclude(findings.merged())
+        return rows
 
     def cache_valid_until(self, rows: list[Exposure], started: dt.datetime) -> dt.datetime | None:
         # `overdue` flips when a deadline passes: the answer holds until the first one still ahead.

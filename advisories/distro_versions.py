@@ -101,3 +101,18 @@ def kernel_release(uname_r: str) -> tuple[str, int, str] | None:
     if not m:
         return None
     return m["upstream"], int(m["abi"]), m["flavour"] or ""
+
+
+_KERNEL_PACKAGE = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+)-(\d+)")
+
+
+def kernel_abi(version: str) -> tuple[str, int] | None:
+    """("5.15.0", 1050) of a kernel package's version "5.15.0-1050.51" (or a notice's base
+    "4.15.0-69"); None when it is not that form."""
+    m = _KERNEL_PACKAGE.match(version.strip())
+    return (m[1], int(m[2])) if m else None
+
+
+def kernel_order(upstream: str, abi: int) -> tuple[tuple[int, ...], int]:
+    """A kernel's place in the series: its upstream numbers, then its ABI."""
+    return tuple(int(p) for p in upstream.split(".") if p.isdigit()), abi

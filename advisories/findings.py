@@ -8,6 +8,11 @@ Which source decides: the one that describes how the node got the software. A no
 comes from the distribution's package (an OS package exposure of a source that builds NVIDIA's
 driver, in any state) is judged by the distribution's package version: its fix closes the finding.
 A node with NVIDIA's runfile has no such exposure, and NVIDIA's upstream version decides.
+
+Where the lists show them (the API's and console's exposures, VEX): an NVIDIA row all of whose CVEs
+a distribution row of the same node names is shown within that row (``merged``), as one of its
+finding's sources (``joined``); a source filter (``source_q``: NVIDIA's bulletins or the
+distribution's advisories) shows each source's own rows, merged or not.
 """
 
 from __future__ import annotations
@@ -15,10 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Exists, OuterRef, Q
 
 from advisories.choices import ExposureState
-from advisories.models import AffectedRange, Exposure
+from advisories.models import AffectedRange, Exposure, public_id
 from advisories.osv import OS_PACKAGE
+
+NVIDIA, DISTRIBUTION = "nvidia", "distribution"
+SOURCES = [(NVIDIA, "NVIDIA bulletins"), (DISTRIBUTION, "Distribution advisories (OSV)")]
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,14 @@ class Source:
     state: str
     detected_version: str
     note: str
+
+    @property
+    def advisory(self) -> str:
+        return public_id(self.publisher, self.publisher_id)
+
+    def as_dict(self) -> dict[str, str]:
+        return {"advisory": self.advisory, "component": self.component, "state": self.state,
+                "detected_version": self.detected_version, "note": self.note}
 
 
 @dataclass
@@ -55,6 +74,33 @@ class Finding:
         return states[0] if states else ""
 
 
+def source_q(source: str) -> Q:
+    """The exposures of one kind of source: NVIDIA's bulletins or the distribution's advisories."""
+    return Q(component=OS_PACKAGE) if source == DISTRIBUTION else ~Q(component=OS_PACKAGE)
+
+
+def merged() -> Q:
+    """NVIDIA rows shown within a distribution row: the node has a distribution exposure naming each
+    of the row's CVEs (its driver is the distribution's package, whose version decides)."""
+    through = AffectedRange.cves.through
+    named = Exposure.objects.filter(node_id=OuterRef(OuterRef("node_id")), component=OS_PACKAGE,
+                                    affected_range__cves=OuterRef("cve_id"))
+    if not AffectedRange.objects.filter(component=OS_PACKAGE).exists():
+        return Q(pk__in=[])  # no distribution advisory: nothing is merged (and the list pays nothing)
+    uncovered = through.objects.filter(affectedrange_id=OuterRef("affected_range_id")).exclude(Exists(named))
+    # The nodes with distribution exposures as one set (a hashed semi-join), then the CVEs row by row.
+    packaged = Exposure.objects.filter(component=OS_PACKAGE).values("node_id")
+    return ~Q(component=OS_PACKAGE) & Q(node_id__in=packaged) & ~Q(Exists(uncovered))
+
+
+def joined(node_ids: Iterable[int]) -> dict[tuple[int, str], Finding]:
+    """(node, CVE) -> its finding, for those of the nodes that have distribution exposures (only there
+    do two sources meet; a fleet with none costs one query)."""
+    ids = list(node_ids)
+    packaged = set(Exposure.objects.filter(node_id__in=ids, component=OS_PACKAGE).values_list("node_id", flat=True))
+    return {(f.node_id, f.cve_id): f for f in findings(packaged)} if packaged else {}
+
+
 def findings(node_ids: Iterable[int] | None = None) -> list[Finding]:
     """Findings of the nodes' exposures (None: the fleet's), sorted by node and CVE."""
     rows = Exposure.objects.select_related("advisory")
@@ -73,3 +119,18 @@ def findings(node_ids: Iterable[int] | None = None) -> list[Finding]:
         for cve_id in cves.get(e.affected_range_id, []):
             out.setdefault((e.node_id, cve_id), Finding(e.node_id, cve_id)).sources.append(source)
     return [out[k] for k in sorted(out)]
+
+
+def of_row(exposure: Exposure, found: dict[tuple[int, str], Finding], cves: Iterable[str]) -> dict[str, Any] | None:
+    """The finding a listed exposure stands for, where another source names its node and CVEs too:
+    its state (the deciding sources') and every source; None where the row is the only source."""
+    mine = [found[(exposure.node_id, c)] for c in cves if (exposure.node_id, c) in found]
+    sources = {s.exposure_id: s for f in mine for s in f.sources}
+    if len(sources) < 2:
+        return None
+    states = [f.state for f in mine]
+    order = [ExposureState.OPEN, ExposureState.PRESUMED, ExposureState.RISK_ACCEPTED, ExposureState.NOT_AFFECTED]
+    state = next((s for s in order if s in states), states[0])
+    deciding = {s.exposure_id for f in mine for s in f.deciding}
+    return {"state": state, "sources": [{**s.as_dict(), "decides": s.exposure_id in deciding}
+                                        for _i, s in sorted(sources.items())]}

@@ -26,7 +26,7 @@ from advisories.choices import (
 from advisories.csaf import DocumentError, ParsedAdvisory, ParsedRange, ReviewNote, version_tuple
 from advisories.exposure import recompute
 from advisories.models import CVE, Advisory, AdvisoryEvent, AffectedRange, Exposure, ReviewItem, SourceState
-from advisories.osmatch import os_scope, recompute_os
+from advisories.osmatch import os_scope, recompute_os, vendor_scope
 from advisories.signals import announce_matched
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ def ingest_documents(
     """Ingest every item; a bad document is reported in the summary and changes nothing."""
     summary = IngestSummary()
     changed: list[int] = []
+    created: list[int] = []  # new advisories: none of their ranges has an exposure yet
     for item in items:
         if isinstance(item, DocumentError):
             summary.errors.append(str(item))
@@ -166,14 +167,18 @@ def ingest_documents(
                      + (f" ({review} to review)" if review else ""))
         if outcome != "unchanged" and isinstance(item, FetchedDocument):
             changed.append(advisory_id)
+            if outcome == "new":
+                created.append(advisory_id)
         if progress:
             progress(item.name)
     # One fleet-wide match for the whole batch instead of one per document, including any
     # advisory a failed earlier batch left unmatched.
     changed += Advisory.objects.filter(exposures_at__isnull=True, ranges_unknown=False).values_list("id", flat=True)
+    changed = list(dict.fromkeys(changed))  # an advisory of this batch is also one not matched yet
     if changed:
-        recompute(advisory_ids=changed)
-        recompute_os(advisory_ids=os_scope(changed))
+        if vendor := vendor_scope(changed):
+            recompute(advisory_ids=vendor)
+        recompute_os(advisory_ids=os_scope(changed), fresh=created)
         announce_matched(changed)
     return summary
 
@@ -239,7 +244,8 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
             )
         _save_validators(doc)
         if exposures:
-            recompute(advisory_ids=[advisory.id])
+            if vendor_scope([advisory.id]):
+                recompute(advisory_ids=[advisory.id])
             recompute_os(advisory_ids=os_scope([advisory.id]))
             announce_matched([advisory.id])
     return outcome, advisory.id, review, integrity

@@ -36,13 +36,13 @@ from advisories import distro_versions as dv
 from advisories import queries as q
 from advisories.choices import ExposureState
 from advisories.exposure import DeadlineRules, RecomputeResult, assign_deadlines
-from advisories.models import AffectedRange, Exposure
+from advisories.models import Advisory, AffectedRange, Exposure
 from advisories.osv import OS_LIVEPATCH, OS_PACKAGE
 from gpusweep.db.reads import rowcount
+from inventory.choices import ChangeSource
 from inventory.models import Cluster, Node, Package, PackageSet
 
 _KERNEL_BINARY = re.compile(r"^linux-(?:image|image-unsigned|modules)-(\d+\.\d+\.\d+)-(\d+)-([a-z][a-z0-9-]*)$")
-_ABI = re.compile(r"^(?:\d+:)?(\d+\.\d+\.\d+)-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -154,13 +154,13 @@ def livepatched(livepatch: dict[str, Any] | None, codename: str, uname_r: str,
 def covers(notice: LivepatchNotice, codename: str, uname_r: str) -> bool:
     """Whether a Livepatch notice's patch applies to this running kernel (release, flavour, from its base)."""
     release = dv.kernel_release(uname_r)
-    base = _ABI.match(notice.kernel)
+    base = dv.kernel_abi(notice.kernel)
     if release is None or base is None:
         return False
     upstream, abi, flavour = release
     series = ".".join(upstream.split(".")[:2])
     return (notice.codename == codename and notice.flavour in (flavour, f"{flavour}-{series}")
-            and base[1] == upstream and abi >= int(base[2]))
+            and base[0] == upstream and abi >= base[1])
 
 
 def _running_version(index: SetIndex, uname_r: str) -> str:
@@ -179,9 +179,9 @@ def _kernel_verdict(rng: OsRange, order: str, index: SetIndex, uname_r: str, pat
     if running:
         exposed = rng.hits(order, running)
     else:  # the running kernel's package was removed: its ABI number is all there is
-        fixed_abi = _ABI.match(rng.fixed)
+        fixed_abi = dv.kernel_abi(rng.fixed)
         running = f"{upstream}-{abi}"
-        exposed = fixed_abi is None or abi < int(fixed_abi[2])
+        exposed = fixed_abi is None or abi < fixed_abi[1]
     if not exposed:
         return Verdict("", running)
     if rng.cve_ids and all(c in patched for c in rng.cve_ids):
@@ -213,6 +213,17 @@ def verdict(rng: OsRange, index: SetIndex, uname_r: str, patched: dict[str, str]
     return _package_verdict(rng, order, index)
 
 
+def vendor_scope(advisory_ids: Sequence[int]) -> list[int]:
+    """The advisories the SQL match (advisories.exposure.recompute) has work for: all but those whose
+    every range is a distribution's (matched here alone; its revisit would scan the fleet's exposures
+    for nothing)."""
+    ids = list(advisory_ids)
+    ranges = AffectedRange.objects.filter(advisory_id__in=ids)
+    distribution = set(ranges.filter(component__in=(OS_PACKAGE, OS_LIVEPATCH)).values_list("advisory_id", flat=True))
+    other = set(ranges.exclude(component__in=(OS_PACKAGE, OS_LIVEPATCH)).values_list("advisory_id", flat=True))
+    return [i for i in ids if i not in distribution or i in other]
+
+
 def os_scope(advisory_ids: Sequence[int]) -> list[int] | None:
     """The advisories an OS rematch covers after these changed: all of them when a Livepatch
     notice is among them (it changes kernel exposures of other advisories), else these."""
@@ -227,12 +238,16 @@ Key = tuple[int, int]  # (node id, range id)
 Group = tuple[int, str, str | None]  # (package set, running kernel, livepatch as the database's text)
 
 
-def _groups(node_ids: Sequence[int] | None) -> dict[Group, list[tuple[int, bool]]]:
-    """Nodes with a package set by (set, running kernel, livepatch state): (node id, gone) each.
+def _groups(node_ids: Sequence[int] | None, members: bool) -> dict[Group, list[tuple[int, bool]]]:
+    """Nodes with a package set by (set, running kernel, livepatch state): (node id, gone) each, or
+    without `members` the groups alone (the database groups them: no node row reaches Python).
     The livepatch is kept as the database's text, which the inserts compare it with."""
     scope, params = q.in_list(q.NODES.id, node_ids)
     groups: dict[Group, list[tuple[int, bool]]] = defaultdict(list)
     with connection.cursor() as cursor:
+        if not members:
+            cursor.execute(q.package_set_groups(scope), params)
+            return {(set_id, kernel, livepatch): [] for set_id, kernel, livepatch in cursor.fetchall()}
         cursor.execute(q.package_set_nodes(scope), params)
         for node_id, set_id, kernel, livepatch, gone_at in cursor.fetchall():
             groups[(set_id, kernel, livepatch)].append((node_id, gone_at is not None))
@@ -240,44 +255,78 @@ def _groups(node_ids: Sequence[int] | None) -> dict[Group, list[tuple[int, bool]
 
 
 def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[int] | None = None,
-                 now: dt.datetime | None = None, remediated_by: str = "") -> RecomputeResult:
-    """Bring the OS package exposures of the nodes and advisories in scope (None: all) in line."""
+                 now: dt.datetime | None = None, remediated_by: str = "",
+                 fresh: Sequence[int] = ()) -> RecomputeResult:
+    """Bring the OS package exposures of the nodes and advisories in scope (None: all) in line.
+    `fresh`: advisories known to have no exposure yet (created by the ingest calling): their ranges
+    are not looked up among the exposures."""
     now = now or timezone.now()
     ranges = _ranges(advisory_ids)
+    if node_ids is None:  # matched with the fleet: no later batch takes them for unmatched (ingest)
+        matched = Advisory.objects.filter(ranges__component__in=(OS_PACKAGE, OS_LIVEPATCH)) if advisory_ids is None \
+            else Advisory.objects.filter(id__in=advisory_ids)
+        Advisory.objects.filter(id__in=matched.values("id")).update(exposures_at=now)
     if not ranges:
         return RecomputeResult()  # nothing to match (and a removed range took its exposures with it)
     node_ids = sorted(set(node_ids)) if node_ids is not None else None
-    groups = _groups(node_ids)
     notices = livepatch_notices() if any(r.kernel for r in ranges) else []
-    index = _sets({key[0] for key in groups}, ranges, {key[1] for key in groups})
     by_ecosystem: dict[str, list[OsRange]] = defaultdict(list)
     for rng in ranges:
         by_ecosystem[rng.ecosystem].append(rng)
-    wanted: dict[Key, Verdict] = {}
-    seen: dict[Key, str] = {}
-    inserts: list[tuple[Group, OsRange, Verdict]] = []
-    for group, members in groups.items():
-        entry = index[group[0]]
-        patched = livepatched(json.loads(group[2] or "null"), entry.codename, group[1], notices)
-        for rng in by_ecosystem.get(entry.ecosystem, []):
-            found = verdict(rng, entry, group[1], patched)
-            if found.state:
-                inserts.append((group, rng, found))
-            for node_id, gone in members:
-                if found.state and not gone:
-                    wanted[(node_id, rng.id)] = found
-                elif found.version:
-                    seen[(node_id, rng.id)] = found.version
+    range_ids = sorted({r.id for r in ranges})
     with transaction.atomic():
-        result = _restate_existing(wanted, seen, list({r.id for r in ranges}), node_ids, now, remediated_by)
-        result.opened = _insert(inserts, node_ids, now)
+        if connection.vendor == "postgresql":
+            # Derived rows, committed with the advisories' exposures_at: a crash that loses this
+            # commit loses both, and the next ingest matches them again. No wait for the WAL flush.
+            with connection.cursor() as cursor:
+                cursor.execute(q.ASYNC_COMMIT)
+        new = set(fresh)
+        existing = _existing(sorted({r.id for r in ranges if r.advisory_id not in new}), node_ids)
+        # Per (node, range) verdicts matter only where rows exist to restate: a new advisory's
+        # match (its ranges have none) reads no node row, keeps no per-node map and inserts
+        # without a per-row check.
+        track = bool(existing)
+        groups = _groups(node_ids, members=track)
+        index = _sets({key[0] for key in groups}, ranges, {key[1] for key in groups})
+        wanted: dict[Key, Verdict] = {}
+        seen: dict[Key, str] = {}
+        inserts: list[tuple[Group, OsRange, Verdict]] = []
+        for group, members in groups.items():
+            entry = index[group[0]]
+            patched = livepatched(json.loads(group[2] or "null"), entry.codename, group[1], notices)
+            for rng in by_ecosystem.get(entry.ecosystem, []):
+                found = verdict(rng, entry, group[1], patched)
+                if found.state:
+                    inserts.append((group, rng, found))
+                if not track:
+                    continue
+                for node_id, gone in members:
+                    if found.state and not gone:
+                        wanted[(node_id, rng.id)] = found
+                    elif found.version:
+                        seen[(node_id, rng.id)] = found.version
+        result = _restate_existing(existing, wanted, seen, now, remediated_by)
+        unmatched = set(range_ids) - {e.affected_range_id for e in existing}
+        result.opened = _insert(inserts, node_ids, now, unmatched)
         assign_deadlines(node_ids=node_ids, advisory_ids=sorted({r.advisory_id for r in ranges}))
     return result
 
 
-def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[int] | None, now: dt.datetime) -> int:
+def _existing(range_ids: list[int], node_ids: Sequence[int] | None) -> list[Exposure]:
+    """The OS package exposures of these ranges (and nodes) there are already."""
+    if not range_ids:
+        return []
+    current = Exposure.objects.filter(affected_range_id__in=range_ids, component=OS_PACKAGE)
+    if node_ids is not None:
+        current = current.filter(node_id__in=node_ids)
+    return list(current.only("id", "node_id", "affected_range_id", "state", "detected_version", "note"))
+
+
+def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[int] | None, now: dt.datetime,
+            fresh: set[int]) -> int:
     """New exposures, one INSERT ... SELECT per (group, range): the nodes of a group share the verdict,
-    and each gets its deadline (per range and cluster, DeadlineRules) as it is inserted."""
+    and each gets its deadline (per range and cluster, DeadlineRules) as it is inserted. A `fresh`
+    range has no exposure yet: its rows need no check for one."""
     if not inserts:
         return 0
     adapt = connection.ops.adapt_datetimefield_value
@@ -293,27 +342,27 @@ def _insert(inserts: list[tuple[Group, OsRange, Verdict]], node_ids: Sequence[in
             for cluster_id in clusters:
                 deadline, source = rules.deadline(rng.id, cluster_id, now)
                 d_params += [cluster_id, None if done else adapt(deadline), "" if done else source]
-            sql, defaults = q.insert_os(len(clusters), done, livepatch is not None, scope)
+            new = rng.id in fresh
+            sql, defaults = q.insert_os(len(clusters), done, livepatch is not None, scope, new)
             cursor.execute(sql, [
                 *d_params, rng.advisory_id, rng.id, OS_PACKAGE, v.version[:128], rng.severity, v.state, stamp,
                 v.version[:128] if done else "", stamp if done else None, v.note[:200] if done else "",
                 v.note[:200], stamp, *defaults, set_id, kernel, *([] if livepatch is None else [livepatch]),
-                *params, rng.id])
+                *params, *([] if new else [rng.id])])
             if not done:
                 opened += rowcount(cursor)
     return opened
 
 
-def _restate_existing(wanted: dict[Key, Verdict], seen: dict[Key, str], range_ids: list[int],
-                      node_ids: Sequence[int] | None, now: dt.datetime, remediated_by: str) -> RecomputeResult:
+def _restate_existing(existing: list[Exposure], wanted: dict[Key, Verdict], seen: dict[Key, str],
+                      now: dt.datetime, remediated_by: str) -> RecomputeResult:
     """Reopen, remediate and restate the exposures there are to match `wanted`; gone nodes keep theirs."""
     result = RecomputeResult()
-    current = Exposure.objects.filter(affected_range_id__in=range_ids, component=OS_PACKAGE)
-    if node_ids is not None:
-        current = current.filter(node_id__in=node_ids)
-    gone = set(Node.objects.filter(gone_at__isnull=False).values_list("id", flat=True)) if current.exists() else set()
+    if not existing:
+        return result
+    gone = set(Node.objects.filter(gone_at__isnull=False).values_list("id", flat=True))
     changed: list[Exposure] = []
-    for exposure in current.only("id", "node_id", "affected_range_id", "state", "detected_version", "note"):
+    for exposure in existing:
         key = (exposure.node_id, exposure.affected_range_id)
         if _restate(exposure, wanted.get(key), seen.get(key, ""), key[0] in gone, now, remediated_by, result):
             changed.append(exposure)
@@ -332,7 +381,9 @@ def _restate(exposure: Exposure, want: Verdict | None, seen: str, gone: bool, no
             return False  # leaving the inventory is not a patch
         exposure.state, exposure.remediated_at = ExposureState.REMEDIATED, now
         exposure.fixed_by_version = (want.version if want else seen or "(package removed)")[:128]
-        exposure.remediated_by = (want.note if want else remediated_by)[:200]
+        # Credited to what caused it: a campaign's reference; the verdict's note (the notice) otherwise.
+        exposure.remediated_by = (want.note if want and remediated_by in ("", ChangeSource.AGENT)
+                                  else remediated_by)[:200]
         exposure.note = want.note if want else ""
         result.remediated += 1
     elif exposure.state == ExposureState.REMEDIATED:

@@ -8,17 +8,19 @@ installed already); other packages need their update, to the versions the adviso
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from advisories import distro_versions as dv
 from advisories.choices import ExposureState
 from advisories.models import AffectedRange, Exposure
 from advisories.osmatch import covers, livepatch_notices
 from advisories.osv import OS_PACKAGE
 from inventory.models import Node
+from inventory.versions import DRIVER, LIVEPATCH, parse_version
 
-LIVEPATCH = "livepatch"
 REBOOT = "reboot"
 BOTH = "livepatch+reboot"
 PACKAGES = "packages"
@@ -51,13 +53,17 @@ def targets(advisory_id: int) -> dict[str, dict[str, str]]:
     return dict(out)
 
 
-def remedies(node_ids: Iterable[int]) -> dict[int, NodeRemedy]:
-    """Per node, what its open OS package exposures need."""
+def remedies(node_ids: Iterable[int], advisory_ids: Iterable[int] | None = None) -> dict[int, NodeRemedy]:
+    """Per node, what its open OS package exposures (of these advisories; None: any) need."""
     ids = list(node_ids)
     nodes = {n.id: n for n in Node.objects.filter(id__in=ids).select_related("package_set")}
-    notices = livepatch_notices()
     out = {i: NodeRemedy(i) for i in ids}
     open_rows = Exposure.objects.filter(node_id__in=ids, component=OS_PACKAGE, state=ExposureState.OPEN)
+    if advisory_ids is not None:
+        open_rows = open_rows.filter(advisory_id__in=list(advisory_ids))
+    if not open_rows.exists():
+        return out
+    notices = livepatch_notices()
     for e in open_rows.select_related("affected_range").prefetch_related("affected_range__cves"):
         remedy, node, scope = out[e.node_id], nodes[e.node_id], e.affected_range.scope
         if not scope.get("kernel"):
@@ -74,3 +80,50 @@ def remedies(node_ids: Iterable[int]) -> dict[int, NodeRemedy]:
             remedy.kernel[scope["package"]] = scope.get("fixed", "")
             remedy.reboot_pending = remedy.reboot_pending or e.note.startswith("reboot pending")
     return out
+
+
+# Source packages that build NVIDIA's driver: their fix is the driver component's upstream version,
+# so a packaged driver follows the driver-group rules (branches, checkpoint portability) like a runfile.
+_DRIVER_SOURCE = re.compile(r"^nvidia-graphics-drivers-\d+(?:-server)?$")
+
+
+@dataclass(frozen=True)
+class OsTarget:
+    """A node's campaign target from its remedy, in the executors' components: ``livepatch`` (the
+    livepatch version to apply), ``kernel`` (the fixed kernel's release as uname -r prints it, which
+    names its package) and ``driver`` (a packaged driver's upstream version)."""
+
+    target: dict[str, str]
+    kind: str
+    # What the distribution fixes, per source package (for the plan), and what no component patches.
+    packages: dict[str, str] = field(default_factory=dict)
+    unpatched: tuple[str, ...] = ()
+
+
+def upstream(version: str) -> str:
+    """A distribution version's upstream part: "570.172.08-0ubuntu0.22.04.1" -> "570.172.08"."""
+    bare = version.split(":", 1)[1] if ":" in version.split("-", 1)[0] else version
+    return bare.rsplit("-", 1)[0] if "-" in bare else bare
+
+
+def node_target(remedy: NodeRemedy, running_kernel: str) -> OsTarget:
+    """The target that fixes a node's remedy: a livepatch alone where it fixes every kernel CVE,
+    else the fixed kernel (the reboot fixes the livepatchable ones too), and packaged drivers."""
+    target: dict[str, str] = {}
+    unpatched: list[str] = []
+    if remedy.kernel:
+        release = dv.kernel_release(running_kernel)
+        fixes = [found for fixed in remedy.kernel.values() if (found := dv.kernel_abi(fixed))]
+        if release is None or not fixes:
+            unpatched += sorted(remedy.kernel)
+        else:
+            upstream_version, abi = max(fixes, key=lambda f: dv.kernel_order(*f))
+            target["kernel"] = f"{upstream_version}-{abi}-{release[2]}"
+    elif remedy.livepatch:
+        target[LIVEPATCH] = str(max(remedy.livepatch.values()))
+    drivers = sorted((upstream(v) for p, v in remedy.packages.items() if _DRIVER_SOURCE.match(p) and v),
+                     key=lambda v: parse_version(DRIVER, v).key or ())
+    if drivers:
+        target[DRIVER] = drivers[-1]
+    unpatched += sorted(p for p in remedy.packages if not _DRIVER_SOURCE.match(p))
+    return OsTarget(target, remedy.kind, {**remedy.kernel, **remedy.packages}, tuple(unpatched))

@@ -25,7 +25,8 @@ from gpusweep.db.names import Columns, Derived, Table, pairs
 from inventory.models import Node, NodeComponent
 
 # Statements only one engine runs (the others have their own path), for the statement test.
-ONLY = {"postgresql": frozenset({"refresh_all_deadlines", "ANALYZE", "FLEET_WIDE", "FLEET_WIDE_RESET"})}
+ONLY = {"postgresql": frozenset({"refresh_all_deadlines", "ANALYZE", "ASYNC_COMMIT", "FLEET_WIDE",
+                                  "FLEET_WIDE_RESET"})}
 
 E, EC = Table(Exposure), Columns(Exposure)  # the table UPDATEs and DELETEs name, unaliased
 XE = Table(Exposure, "e")
@@ -143,6 +144,7 @@ FLEET_WIDE = ("SET LOCAL enable_nestloop = off", "SET LOCAL enable_mergejoin = o
               "SET LOCAL work_mem = '128MB'", "SET LOCAL jit = off")
 FLEET_WIDE_RESET = tuple(f"RESET {name}" for name in ("enable_nestloop", "enable_mergejoin", "work_mem", "jit"))
 ANALYZE = f"ANALYZE {E}"
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"  # this transaction's commit does not wait for the WAL
 ORPHANS = f"""
     DELETE FROM {E} WHERE NOT EXISTS (SELECT 1 FROM {N} WHERE {N.id} = {E.node_id})
        OR NOT EXISTS (SELECT 1 FROM {R} WHERE {R.id} = {E.affected_range_id})"""
@@ -338,6 +340,13 @@ def package_set_nodes(n_scope: str) -> str:
             f"{NODES.gone_at} FROM {NODES} WHERE {NODES.package_set_id} IS NOT NULL {n_scope}")
 
 
+def package_set_groups(n_scope: str) -> str:
+    """The distinct (package set, running kernel, livepatch as text) of the nodes with a package set
+    (a scope on NODES.id: `n_scope`, its params): package_set_nodes grouped by the database."""
+    return (f"SELECT DISTINCT {NODES.package_set_id}, {NODES.running_kernel}, CAST({NODES.livepatch} AS TEXT) "
+            f"FROM {NODES} WHERE {NODES.package_set_id} IS NOT NULL {n_scope}")
+
+
 # A cluster's deadline for a group's new exposures.
 D_CLUSTER = Derived("d", cluster=(Node, "cluster"), deadline=(Exposure, "deadline"),
                     deadline_source=(Exposure, "deadline_source"))
@@ -347,19 +356,21 @@ _OS_INSERTED = ("node", "advisory", "affected_range", "component", "detected_ver
                 "note", "updated_at")
 
 
-def insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str) -> tuple[str, list[Any]]:
+def insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, fresh: bool = False) -> tuple[str, list[Any]]:
     """New exposures of one (package set, running kernel, livepatch) group to one range: the group's
     live nodes in scope without one (a row each, its cluster's deadline; none when `done`, the verdict
     a remediation). `livepatch`: the group's livepatch is a text, not NULL. Params: d's (cluster,
     deadline, source) for `clusters` clusters, advisory, range, component, detected version,
     severity, state, first_seen, fixed_by_version, remediated_at, remediated_by, note, updated_at,
-    the defaults (returned), then package set, kernel, (livepatch), n_scope's, range."""
+    the defaults (returned), then package set, kernel, (livepatch), n_scope's, range (not for a
+    `fresh` range: one with no exposure yet, whose rows need no check for one)."""
     extra, defaults = default_values(Exposure, _OS_INSERTED)
-    return _insert_os(clusters, done, livepatch, n_scope, extra), list(defaults)
+    return _insert_os(clusters, done, livepatch, n_scope, extra, fresh), list(defaults)
 
 
 @functools.lru_cache(maxsize=256)
-def _insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, extra: tuple[str, ...]) -> str:
+def _insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, extra: tuple[str, ...],
+               fresh: bool) -> str:
     same_livepatch = f"CAST({N.livepatch} AS TEXT) = %s" if livepatch else f"{N.livepatch} IS NULL"
     deadline = "NULL" if done else D_CLUSTER.deadline  # an all-NULL VALUES column would be typed text
     return f"""
@@ -370,7 +381,8 @@ def _insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, extra: 
         FROM {N} JOIN d ON {D_CLUSTER.cluster} = {N.cluster_id}
         WHERE {N.package_set_id} = %s AND {N.running_kernel} = %s AND {same_livepatch} AND {N.gone_at} IS NULL
           {n_scope}
-          AND NOT EXISTS (SELECT 1 FROM {XE} WHERE {XE.node_id} = {N.id} AND {XE.affected_range_id} = %s)
+          {"" if fresh else f"AND NOT EXISTS (SELECT 1 FROM {XE} WHERE {XE.node_id} = {N.id} AND "
+                            f"{XE.affected_range_id} = %s)"}
         """
 
 
@@ -405,15 +417,19 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     yield active_ranges(marks(["open"])), ["open"]
     yield package_set_nodes(in_list(NODES.id, one)[0]), one
     yield package_set_nodes(""), []
-    for done, livepatch in ((False, False), (True, True)):
+    yield package_set_groups(in_list(NODES.id, one)[0]), one
+    yield package_set_groups(""), []
+    for done, livepatch, fresh in ((False, False, False), (True, True, False), (False, False, True)):
         deadline = None if done else stamp
-        sql, defaults = insert_os(2, done, livepatch, n_scope)
+        sql, defaults = insert_os(2, done, livepatch, n_scope, fresh)
         yield sql, [1, deadline, "policy", 2, deadline, "policy", 1, 1, "os_package", "1.0", "high",
                     "remediated" if done else "open", stamp, *(["1.0", stamp, "livepatch"] if done else ["", None, ""]),
                     "livepatch" if done else "running kernel", stamp, *defaults, 1,
-                    "5.15.0-1042-nvidia", *(['{"state":"applied"}'] if livepatch else []), *n_params, 1]
+                    "5.15.0-1042-nvidia", *(['{"state":"applied"}'] if livepatch else []), *n_params,
+                    *([] if fresh else [1])]
     if connection.vendor == "postgresql":
         yield refresh_all_deadlines(1, marks(["open"])), [1, 1, None, 30, "policy", "open"]
         yield ANALYZE, []
+        yield ASYNC_COMMIT, []
         for statement in (*FLEET_WIDE, *FLEET_WIDE_RESET):
             yield statement, []

@@ -1,12 +1,16 @@
 """The fleet's status per bulletin as a CSAF 2.0 VEX document (profile csaf_vex, section 4.5).
 
-Each exposed node component is a product ("prod/gpu01 driver"); per CVE its exposure's state
+Each exposed node component is a product ("prod/gpu01 driver"; a distribution package by its
+source package, "prod/gpu01/linux-nvidia"); per CVE its exposure's state
 sets the product status: open and risk-accepted -> known_affected (with the fix as a vendor_fix
 remediation), remediated -> fixed, not_affected -> known_not_affected (with the approver's
 justification as a flag), presumed -> under_investigation (the bulletin does not tell; the
-remediation says what would end the doubt). Other tools (scanners, ticketing systems) read it as
-they read NVIDIA's own documents. tests/advisories/test_vex.py validates it against the OASIS
-CSAF 2.0 JSON schema and its mandatory and recommended tests.
+remediation says what would end the doubt). Where a distribution packages the software (an NVIDIA
+driver from Ubuntu's archive), the node and CVE are one finding (advisories.findings) whose
+deciding source, the distribution's advisory, sets the status in NVIDIA's bulletin's VEX too.
+Other tools (scanners, ticketing systems) read it as they read NVIDIA's own documents.
+tests/advisories/test_vex.py validates it against the OASIS CSAF 2.0 JSON schema
+and its mandatory and recommended tests.
 
 It says only what is known. A node component of the inventory that no range of the CVE matched
 is known_not_affected (vulnerable_code_not_present: its version is outside every range) only
@@ -30,9 +34,10 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from advisories import components, cvss
+from advisories import components, cvss, findings
 from advisories.choices import ExposureState, ReviewState
 from advisories.models import Advisory, AffectedRange, Exposure
+from advisories.osv import OS_PACKAGE
 from inventory.models import NodeComponent
 
 # The status a state gives a product, and which wins when one product has two exposures to a CVE.
@@ -45,6 +50,7 @@ STATUS = {
 }
 PRECEDENCE = ["known_affected", "under_investigation", "fixed", "known_not_affected"]
 NVIDIA_BULLETIN = "https://nvidia.custhelp.com/app/answers/detail/a_id/"
+OSV_PAGE = "https://osv.dev/vulnerability/"
 
 
 def _when(value: dt.datetime) -> str:
@@ -52,7 +58,11 @@ def _when(value: dt.datetime) -> str:
 
 
 def _product_id(exposure: Exposure) -> str:
-    return f"{exposure.node.cluster.name}/{exposure.node.name}/{exposure.component}"
+    """"prod/gpu01/driver"; a distribution package by its source package: "prod/gpu01/linux-nvidia"."""
+    part = exposure.component
+    if part == OS_PACKAGE:
+        part = str((exposure.affected_range.scope or {}).get("package") or part)
+    return f"{exposure.node.cluster.name}/{exposure.node.name}/{part}"
 
 
 def _version(exposure: Exposure) -> str:
@@ -71,14 +81,23 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
     products: dict[str, str] = {}
     # cve -> product -> (status, exposure)
     status: dict[str, dict[str, tuple[str, Exposure]]] = defaultdict(dict)
-    for exposure in rows:
+    listed = list(rows)
+    joined = findings.joined({e.node_id for e in listed})
+    deciders = _deciders(joined)
+    for exposure in listed:
         pid = _product_id(exposure)
         products.setdefault(pid, f"{pid} {_version(exposure)}")
-        state = STATUS[exposure.state]
         for cve in exposure.affected_range.cves.all():
+            # Where the distribution packages the software, its advisory decides this bulletin's status too
+            # (one finding per node and CVE): its state, and its fix as the remediation.
+            found = joined.get((exposure.node_id, cve.cve_id))
+            decider = exposure
+            if found is not None and exposure.id not in {d.exposure_id for d in found.deciding}:
+                decider = deciders.get(found.deciding[0].exposure_id, exposure)
+            state = STATUS[found.state if decider is not exposure and found is not None else exposure.state]
             current = status[cve.cve_id].get(pid)
             if current is None or PRECEDENCE.index(state) < PRECEDENCE.index(current[0]):
-                status[cve.cve_id][pid] = (state, exposure)
+                status[cve.cve_id][pid] = (state, decider)
     cves = {c.cve_id: c for a in advisories for c in a.cves.all()}
     if inventory:
         _unexposed(advisories, status, products)
@@ -121,6 +140,12 @@ def vex_document(advisories: Iterable[Advisory], exposures: QuerySet[Exposure] |
                 (products or {UNKNOWN: "no node of the fleet reports a component of this bulletin"}).items())]},
         "vulnerabilities": vulnerabilities,
     })
+
+
+def _deciders(joined: dict[tuple[int, str], findings.Finding]) -> dict[int, Exposure]:
+    """The deciding exposures of the findings, by id, with what the VEX reads of them."""
+    ids = {s.exposure_id for f in joined.values() for s in f.deciding}
+    return Exposure.objects.select_related("affected_range").in_bulk(ids) if ids else {}
 
 
 def _sorted(value: Any) -> Any:
@@ -200,9 +225,11 @@ def _unexposed(advisories: list[Advisory], status: dict[str, dict[str, tuple[str
 
 
 def _reference(advisory: Advisory) -> dict[str, str]:
-    """Where the bulletin is: its URL when it came from one, else NVIDIA's page for its id."""
+    """Where the bulletin is: its URL when it came from one, else NVIDIA's page for its id, or osv.dev's
+    page for a distribution's advisory (the aggregator of OSV records)."""
+    page = NVIDIA_BULLETIN if advisory.publisher.upper() == "NVIDIA" else OSV_PAGE
     url = advisory.source if advisory.source.startswith(("http://", "https://")) else (
-        f"{NVIDIA_BULLETIN}{advisory.publisher_id}")
+        f"{page}{advisory.publisher_id}")
     return {"category": "external", "summary": f"{advisory.publisher} {advisory.publisher_id}: {advisory.title}"[:1000],
             "url": url}
 

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from advisories import components, counts, coverage, display, services
+from advisories import components, counts, coverage, display, findings, services
 from advisories.choices import ExposureState, ReviewState, Severity, VexJustification
 from advisories.identifiers import resolve
 from advisories.models import CVE, Advisory, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
@@ -192,11 +192,16 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
     exposures = Exposure.objects.select_related("node__cluster", "advisory", "affected_range").annotate(
         severity_rank=SEVERITY_ORDER)
     filters = {key: request.GET.get(key, "").strip() for key in
-               ("state", "severity", "cluster", "overdue", "due_within", "q", "advisory", "sort", "group")}
+               ("state", "severity", "cluster", "overdue", "due_within", "q", "advisory", "sort", "group", "source")}
     state = filters["state"] or ExposureState.OPEN
     filters["state"] = state
     if state != "all":
         exposures = exposures.filter(state=state)
+    if filters["source"] in dict(findings.SOURCES):  # one source's own rows, those merged into a finding too
+        exposures = exposures.filter(findings.source_q(filters["source"]))
+    else:  # one row per node and CVE: an NVIDIA row a distribution row decides is listed within it
+        filters["source"] = ""
+        exposures = exposures.exclude(findings.merged())
     if filters["severity"]:
         exposures = exposures.filter(severity=filters["severity"])
     if filters["cluster"]:
@@ -251,6 +256,7 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
     found = Exposure.objects.select_related("node__cluster", "advisory", "affected_range").in_bulk(ids)
     rows = [found[i] for i in ids if i in found]
     cves = _cves_of(rows)
+    joined = findings.joined({e.node_id for e in rows})
     key = {"advisory": lambda e: f"{e.advisory.publisher} {e.advisory.publisher_id}: {e.advisory.title}",
            "cluster": lambda e: e.node.cluster.name}.get(filters["group"])
     groups: list[dict[str, Any]] = []
@@ -259,13 +265,15 @@ def exposure_list(request: HttpRequest) -> HttpResponse:
         if not groups or groups[-1]["label"] != label:
             groups.append({"label": label, "rows": []})
         groups[-1]["rows"].append({"e": e, "cves": cves.get(e.affected_range_id, []),
-                                   "overdue": _days_overdue(e, now)})
+                                   "overdue": _days_overdue(e, now),
+                                   "finding": findings.of_row(e, joined, cves.get(e.affected_range_id, []))})
     query = request.GET.copy()
     query.pop("page", None)
     return render(request, "advisories/exposure_list.html", {
         "page": page, "groups": groups, "filters": filters,
         "states": [*ExposureState.choices(), ("all", "All")],
         "severities": Severity.choices(),
+        "sources": findings.SOURCES,
         "clusters": Cluster.objects.values_list("name", flat=True).order_by("name"),
         "sorts": [("deadline", "deadline, soonest first"), ("-deadline", "deadline, latest first"),
                   ("severity", "severity"), ("node", "node"), ("cluster", "cluster"), ("advisory", "advisory"),

@@ -1,8 +1,10 @@
 """Distribution advisories at fleet scale (issue 30): 100,000 nodes in 50 package sets of 2,000
 packages each, half of them running a linux-nvidia kernel below USN-7328-2's fix.
 
-Targets, on PostgreSQL: ingesting the kernel USN, exposures included, <= 1 s; a full OS rematch
-<= 10 s; an unchanged package set adds no write to a heartbeat (its statements are counted).
+Targets, on PostgreSQL: ingesting the kernel USN, exposures included, <= 1 s on every one of
+`--runs` ingests (each after the last one's advisory was deleted); a full OS rematch <= 10 s; an
+unchanged package set adds no statement to a heartbeat (counted). After the build, PostgreSQL's
+tables are analyzed, as autovacuum does a table loaded this fast: a fleet's tables have statistics.
 
     .venv/bin/python bench/osv.py --database-url postgres://root@127.0.0.1:5432/bench_osv
 """
@@ -52,6 +54,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=100_000)
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--packages", type=int, default=2_000)
+    parser.add_argument("--runs", type=int, default=5, help="ingests of the USN, each must meet the target")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="default: $DATABASE_URL, else a temporary SQLite file")
     args = parser.parse_args()
@@ -63,11 +66,11 @@ def main() -> int:
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
     from advisories.ingest import ingest_documents
-    from advisories.models import Exposure
+    from advisories.models import Advisory, Exposure
     from advisories.osmatch import recompute_os
     from advisories.sources import resolve
     from inventory.models import Node
-    from inventory.packages import apply_os_report, parse_os_report
+    from inventory.packages import OsState, apply_os_report, parse_os_report
 
     setup_test_environment(debug=False)
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
@@ -77,13 +80,24 @@ def main() -> int:
         build(args.nodes, args.images, args.packages)
         print(f"{connection.vendor}: {args.nodes} nodes, {args.images} package sets of {args.packages} packages "
               f"built in {time.perf_counter() - started:.1f} s")
-        started = time.perf_counter()
-        summary = ingest_documents(resolve(str(USN)).items())
-        ingest_s = time.perf_counter() - started
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("ANALYZE")
+        times = []
+        for run in range(args.runs):
+            if run:  # the last run's advisory and exposures gone: the next ingest is a first one again
+                Exposure.objects.filter(advisory__publisher_id="USN-7328-2").delete()
+                Advisory.objects.filter(publisher_id="USN-7328-2").delete()
+            started = time.perf_counter()
+            summary = ingest_documents(resolve(str(USN)).items())
+            times.append(time.perf_counter() - started)
+            ok &= summary.new == 1
         opened = Exposure.objects.filter(state="open").count()
-        ok &= ingest_s <= INGEST_TARGET_S and summary.new == 1
-        print(f"ingest USN-7328-2 with exposures: {ingest_s:.2f} s, {opened} open "
-              f"(target <= {INGEST_TARGET_S} s): {'PASS' if ingest_s <= INGEST_TARGET_S else 'FAIL'}")
+        worst = max(times)
+        ok &= worst <= INGEST_TARGET_S
+        print(f"ingest USN-7328-2 with exposures, {args.runs} runs: {', '.join(f'{t:.2f}' for t in times)} s, "
+              f"{opened} open (target <= {INGEST_TARGET_S} s every run): "
+              f"{'PASS' if worst <= INGEST_TARGET_S else 'FAIL'}")
         started = time.perf_counter()
         recompute_os()
         full_s = time.perf_counter() - started
@@ -94,12 +108,13 @@ def main() -> int:
         assert node is not None and node.package_set is not None
         report = parse_os_report({"os": {"release": JAMMY, "packages": image_packages(0, args.packages),
                                          "running_kernel": node.running_kernel}})
+        # What the heartbeat's lock of the node row read (inventory.queries.LOCK_NODE) is all it compares with.
+        current = OsState.of(node.package_set.digest, node.running_kernel, node.livepatch)
         with CaptureQueriesContext(connection) as queries:
-            apply_os_report(node.id, report)
-        writes = [q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith("SELECT")]
-        ok &= not writes
-        print(f"unchanged package set in a full heartbeat: {len(queries)} statement(s), {len(writes)} write(s) "
-              f"(a short heartbeat, the digest path, reads no package at all): {'PASS' if not writes else 'FAIL'}")
+            apply_os_report(node.id, report, current=current)
+        ok &= not queries
+        print(f"unchanged package set in a full heartbeat: {len(queries)} statement(s) beyond the node row's lock "
+              f"(a short heartbeat, the digest path, reads no package at all): {'PASS' if not queries else 'FAIL'}")
     finally:
         connection.creation.destroy_test_db(old_name, verbosity=0)
     return 0 if ok else 1

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from gpusweep.choices import ChoiceSet
+from inventory.versions import LIVEPATCH
 
 
 class CampaignStatus(ChoiceSet):
@@ -65,9 +66,24 @@ class SweepState(ChoiceSet):
     BEFORE_PATCH = frozenset({PENDING, DRAINING, CHECKPOINTING, MIGRATING})
     TERMINAL = frozenset({DONE, FAILED, ROLLED_BACK, SKIPPED})
 
+    # A sweep whose target is a livepatch alone: applied to the running kernel of a node that keeps its
+    # work, so never drained, checkpointed or rebooted; verified by the livepatch state it reports.
+    LIVEPATCH_STEPS = (PENDING, PATCHING, VERIFYING, DONE)
+
     @classmethod
-    def next(cls, state: str) -> str:
-        return cls.STEPS[cls.STEPS.index(state) + 1]
+    def steps_of(cls, target: dict[str, str] | None) -> tuple[str, ...]:
+        """The steps a sweep towards `target` goes through, in order."""
+        return cls.LIVEPATCH_STEPS if livepatch_only(target) else cls.STEPS
+
+    @classmethod
+    def next(cls, state: str, target: dict[str, str] | None = None) -> str:
+        steps = cls.steps_of(target)
+        return steps[steps.index(state) + 1]
+
+
+def livepatch_only(target: dict[str, str] | None) -> bool:
+    """Whether a node's target is a kernel livepatch and nothing else (no drain, no reboot)."""
+    return bool(target) and set(target or ()) == {LIVEPATCH}
 
 
 class MoveState(ChoiceSet):

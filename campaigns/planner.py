@@ -22,6 +22,9 @@ nodes of the same clusters (possible receivers), and the policy. Output: a JSON-
   workload finishes first (policy "wait") or cold-starts (policy "cold restart", or cold restart
   allowed) and the plan says who restarts it (the cluster's scheduler, or nobody); else the node
   carries a "no capacity" risk. All named in advance.
+- A node whose target is a livepatch alone (advisories.osplan: a Livepatch notice covers its running
+  kernel) is neither drained nor checkpointed: its work stays (`stays`), it takes and frees no
+  capacity, and its steps are patch and verify only (SweepState.steps_of).
 - Time: each wave takes `node_seconds`, starts at the earliest moment inside a window, outside
   any blackout, with room for the whole wave; a node ending after its deadline is at risk.
 """
@@ -38,6 +41,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from campaigns.choices import SweepState, livepatch_only
 from executors import portability
 from inventory.choices import WorkloadPolicy
 
@@ -99,6 +103,9 @@ class PlanNode:
     last: bool = False
     # Advisories of the campaign this node is exposed to (for a receiver outside the campaign).
     exposed_to: tuple[str, ...] = ()
+    # What fixes its OS advisories' exposures (advisories.osplan): "livepatch" (no drain, no
+    # checkpoint: its work stays), "reboot", "livepatch+reboot", "packages"; "" for other patches.
+    remedy: str = ""
 
 
 @dataclass(frozen=True)
@@ -602,6 +609,9 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
 def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
                capacity: Capacity, policy: Policy, outcome: _Outcome,
                carried: dict[int, list[tuple[PlanWorkload, int]]]) -> dict[str, Any]:
+    if livepatch_only(node.target):
+        arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
+        return _plan_livepatch(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
     residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
     residents += carried.pop(node.id, [])
     # The node is drained: its own work leaves (what comes back home is counted again below).
@@ -626,7 +636,26 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
         "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
-        "last_group": node.last, "moves": moves, "risks": risks,
+        "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
+        **({"remedy": node.remedy} if node.remedy else {}),
+    }
+
+
+def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
+                    begins: datetime | None, ends: datetime | None, policy: Policy) -> dict[str, Any]:
+    """A node fixed by a livepatch keeps its work where it is: nothing moves, nothing is checkpointed,
+    and it takes no work from others (its GPUs stay busy with its own)."""
+    deadline = node.deadline or policy.deadline
+    risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
+    return {
+        "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
+        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
+        "last_group": node.last, "moves": [], "risks": risks, "steps": list(SweepState.steps_of(node.target)),
+        "remedy": node.remedy or "livepatch",
+        "stays": [{"workload": w.ref, "name": w.name, "gpus": w.gpus,
+                   "why": "a livepatch fixes the running kernel: no drain, no checkpoint, no reboot"}
+                  for w in workloads],
     }
 
 
@@ -666,6 +695,7 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
             "migrations": count("migrate"), "returns_home": count("return_home"),
+            "livepatch_only": sum(1 for n in explained.values() if n.get("remedy") == "livepatch"),
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
             "past_deadline": sum(

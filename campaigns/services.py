@@ -10,7 +10,7 @@ rolled back. The API and the UI both create and edit campaigns through `create_c
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -19,7 +19,15 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from campaigns import evidence, policy
-from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, HeldNodes, Placement, SweepState
+from campaigns.choices import (
+    AfterRollback,
+    CampaignStatus,
+    EvidenceKind,
+    HeldNodes,
+    Placement,
+    SweepState,
+    livepatch_only,
+)
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
     PlanError,
@@ -48,6 +56,9 @@ from executors.base import (
 from inventory.choices import ServiceState, WorkloadKind
 from inventory.models import Cluster, Node, Workload
 from inventory.versions import DRIVER, parse_version
+
+if TYPE_CHECKING:
+    from advisories.osplan import OsTarget
 
 # A site check's name as a node agent's health_options.site.commands holds it.
 SITE_CHECK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -251,6 +262,14 @@ def add_last_group(campaign_id: int, user: User, node_ids: list[int]) -> Campaig
 
 # -- targets and scope -------------------------------------------------------------------
 def _newer(version: str, than: str, component: str) -> bool:
+    if not than:
+        return bool(version)  # a component the node lacks (no livepatch yet) is wanted
+    if component == "kernel":  # uname -r: the ABI number orders kernels of one upstream release
+        from advisories.distro_versions import kernel_order, kernel_release
+
+        ka, kb = kernel_release(version), kernel_release(than)
+        if ka is not None and kb is not None:
+            return kernel_order(*ka[:2]) > kernel_order(*kb[:2])
     a, b = parse_version(component, version), parse_version(component, than)
     if a.key is None or b.key is None:
         return version != than
@@ -269,6 +288,7 @@ def _exposures(nodes: list[Node], campaign: Campaign) -> dict[int, list[tuple[st
     try:
         from advisories.choices import ExposureState
         from advisories.models import Exposure
+        from advisories.osv import OS_PACKAGE
     except ImportError:  # the advisories app is optional for planning with explicit targets
         return {}
     rows = Exposure.objects.filter(node__in=nodes, state=ExposureState.OPEN)
@@ -279,12 +299,25 @@ def _exposures(nodes: list[Node], campaign: Campaign) -> dict[int, list[tuple[st
     for node_id, component, fixed, deadline in rows.values_list(
         "node_id", "component", "affected_range__fixed_version", "deadline"
     ):
-        found.setdefault(node_id, []).append((component, fixed, deadline))
+        # A distribution package's fix is no component version: _os_targets turns it into one.
+        found.setdefault(node_id, []).append((component, "" if component == OS_PACKAGE else fixed, deadline))
     return found
 
 
+def _os_targets(nodes: list[Node], campaign: Campaign) -> dict[int, OsTarget]:
+    """node id -> what fixes its open exposures to the campaign's distribution advisories
+    (advisories.osplan: a livepatch, the fixed kernel and its reboot, a packaged driver)."""
+    from advisories import osplan
+
+    advisory_ids = _advisory_ids(campaign)
+    remedies = osplan.remedies([n.pk for n in nodes], advisory_ids or None)
+    kernels = {n.pk: n.running_kernel for n in nodes}
+    found = {node_id: osplan.node_target(remedy, kernels[node_id]) for node_id, remedy in remedies.items()}
+    return {node_id: t for node_id, t in found.items() if t.kind}
+
+
 def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
-                exposures: list[tuple[str, str, Any]]) -> tuple[dict[str, str], str]:
+                exposures: list[tuple[str, str, Any]], os_target: OsTarget | None = None) -> tuple[dict[str, str], str]:
     """The versions this node must reach, and why it is skipped when that is empty."""
     target: dict[str, str] = {}
     if campaign.target_versions:
@@ -299,9 +332,12 @@ def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
             target[component] = str(chosen)
     else:
         # The fixed version within the node's own branch: the highest any open exposure asks for.
-        for component, fixed, _deadline in exposures:
+        fixes = [(c, f) for c, f, _deadline in exposures] + list((os_target.target if os_target else {}).items())
+        for component, fixed in fixes:
             if fixed and (component not in target or _newer(fixed, target[component], component)):
                 target[component] = fixed
+        if not target and os_target and os_target.unpatched:
+            return {}, f"no patch step for the distribution packages {', '.join(os_target.unpatched)}"
         if not target:
             return {}, "no open exposure with a fixed version"
     needed = {}
@@ -340,7 +376,7 @@ def scope_nodes(campaign: Campaign) -> tuple[list[Node], list[Node]]:
 
 
 def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline: Any,
-               exposed_to: tuple[str, ...] = ()) -> PlanNode:
+               exposed_to: tuple[str, ...] = (), remedy: str = "") -> PlanNode:
     versions = {c.component: c.version for c in node.components.all()}
     workloads = tuple(
         PlanWorkload(
@@ -355,7 +391,7 @@ def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline:
     return PlanNode(
         id=node.pk, name=node.name, cluster=node.cluster.name, pool=node.pool, gpu_model=node.gpu_model,
         gpu_count=node.gpu_count, versions=versions, workloads=workloads, target=target, deadline=deadline,
-        last=node.pk in set(campaign.last_group or []), exposed_to=exposed_to,
+        last=node.pk in set(campaign.last_group or []), exposed_to=exposed_to, remedy=remedy,
     )
 
 
@@ -411,12 +447,13 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
     reasons = {n.pk: executors[n.cluster.name].reachable(node_ref(n)) for n in [*in_scope, *others]}
     holds = _holds(executors, [n for n in [*in_scope, *others] if not reasons[n.pk]], reasons)
     exposures = _exposures(in_scope, campaign)
+    os_targets = {} if campaign.target_versions else _os_targets(in_scope, campaign)
     scope: list[PlanNode] = []
     skipped, blocked, held = [], [], []
     for node in in_scope:
         versions = {c.component: c.version for c in node.components.all()}
         mine = exposures.get(node.pk, [])
-        target, reason = node_target(campaign, node, versions, mine)
+        target, reason = node_target(campaign, node, versions, mine, os_targets.get(node.pk))
         if not target:
             skipped.append({"node": node.pk, "name": node.name, "reason": reason})
             others.append(node)  # not swept, so it may receive work
@@ -432,7 +469,9 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
                          **holds[node.pk]})
             continue
         deadlines = [d for _c, _f, d in mine if d is not None]
-        scope.append(_plan_node(campaign, node, target, min(deadlines) if deadlines else None))
+        os_target = os_targets.get(node.pk)
+        scope.append(_plan_node(campaign, node, target, min(deadlines) if deadlines else None,
+                                remedy=os_target.kind if os_target else ""))
     usable = [n for n in others if n.service_state == ServiceState.IN_SERVICE and not reasons[n.pk]
               and not holds.get(n.pk)]
     exposed = _receiver_exposures(usable, campaign)
@@ -442,6 +481,12 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
         content = run_planner(scope, receivers, policy_of(campaign, restarters))
     except PlanError as exc:
         raise CampaignError(f"campaign {campaign.pk}: {exc}", status=400) from exc
+    for node_id, os_target in os_targets.items():
+        if entry := content["nodes"].get(str(node_id)):
+            # What the distribution fixes per source package on this node's release, and what no step patches.
+            entry["os_packages"] = os_target.packages
+            if os_target.unpatched:
+                entry["risks"].append(f"no patch step for {', '.join(os_target.unpatched)}")
     content["skipped"] = skipped
     content["blocked"] = blocked
     content["held"] = held
@@ -469,7 +514,8 @@ def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int,
         by_cluster: dict[str, list[str]] = {}
         for node_id in wave.get("nodes") or []:
             node = nodes.get(int(node_id))
-            if node is not None:
+            # A livepatched node keeps taking work: no reservation holds it.
+            if node is not None and not livepatch_only((content["nodes"].get(str(node_id)) or {}).get("target")):
                 by_cluster.setdefault(node.cluster.name, []).append(node.name)
         start = parse_datetime(wave["start"]) if wave.get("start") else None
         end = parse_datetime(wave["end"]) if wave.get("end") else None

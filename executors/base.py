@@ -65,6 +65,7 @@ from django.core.exceptions import ImproperlyConfigured
 from executors.portability import node_facts
 from inventory import identity
 from inventory.choices import bare_process_ref
+from inventory.versions import LIVEPATCH
 
 if TYPE_CHECKING:
     from inventory.models import Cluster
@@ -239,9 +240,18 @@ class HealthResult:
              "detail": c.detail} for c in self.checks]}
 
 
+def version_reached(component: str, want: str, got: str | None) -> bool:
+    """Whether a node reporting `got` has the version a patch to `want` was for: the same version, or
+    for a livepatch that version or a later one (the agent reports the running livepatch's version)."""
+    if component == LIVEPATCH and want.isdigit() and (got or "").isdigit():
+        return int(str(got)) >= int(want)
+    return got == want
+
+
 def versions_check(expected: dict[str, str], versions: dict[str, str]) -> HealthCheckResult:
     """The gate every back end has: each patched component reports the version it was patched to."""
-    wrong = {c: {"want": v, "got": versions.get(c, "")} for c, v in sorted(expected.items()) if versions.get(c) != v}
+    wrong = {c: {"want": v, "got": versions.get(c, "")} for c, v in sorted(expected.items())
+             if not version_reached(c, v, versions.get(c))}
     lines = "\n".join(f"{c}: want {v}, have {versions.get(c) or '(absent)'}" for c, v in sorted(expected.items()))
     if wrong:
         return HealthCheckResult("versions", "failed", f"{len(wrong)} component(s) not at the expected version",

@@ -13,6 +13,7 @@ from gpusweep_agent.transfer import image_digest
 from executors import portability
 from executors.agent_client import AgentClient, fleet_secret
 from executors.base import (
+    LIVEPATCH,
     UNDECLARED,
     CheckpointResult,
     Executor,
@@ -185,7 +186,8 @@ class LocalExecutor(Executor):
         )
 
     def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
-        method = str(self.options.get("patch_method", "package"))
+        # A livepatch is the agent's livepatch method (canonical-livepatch, kpatch), whatever installs packages.
+        method = "livepatch" if component == LIVEPATCH else str(self.options.get("patch_method", "package"))
         # The owner names the campaign and sweep: the agent keeps one rollback record per owner.
         result = self.client(node).operation(
             "/v1/patch", operation_id, component=component, version=version, method=method, dry_run=False,

@@ -4,8 +4,8 @@ Used by unit tests, the sweep benchmark and the demo when no agents run. It beha
 agent API where the campaign engine can tell the difference: operation ids are idempotent, a
 checkpoint records what its image needs of a target (executors.portability, the same rule the
 planner and the engine use) and a restore on a node where that does not hold is refused, a patch
-takes effect at the reboot, and demo workloads count steps so a test can see that a moved
-workload continued where it stopped.
+takes effect at the reboot (a livepatch at once, in or out of maintenance), and demo workloads
+count steps so a test can see that a moved workload continued where it stopped.
 
 State is process-local by default. With ``state_file`` (option) or
 ``GPUSWEEP_MEMORY_EXECUTOR_STATE`` (environment) it is a folder of small JSON files (one per
@@ -37,6 +37,7 @@ from typing import Any
 
 from executors import portability
 from executors.base import (
+    LIVEPATCH,
     CheckpointResult,
     Executor,
     GpuUser,
@@ -411,12 +412,13 @@ class MemoryExecutor(Executor):
     def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
         def body(store: Store) -> dict[str, Any]:
             with self._node(store, node) as data:
-                if not data["maintenance"]:
+                live = component == LIVEPATCH  # applied to the running kernel: no drain, no reboot
+                if not data["maintenance"] and not live:
                     raise PermanentExecutorError(f"{node.identity} is not in maintenance; refusing to patch")
                 before = data["versions"].get(component, "")
                 # What a rollback puts back (the first patch of a component in a campaign's sweep).
                 data.setdefault("previous", {}).setdefault(component, before)
-                data["installed"][component] = version
+                data["versions" if live else "installed"][component] = version
                 data["patches"][component] = data["patches"].get(component, 0) + 1
                 return {"before": before, "after": version}
 

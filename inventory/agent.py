@@ -238,16 +238,17 @@ def _cluster(name: str) -> Cluster | None:
 
 
 def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkload], counter: int,
-           digest: str) -> tuple[SyncResult, int | None]:
+           digest: str, os_report: packages.OsReport | None = None) -> tuple[SyncResult, int | None]:
     """Apply the heartbeat and take its counter, in one transaction: a heartbeat whose counter is
-    not above the node's newest changes nothing (the row lock orders two arriving together)."""
+    not above the node's newest changes nothing (the row lock orders two arriving together). Its os
+    report is compared with what the locked row holds (an unchanged one costs no statement)."""
     with transaction.atomic(), connection.cursor() as cursor:
         # Plain statements here and in apply_snapshot: compiling ORM queries cost a changed
         # heartbeat more CPU than running them.
         cursor.execute(queries.LOCK_NODE, [cluster.pk, node.name])
         row = cursor.fetchone()
         if row is not None:
-            node_id, newest = row
+            node_id, newest = row[:2]
             if counter <= newest:
                 raise StaleHeartbeat(newest)
             heartbeats.take_full(node_id, counter, newest)  # newer than any short one accepted
@@ -266,6 +267,10 @@ def _apply(cluster: Cluster, node: ObservedNode, workloads: list[ObservedWorkloa
         if not cursor.rowcount:  # a concurrent first heartbeat of a new node took a larger counter
             raise StaleHeartbeat(Node.objects.values_list("heartbeat_counter", flat=True).get(
                 cluster=cluster, name=node.name))
+        if os_report is not None:
+            found = row[0] if row is not None else cluster.nodes.values_list("id", flat=True).get(name=node.name)
+            packages.apply_os_report(found, os_report, reference="agent",
+                                     current=packages.OsState.of(*row[2:5]) if row is not None else None)
         return result, row[0] if row is not None else None
 
 
@@ -300,7 +305,7 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         node, workloads = parse_heartbeat(payload, cluster_name, node_name)
         os_report = packages.parse_os_report(payload)
         digest = content_digest(payload)
-        result, node_id = _apply(cluster, node, workloads, counter, digest)
+        result, node_id = _apply(cluster, node, workloads, counter, digest, os_report)
     except PayloadError as exc:
         return _errors("invalid heartbeat", exc.errors)
     except packages.OsReportError as exc:
@@ -311,8 +316,6 @@ def heartbeat(request: HttpRequest) -> JsonResponse:
         return _stale(exc.newest)
     if node_id is None:  # registered by this heartbeat
         node_id = cluster.nodes.values_list("id", flat=True).get(name=node_name)
-    with transaction.atomic():
-        packages.apply_os_report(node_id, os_report, reference="agent")
     return JsonResponse({
         "node_id": node_id,
         "changed": result.changed_components.get(node_name, []),

@@ -110,6 +110,22 @@ def parse_os_report(payload: dict[str, Any]) -> OsReport | None:
                     livepatch=livepatch)
 
 
+@dataclass(frozen=True)
+class OsState:
+    """What the node's row holds of its OS: the heartbeat reads it with the node's row (LOCK_NODE), so
+    comparing a report with it costs no statement."""
+
+    digest: str  # its package set's ("" for none)
+    running_kernel: str
+    livepatch: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, digest: str | None, running_kernel: str | None, livepatch: Any) -> OsState:
+        """From the database's values (a JSON column read by a plain statement may come as text)."""
+        return cls(digest or "", running_kernel or "",
+                   json.loads(livepatch) if isinstance(livepatch, str) else livepatch)
+
+
 def package_set(report: OsReport) -> PackageSet:
     """The set of these packages, written once for every node that has it."""
     digest = report.digest
@@ -128,21 +144,48 @@ def package_set(report: OsReport) -> PackageSet:
         return PackageSet.objects.get(digest=digest)
 
 
-def apply_os_report(node_id: int, report: OsReport | None, reference: str = "") -> bool:
+def apply_os_report(node_id: int, report: OsReport | None, reference: str = "",
+                    current: OsState | None = None) -> bool:
     """Point the node at its package set, record its kernel and livepatch; True when any changed
-    (advisories then rematch the node's OS package exposures)."""
+    (advisories then rematch the node's OS package exposures). With `current` (the heartbeat read
+    it with the node's row) a report that changes nothing costs no statement at all."""
     if report is None:
         return False
-    current = Node.objects.filter(pk=node_id).values("package_set__digest", "running_kernel", "livepatch").first()
+    if current is None:
+        row = Node.objects.filter(pk=node_id).values_list("package_set__digest", "running_kernel", "livepatch").first()
+        if row is None:
+            return False
+        current = OsState.of(*row)
+    changes: dict[str, Any] = {}
+    if report.packages is not None and current.digest != report.digest:
+        changes["package_set"] = package_set(report)
+    if current.running_kernel != report.running_kernel:
+        changes["running_kernel"] = report.running_kernel
+    if current.livepatch != report.livepatch:
+        changes["livepatch"] = report.livepatch
+    if not changes:
+        return False
+    Node.objects.filter(pk=node_id).update(**changes)
+    transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
+    return True
+
+
+def record_running(node_id: int, kernel: str = "", livepatch_version: str = "", reference: str = "") -> bool:
+    """What a campaign verified runs on the node: the kernel it booted, the livepatch it applied; True
+    when either changed. The node's OS package exposures follow on commit, remediated with
+    `reference` (the campaign and sweep) as their evidence, before the agent's next report says so.
+    A new kernel drops the old one's livepatch state (livepatches are per kernel)."""
+    current = Node.objects.filter(pk=node_id).values("running_kernel", "livepatch").first()
     if current is None:
         return False
     changes: dict[str, Any] = {}
-    if report.packages is not None and current["package_set__digest"] != report.digest:
-        changes["package_set"] = package_set(report)
-    if current["running_kernel"] != report.running_kernel:
-        changes["running_kernel"] = report.running_kernel
-    if current["livepatch"] != report.livepatch:
-        changes["livepatch"] = report.livepatch
+    if kernel and current["running_kernel"] != kernel:
+        changes.update(running_kernel=kernel, livepatch=None)
+    if livepatch_version:
+        before = (current["livepatch"] or {}) if "running_kernel" not in changes else {}
+        state = {"tool": "campaign", "fixes": [], **before, "state": "applied", "version": livepatch_version}
+        if state != current["livepatch"]:
+            changes["livepatch"] = state
     if not changes:
         return False
     Node.objects.filter(pk=node_id).update(**changes)

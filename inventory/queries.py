@@ -20,7 +20,7 @@ from django.db import connection
 from gpusweep.db.bulk import marks
 from gpusweep.db.names import Columns, Derived, Table
 from inventory.choices import WorkloadKind
-from inventory.models import Cluster, Node, NodeComponent, Workload
+from inventory.models import Cluster, Node, NodeComponent, PackageSet, Workload
 
 # Statements only one engine runs (the other has its own), and those run through the prepared
 # cursor (server-side binding on PostgreSQL), for the statement test.
@@ -142,9 +142,14 @@ UNLINK_WORKLOAD = f"DELETE FROM {WORKLOAD_NODES} WHERE {WORKLOAD_NODES.workload_
 # -- heartbeats (inventory/agent.py) -----------------------------------------------------
 
 CLUSTER_BY_NAME = f"SELECT {C.id}, {C.name} FROM {C} WHERE {C.name} = %s"  # the cluster's id and name
-# The node's row, locked: two heartbeats of one node arriving together are applied in turn.
-LOCK_NODE = (f"SELECT {NODES.id}, {NODES.heartbeat_counter} FROM {NODES} WHERE {NODES.cluster_id} = %s "
-             f"AND {NODES.name} = %s" + (" FOR UPDATE" if connection.features.has_select_for_update else ""))
+# The node's row, locked: two heartbeats of one node arriving together are applied in turn. With it
+# what it holds of its OS (packages.OsState: its package set's digest, kernel, livepatch), so an
+# unchanged os report costs no statement.
+PS = Table(PackageSet, "ps")
+LOCK_NODE = (f"SELECT {N.id}, {N.heartbeat_counter}, {PS.digest}, {N.running_kernel}, "
+             f"{N.livepatch} FROM {N} LEFT JOIN {PS} ON {PS.id} = {N.package_set_id} WHERE {N.cluster_id} = %s "
+             f"AND {N.name} = %s" + (" FOR UPDATE OF n" if connection.features.has_select_for_update_of else
+                                     " FOR UPDATE" if connection.features.has_select_for_update else ""))
 # params counter, digest, cluster, name, counter
 TAKE_COUNTER = (f"UPDATE {NODES} SET {NODES.heartbeat_counter} = %s, {NODES.heartbeat_digest} = %s "
                 f"WHERE {NODES.cluster_id} = %s AND {NODES.name} = %s AND {NODES.heartbeat_counter} < %s")

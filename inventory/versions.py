@@ -27,10 +27,14 @@ FIELD_WIDTH = 8
 # Known components. Others are accepted as free text (no migration per component) and parsed
 # with the generic rule.
 DRIVER = "driver"
+# A kernel livepatch as a component: its "version" is the applied livepatch's (canonical-livepatch's
+# number), which a later one includes; a campaign applies it with no drain and no reboot.
+LIVEPATCH = "livepatch"
 KNOWN_COMPONENTS = {
     DRIVER: "NVIDIA driver",
     "cuda": "CUDA",
     "kernel": "Linux kernel",
+    LIVEPATCH: "Kernel livepatch (the applied livepatch's version)",
     "os": "Operating system",
     "container_toolkit": "NVIDIA Container Toolkit",
     "gpu_operator": "NVIDIA GPU Operator",

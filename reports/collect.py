@@ -17,9 +17,10 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from advisories import coverage
+from advisories import coverage, findings
 from advisories.choices import ExposureState
 from advisories.models import Advisory, AffectedRange, Exposure, public_id
+from advisories.osv import OS_PACKAGE
 from campaigns import evidence, signing
 from campaigns.choices import CampaignStatus, EvidenceKind, MoveState, SweepState
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep
@@ -101,7 +102,8 @@ def _nodes(campaign: Campaign) -> tuple[list[dict[str, Any]], list[dict[str, Any
         nodes.append({
             "node": sweep.node.name, "cluster": sweep.node.cluster.name, "pool": sweep.node.pool, "wave": sweep.wave,
             "state": sweep.state, "versions_before": sweep.versions_before, "versions_after": sweep.versions_after,
-            "target": sweep.target, "planned_start": sweep.planned.get("expected_start"),
+            "target": sweep.target, "remedy": sweep.planned.get("remedy", ""),
+            "planned_start": sweep.planned.get("expected_start"),
             "started_at": started, "patched_at": _iso(sweep.patched_at), "finished_at": finished,
             "duration_s": duration, "attempts": sweep.attempt, "error": sweep.error,
             "evidence_head": sweep.evidence_head, "signed": bool(sweep.head_signature),
@@ -210,6 +212,7 @@ def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
     advisory = Advisory.objects.prefetch_related("cves").get(pk=advisory_id)
     rows: list[dict[str, Any]] = []
     fixed = dict(AffectedRange.objects.filter(advisory=advisory).values_list("pk", "fixed_version"))
+    named = _packages(AffectedRange.objects.filter(advisory=advisory))
     clusters = dict(Cluster.objects.values_list("pk", "name"))
     approvers = dict(User.objects.values_list("pk", "username"))
     columns = ("node__name", "node__cluster_id", "component", "detected_version", "affected_range_id", "state",
@@ -222,7 +225,8 @@ def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
         state = row["state"]
         rows.append({
             "node": row["node__name"], "cluster": clusters.get(row["node__cluster_id"], ""),
-            "component": row["component"], "detected_version": row["detected_version"],
+            "component": named.get(row["affected_range_id"], row["component"]),
+            "detected_version": row["detected_version"],
             "fixed_version": fixed.get(row["affected_range_id"], ""), "state": state,
             "first_seen": _iso(row["first_seen"]), "deadline": _iso(row["deadline"]),
             "overdue": state == ExposureState.OPEN and row["deadline"] is not None and row["deadline"] < now,
@@ -252,6 +256,13 @@ def advisory_report(advisory_id: int, actor: str) -> dict[str, Any]:
         "coverage": coverage.of_advisory(advisory).as_dict(),
         "exposures": rows,
     }
+
+
+def _packages(ranges: Any) -> dict[int, str]:
+    """Range id -> "package <source package>" for a distribution advisory's ranges: what its rows name
+    (their exposure's component is only "os_package")."""
+    return {pk: f"package {scope.get('package')}" for pk, scope in ranges.filter(component=OS_PACKAGE).values_list(
+        "pk", "scope") if scope.get("package")}
 
 
 def _scheduled() -> dict[int, list[dict[str, Any]]]:
@@ -291,7 +302,9 @@ def _covering(entries: list[dict[str, Any]], advisory_id: int, component: str) -
 
 def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
     scheduled = _scheduled()
-    exposures = Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED])
+    # One row per node and CVE: an NVIDIA row the distribution's package decides is that row's patch.
+    exposures = Exposure.objects.filter(state__in=[ExposureState.OPEN, ExposureState.PRESUMED]).exclude(
+        findings.merged())
     if cluster:
         exposures = exposures.filter(node__cluster__name=cluster)
     # Plain tuples and small lookup tables: a fleet has hundreds of thousands of pending rows, and
@@ -299,6 +312,7 @@ def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
     advisories = {pk: public_id(publisher, number)  # public ids: the database id stays inside
                   for pk, publisher, number in Advisory.objects.values_list("pk", "publisher", "publisher_id")}
     fixed = dict(AffectedRange.objects.values_list("pk", "fixed_version"))
+    named = _packages(AffectedRange.objects.all())
     clusters = dict(Cluster.objects.values_list("pk", "name"))
     now = timezone.now()
     rows: list[dict[str, Any]] = []
@@ -309,7 +323,7 @@ def pending_report(actor: str, cluster: str | None = None) -> dict[str, Any]:
         plan = _covering(scheduled.get(node_id, []), advisory_id, component) if scheduled else None
         rows.append({
             "node": node, "cluster": clusters.get(cluster_id, ""), "advisory": advisories.get(advisory_id, ""),
-            "severity": severity, "component": component, "detected_version": version,
+            "severity": severity, "component": named.get(range_id, component), "detected_version": version,
             "fixed_version": fixed.get(range_id, ""), "state": state, "deadline": _iso(deadline),
             "overdue": deadline is not None and deadline < now,
             "campaign": plan["campaign"] if plan else None, "campaign_name": plan["campaign_name"] if plan else "",

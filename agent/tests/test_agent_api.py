@@ -4,6 +4,7 @@ and the signal and none engines end to end (no CRIU needed)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,5 +277,36 @@ def test_it_runs_the_configured_reboot_command_and_knows_when_no_reboot_followed
         assert done["state"] == "failed" and done["error"] == "the agent restarted but the node did not reboot"
         assert a.client.call("/v1/reboot", "rb-1")["state"] == "failed"
         assert calls.read_text() == "--now\n", "a repeated id does not reboot again"
+    finally:
+        a.stop()
+
+
+def test_it_applies_a_livepatch_at_once_and_reports_its_version(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The livepatch method runs the livepatch client and reads its state back; no reboot follows.
+    canonical-livepatch is a snap service that cannot run here: a stand-in on PATH answers `refresh`
+    by recording livepatch 66 and `status --format json` in the client's JSON form."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    state = tmp_path / "lp-version"
+    client = bin_dir / "canonical-livepatch"
+    client.write_text(
+        f'#!/bin/sh\nif [ "$1" = refresh ]; then echo 66 > {state}; echo "Applied 66"; exit 0; fi\n'
+        f'v=$(cat {state} 2>/dev/null)\n'
+        'if [ -z "$v" ]; then s=nothing-to-apply; else s=applied; fi\n'
+        'echo "{\\"status\\": [{\\"running\\": true, \\"livepatch\\": {\\"state\\": \\"$s\\", '
+        '\\"version\\": \\"$v.1\\", \\"fixes\\": []}}]}"\n')
+    client.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    a = AgentProcess(tmp_path, "gpu-lp", tmp_path / "artifacts", probes="static,livepatch").start()
+    try:
+        assert "livepatch" not in a.client.get("/v1/facts")["components"]
+        done = a.client.call("/v1/patch", "lp-1", component="livepatch", version="66", method="livepatch")
+        assert done["state"] == "succeeded", done
+        assert done["result"]["after"] == "66" and done["result"]["reboot_required"] is False
+        assert "Applied 66" in done["result"]["output"]
+        assert a.client.get("/v1/facts")["components"]["livepatch"] == "66"
+        wrong = a.client.call("/v1/patch", "lp-2", component="driver", version="580.65.06", method="livepatch")
+        assert wrong["state"] == "failed" and "only the livepatch component" in wrong["error"]
     finally:
         a.stop()

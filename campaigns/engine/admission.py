@@ -141,7 +141,9 @@ def _admit(campaign: Campaign, sweeps: Any, lowest: int, now: Any, upto: int | N
         event = evidence.prepare_node_event(campaign.pk, row["id"], row["evidence_seq"], row["evidence_head"],
                                             EvidenceKind.ADMITTED, "system", {"wave": row["wave"]})
         moved = rows.update_sweep(row["id"], {
-            "state": SweepState.DRAINING, "lease_owner": "", "attempt": 0, "step_started_at": now,
+            # A livepatch goes straight to its patch: the node keeps its work (SweepState.steps_of).
+            "state": SweepState.next(SweepState.PENDING, row["target"]), "lease_owner": "", "attempt": 0,
+            "step_started_at": now,
             "step_deadline": policy.step_deadline(campaign.step_timeout_s, now),
             "evidence_seq": event.node_seq, "evidence_head": event.hash,
         }, queries.pending_guard())
@@ -170,7 +172,8 @@ def _pending(sweeps: Any, upto: int, cluster_limit: dict[str, int],
             rows = rows.filter(Q(wave__gt=wave) | Q(wave=wave, position__gt=position)
                                | Q(wave=wave, position=position, pk__gt=pk))
         page = list(rows.order_by("wave", "position", "pk").values(
-            "id", "wave", "position", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head")
+            "id", "wave", "position", "node__cluster__name", "node__pool", "evidence_seq", "evidence_head",
+            "target")
             [:ADMIT_PAGE])
         yield from page
         if len(page) < ADMIT_PAGE:

@@ -131,7 +131,7 @@ SERVICE_STATE_AFTER = {
 def _next_step(sweep: NodeSweep, worker: str, result: StepResult) -> str | None:
     """Move to the next step (keeping the lease, so this worker goes on with it) or to done."""
     now = timezone.now()
-    current, following = sweep.state, SweepState.next(sweep.state)
+    current, following = sweep.state, SweepState.next(sweep.state, sweep.target)
     chain = following != SweepState.DONE
     guard = queries.lease_guard(sweep.state, worker)
     if following == SweepState.PATCHING:

@@ -208,3 +208,24 @@ def test_os_advisories_and_their_exposures_show_in_the_api_and_the_console(clien
     assert [r["detected_version"] for r in rows] == [DRIVER_OLD]
     for page in (f"/advisories/{advisory.public_id}/", "/advisories/", "/advisories/exposures/"):
         assert client.get(page).status_code == 200, page
+
+
+def test_a_distribution_advisory_is_matched_once_and_not_again_by_the_next_batch(cluster, tmp_path):
+    """Its advisory is marked matched by the OS match (the SQL match, which has no range of it, is
+    skipped), so an ingest of something else does not take it for unmatched and match it again."""
+    from unittest import mock
+
+    from advisories import ingest
+    from advisories.models import Advisory
+
+    node = Node.objects.create(cluster=cluster, name="gpu01")
+    report(node, driver_packages(DRIVER_OLD))
+    with mock.patch.object(ingest, "recompute", wraps=ingest.recompute) as sql_match:
+        ingest_documents(resolve(str(OSV / "USN-5547-1.json")).items())
+        ingest_documents(resolve(str(OSV / "LSN-0066-1.json")).items())
+    assert sql_match.call_count == 0
+    assert Advisory.objects.filter(exposures_at__isnull=True).count() == 0
+    with mock.patch.object(ingest, "recompute_os", wraps=ingest.recompute_os) as os_match:
+        ingest_documents(resolve(str(OSV / "USN-7328-2.json")).items())
+    [call] = os_match.call_args_list
+    assert call.kwargs["advisory_ids"] == [Advisory.objects.get(publisher_id="USN-7328-2").id]

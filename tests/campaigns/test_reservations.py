@@ -60,3 +60,18 @@ def test_an_unknown_reservation_kind_is_refused() -> None:
         "executor": "slurm", "executor_options": {"maintenance_reservation": "weekly"}})
     with pytest.raises(ImproperlyConfigured, match="maintenance_reservation 'weekly'"):
         get_executor(cluster)
+
+
+def test_a_node_fixed_by_a_livepatch_is_in_no_reservation() -> None:
+    """Its work keeps running and it keeps taking more (issue 30): a maintenance reservation would
+    stop the scheduler from placing any job there."""
+    slurm = Cluster.objects.create(name="hpc", kind="slurm", connection={
+        "executor": "slurm", "executor_options": {"maintenance_reservation": "wave"}})
+    nodes = [Node.objects.create(cluster=slurm, name=f"gpu0{i}", gpu_count=8) for i in (1, 2)]
+    targets = {nodes[0].pk: {"livepatch": "66"}, nodes[1].pk: {"kernel": "5.15.0-1073-nvidia"}}
+    scope = [PlanNode(id=n.pk, name=n.name, cluster="hpc", gpu_count=8, versions={"kernel": "5.15.0-1042-nvidia"},
+                      target=targets[n.pk]) for n in nodes]
+    content = plan(scope, [], Policy(start=MONDAY, per_cluster="2", node_seconds=3600))
+    services.add_reservations(content, 7, {n.pk: n for n in nodes}, {"hpc": get_executor(slurm)})
+    [wave] = content["waves"]
+    assert [r["nodes"] for r in wave["reservations"]] == [["gpu02"]]

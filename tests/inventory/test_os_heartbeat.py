@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -57,3 +59,25 @@ def test_ecosystems_from_os_release():
     assert ecosystem_of({"ID": "almalinux", "VERSION_ID": "9.4"}) == "AlmaLinux:9"
     assert ecosystem_of({"ID": "rocky", "VERSION_ID": "8.10"}) == "Rocky Linux:8"
     assert ecosystem_of({"ID": "arch"}) == ""
+
+
+def test_a_full_heartbeat_with_an_unchanged_os_costs_no_statement_more_than_one_without(client, cluster):  # noqa: F811
+    """The os object of a heartbeat whose package set, kernel and livepatch the node already has is
+    compared with what the heartbeat's lock of the node row read: not one statement more."""
+    assert post(client, {**heartbeat_payload("570.86.15"), "os": OS}).status_code == 200
+    assert post(client, heartbeat_payload("570.86.15")).status_code == 200  # settled: the same facts each time
+    with CaptureQueriesContext(connection) as without_os:
+        assert post(client, heartbeat_payload("570.86.15")).status_code == 200
+    with CaptureQueriesContext(connection) as with_os:
+        assert post(client, {**heartbeat_payload("570.86.15"), "os": OS}).status_code == 200
+    def statements(queries: CaptureQueriesContext) -> list[str]:
+        # The statements' shapes: their values (counters, digests, times, savepoint names) aside.
+        return [re.sub(r"SAVEPOINT \S+|'[^']*'|\b\d+\b", "?", q["sql"]) for q in queries]
+
+    assert statements(with_os) == statements(without_os)
+    # A changed kernel is written (and an unchanged set still reads no package).
+    with CaptureQueriesContext(connection) as changed:
+        moved = {**OS, "running_kernel": "5.15.0-1073-nvidia"}
+        assert post(client, {**heartbeat_payload("570.86.15"), "os": moved}).status_code == 200
+    assert Node.objects.get(name="gpu01").running_kernel == "5.15.0-1073-nvidia"
+    assert not any("inventory_package" in q["sql"] and "INSERT" in q["sql"] for q in changed)

@@ -33,7 +33,7 @@ from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
 from .packages import PackageError, get_package_manager, patterns_for
-from .patch import PatchError, get_patch_method, validate
+from .patch import PatchError, PatchMethod, get_patch_method, validate
 from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
 from .workloads import (
@@ -459,6 +459,8 @@ class Agent:
             return {**base, "after": before, "output": f"dry run: would run {command or 'nothing'}"}
         if method.name == "noop":
             return {**base, "after": before, "output": f"noop: {component} is managed outside this node's agent"}
+        if not method.at_reboot:  # a livepatch: nothing to reinstall, and it never waits for a reboot
+            return {**base, **self._livepatch(method, component, version)}
         previous = self._record_previous(record, component, before, method.simulate)
         base["previous"] = {"version": previous["version_before"], "packages": previous["packages"]}
         if method.simulate:
@@ -474,6 +476,26 @@ class Agent:
             raise OperationError(str(exc), base) from None
         after = self.facts(fresh=True).get("components", {}).get(component, "")
         return {**base, "after": after, "output": output, "reboot_required": component in ("driver", "kernel")}
+
+    def _livepatch(self, method: PatchMethod, component: str, version: str) -> dict[str, Any]:
+        """Apply a patch that takes effect at once; `after` is the version the node reports now."""
+        if method.simulate:
+            if self.config.static_facts:  # a test or demo node: its facts file says what runs
+                path = Path(self.config.static_facts)
+                data = read_json(path, {}) or {}
+                write_json_atomic(path, {**data, "components": {**data.get("components", {}), component: version}})
+            self._facts = None
+            return {"after": version, "reboot_required": False,
+                    "output": f"simulated: would run {method.command(component, version)}; {component} {version} "
+                              "applies at once"}
+        try:
+            output = method.apply(component, version)
+        except PatchError as exc:
+            raise OperationError(str(exc)) from None
+        finally:
+            self._facts = None
+        after = self.facts(fresh=True).get("components", {}).get(component, "")
+        return {"after": after, "output": output, "reboot_required": False}
 
     # ----- rollback -----
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ENV_PREFIX = "GPUSWEEP_AGENT_"
-DEFAULT_PROBES = ["kernel", "checkpoint_tools", "packages", "pip", "images", "nvidia_smi", "nvml"]
+DEFAULT_PROBES = ["kernel", "livepatch", "checkpoint_tools", "packages", "pip", "images", "nvidia_smi", "nvml"]
 DEFAULT_HEALTH_CHECKS = ["versions", "gpus", "dcgm", "site"]
 # Device files whose open descriptors mark a process as a GPU user (workloads.gpu_users).
 DEFAULT_GPU_DEVICES = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm"]

@@ -351,6 +351,7 @@ PROBES = {
     "pip": "gpusweep_agent.facts.PipProbe",
     "images": "gpusweep_agent.facts.ImagesProbe",
     "static": "gpusweep_agent.facts.StaticProbe",
+    "livepatch": "gpusweep_agent.osinfo.LivepatchProbe",
 }
 
 

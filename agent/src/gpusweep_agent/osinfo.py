@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .facts import parse_os_release
+from .facts import Facts, Probe, parse_os_release
 
 Runner = Callable[[list[str]], str | None]
 # dpkg-query expands the \t and \n escapes itself.
@@ -160,3 +160,17 @@ class OsProbe:
         if packages is not None:
             report["packages"] = packages
         return report
+
+
+class LivepatchProbe(Probe):
+    """The running kernel's livepatch as the ``livepatch`` component: the applied livepatch's version
+    (canonical-livepatch), or "applied" (kpatch, which has no version); nothing when none is applied.
+    A campaign verifies a livepatch step by it."""
+
+    name = "livepatch"
+
+    def probe(self) -> Facts:
+        state = OsProbe().livepatch()
+        if not state or state.get("state") != "applied":
+            return {}
+        return {"components": {"livepatch": str(state.get("version") or "applied")}}

@@ -5,6 +5,9 @@
   words before the values are filled in, so a version can never add words to the command.
 - ``script``: a site script, run as ``<path> <component> <version>``.
 - ``noop``: nothing to do here (Kubernetes nodes whose driver the GPU Operator manages).
+- ``livepatch``: the running kernel's livepatch (component ``livepatch``, version the livepatch
+  version wanted): ``canonical-livepatch refresh`` by default, or a configured ``command`` (a
+  kpatch site script). It takes effect at once: no drain, no reboot.
 
 Every method has a dry run that reports the command without running it. With ``simulate`` in a
 method's options (test and demo nodes), the command is not run: the new version is recorded as
@@ -27,6 +30,8 @@ DEFAULT_TEMPLATES = {
     "driver": "apt-get install -y --no-install-recommends nvidia-driver-{branch}={version}",
     "container_toolkit": "apt-get install -y --no-install-recommends nvidia-container-toolkit={version}",
     "dcgm": "apt-get install -y --no-install-recommends datacenter-gpu-manager={version}",
+    # The version is the kernel's release as uname -r prints it ("5.15.0-1073-nvidia"): its package's name.
+    "kernel": "apt-get install -y --no-install-recommends linux-image-{version} linux-modules-{version}",
 }
 
 
@@ -36,6 +41,8 @@ class PatchError(Exception):
 
 class PatchMethod:
     name = ""
+    # Whether the new version takes effect only at the next reboot (a livepatch's at once).
+    at_reboot = True
 
     def __init__(self, config: AgentConfig, options: dict[str, Any]) -> None:
         self.config = config
@@ -100,10 +107,28 @@ class NoopPatch(PatchMethod):
         return []
 
 
+class LivepatchPatch(PatchMethod):
+    """The livepatch service applies the fixes to the running kernel; its state is then read back
+    (gpusweep_agent.osinfo.LivepatchProbe reports the version as the ``livepatch`` component)."""
+
+    name = "livepatch"
+    at_reboot = False
+
+    def command(self, component: str, version: str) -> list[str]:
+        if component != "livepatch":
+            raise PatchError(f"livepatch patch: only the livepatch component, not {component!r}")
+        template = str(self.options.get("command", "canonical-livepatch refresh"))
+        try:
+            return [word.format(component=component, version=version) for word in shlex.split(template)]
+        except (KeyError, ValueError) as exc:
+            raise PatchError(f"livepatch patch: bad command template {template!r}: {exc}") from None
+
+
 PATCH_METHODS = {
     "package": "gpusweep_agent.patch.PackagePatch",
     "script": "gpusweep_agent.patch.ScriptPatch",
     "noop": "gpusweep_agent.patch.NoopPatch",
+    "livepatch": "gpusweep_agent.patch.LivepatchPatch",
 }
 
 
