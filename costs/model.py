@@ -28,8 +28,8 @@ from typing import Any
 from campaigns import policy
 from campaigns.choices import WaveGrowth
 from campaigns.planner import PlanError, canary_nodes, parse_limit
-from costs.gpumodel import model_key, same_model
 from executors import portability
+from inventory.gpumodel import model_key, same_model
 
 
 def _parallelism_ok(values: tuple[str, ...]) -> bool:
@@ -239,7 +239,7 @@ class Params:
 
     def gpu_memory(self, gpu_model: str) -> float:
         """GiB per GPU of `gpu_model`: its `gpu_memory_by_model` entry, named as the trace or the fleet names it
-        (`V100M32` is a `Tesla V100-SXM2-32GB`: costs.gpumodel), the exact name first; else the default."""
+        (`V100M32` is a `Tesla V100-SXM2-32GB`: inventory.gpumodel), the exact name first; else the default."""
         named = sorted(self.gpu_memory_by_model.items(), key=lambda item: model_key(item[0]) != model_key(gpu_model))
         return next((gib for name, gib in named if same_model(name, gpu_model)), self.gpu_memory_gib)
 

@@ -3,7 +3,7 @@
 Tasks are taken in order of start; a task that finished frees its share first. `first_fit`
 takes the first node in fleet order with enough free GPU share, `best_fit` the one with the
 least free share that fits; a task whose `gpu_spec` names GPU models goes only to a node of one of
-them (names compared by `costs.gpumodel`). A task that fits nowhere (the trace's fleet was larger
+them (names compared by `inventory.gpumodel`). A task that fits nowhere (the trace's fleet was larger
 than this one) is left out and counted; one whose spec names no model of this fleet is left out and
 counted by its spec (`Placement.no_model`), so a fleet that lacks a model is told, not guessed at.
 The placement is the baseline every strategy is measured against.

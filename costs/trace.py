@@ -7,7 +7,7 @@ says how both are modelled. Tasks that never started (no scheduled_time) and tas
 left out and counted. A task deleted at the very end of the trace is taken as still running.
 `gpu_spec` (optional; `V100M16|V100M32`: the GPU models a task may run on, empty: any) is kept on
 the task and honoured where it is placed and where it may be moved; its names are compared with
-the fleet's (`Tesla V100-SXM2-32GB`) by the one rule of `costs.gpumodel`.
+the fleet's (`Tesla V100-SXM2-32GB`) by the one rule of `inventory.gpumodel`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from costs.gpumodel import model_key, same_model
 from costs.model import Params
 from costs.sacct import Accounting
+from inventory.gpumodel import model_key, same_model
 
 OPENB_COLUMNS = ("name", "num_gpu", "gpu_milli", "qos", "creation_time", "deletion_time", "scheduled_time")
 DEFAULT_ORIGIN = datetime(2023, 1, 1, tzinfo=UTC)
@@ -44,7 +44,7 @@ class Task:
     gpu_models: tuple[str, ...] = ()  # the GPU models it may run on (openb gpu_spec); empty: any
 
     def runs_on(self, gpu_model: str) -> bool:
-        """May it run on a GPU of `gpu_model`, however the fleet writes it (costs.gpumodel)?"""
+        """May it run on a GPU of `gpu_model`, however the fleet writes it (inventory.gpumodel)?"""
         return not self.gpu_models or any(same_model(wanted, gpu_model) for wanted in self.gpu_models)
 
     def ends(self) -> float:
@@ -136,7 +136,7 @@ def from_openb(text: str, params: Params, origin: datetime = DEFAULT_ORIGIN, sou
 
 
 def gpu_spec(text: str) -> tuple[str, ...]:
-    """`V100M16|Tesla T4` -> ('T4', 'V100M16'): the models' keys (costs.gpumodel); openb separates them with `|`."""
+    """`V100M16|Tesla T4` -> ('T4', 'V100M16'): the models' keys (inventory.gpumodel); openb separates them with `|`."""
     return tuple(sorted({model_key(part) for part in re.split(r"[|,;]", text) if part.strip()}))
 
 

@@ -20,10 +20,10 @@ so they are the agent's measured ones wherever the node has an agent.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from inventory.choices import ChangeSource
+from inventory.gpumodel import same_model
 
 OWNED_FACTS = ("gpu_model", "gpu_count")
 # Highest first: a person's word, then what the node's agent measured, then what a scheduler or a file declares.
@@ -56,17 +56,13 @@ def empty(value: Any) -> bool:
     return value in (None, "", 0)
 
 
-def _letters(value: Any) -> str:
-    return re.sub(r"[^a-z0-9]", "", str(value).lower()).removeprefix("nvidia")
-
-
 def agree(fact: str, a: Any, b: Any) -> bool:
     """Whether two reports of `fact` name the same thing. GPU models are named differently by each
     source (GRES type ``h100``, GFD ``NVIDIA-H100-80GB-HBM3``, NVML ``NVIDIA H100 80GB HBM3``): they
-    agree when one's letters and digits hold the other's."""
+    agree when they name the same model (inventory.gpumodel: same model number, and the same memory
+    where both give one)."""
     if fact == "gpu_model":
-        short, long = sorted((_letters(a), _letters(b)), key=len)
-        return bool(short) and short in long
+        return bool(str(a or "").strip() and str(b or "").strip()) and same_model(str(a), str(b))
     return bool(a == b)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from costs.gpumodel import model_key, same_model
 from costs.model import Params
 from costs.trace import gpu_spec
+from inventory.gpumodel import model_key, same_model
 
 
 @pytest.mark.parametrize(("name", "key"), [

@@ -288,7 +288,7 @@ def test_the_second_trace_is_the_generators_and_exposure_falls_with_parallelism(
 def test_gpu_constraints_read_through_the_file_loaders_place_every_task_whose_model_the_fleet_has():
     """The node file is read through the inventory's mapping (`Tesla T4`, `NVIDIA A10`, `Tesla
     V100-SXM2-32GB`), the trace keeps openb's codes (`T4`, `A10|V100M32`): one rule reads both
-    (costs.gpumodel), so every constrained task goes to a node of a model it names; one constrained
+    (inventory.gpumodel), so every constrained task goes to a node of a model it names; one constrained
     to a model the fleet lacks is left out and said so, by its spec."""
     nodes = fleet.from_file(FIXTURES / "synthetic_nodes.csv")
     assert {n.gpu_model for n in nodes} == {"Tesla T4", "NVIDIA A10", "Tesla V100-SXM2-32GB"}

@@ -174,3 +174,14 @@ def test_a_stale_version_feature_is_one_conflict_and_a_component_only_slurm_know
     sync(f"nvdriver_{OLD},cuda_12.8")  # the site fixes its feature
     node.refresh_from_db()
     assert node.fact_conflicts == {}
+
+
+def test_model_names_agree_by_the_one_reading_of_gpu_models():
+    """Each source writes the model its own way; an A10 is still not an A100 (a substring would say so)."""
+    from inventory.owners import agree
+
+    assert agree("gpu_model", "h100", "NVIDIA H100 80GB HBM3")
+    assert agree("gpu_model", "NVIDIA-H100-80GB-HBM3", "NVIDIA H100 80GB HBM3")
+    assert not agree("gpu_model", "a10", "NVIDIA A100-SXM4-80GB")
+    assert not agree("gpu_model", "NVIDIA H100 80GB HBM3", "NVIDIA H100 94GB")
+    assert not agree("gpu_model", "", "NVIDIA H100 80GB HBM3")

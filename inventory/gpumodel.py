@@ -1,4 +1,5 @@
-"""GPU model names, read one way wherever the simulator compares them.
+"""GPU model names, read one way wherever two are compared: the simulator (a trace against a fleet)
+and the inventory (one source's report against another's, inventory.owners).
 
 A trace names GPU models by short codes (openb's `gpu_spec`: `T4`, `V100M32`, `P100`); a fleet by
 what its node file or inventory says (`Tesla T4`, `Tesla V100-SXM2-32GB`, `NVIDIA A10`, what a
