@@ -39,7 +39,6 @@ from advisories.exposure import DeadlineRules, RecomputeResult, assign_deadlines
 from advisories.models import Advisory, AffectedRange, Exposure
 from advisories.osv import OS_LIVEPATCH, OS_PACKAGE
 from gpusweep.db.reads import rowcount
-from inventory.choices import ChangeSource
 from inventory.models import Cluster, Node, Package, PackageSet
 
 _KERNEL_BINARY = re.compile(r"^linux-(?:image|image-unsigned|modules)-(\d+\.\d+\.\d+)-(\d+)-([a-z][a-z0-9-]*)$")
@@ -381,9 +380,10 @@ def _restate(exposure: Exposure, want: Verdict | None, seen: str, gone: bool, no
             return False  # leaving the inventory is not a patch
         exposure.state, exposure.remediated_at = ExposureState.REMEDIATED, now
         exposure.fixed_by_version = (want.version if want else seen or "(package removed)")[:128]
-        # Credited to what caused it: a campaign's reference; the verdict's note (the notice) otherwise.
-        exposure.remediated_by = (want.note if want and remediated_by in ("", ChangeSource.AGENT)
-                                  else remediated_by)[:200]
+        # Credited to what caused it: a campaign's reference, the node's agent where its report did (a
+        # livepatch applied outside any campaign), and the verdict's note (the notice) where a new
+        # advisory's arrival did. The note says by what either way.
+        exposure.remediated_by = (want.note if want and not remediated_by else remediated_by or "")[:200]
         exposure.note = want.note if want else ""
         result.remediated += 1
     elif exposure.state == ExposureState.REMEDIATED:

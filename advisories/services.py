@@ -11,13 +11,14 @@ call these, nothing else writes these fields.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.auth.models import User as AuthUser
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from advisories import components
@@ -25,7 +26,9 @@ from advisories.choices import DeadlineBasis, EventKind, ExposureState, RangeBas
 from advisories.exposure import recompute
 from advisories.ingest import mapped_range, withdraw_presumed
 from advisories.models import AdvisoryEvent, AffectedRange, DeadlinePolicy, Exposure, ReviewItem
+from advisories.osv import OS_PACKAGE
 from advisories.tasks import refresh_deadlines
+from inventory.choices import ChangeSource
 from inventory.versions import VersionError, parse_version
 
 User = AbstractBaseUser | AnonymousUser
@@ -244,3 +247,14 @@ def deadlines_changed() -> int:
         transaction.on_commit(lambda: refresh_deadlines.apply_async(
             args=(generation,), queue=settings.CELERY_TASK_DEFAULT_QUEUE))
     return generation
+
+
+def credit_sweep(node_id: int, since: dt.datetime, components: Iterable[str], reference: str) -> int:
+    """Exposures of the node that its agent's report remediated after a campaign's patch step began
+    (`since`), of the components it patched or of OS packages: that report came first, but the
+    campaign caused it, so they are credited to it (`reference`). A remediation the agent reported
+    before the patch step (a livepatch its service applied by itself) stays the agent's."""
+    return Exposure.objects.filter(
+        Q(component__in=list(components)) | Q(component=OS_PACKAGE), node_id=node_id,
+        state=ExposureState.REMEDIATED, remediated_by=ChangeSource.AGENT, remediated_at__gte=since,
+    ).update(remediated_by=reference[:200], updated_at=timezone.now())

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from gpusweep.choices import ChoiceSet
-from inventory.versions import LIVEPATCH
+from inventory.versions import LIVEPATCH, OS_PACKAGES
 
 
 class CampaignStatus(ChoiceSet):
@@ -66,14 +66,15 @@ class SweepState(ChoiceSet):
     BEFORE_PATCH = frozenset({PENDING, DRAINING, CHECKPOINTING, MIGRATING})
     TERMINAL = frozenset({DONE, FAILED, ROLLED_BACK, SKIPPED})
 
-    # A sweep whose target is a livepatch alone: applied to the running kernel of a node that keeps its
-    # work, so never drained, checkpointed or rebooted; verified by the livepatch state it reports.
-    LIVEPATCH_STEPS = (PENDING, PATCHING, VERIFYING, DONE)
+    # A sweep whose target is in place (a livepatch, OS packages' update): applied on a node that keeps
+    # its work, so never drained, checkpointed or rebooted; verified by the livepatch state it reports
+    # and the package versions its agent read back.
+    IN_PLACE_STEPS = (PENDING, PATCHING, VERIFYING, DONE)
 
     @classmethod
     def steps_of(cls, target: dict[str, str] | None) -> tuple[str, ...]:
         """The steps a sweep towards `target` goes through, in order."""
-        return cls.LIVEPATCH_STEPS if livepatch_only(target) else cls.STEPS
+        return cls.IN_PLACE_STEPS if in_place(target) else cls.STEPS
 
     @classmethod
     def next(cls, state: str, target: dict[str, str] | None = None) -> str:
@@ -81,9 +82,13 @@ class SweepState(ChoiceSet):
         return steps[steps.index(state) + 1]
 
 
-def livepatch_only(target: dict[str, str] | None) -> bool:
-    """Whether a node's target is a kernel livepatch and nothing else (no drain, no reboot)."""
-    return bool(target) and set(target or ()) == {LIVEPATCH}
+IN_PLACE = frozenset({LIVEPATCH, OS_PACKAGES})
+
+
+def in_place(target: dict[str, str] | None) -> bool:
+    """Whether a node's target is a kernel livepatch or an OS packages' update and nothing else (no
+    drain, no reboot)."""
+    return bool(target) and set(target or ()) <= IN_PLACE
 
 
 class MoveState(ChoiceSet):

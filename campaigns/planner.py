@@ -41,9 +41,10 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from campaigns.choices import SweepState, livepatch_only
+from campaigns.choices import SweepState, in_place
 from executors import portability
 from inventory.choices import WorkloadPolicy
+from inventory.versions import LIVEPATCH, OS_PACKAGES
 
 FAR = datetime.max.replace(tzinfo=UTC)
 OUT_OF_SCOPE = 10**9  # the "wave" of a receiver that the campaign never drains
@@ -609,9 +610,9 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
 def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
                capacity: Capacity, policy: Policy, outcome: _Outcome,
                carried: dict[int, list[tuple[PlanWorkload, int]]]) -> dict[str, Any]:
-    if livepatch_only(node.target):
+    if in_place(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
-        return _plan_livepatch(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
+        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
     residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
     residents += carried.pop(node.id, [])
     # The node is drained: its own work leaves (what comes back home is counted again below).
@@ -641,20 +642,27 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
     }
 
 
-def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
-                    begins: datetime | None, ends: datetime | None, policy: Policy) -> dict[str, Any]:
-    """A node fixed by a livepatch keeps its work where it is: nothing moves, nothing is checkpointed,
-    and it takes no work from others (its GPUs stay busy with its own)."""
+def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
+                   begins: datetime | None, ends: datetime | None, policy: Policy) -> dict[str, Any]:
+    """A node fixed in place (a livepatch, OS packages' update) keeps its work where it is: nothing
+    moves, nothing is checkpointed, and it takes no work from others (its GPUs stay busy with its own)."""
     deadline = node.deadline or policy.deadline
     risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
+    why = []
+    if LIVEPATCH in node.target:
+        why.append("a livepatch fixes the running kernel")
+    if OS_PACKAGES in node.target:
+        why.append("a package update in place")
+        # What unattended-upgrades leaves as well: running processes keep the old code until they restart.
+        risks.append("processes running now keep the packages' old code until they restart")
     return {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
         "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": [], "risks": risks, "steps": list(SweepState.steps_of(node.target)),
-        "remedy": node.remedy or "livepatch",
+        "remedy": node.remedy or "livepatch", "in_place": True,
         "stays": [{"workload": w.ref, "name": w.name, "gpus": w.gpus,
-                   "why": "a livepatch fixes the running kernel: no drain, no checkpoint, no reboot"}
+                   "why": f"{' and '.join(why)}: no drain, no checkpoint, no reboot"}
                   for w in workloads],
     }
 
@@ -696,6 +704,7 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
             "expected_end": wave_list[-1]["end"] if wave_list else None,
             "migrations": count("migrate"), "returns_home": count("return_home"),
             "livepatch_only": sum(1 for n in explained.values() if n.get("remedy") == "livepatch"),
+            "packages_in_place": sum(1 for n in explained.values() if n.get("in_place") and OS_PACKAGES in n["target"]),
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
             "past_deadline": sum(

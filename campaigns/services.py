@@ -26,7 +26,7 @@ from campaigns.choices import (
     HeldNodes,
     Placement,
     SweepState,
-    livepatch_only,
+    in_place,
 )
 from campaigns.models import Approval, Campaign, NodeSweep, Plan
 from campaigns.planner import (
@@ -485,6 +485,8 @@ def compute_plan(campaign: Campaign) -> dict[str, Any]:
         if entry := content["nodes"].get(str(node_id)):
             # What the distribution fixes per source package on this node's release, and what no step patches.
             entry["os_packages"] = os_target.packages
+            if os_target.install:  # the exact binaries each component's patch installs (the agent's packages)
+                entry["os_install"] = os_target.install
             if os_target.unpatched:
                 entry["risks"].append(f"no patch step for {', '.join(os_target.unpatched)}")
     content["skipped"] = skipped
@@ -515,7 +517,7 @@ def add_reservations(content: dict[str, Any], campaign_id: int, nodes: dict[int,
         for node_id in wave.get("nodes") or []:
             node = nodes.get(int(node_id))
             # A livepatched node keeps taking work: no reservation holds it.
-            if node is not None and not livepatch_only((content["nodes"].get(str(node_id)) or {}).get("target")):
+            if node is not None and not in_place((content["nodes"].get(str(node_id)) or {}).get("target")):
                 by_cluster.setdefault(node.cluster.name, []).append(node.name)
         start = parse_datetime(wave["start"]) if wave.get("start") else None
         end = parse_datetime(wave["end"]) if wave.get("end") else None

@@ -65,7 +65,7 @@ from django.core.exceptions import ImproperlyConfigured
 from executors.portability import node_facts
 from inventory import identity
 from inventory.choices import bare_process_ref
-from inventory.versions import LIVEPATCH
+from inventory.versions import LIVEPATCH, OS_PACKAGES
 
 if TYPE_CHECKING:
     from inventory.models import Cluster
@@ -195,6 +195,8 @@ class PatchResult:
     before: str
     after: str
     output: str = ""
+    # The exact packages the patch named, at the versions the node's package manager reports after it.
+    packages: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,10 @@ def version_reached(component: str, want: str, got: str | None) -> bool:
     for a livepatch that version or a later one (the agent reports the running livepatch's version)."""
     if component == LIVEPATCH and want.isdigit() and (got or "").isdigit():
         return int(str(got)) >= int(want)
+    if component == OS_PACKAGES:
+        # No fact reports a set of packages: the patch step had the node's package manager read the
+        # versions back, and failed unless they were exactly the ones asked for.
+        return True
     return got == want
 
 
@@ -401,7 +407,10 @@ class Executor:
         """Place a checkpointed workload on `target` and resume it there."""
         raise NotImplementedError
 
-    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str,
+              packages: dict[str, str] | None = None) -> PatchResult:
+        """Bring `component` to `version`; with `packages` (name -> exact version: a distribution's fix),
+        by installing exactly those."""
         raise NotImplementedError
 
     def reboot(self, node: NodeRef, operation_id: str) -> None:

@@ -1039,10 +1039,11 @@ class KubernetesExecutor(Executor):
             "labels": json.loads(held), "annotations": {ADOPT_LABELS: None}, "ownerReferences": [controller]}})
 
     # -- patch, reboot, verify -------------------------------------------------------
-    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str,
+              packages: dict[str, str] | None = None) -> PatchResult:
         if self.mode == "gpu-operator" and component == "driver":
             return self._operator_upgrade(node, version, operation_id)
-        return self.agents.patch(self._need_agent(node), component, version, operation_id)
+        return self.agents.patch(self._need_agent(node), component, version, operation_id, packages)
 
     def reboot(self, node: NodeRef, operation_id: str) -> None:
         if self.mode == "gpu-operator":

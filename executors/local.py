@@ -185,17 +185,20 @@ class LocalExecutor(Executor):
             steps=int(steps) if steps is not None else None,
         )
 
-    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str,
+              packages: dict[str, str] | None = None) -> PatchResult:
         # A livepatch is the agent's livepatch method (canonical-livepatch, kpatch), whatever installs packages.
         method = "livepatch" if component == LIVEPATCH else str(self.options.get("patch_method", "package"))
         # The owner names the campaign and sweep: the agent keeps one rollback record per owner.
+        extra = {"packages": dict(packages)} if packages else {}
         result = self.client(node).operation(
             "/v1/patch", operation_id, component=component, version=version, method=method, dry_run=False,
-            owner=owner_of(operation_id),
+            owner=owner_of(operation_id), **extra,
         )
         return PatchResult(
             component=component, before=str(result.get("before", "")), after=str(result.get("after", "")),
             output=str(result.get("output", ""))[:4000],
+            packages={str(k): str(v) for k, v in (result.get("packages") or {}).items()},
         )
 
     def reboot(self, node: NodeRef, operation_id: str) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from executors import portability
 from executors.base import (
     LIVEPATCH,
+    OS_PACKAGES,
     CheckpointResult,
     Executor,
     GpuUser,
@@ -409,10 +410,12 @@ class MemoryExecutor(Executor):
         result = self._run("restore", target, operation_id, body)
         return RestoreResult(workload_id=result["workload_id"], node=target.identity, steps=result["steps"])
 
-    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str,
+              packages: dict[str, str] | None = None) -> PatchResult:
         def body(store: Store) -> dict[str, Any]:
             with self._node(store, node) as data:
-                live = component == LIVEPATCH  # applied to the running kernel: no drain, no reboot
+                # A livepatch (the running kernel) or OS packages' update: in place, no drain, no reboot.
+                live = component in (LIVEPATCH, OS_PACKAGES)
                 if not data["maintenance"] and not live:
                     raise PermanentExecutorError(f"{node.identity} is not in maintenance; refusing to patch")
                 before = data["versions"].get(component, "")
@@ -420,10 +423,13 @@ class MemoryExecutor(Executor):
                 data.setdefault("previous", {}).setdefault(component, before)
                 data["versions" if live else "installed"][component] = version
                 data["patches"][component] = data["patches"].get(component, 0) + 1
-                return {"before": before, "after": version}
+                # The exact packages installed, as a package manager would report them.
+                data.setdefault("packages", {}).update(packages or {})
+                return {"before": before, "after": version, "packages": dict(packages or {})}
 
         result = self._run("patch", node, operation_id, body)
-        return PatchResult(component=component, before=result["before"], after=result["after"], output="memory")
+        return PatchResult(component=component, before=result["before"], after=result["after"], output="memory",
+                           packages=result["packages"])
 
     def reboot(self, node: NodeRef, operation_id: str) -> None:
         def body(store: Store) -> None:

@@ -773,8 +773,9 @@ class SlurmExecutor(Executor):
             time.sleep(self.option("poll_s", 0.5))
 
     # -- patch, reboot, verify ---------------------------------------------------------
-    def patch(self, node: NodeRef, component: str, version: str, operation_id: str) -> PatchResult:
-        return self.agents.patch(self._need_agent(node), component, version, operation_id)
+    def patch(self, node: NodeRef, component: str, version: str, operation_id: str,
+              packages: dict[str, str] | None = None) -> PatchResult:
+        return self.agents.patch(self._need_agent(node), component, version, operation_id, packages)
 
     def health(self, node: NodeRef, expected: dict[str, str], gates: HealthGates,
                operation_id: str) -> HealthResult:

@@ -191,3 +191,29 @@ def record_running(node_id: int, kernel: str = "", livepatch_version: str = "", 
     Node.objects.filter(pk=node_id).update(**changes)
     transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
     return True
+
+
+def record_installed(node_id: int, installed: dict[str, str], reference: str = "") -> bool:
+    """What a campaign installed on the node (exact package versions its agent read back): the node's
+    package set becomes its current one with those versions, before the agent's next report (whose
+    set, the same packages, has the same digest and changes nothing). True when it changed; its OS
+    package exposures follow on commit, remediated with `reference` as their evidence. Only packages
+    the set holds change: a binary built from a source keeps its source at the installed version."""
+    node = Node.objects.filter(pk=node_id).select_related("package_set").first()
+    current = node.package_set if node is not None else None
+    if current is None or not installed:
+        return False
+    rows = []
+    for name, version, arch, source, source_version in current.packages.values_list(
+            "name", "version", "arch", "source", "source_version").iterator(chunk_size=5000):
+        if name in installed:
+            new = installed[name]
+            version, source_version = new, new if source_version else source_version
+        rows.append((name, version, arch, source, source_version))
+    report = OsReport(release=dict(current.os_release), ecosystem=current.ecosystem,
+                      packages=tuple(sorted(set(rows))), running_kernel="", livepatch=None)
+    if report.digest == current.digest:
+        return False
+    Node.objects.filter(pk=node_id).update(package_set=package_set(report))
+    transaction.on_commit(lambda: node_packages_changed.send(sender=Node, node_ids=[node_id], reference=reference))
+    return True

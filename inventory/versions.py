@@ -30,6 +30,10 @@ DRIVER = "driver"
 # A kernel livepatch as a component: its "version" is the applied livepatch's (canonical-livepatch's
 # number), which a later one includes; a campaign applies it with no drain and no reboot.
 LIVEPATCH = "livepatch"
+# A distribution's package update in place (packages that are neither the kernel nor the driver): its
+# "version" names the exact set of package versions a campaign installs (advisories.osplan); no drain,
+# no reboot. The agent's read-back of the installed versions is its check.
+OS_PACKAGES = "packages"
 KNOWN_COMPONENTS = {
     DRIVER: "NVIDIA driver",
     "cuda": "CUDA",

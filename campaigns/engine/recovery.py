@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from campaigns import evidence
-from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState, livepatch_only
+from campaigns.choices import AfterRollback, CampaignStatus, EvidenceKind, MoveState, SweepState, in_place
 from campaigns.engine.ending import Final, Outcome, may_retry, retry, waiting_fields
 from campaigns.engine.lease import record, record_move
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
@@ -74,7 +74,7 @@ def resume_failure(sweep: NodeSweep, worker: str, ex: Executor) -> Outcome:
 
 
 def _recover(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool) -> Outcome:
-    if livepatch_only(sweep.target):
+    if in_place(sweep.target):
         # Never drained and never rebooted: the node still runs its work on its old kernel, in
         # service; a revert (a reinstall and a reboot) would cost what the livepatch was to spare.
         return Final(SweepState.FAILED, {"error": error, "left": "in service, its work untouched (livepatch)"},

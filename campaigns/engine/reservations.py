@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from campaigns import evidence, policy
-from campaigns.choices import CampaignStatus, EvidenceKind, SweepState, livepatch_only
+from campaigns.choices import CampaignStatus, EvidenceKind, SweepState, in_place
 from campaigns.engine.naming import node_ref
 from campaigns.models import Campaign, EvidenceEvent, NodeSweep, Plan
 from executors.base import ExecutorError, SupportsWaveReservations, get_executor
@@ -80,7 +80,7 @@ def _reserve_wave(campaign_id: int, cluster: Cluster, wave: int) -> None:
             return  # none for this cluster's waves (its reservations are off)
         nodes = [node_ref(s.node) for s in NodeSweep.objects.filter(
             campaign_id=campaign_id, wave=wave, node__cluster=cluster).exclude(state=SweepState.SKIPPED)
-            .select_related("node__cluster").order_by("node__name") if not livepatch_only(s.target)]
+            .select_related("node__cluster").order_by("node__name") if not in_place(s.target)]
         if not nodes:
             return  # a wave of livepatches only: its nodes keep taking work
         start, end = planned_wave_times(campaign_id, wave)

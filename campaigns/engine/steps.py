@@ -15,15 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from campaigns import policy
-from campaigns.choices import EvidenceKind, MoveState, SweepState, livepatch_only
+from campaigns.choices import EvidenceKind, MoveState, SweepState, in_place
 from campaigns.engine import queries, rows
 from campaigns.engine.ending import StepResult
 from campaigns.engine.lease import record, record_move, stop_waiting
 from campaigns.engine.naming import move_op, node_ref, op_id, reference
 from campaigns.engine.targets import choose_target, requirements, source_facts
-from campaigns.models import Campaign, NodeSweep, WorkloadMove
+from campaigns.models import Campaign, EvidenceEvent, NodeSweep, WorkloadMove
 from executors import portability
 from executors.base import (
     CheckpointResult,
@@ -44,7 +45,7 @@ from executors.base import (
 from inventory import packages
 from inventory import services as inventory
 from inventory.choices import ChangeSource, CheckpointEngine, ServiceState, WorkloadPolicy
-from inventory.versions import LIVEPATCH
+from inventory.versions import LIVEPATCH, OS_PACKAGES
 
 
 class NotPatched(PermanentExecutorError):
@@ -350,10 +351,13 @@ def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     left = len(rows.moves(sweep, MoveState.PLANNED, MoveState.CHECKPOINTED))
     if left:
         raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
-    results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"))
+    # A distribution's fix names the exact packages of each component (advisories.osplan, in the plan).
+    install = (sweep.planned or {}).get("os_install") or {}
+    results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"),
+                        packages=install.get(component) or None)
                for component, version in sorted(sweep.target.items())]
-    patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000]}
-               for r in results]
+    patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000],
+                **({"packages": r.packages} if r.packages else {})} for r in results]
     return StepResult({"patches": patches}, {"patched_at": timezone.now()})
 
 
@@ -369,8 +373,9 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
              if not version_reached(c, v, result.versions.get(c))}
     if wrong or not result.healthy:
         raise PermanentExecutorError(f"verification failed: healthy={result.healthy} versions={wrong}")
-    verified = {c: result.versions[c] for c in sweep.target}
-    live = livepatch_only(sweep.target)
+    verified = {c: result.versions.get(c, v) for c, v in sweep.target.items()}
+    installed = patched_packages(sweep)
+    live = in_place(sweep.target)
     if live:
         # The node kept its work: no diagnostics under running jobs; the livepatch state it reports is the check.
         gates: dict[str, str] = {"versions": "passed"}
@@ -386,14 +391,43 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         # The inventory learns the new versions from the campaign, and the node's exposures are
         # remediated with this sweep as their evidence (node_versions_changed, on commit); the
         # kernel it booted and the livepatch it applied rematch its OS package exposures the same way.
-        inventory.record_versions(sweep.node_id, verified, ChangeSource.CAMPAIGN, reference(sweep))
+        inventory.record_versions(sweep.node_id, {c: v for c, v in verified.items() if c != OS_PACKAGES},
+                                  ChangeSource.CAMPAIGN, reference(sweep))
         packages.record_running(sweep.node_id, kernel=verified.get("kernel", ""),
                                 livepatch_version=verified.get(LIVEPATCH, ""), reference=reference(sweep))
+        # The exact packages its agent reported installed: the node's package set follows, before
+        # the agent's next report says so, and the exposures they fix are credited to this sweep.
+        if installed:
+            packages.record_installed(sweep.node_id, installed, reference=reference(sweep))
+        _credit(sweep)
 
     data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000],
             "health_gates": gates, **({"livepatch": "applied to the running kernel: no drain, no reboot"}
                                       if live else {})}
     return StepResult(data, {"versions_after": result.versions}, after=record_versions)
+
+
+def _credit(sweep: NodeSweep) -> None:
+    """Remediations the node's agent reported after this sweep's patch began are this sweep's work."""
+    try:
+        from advisories.services import credit_sweep
+    except ImportError:  # the advisories app is optional
+        return
+    done = EvidenceEvent.objects.filter(sweep=sweep, kind=EvidenceKind.STEP_DONE).values_list("data", flat=True)
+    began = next((d.get("started_at") for d in done if d.get("step") == SweepState.PATCHING), None)
+    since = parse_datetime(began) if isinstance(began, str) else sweep.patched_at
+    if since is not None:
+        credit_sweep(sweep.node_id, since, sweep.target, reference(sweep))
+
+
+def patched_packages(sweep: NodeSweep) -> dict[str, str]:
+    """The exact packages this sweep's patch step installed, at the versions the node reported."""
+    found: dict[str, str] = {}
+    for data in EvidenceEvent.objects.filter(sweep=sweep, kind=EvidenceKind.STEP_DONE).order_by(
+            "node_seq").values_list("data", flat=True):
+        for patch in (data or {}).get("patches") or []:
+            found.update(patch.get("packages") or {})
+    return found
 
 
 def gates_of(campaign: Campaign) -> HealthGates:

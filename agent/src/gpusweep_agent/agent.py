@@ -33,7 +33,7 @@ from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
 from .packages import PackageError, get_package_manager, patterns_for
-from .patch import PatchError, PatchMethod, get_patch_method, validate
+from .patch import OS_PACKAGES, PatchError, PatchMethod, get_patch_method, validate
 from .replay import NonceLog
 from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
 from .workloads import (
@@ -171,7 +171,7 @@ class Agent:
             raise ValueError(f"{kind}: missing {', '.join(missing)}")
         if kind == "patch":
             try:
-                validate(str(params["component"]), str(params["version"]))
+                validate(str(params["component"]), str(params["version"]), params.get("packages"))
             except PatchError as exc:
                 raise ValueError(str(exc)) from None
         if kind == "checkpoint" and not isinstance(params.get("requires", {}), dict):
@@ -448,11 +448,15 @@ class Agent:
     def run_patch(self, record: dict[str, Any]) -> dict[str, Any]:
         params = record["params"]
         component, version = str(params["component"]), str(params["version"])
+        # Exact distribution packages (name -> version) where the patch names them: a packaged driver's
+        # binaries, or other packages an advisory fixes (component "packages", in place at once).
+        wanted = {str(k): str(v) for k, v in (params.get("packages") or {}).items()}
         try:
             method = get_patch_method(str(params["method"]), self.config)
-            command = method.command(component, version)
+            command = method.command(component, version, wanted or None)
         except PatchError as exc:
             raise OperationError(str(exc)) from None
+        in_place = component == OS_PACKAGES
         before = self.facts(fresh=True).get("components", {}).get(component, "")
         base = {"before": before, "method": method.name, "command": command, "dry_run": bool(params.get("dry_run"))}
         if params.get("dry_run"):
@@ -461,21 +465,43 @@ class Agent:
             return {**base, "after": before, "output": f"noop: {component} is managed outside this node's agent"}
         if not method.at_reboot:  # a livepatch: nothing to reinstall, and it never waits for a reboot
             return {**base, **self._livepatch(method, component, version)}
-        previous = self._record_previous(record, component, before, method.simulate)
+        previous = self._record_previous(record, component, before, method.simulate, wanted)
         base["previous"] = {"version": previous["version_before"], "packages": previous["packages"]}
         if method.simulate:
-            pending_path = self.config.state_dir / "pending_facts.json"
-            pending = read_json(pending_path, {}) or {}
-            write_json_atomic(pending_path, {**pending, component: version})
-            return {**base, "after": version, "reboot_required": True,
-                    "output": f"simulated: would run {command}; {component} {version} takes effect at reboot"}
+            if not in_place:
+                pending_path = self.config.state_dir / "pending_facts.json"
+                pending = read_json(pending_path, {}) or {}
+                write_json_atomic(pending_path, {**pending, component: version})
+            return {**base, "after": version, "reboot_required": not in_place, "packages": wanted,
+                    "output": f"simulated: would run {command}; {component} {version} takes effect "
+                              f"{'at once' if in_place else 'at reboot'}"}
         try:
-            output = method.apply(component, version)
+            output = method.apply(component, version, wanted or None)
         except PatchError as exc:
             self._facts = None  # a failed install may have changed some packages: read them again
             raise OperationError(str(exc), base) from None
-        after = self.facts(fresh=True).get("components", {}).get(component, "")
-        return {**base, "after": after, "output": output, "reboot_required": component in ("driver", "kernel")}
+        installed = self._installed_now(wanted, base)
+        after = version if in_place else self.facts(fresh=True).get("components", {}).get(component, "")
+        return {**base, "after": after, "output": output, "packages": installed,
+                "reboot_required": component in ("driver", "kernel")}
+
+    def _installed_now(self, wanted: dict[str, str], base: dict[str, Any]) -> dict[str, str]:
+        """The versions the package manager reports now of the packages a patch named: exactly the
+        ones asked for, or the patch failed (a command that exits 0 without installing them)."""
+        self._facts = None
+        if not wanted:
+            return {}
+        try:
+            manager = get_package_manager(self.config)
+            installed = manager.installed() if manager else {}
+        except PackageError as exc:
+            raise OperationError(f"the installed packages cannot be read after the patch: {exc}", base) from None
+        found = {name: installed.get(name, "") for name in wanted}
+        wrong = {n: {"want": v, "got": found[n]} for n, v in wanted.items() if found[n] != v}
+        if manager is not None and wrong:
+            raise OperationError(f"the package manager reports other versions than the patch asked for: {wrong}",
+                                 {**base, "packages": found}) from None
+        return found if manager is not None else dict(wanted)
 
     def _livepatch(self, method: PatchMethod, component: str, version: str) -> dict[str, Any]:
         """Apply a patch that takes effect at once; `after` is the version the node reports now."""
@@ -502,7 +528,8 @@ class Agent:
     def _rollback_records(self) -> dict[str, dict[str, Any]]:
         return dict(read_json(self.config.state_dir / "rollback.json", {}) or {})
 
-    def _record_previous(self, record: dict[str, Any], component: str, before: str, simulated: bool) -> dict[str, Any]:
+    def _record_previous(self, record: dict[str, Any], component: str, before: str, simulated: bool,
+                         named: dict[str, str] | None = None) -> dict[str, Any]:
         """What a rollback puts back: the component's version and its exact installed packages, read
         before anything changes. A retry of the same owner's patch keeps the first record (by then
         the packages may be half upgraded)."""
@@ -514,6 +541,9 @@ class Agent:
         try:
             manager = get_package_manager(self.config)
             packages = manager.matching(patterns_for(self.config, component)) if manager else {}
+            if manager and named:  # the exact packages the patch names: their versions now come back too
+                installed = manager.installed()
+                packages.update({n: installed[n] for n in named if n in installed})
         except PackageError as exc:
             raise OperationError(f"refusing to patch {component}: its installed packages cannot be recorded "
                                  f"for a rollback ({exc})") from None
