@@ -332,7 +332,11 @@ def node_target(campaign: Campaign, node: Node, versions: dict[str, str],
             target[component] = str(chosen)
     else:
         # The fixed version within the node's own branch: the highest any open exposure asks for.
-        fixes = [(c, f) for c, f, _deadline in exposures] + list((os_target.target if os_target else {}).items())
+        # A packaged driver is fixed by the distribution's package: NVIDIA's upstream fix is no version
+        # its package manager can install (advisories.findings: the distribution's source decides).
+        packaged = set(os_target.install) & {DRIVER} if os_target else set()
+        fixes = [(c, f) for c, f, _deadline in exposures if c not in packaged]
+        fixes += list((os_target.target if os_target else {}).items())
         for component, fixed in fixes:
             if fixed and (component not in target or _newer(fixed, target[component], component)):
                 target[component] = fixed

@@ -117,6 +117,39 @@ def test_it_splits_a_package_template_before_filling_in_values(tmp_path: Path) -
         PackagePatch(config, {}).command("firmware", "1.0")
 
 
+DRIVER_FIX = {"nvidia-driver-570-server": "570.172.08-0ubuntu0.22.04.1",
+              "libnvidia-compute-570-server": "570.172.08-0ubuntu0.22.04.1"}
+
+
+def test_exact_packages_are_one_word_each_in_the_package_managers_own_spelling(tmp_path: Path) -> None:
+    """A distribution's fix installs every named binary at its exact version: apt's name=version on a
+    dpkg node, dnf's name-version on an rpm node; a site overrides the template and the spelling."""
+    dpkg = load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_PACKAGE_MANAGER": "dpkg"})
+    assert PackagePatch(dpkg, {}).command("driver", "570.172.08", DRIVER_FIX) == [
+        "apt-get", "install", "-y", "--no-install-recommends",
+        "libnvidia-compute-570-server=570.172.08-0ubuntu0.22.04.1",
+        "nvidia-driver-570-server=570.172.08-0ubuntu0.22.04.1"]
+    rpm = load_config(environ={"GPUSWEEP_AGENT_KEY": "k", "GPUSWEEP_AGENT_PACKAGE_MANAGER": "rpm"})
+    assert PackagePatch(rpm, {}).command("packages", "set-1", {"openssl-libs": "1:3.0.7-27.el9"}) == [
+        "dnf", "install", "-y", "openssl-libs-1:3.0.7-27.el9"]
+    site = PackagePatch(dpkg, {"commands": {"packages": "/site/upgrade --component {component} {packages} --yes"},
+                               "package_format": "{name}/{version}"})
+    assert site.command("driver", "570.172.08", {"nvidia-driver-570-server": "570.172.08-0ubuntu0.22.04.1"}) == [
+        "/site/upgrade", "--component", "driver", "nvidia-driver-570-server/570.172.08-0ubuntu0.22.04.1", "--yes"]
+    # Without exact packages the component's own template is unchanged.
+    assert PackagePatch(dpkg, {}).command("driver", "570.172.08")[-1] == "nvidia-driver-570=570.172.08"
+
+
+def test_a_patch_request_with_bad_packages_is_refused() -> None:
+    from gpusweep_agent.patch import validate
+
+    validate("driver", "570.172.08", DRIVER_FIX)
+    for bad in ({"nvidia-driver-570 --allow-unauthenticated": "1"}, {"ok": "1 2"}, {"ok": "$(reboot)"},
+                ["nvidia-driver-570=1"], {"": "1"}):
+        with pytest.raises(PatchError, match="packages"):
+            validate("driver", "570.172.08", bad)
+
+
 def test_it_finds_slurm_steps_and_kubernetes_pods_by_cgroup(tmp_path: Path) -> None:
     """A /proc tree built in tmp_path: this machine runs no slurmstepd cgroups and no kubelet."""
     layout = {
