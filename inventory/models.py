@@ -75,7 +75,9 @@ class Package(models.Model):
 
     class Meta:
         ordering = ["package_set_id", "name", "arch"]
-        constraints = [models.UniqueConstraint(fields=["package_set", "name", "arch"], name="package_unique_per_set")]
+        # rpm keeps several versions of an installonly package (kernel, kernel-core: three by default).
+        constraints = [models.UniqueConstraint(fields=["package_set", "name", "arch", "version"],
+                                               name="package_version_unique_per_set")]
         # Advisories look packages up by the source they were built from, or by name (osmatch).
         indexes = [models.Index(fields=["source"], name="package_source_idx"),
                    models.Index(fields=["name"], name="package_name_idx")]

@@ -35,6 +35,20 @@ def test_a_heartbeat_with_its_os_points_the_node_at_its_package_set(client, clus
     assert Node.objects.get(name="gpu02").package_set_id == node.package_set_id
 
 
+def test_an_rpm_node_with_three_kernels_installed_reports_each(client, cluster):  # noqa: F811
+    """rpm keeps several versions of installonly packages (the kernel's: three by default), under one name
+    and arch: `rpm -qa` lists each, and the heartbeat stores each."""
+    kernels = [["kernel-core", f"5.14.0-{n}.el9_4", "x86_64", "kernel", f"5.14.0-{n}.el9_4"] for n in (427, 503, 570)]
+    alma = {"release": {"ID": "almalinux", "VERSION_ID": "9.4"}, "packages": kernels,
+            "running_kernel": "5.14.0-570.el9_4.x86_64", "livepatch": None}
+    answer = post(client, {**heartbeat_payload("570.86.15"), "os": alma})
+    assert answer.status_code == 200, answer.content
+    node = Node.objects.get(name="gpu01")
+    assert node.package_set is not None and node.package_set.ecosystem == "AlmaLinux:9"
+    assert sorted(Package.objects.filter(name="kernel-core").values_list("version", flat=True)) == [
+        "5.14.0-427.el9_4", "5.14.0-503.el9_4", "5.14.0-570.el9_4"]
+
+
 def test_an_invalid_os_object_is_refused_with_its_field(client, cluster):  # noqa: F811
     answer = post(client, {**heartbeat_payload("570.86.15"), "os": {**OS, "packages": [["bash"]]}})
     assert answer.status_code == 400
