@@ -237,3 +237,63 @@ def test_the_wizard_offers_the_usn_and_previews_the_livepatch(fleet, settings):
     from campaigns.models import Campaign
 
     assert [a.public_id for a in Campaign.objects.get().advisories.all()] == ["ubuntu-usn-9999-1"]
+
+
+def test_a_livepatch_the_agent_reported_before_the_campaign_is_credited_to_the_agent(
+    fleet, django_capture_on_commit_callbacks
+):
+    """The livepatch service applied LSN-0066-1's patch by itself (canonical-livepatch does, unasked) and
+    the node's agent reported it before the campaign's livepatch step: the remediation is the agent's,
+    and the campaign that then runs on the node takes nothing away from it. On the node the campaign
+    livepatched first, the agent's later report leaves the campaign's credit."""
+    requester, approver = user("rita", "operator"), user("alan", "approver")
+    from advisories.models import Advisory
+    from campaigns import services
+    from campaigns.models import Campaign
+
+    campaign = Campaign.objects.create(
+        name="lp", requested_by=requester, node_selector={"names": ["covered"]}, canary="0"
+    )
+    campaign.advisories.set(Advisory.objects.filter(publisher_id="USN-9999-1"))
+    plan = services.make_plan(campaign.pk, requester).content["nodes"]
+    assert plan[str(fleet["covered"].pk)]["target"] == {"livepatch": "66"}
+    services.approve(campaign.pk, approver)
+    covered = fleet["covered"]
+    abi = COVERED.rsplit("-", 1)[0]
+    applied = {
+        "release": BIONIC,
+        "running_kernel": COVERED,
+        "packages": kernel_packages(abi, f"{abi}.79", "generic", "linux"),
+        "livepatch": {"tool": "canonical-livepatch", "state": "applied", "version": "66", "fixes": []},
+    }
+    with django_capture_on_commit_callbacks(execute=True):
+        apply_os_report(covered.pk, parse_os_report({"os": applied}), "agent")
+    exposure = Exposure.objects.get(node=covered)
+    assert (exposure.state, exposure.remediated_by, exposure.note) == ("remediated", "agent", "livepatch LSN-0066-1")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        services.start(campaign.pk, requester)
+        done = drive(campaign.pk)
+    assert done.status == CampaignStatus.COMPLETED, done.status_reason
+    assert NodeSweep.objects.get(campaign=campaign).state == SweepState.DONE
+    exposure.refresh_from_db()
+    assert (exposure.state, exposure.remediated_by) == ("remediated", "agent")
+
+    # The other way round: the campaign's livepatch first, then the agent's report of it.
+    too_old_campaign = Campaign.objects.create(
+        name="lp2", requested_by=requester, node_selector={"names": ["too-old"]}, canary="0"
+    )
+    too_old_campaign.advisories.set(Advisory.objects.filter(publisher_id="USN-9999-1"))
+    services.make_plan(too_old_campaign.pk, requester)
+    services.approve(too_old_campaign.pk, approver)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.start(too_old_campaign.pk, requester)
+        assert drive(too_old_campaign.pk).status == CampaignStatus.COMPLETED
+    sweep = NodeSweep.objects.get(campaign=too_old_campaign)
+    credited = f"campaign {too_old_campaign.pk}, sweep {sweep.pk}"
+    assert Exposure.objects.get(node=fleet["too-old"]).remediated_by == credited
+    booted = {**applied, "running_kernel": SPARE,
+              "packages": kernel_packages("4.15.0-99", "4.15.0-99.100", "generic", "linux")}
+    with django_capture_on_commit_callbacks(execute=True):
+        apply_os_report(fleet["too-old"].pk, parse_os_report({"os": booted}), "agent")
+    assert Exposure.objects.get(node=fleet["too-old"]).remediated_by == credited
