@@ -311,6 +311,58 @@ def recompute_os(node_ids: Sequence[int] | None = None, advisory_ids: Sequence[i
     return result
 
 
+@dataclass(frozen=True)
+class NotAffected:
+    """A node a distribution advisory's range does not expose, and why (a VEX justification)."""
+
+    node_id: int
+    range_id: int
+    package: str  # the range's source package
+    cve_ids: frozenset[str]
+    justification: str  # component_not_present, vulnerable_code_not_present, vulnerable_code_not_in_execute_path
+    reason: str
+    version: str  # what the node has of the package ("" none)
+
+
+def not_affected(advisory_ids: Sequence[int]) -> list[NotAffected]:
+    """The nodes (in service or not, never gone) whose package set the advisories' ranges for their
+    release do not hit, per range: none of the source's binaries installed (component_not_present),
+    installed outside the range (vulnerable_code_not_present), or the source's kernel installed while
+    another runs (vulnerable_code_not_in_execute_path). Judged per group of nodes (set, kernel,
+    livepatch) as the match is; a node on a release the advisory has no range for gets no statement
+    (the advisory says nothing of it), nor does a node with no package set."""
+    ranges = _ranges(list(advisory_ids))
+    if not ranges:
+        return []
+    notices = livepatch_notices() if any(r.kernel for r in ranges) else []
+    by_ecosystem: dict[str, list[OsRange]] = defaultdict(list)
+    for rng in ranges:
+        by_ecosystem[rng.ecosystem].append(rng)
+    groups = _groups(None, members=True)
+    index = _sets({key[0] for key in groups}, ranges, {key[1] for key in groups})
+    out: list[NotAffected] = []
+    for (set_id, kernel, livepatch), members in groups.items():
+        entry = index[set_id]
+        patched = livepatched(json.loads(livepatch or "null"), entry.codename, kernel, notices)
+        for rng in by_ecosystem.get(entry.ecosystem, []):
+            found = verdict(rng, entry, kernel, patched)
+            if found.state:
+                continue  # an exposure speaks for it (open, or remediated by a livepatch)
+            if found.version:
+                why, reason = "vulnerable_code_not_present", (
+                    f"{rng.package} {found.version} is outside the affected range"
+                    + (f" (fixed in {rng.fixed})" if rng.fixed else ""))
+            elif rng.kernel and any((m := _KERNEL_BINARY.match(n)) and (m[1], m[3]) in rng.kernels()
+                                    for n in entry.by_name):
+                why, reason = "vulnerable_code_not_in_execute_path", (
+                    f"a kernel built from {rng.package} is installed, but {kernel or 'another kernel'} runs")
+            else:
+                why, reason = "component_not_present", f"no package built from {rng.package} is installed"
+            out += [NotAffected(node_id, rng.id, rng.package, rng.cve_ids, why, reason, found.version)
+                    for node_id, gone in members if not gone]
+    return out
+
+
 def _existing(range_ids: list[int], node_ids: Sequence[int] | None) -> list[Exposure]:
     """The OS package exposures of these ranges (and nodes) there are already."""
     if not range_ids:

@@ -12,6 +12,12 @@ Other tools (scanners, ticketing systems) read it as they read NVIDIA's own docu
 tests/advisories/test_vex.py validates it against the OASIS CSAF 2.0 JSON schema
 and its mandatory and recommended tests.
 
+A distribution's advisory speaks of its releases' packages: a node on such a release whose package
+set holds no binary of the range's source package is known_not_affected (component_not_present),
+one whose package is outside the range vulnerable_code_not_present, one with the source's kernel
+installed but another running vulnerable_code_not_in_execute_path (advisories.osmatch.not_affected);
+a node on a release the advisory does not cover, or with no package set, gets no statement.
+
 It says only what is known. A node component of the inventory that no range of the CVE matched
 is known_not_affected (vulnerable_code_not_present: its version is outside every range) only
 when its bulletin has no open review item and its version parses; otherwise, and for a CVE no
@@ -34,11 +40,11 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from advisories import components, cvss, findings
+from advisories import components, cvss, findings, osmatch
 from advisories.choices import ExposureState, ReviewState
 from advisories.models import Advisory, AffectedRange, Exposure
 from advisories.osv import OS_PACKAGE
-from inventory.models import NodeComponent
+from inventory.models import Node, NodeComponent
 
 # The status a state gives a product, and which wins when one product has two exposures to a CVE.
 STATUS = {
@@ -179,9 +185,10 @@ class _Unexposed:
     """A node component no range of the CVE matched: known_not_affected when nothing is in doubt,
     under_investigation otherwise; it stands where an exposure would."""
 
-    def __init__(self, status: str, reason: str, remediation: str = "") -> None:
+    def __init__(self, status: str, reason: str, remediation: str = "",
+                 justification: str = "vulnerable_code_not_present") -> None:
         self.state = ExposureState.NOT_AFFECTED if status == "known_not_affected" else ExposureState.PRESUMED
-        self.justification = "vulnerable_code_not_present"
+        self.justification = justification
         self.risk_reason = reason
         self.affected_range = _Remedy(remediation)  # read like an exposure's range
 
@@ -203,6 +210,7 @@ def _unexposed(advisories: list[Advisory], status: dict[str, dict[str, tuple[str
             advisory__in=advisories, cves__isnull=False).values_list("cves__cve_id", "component", "advisory_id"):
         cve_components[cve_id].add(component)
         cve_doubt[cve_id] |= advisory_id in doubtful
+    _unexposed_packages(advisories, status, products, cve_doubt)
     wanted = {c for names in cve_components.values() for c in names}
     fleet = list(NodeComponent.objects.filter(component__in=wanted).select_related("node__cluster").order_by(
         "node__cluster__name", "node__name", "component"))
@@ -222,6 +230,32 @@ def _unexposed(advisories: list[Advisory], status: dict[str, dict[str, tuple[str
                 status[cve_id][pid] = ("known_not_affected", _Unexposed(
                     "known_not_affected", f"{label.label if label else nc.component} {nc.version} is outside every "
                     "affected range of the bulletin"))
+
+
+def _unexposed_packages(advisories: list[Advisory], status: dict[str, dict[str, tuple[str, Any]]],
+                        products: dict[str, str], cve_doubt: dict[str, bool]) -> None:
+    """Adds to `status` the nodes whose package set a distribution advisory's range for their release
+    does not hit (advisories.osmatch.not_affected): known_not_affected with its justification
+    (component_not_present where no binary of the source package is installed), or
+    under_investigation where the advisory has open review items."""
+    ids = [a.id for a in advisories]
+    if not AffectedRange.objects.filter(advisory_id__in=ids, component=OS_PACKAGE).exists():
+        return
+    found = osmatch.not_affected(ids)
+    nodes = {n.id: n for n in Node.objects.filter(id__in={f.node_id for f in found}).select_related("cluster")}
+    for item in found:
+        node = nodes[item.node_id]
+        pid = f"{node.cluster.name}/{node.name}/{item.package}"
+        for cve_id in sorted(item.cve_ids):
+            if pid in status[cve_id]:
+                continue  # an exposure of the node's package, or another range of it, said it first
+            products.setdefault(pid, f"{pid} {item.version or '(not installed)'}")
+            if cve_doubt[cve_id]:
+                status[cve_id][pid] = ("under_investigation", _Unexposed(
+                    "under_investigation", "", f"{item.reason}, but the advisory has open review items: review it"))
+            else:
+                status[cve_id][pid] = ("known_not_affected", _Unexposed("known_not_affected", item.reason,
+                                                                        justification=item.justification))
 
 
 def _reference(advisory: Advisory) -> dict[str, str]:
