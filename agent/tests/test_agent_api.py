@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,6 +181,41 @@ def test_it_runs_a_package_command_from_its_template_and_a_site_script(tmp_path:
         assert a.client.call("/v1/reboot", "rb-none")["error"].startswith("reboot is not configured")
     finally:
         a.stop()
+
+
+def test_it_installs_exact_packages_and_fails_a_command_that_installed_other_versions(tmp_path: Path) -> None:
+    """The package database is the recording stand-in (no distribution package can be installed here);
+    the template's command is real: the agent's recording tool, then one that exits 0 doing nothing."""
+    db = tmp_path / "packages.json"
+    db.write_text(json.dumps({"installed": {"libssl3": "3.0.2-0ubuntu1.10", "openssl": "3.0.2-0ubuntu1.10"}}))
+    install = f"{sys.executable} -m gpusweep_agent.packages --db {db} install {{packages}}"
+    fixed = {"libssl3": "3.0.2-0ubuntu1.15", "openssl": "3.0.2-0ubuntu1.15"}
+    settings = {"package_manager": "recording", "package_db": str(db)}
+    a = AgentProcess(tmp_path, "gpu-ex", tmp_path / "artifacts", **settings,
+                     patch_methods=json.dumps({"package": {"commands": {"packages": install}}})).start()
+    try:
+        ok = a.client.call("/v1/patch", "ex-1", component="packages", version="set-1", method="package",
+                           packages=fixed, owner="gs-1-1")
+        assert ok["state"] == "succeeded", ok
+        assert ok["result"]["packages"] == fixed and ok["result"]["reboot_required"] is False
+        assert ok["result"]["command"][-2:] == ["libssl3=3.0.2-0ubuntu1.15", "openssl=3.0.2-0ubuntu1.15"]
+        assert ok["result"]["previous"]["packages"] == {"libssl3": "3.0.2-0ubuntu1.10", "openssl": "3.0.2-0ubuntu1.10"}
+        assert json.loads(db.read_text())["installed"] == fixed
+        refused = a.client.request("POST", "/v1/patch", {"operation_id": "ex-2", "component": "packages",
+                                                         "version": "set-2", "method": "package",
+                                                         "packages": {"openssl; reboot": "1"}})
+        assert refused[0] == 400
+    finally:
+        a.stop()
+    idle = AgentProcess(tmp_path, "gpu-ex2", tmp_path / "artifacts", **settings,
+                        patch_methods=json.dumps({"package": {"commands": {"packages": "true {packages}"}}})).start()
+    try:
+        bad = idle.client.call("/v1/patch", "ex-3", component="packages", version="set-3", method="package",
+                               packages={"openssl": "3.0.2-0ubuntu1.16"})
+        assert bad["state"] == "failed"
+        assert "other versions than the patch asked for" in bad["error"] and "3.0.2-0ubuntu1.16" in bad["error"]
+    finally:
+        idle.stop()
 
 
 def test_it_checkpoints_and_restores_with_the_signal_engine(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from executors.base import (
 from inventory import services as inventory
 from inventory.choices import ChangeSource, ServiceState
 from inventory.models import Node
+from inventory.versions import LIVEPATCH
 
 
 def on_failure(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bool = True,
@@ -77,7 +78,8 @@ def _recover(sweep: NodeSweep, worker: str, ex: Executor, error: str, revert: bo
     if in_place(sweep.target):
         # Never drained and never rebooted: the node still runs its work on its old kernel, in
         # service; a revert (a reinstall and a reboot) would cost what the livepatch was to spare.
-        return Final(SweepState.FAILED, {"error": error, "left": "in service, its work untouched (livepatch)"},
+        how = "livepatch" if LIVEPATCH in sweep.target else "packages updated in place"
+        return Final(SweepState.FAILED, {"error": error, "left": f"in service, its work untouched ({how})"},
                      in_service=True)
     if sweep.state in SweepState.BEFORE_PATCH:
         return unwind(sweep, worker, ex, SweepState.FAILED, error)

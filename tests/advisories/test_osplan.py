@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from advisories import distro_versions as dv
-from advisories.osplan import NodeRemedy, node_target, upstream
+from advisories.osplan import NodeRemedy, install_label, node_target, upstream
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ from advisories.osplan import NodeRemedy, node_target, upstream
             "packages",
             (),
         ),
-        # A package no step patches is named.
+        # A package none of whose binaries was found to install is named.
         (NodeRemedy(1, packages={"openssl": "3.0.2-0ubuntu1.15"}), "", {}, "packages", ("openssl",)),
         # A running kernel that is no uname -r of a packaged kernel: its fix is named, not guessed.
         (NodeRemedy(1, kernel={"linux": "4.15.0-99.100"}), "custom", {}, "reboot", ("linux",)),
@@ -68,3 +68,28 @@ def test_kernel_versions_and_their_order():
     assert dv.kernel_abi("linux") is None
     assert dv.kernel_order("5.15.0", 999) < dv.kernel_order("5.15.0", 1042) < dv.kernel_order("6.8.0", 1)
     assert upstream("570.172.08-0ubuntu0.22.04.1") == "570.172.08" and upstream("1:2.3-4") == "2.3"
+
+
+def test_a_distribution_fix_installs_every_installed_binary_at_the_fixed_version():
+    """The packaged driver's binaries under the driver component (its upstream version the target, so the
+    driver groups' rules hold), any other package's in place under ``packages``, named by its set."""
+    fix = "570.172.08-0ubuntu0.22.04.1"
+    remedy = NodeRemedy(1, packages={"nvidia-graphics-drivers-570-server": fix, "openssl": "3.0.2-0ubuntu1.15",
+                                     "curl": ""},
+                        binaries={"nvidia-graphics-drivers-570-server": ["libnvidia-compute-570-server",
+                                                                         "nvidia-driver-570-server"],
+                                  "openssl": ["libssl3", "openssl"], "curl": ["curl"]})
+    found = node_target(remedy, "5.15.0-91-generic")
+    assert found.install == {
+        "driver": {"libnvidia-compute-570-server": fix, "nvidia-driver-570-server": fix},
+        "packages": {"libssl3": "3.0.2-0ubuntu1.15", "openssl": "3.0.2-0ubuntu1.15"},
+    }
+    assert found.target == {"driver": "570.172.08", "packages": install_label(found.install["packages"])}
+    assert found.unpatched == ("curl",)  # no fixed version yet: nothing to install
+    # Another set of versions is another target; the same set, the same one.
+    assert install_label({"openssl": "3.0.2-0ubuntu1.16"}) != install_label({"openssl": "3.0.2-0ubuntu1.15"})
+    assert install_label({"a": "1", "b": "2"}) == install_label({"b": "2", "a": "1"})
+    # A livepatch and a package update: both in place.
+    both = node_target(NodeRemedy(1, livepatch={"LSN-0066-1": 66}, packages={"openssl": "3.0.2-0ubuntu1.15"},
+                                  binaries={"openssl": ["openssl"]}), "4.15.0-70-generic")
+    assert set(both.target) == {"livepatch", "packages"} and both.kind == "livepatch+packages"
