@@ -472,7 +472,8 @@ class Agent:
                 pending_path = self.config.state_dir / "pending_facts.json"
                 pending = read_json(pending_path, {}) or {}
                 write_json_atomic(pending_path, {**pending, component: version})
-            return {**base, "after": version, "reboot_required": not in_place, "packages": wanted,
+            named = {"packages": wanted} if wanted else {}
+            return {**base, "after": version, "reboot_required": not in_place, **named,
                     "output": f"simulated: would run {command}; {component} {version} takes effect "
                               f"{'at once' if in_place else 'at reboot'}"}
         try:
@@ -482,7 +483,7 @@ class Agent:
             raise OperationError(str(exc), base) from None
         installed = self._installed_now(wanted, base)
         after = version if in_place else self.facts(fresh=True).get("components", {}).get(component, "")
-        return {**base, "after": after, "output": output, "packages": installed,
+        return {**base, "after": after, "output": output, **({"packages": installed} if installed else {}),
                 "reboot_required": component in ("driver", "kernel")}
 
     def _installed_now(self, wanted: dict[str, str], base: dict[str, Any]) -> dict[str, str]:
