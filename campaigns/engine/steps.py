@@ -353,8 +353,9 @@ def _patch(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         raise NotPatched(f"refusing to patch: {left} workload(s) not moved off the node")
     # A distribution's fix names the exact packages of each component (advisories.osplan, in the plan).
     install = (sweep.planned or {}).get("os_install") or {}
+    # (Named only where there are some: an executor written before exact packages takes no such argument.)
     results = [ex.patch(ref, component, version, op_id(sweep, f"patch-{component}-{version}"),
-                        packages=install.get(component) or None)
+                        **({"packages": install[component]} if install.get(component) else {}))
                for component, version in sorted(sweep.target.items())]
     patches = [{"component": r.component, "before": r.before, "after": r.after, "output": r.output[:1000],
                 **({"packages": r.packages} if r.packages else {})} for r in results]
