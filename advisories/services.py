@@ -249,12 +249,14 @@ def deadlines_changed() -> int:
     return generation
 
 
-def credit_sweep(node_id: int, since: dt.datetime, components: Iterable[str], reference: str) -> int:
+def credit_sweep(node_id: int, since: dt.datetime, components: Iterable[str], reference: str,
+                 advisory_ids: Iterable[int] = ()) -> int:
     """Exposures of the node that its agent's report remediated after a campaign's patch step began
-    (`since`), of the components it patched or of OS packages: that report came first, but the
-    campaign caused it, so they are credited to it (`reference`). A remediation the agent reported
-    before the patch step (a livepatch its service applied by itself) stays the agent's."""
+    (`since`), of the components it patched or OS package exposures of its advisories: that report
+    came first, but the campaign caused it, so they are credited to it (`reference`). A remediation
+    the agent reported before the patch step (a livepatch its service applied by itself) stays the agent's."""
     return Exposure.objects.filter(
-        Q(component__in=list(components)) | Q(component=OS_PACKAGE), node_id=node_id,
-        state=ExposureState.REMEDIATED, remediated_by=ChangeSource.AGENT, remediated_at__gte=since,
+        Q(component__in=list(components)) | Q(component=OS_PACKAGE, advisory_id__in=list(advisory_ids)),
+        node_id=node_id, state=ExposureState.REMEDIATED, remediated_by=ChangeSource.AGENT,
+        remediated_at__gte=since,
     ).update(remediated_by=reference[:200], updated_at=timezone.now())

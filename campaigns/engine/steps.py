@@ -403,8 +403,10 @@ def _verify(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         _credit(sweep)
 
     data = {"versions_after": result.versions, "healthy": result.healthy, "output": result.output[:2000],
-            "health_gates": gates, **({"livepatch": "applied to the running kernel: no drain, no reboot"}
-                                      if live else {})}
+            "health_gates": gates,
+            **({"livepatch": "applied to the running kernel: no drain, no reboot"}
+               if live and LIVEPATCH in sweep.target else {}),
+            **({"packages": "updated in place: no drain, no reboot"} if live and OS_PACKAGES in sweep.target else {})}
     return StepResult(data, {"versions_after": result.versions}, after=record_versions)
 
 
@@ -418,7 +420,8 @@ def _credit(sweep: NodeSweep) -> None:
     began = next((d.get("started_at") for d in done if d.get("step") == SweepState.PATCHING), None)
     since = parse_datetime(began) if isinstance(began, str) else sweep.patched_at
     if since is not None:
-        credit_sweep(sweep.node_id, since, sweep.target, reference(sweep))
+        advisory_ids = list(sweep.campaign.advisories.values_list("pk", flat=True))
+        credit_sweep(sweep.node_id, since, sweep.target, reference(sweep), advisory_ids)
 
 
 def patched_packages(sweep: NodeSweep) -> dict[str, str]:
