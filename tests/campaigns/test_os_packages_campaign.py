@@ -127,6 +127,16 @@ def test_a_packaged_driver_gets_the_usns_exact_packages_and_is_remediated_credit
     assert lib["steps"] == ["pending", "patching", "verifying", "done"] and lib["moves"] == []
     assert "keep the packages' old code until they restart" in " ".join(lib["risks"])
 
+    # The operator's page says which node keeps its work while its packages are updated.
+    from django.test import Client
+
+    page = Client()
+    page.force_login(requester)
+    text = page.get(f"/campaigns/{campaign.pk}/").content.decode()
+    assert "1 node with packages updated in place" in text
+    row = text[text.index("<strong>dgx/library</strong>"):][:800]
+    assert "packages updated in place: no drain, no checkpoint, no reboot" in row
+
     services.approve(campaign.pk, approver)
     with django_capture_on_commit_callbacks(execute=True):
         services.start(campaign.pk, requester)
