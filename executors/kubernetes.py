@@ -276,8 +276,14 @@ class Answer(Exception):
         self.status, self.body = status, body
 
     def executor_error(self) -> Exception:
-        if self.status in (429, 500, 502, 503, 504):
+        # A 500 is the server's answer about this request (a pod under several PodDisruptionBudgets, a
+        # runtime that cannot checkpoint): asking again gets it again, unless the server says when to retry.
+        details = self.body.get("details") if isinstance(self.body, dict) else None
+        if self.status in (429, 502, 503, 504) or (self.status == 500 and (details or {}).get("retryAfterSeconds")):
             return TemporaryExecutorError(str(self))
+        if self.status == 403:
+            return PermanentExecutorError(f"{self}; gpusweep's service account lacks this permission "
+                                          "(deploy/kubernetes/rbac.yaml grants what the executor needs)")
         return PermanentExecutorError(str(self))
 
 
@@ -803,6 +809,11 @@ class KubernetesExecutor(Executor):
                     raise PermanentExecutorError(
                         f"the kubelet on {node.name} has no checkpoint API (feature gate ContainerCheckpoint, and a "
                         f"runtime with CRIU): {exc}") from None
+                if exc.status == 403:
+                    raise PermanentExecutorError(
+                        f"the kubelet checkpoint path needs create on nodes/proxy, which gpusweep's service account "
+                        f"lacks: apply the opt-in ClusterRole of deploy/kubernetes/optional/kubelet-checkpoint.yaml, "
+                        f"or checkpoint through the agent (checkpoint_via: agent): {exc}") from None
                 raise exc.executor_error() from None
             archives += [str(path) for path in (answer or {}).get("items") or []]
         if not archives:

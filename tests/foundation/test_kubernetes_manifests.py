@@ -1,4 +1,4 @@
-"""deploy/kubernetes/ against the Kubernetes OpenAPI schema of the client's version, and what an
+"""deploy/kubernetes/ against the Kubernetes OpenAPI schemas of 1.30 and the client's version (1.37), and what an
 operator reviews in it: least RBAC, the agent's privileges, the network policy, the Secrets.
 
 The schema comes from PyPI's kubernetes-validate (in requirements.txt), which ships the JSON
@@ -9,11 +9,15 @@ file) nor kubectl (it asks the server) carries them offline.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import kubernetes_validate
+import kubernetes_validate.utils
 import pytest
 import yaml
 
@@ -22,41 +26,72 @@ from tests.helpers import REPO
 DEPLOY = REPO / "deploy" / "kubernetes"
 # The client's major version names the Kubernetes minor it was generated from (37.x: 1.37).
 SCHEMA_VERSION = f"1.{kubernetes.__version__.split('.')[0]}.0"
+# The oldest minor still in wide use on GPU clusters (managed offerings' extended support) and the
+# client's: the manifests must be valid on both. kubernetes-validate bundles 1.30 and 1.37 (offline).
+SCHEMA_VERSIONS = ("1.30.0", SCHEMA_VERSION)
 
 
 def documents() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path in sorted(DEPLOY.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
-            if doc]
+    """Every manifest: the base (kubectl apply -f deploy/kubernetes/) and the opt-in ones of optional/."""
+    paths = [*sorted(DEPLOY.glob("*.yaml")), *sorted((DEPLOY / "optional").glob("*.yaml"))]
+    return [(path, doc) for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
 def by_kind(kind: str) -> dict[str, dict[str, Any]]:
     return {doc["metadata"]["name"]: doc for _path, doc in documents() if doc["kind"] == kind}
 
 
+def test_the_schemas_of_both_versions_are_bundled() -> None:
+    bundled = kubernetes_validate.utils.all_versions()
+    assert set(SCHEMA_VERSIONS) <= set(bundled), bundled
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
 @pytest.mark.parametrize("path,doc", documents(), ids=lambda v: v.name if isinstance(v, Path) else
                          f"{v['kind']}/{v['metadata']['name']}")
-def test_every_manifest_validates_against_the_clients_kubernetes_schema(path: Path, doc: dict[str, Any]) -> None:
-    kubernetes_validate.validate(doc, SCHEMA_VERSION, strict=True)
+def test_every_manifest_validates_strictly_against_each_kubernetes_schema(
+        path: Path, doc: dict[str, Any], version: str) -> None:
+    kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_the_validation_is_strict_about_unknown_fields() -> None:
+def test_the_shipped_files_validate_with_the_kubernetes_validate_command() -> None:
+    """The check an operator runs: `kubernetes-validate --strict -k <version> <files>`, exit status 0."""
+    command = shutil.which("kubernetes-validate", path=str(Path(sys.executable).parent))
+    assert command is not None, "kubernetes-validate (requirements.txt) installs its command into the venv"
+    files = sorted({str(path) for path, _doc in documents()})
+    for version in SCHEMA_VERSIONS:
+        done = subprocess.run([command, "--strict", "-k", version, *files], capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0, (version, done.stdout, done.stderr)
+        assert "INFO" in done.stdout and "ERROR" not in done.stdout
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+def test_the_validation_is_strict_about_unknown_fields(version: str) -> None:
     daemonset = by_kind("DaemonSet")["gpusweep-agent"]
     wrong = {**daemonset, "spec": {**daemonset["spec"], "hostPid": True}}
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(wrong, SCHEMA_VERSION, strict=True)
+        kubernetes_validate.validate(wrong, version, strict=True)
 
 
 def test_rbac_is_the_least_the_executor_needs_and_the_agent_gets_none() -> None:
-    rules = {(group, resource): set(rule["verbs"]) for rule in by_kind("ClusterRole")["gpusweep-executor"]["rules"]
-             for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert rules == {
-        ("", "nodes"): {"get", "list", "watch", "patch"}, ("", "nodes/proxy"): {"create"},
-        ("", "pods"): {"get", "list", "create", "patch"}, ("", "pods/eviction"): {"create"},
+    def rules(role: str) -> dict[tuple[str, str], set[str]]:
+        return {(group, resource): set(rule["verbs"]) for rule in by_kind("ClusterRole")[role]["rules"]
+                for group in rule["apiGroups"] for resource in rule["resources"]}
+
+    assert rules("gpusweep-executor") == {
+        ("", "nodes"): {"get", "list", "watch", "patch"},
+        ("", "pods"): {"get", "list", "create", "patch", "delete"}, ("", "pods/eviction"): {"create"},
         ("", "persistentvolumeclaims"): {"get", "list", "patch"}, ("apps", "replicasets"): {"get"},
+        ("apps", "replicasets/finalizers"): {"update"},
         ("resource.k8s.io", "resourceclaims"): {"list"},
         ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},
         ("nvidia.com", "nvidiadrivers"): {"get", "list", "patch"},
     }
+    # Root on every node: only in the opt-in role, outside what `kubectl apply -f deploy/kubernetes/` applies.
+    assert rules("gpusweep-kubelet-checkpoint") == {("", "nodes/proxy"): {"create"}}
+    assert not any(doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "gpusweep-kubelet-checkpoint"
+                   for path in DEPLOY.glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc)
     subjects = [s for b in by_kind("ClusterRoleBinding").values() for s in b["subjects"]]
     subjects += [s for b in by_kind("RoleBinding").values() for s in b["subjects"]]
     assert {s["name"] for s in subjects} == {"gpusweep"}
