@@ -740,8 +740,16 @@ def _validate(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> No
                                 "existing tolerations), `spec.terminationGracePeriodSeconds`")
     if problems:
         raise ApiError(422, "Invalid", f'{kind.kind} "{name}" is invalid: ' + "; ".join(problems),
-                       {"name": name, "group": kind.group, "kind": kind.plural,
-                        "causes": [{"reason": "FieldValueInvalid", "message": p} for p in problems]})
+                       {"name": name, "group": kind.group, "kind": kind.kind, "causes": [_cause(p) for p in problems]})
+
+
+def _cause(problem: str) -> dict[str, str]:
+    """A field.Error as a StatusCause: "spec: Forbidden: ..." is field spec, reason FieldValueForbidden."""
+    field, _, message = problem.partition(": ")
+    reasons = {"Forbidden": "FieldValueForbidden", "Required value": "FieldValueRequired",
+               "Unsupported value": "FieldValueNotSupported"}
+    reason = next((r for prefix, r in reasons.items() if message.startswith(prefix)), "FieldValueInvalid")
+    return {"reason": reason, "message": message, "field": field}
 
 
 def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
