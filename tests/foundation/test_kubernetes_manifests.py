@@ -9,6 +9,7 @@ file) nor kubectl (it asks the server) carries them offline.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,28 @@ def test_web_worker_and_beat_take_postgresql_and_redis_from_secrets() -> None:
         assert not any(e.get("name") in ("DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY") and "value" in e
                        for e in container.get("env") or [])
     assert by_kind("Secret") == {}, "no Secret with values lives in the repository"
+
+
+HOST = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
+
+
+def test_the_agent_installs_packages_and_reboots_in_the_hosts_namespaces() -> None:
+    """The DaemonSet's settings read by the agent's own configuration loader: every package command (each
+    component the package method knows, and the livepatch) and the reboot enter PID 1's namespaces (the
+    node's, with hostPID), so they change the node and not the container."""
+    from gpusweep_agent.config import load_config
+    from gpusweep_agent.patch import DEFAULT_TEMPLATES, get_patch_method
+
+    spec = by_kind("DaemonSet")["gpusweep-agent"]["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True
+    env = {e["name"]: e["value"] for e in spec["containers"][0]["env"] if "value" in e}
+    config = load_config(environ={**env, "GPUSWEEP_AGENT_KEY": "k" * 64, "GPUSWEEP_AGENT_NODE": "gpu-1"})
+    reboot = shlex.split(config.reboot_command)
+    assert reboot[:len(HOST)] == HOST and reboot[len(HOST):] == ["systemctl", "reboot"]
+    package = get_patch_method("package", config)
+    for component in DEFAULT_TEMPLATES:
+        argv = package.command(component, "570.195.03" if component != "kernel" else "5.15.0-1073-nvidia")
+        assert argv[:len(HOST)] == HOST and argv[len(HOST)] == "apt-get", (component, argv)
+    assert package.command("driver", "570.195.03")[len(HOST):] == [
+        "apt-get", "install", "-y", "--no-install-recommends", "nvidia-driver-570=570.195.03"]
+    assert get_patch_method("livepatch", config).command("livepatch", "99")[:len(HOST)] == HOST
