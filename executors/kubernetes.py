@@ -107,7 +107,8 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 
 Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
-``nvidia_driver`` names), ``checkpoint_via`` (agent), ``checkpoint_image_repository``; the agent
+``nvidia_driver`` names), ``checkpoint_via`` (agent; kubelet needs the opt-in ClusterRole of
+deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
 ``<scheme>://<InternalIP>:<agent_port>``. ``executor_options``: ``eviction_deadline_s`` (300),
 ``eviction_wait_s`` (10), ``restore_wait_s`` (60), ``upgrade_wait_s`` (60), ``upgrade_timeout_s``
