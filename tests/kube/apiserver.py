@@ -9,7 +9,12 @@ create, replace, patch (JSON merge, strategic merge, JSON patch), delete, watch 
 stream from a resource version), ``dryRun=All``, optimistic concurrency on ``resourceVersion``,
 the Eviction API with PodDisruptionBudget answers (429), the node proxy (to a kubelet stand-in),
 and two custom resources of the GPU Operator: ``ClusterPolicy`` (nvidia.com/v1) and
-``NVIDIADriver`` (nvidia.com/v1alpha1). Requests need ``Authorization: Bearer <token>``.
+``NVIDIADriver`` (nvidia.com/v1alpha1). Requests need ``Authorization: Bearer <token>``: the
+server's own token is an administrator; ``service_account_token`` issues one bound to a ServiceAccount,
+whose requests are authorized by the RBAC objects in the store with the real 403 (tests/kube/rbac.py,
+which loads them from deploy/kubernetes). Validation answers as a real server's: 422 on a pod update
+changing an immutable field (``spec.nodeName`` among them), 415 on a strategic merge patch of a custom
+resource; deletion follows owner references (background, foreground, orphan: ``GarbageCollector``).
 
 Controllers run in one background loop (``controllers``): the scheduler in this module, the
 kubelets of ``tests/kube/kubelet.py`` and the GPU Operator stand-in of ``tests/kube/gpu_operator.py``.
