@@ -152,3 +152,16 @@ def test_the_agent_installs_packages_and_reboots_in_the_hosts_namespaces() -> No
     assert package.command("driver", "570.195.03")[len(HOST):] == [
         "apt-get", "install", "-y", "--no-install-recommends", "nvidia-driver-570=570.195.03"]
     assert get_patch_method("livepatch", config).command("livepatch", "99")[:len(HOST)] == HOST
+
+
+def test_workload_pods_reach_the_agent_through_a_host_path_socket_not_the_network() -> None:
+    spec = by_kind("DaemonSet")["gpusweep-agent"]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    socket = Path(env["GPUSWEEP_AGENT_SOCKET"])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(socket.parent))
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == str(socket.parent) and not mount.get("readOnly")
+    # The port stays the worker's alone.
+    [rule] = by_kind("NetworkPolicy")["gpusweep-agent"]["spec"]["ingress"]
+    assert len(rule["from"]) == 1 and "app.kubernetes.io/component" in rule["from"][0]["podSelector"]["matchLabels"]

@@ -34,6 +34,9 @@ class AgentConfig:
     key_file: str = ""
     listen: str = "127.0.0.1"
     port: int = 17100
+    # A Unix socket serving the same signed API besides the TCP port (""; none): a workload pod reaches its
+    # node's agent through it from a hostPath, with no network path (deploy/kubernetes/agent.yaml).
+    socket: str = ""
     endpoint: str = ""
     state_dir: Path = Path("/var/lib/gpusweep-agent")
     artifact_dir: Path = Path()  # default: <state_dir>/artifacts
