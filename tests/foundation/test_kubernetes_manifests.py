@@ -133,25 +133,27 @@ HOST = ["nsenter", "-t", "1", "-m", "-u", "-i", "-n", "-p", "--"]
 
 
 def test_the_agent_installs_packages_and_reboots_in_the_hosts_namespaces() -> None:
-    """The DaemonSet's settings read by the agent's own configuration loader: every package command (each
-    component the package method knows, and the livepatch) and the reboot enter PID 1's namespaces (the
-    node's, with hostPID), so they change the node and not the container."""
+    """The DaemonSet's settings read by the agent's own configuration loader: every command the package
+    method would run for each component it knows, the livepatch and the reboot go through nsenter into PID 1's
+    namespaces (the node's, with hostPID), and the OS files are read under the node's root, so they change
+    and read the node and not the container."""
     from gpusweep_agent.config import load_config
     from gpusweep_agent.patch import DEFAULT_TEMPLATES, get_patch_method
+    from gpusweep_agent.util import host_argv
 
     spec = by_kind("DaemonSet")["gpusweep-agent"]["spec"]["template"]["spec"]
-    assert spec["hostPID"] is True
+    assert spec["hostPID"] is True and spec["containers"][0]["securityContext"]["privileged"] is True
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"] if "value" in e}
     config = load_config(environ={**env, "GPUSWEEP_AGENT_KEY": "k" * 64, "GPUSWEEP_AGENT_NODE": "gpu-1"})
-    reboot = shlex.split(config.reboot_command)
-    assert reboot[:len(HOST)] == HOST and reboot[len(HOST):] == ["systemctl", "reboot"]
+    assert host_argv(config, shlex.split(config.reboot_command)) == [*HOST, "systemctl", "reboot"]
     package = get_patch_method("package", config)
     for component in DEFAULT_TEMPLATES:
-        argv = package.command(component, "570.195.03" if component != "kernel" else "5.15.0-1073-nvidia")
+        argv = host_argv(config, package.command(component, "570.195.03"))
         assert argv[:len(HOST)] == HOST and argv[len(HOST)] == "apt-get", (component, argv)
-    assert package.command("driver", "570.195.03")[len(HOST):] == [
-        "apt-get", "install", "-y", "--no-install-recommends", "nvidia-driver-570=570.195.03"]
-    assert get_patch_method("livepatch", config).command("livepatch", "99")[:len(HOST)] == HOST
+    assert host_argv(config, package.command("driver", "570.195.03")) == [
+        *HOST, "apt-get", "install", "-y", "--no-install-recommends", "nvidia-driver-570=570.195.03"]
+    assert host_argv(config, get_patch_method("livepatch", config).command("livepatch", "99"))[:len(HOST)] == HOST
+    assert str(config.host_root) == "/proc/1/root"  # PID 1's root: the node's, with hostPID
 
 
 def test_workload_pods_reach_the_agent_through_a_host_path_socket_not_the_network() -> None:

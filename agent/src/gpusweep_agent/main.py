@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             config.service_url, config.cluster, config.node, config.key, config.endpoint,
             facts=agent.facts, workloads=agent.list_workloads,
             interval=config.heartbeat_interval, max_backoff=config.heartbeat_max_backoff,
-            os_report=OsProbe().report if config.report_os else None,
+            os_report=OsProbe.of(config).report if config.report_os else None,
         )
         threading.Thread(target=heartbeat.run, name="heartbeat", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()

@@ -22,7 +22,7 @@ import subprocess
 from typing import Any
 
 from .config import AgentConfig
-from .util import import_string
+from .util import host_argv, import_string
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+:~_-]{0,63}$")
 COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -59,6 +59,7 @@ class PatchMethod:
         argv = self.command(component, version)
         if not argv:
             return ""
+        argv = host_argv(self.config, argv)
         try:
             timeout = float(self.options.get("timeout", 1800))
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
