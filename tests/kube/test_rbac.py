@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,8 +48,6 @@ def kube(tmp_path: Path) -> Iterator[KubeApiServer]:
 
 def raw(api: KubeApiServer, token: str, method: str, path: str, body: dict[str, Any] | None = None,
         content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
-    import ssl
-
     context = ssl.create_default_context(cafile=str(api.ca_path))
     request = urllib.request.Request(api.url + path, method=method, data=json.dumps(body).encode() if body else None,
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": content_type})
