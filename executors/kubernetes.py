@@ -107,7 +107,8 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 
 Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
-``nvidia_driver`` names), ``checkpoint_via`` (agent), ``checkpoint_image_repository``; the agent
+``nvidia_driver`` names), ``checkpoint_via`` (agent; kubelet needs the opt-in ClusterRole of
+deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
 ``<scheme>://<InternalIP>:<agent_port>``. ``executor_options``: ``eviction_deadline_s`` (300),
 ``eviction_wait_s`` (10), ``restore_wait_s`` (60), ``upgrade_wait_s`` (60), ``upgrade_timeout_s``
@@ -276,8 +277,14 @@ class Answer(Exception):
         self.status, self.body = status, body
 
     def executor_error(self) -> Exception:
-        if self.status in (429, 500, 502, 503, 504):
+        # A 500 is the server's answer about this request (a pod under several PodDisruptionBudgets, a
+        # runtime that cannot checkpoint): asking again gets it again, unless the server says when to retry.
+        details = self.body.get("details") if isinstance(self.body, dict) else None
+        if self.status in (429, 502, 503, 504) or (self.status == 500 and (details or {}).get("retryAfterSeconds")):
             return TemporaryExecutorError(str(self))
+        if self.status == 403:
+            return PermanentExecutorError(f"{self}; gpusweep's service account lacks this permission "
+                                          "(deploy/kubernetes/rbac.yaml grants what the executor needs)")
         return PermanentExecutorError(str(self))
 
 
@@ -803,6 +810,11 @@ class KubernetesExecutor(Executor):
                     raise PermanentExecutorError(
                         f"the kubelet on {node.name} has no checkpoint API (feature gate ContainerCheckpoint, and a "
                         f"runtime with CRIU): {exc}") from None
+                if exc.status == 403:
+                    raise PermanentExecutorError(
+                        f"the kubelet checkpoint path needs create on nodes/proxy, which gpusweep's service account "
+                        f"lacks: apply the opt-in ClusterRole of deploy/kubernetes/optional/kubelet-checkpoint.yaml, "
+                        f"or checkpoint through the agent (checkpoint_via: agent): {exc}") from None
                 raise exc.executor_error() from None
             archives += [str(path) for path in (answer or {}).get("items") or []]
         if not archives:

@@ -9,7 +9,12 @@ create, replace, patch (JSON merge, strategic merge, JSON patch), delete, watch 
 stream from a resource version), ``dryRun=All``, optimistic concurrency on ``resourceVersion``,
 the Eviction API with PodDisruptionBudget answers (429), the node proxy (to a kubelet stand-in),
 and two custom resources of the GPU Operator: ``ClusterPolicy`` (nvidia.com/v1) and
-``NVIDIADriver`` (nvidia.com/v1alpha1). Requests need ``Authorization: Bearer <token>``.
+``NVIDIADriver`` (nvidia.com/v1alpha1). Requests need ``Authorization: Bearer <token>``: the
+server's own token is an administrator; ``service_account_token`` issues one bound to a ServiceAccount,
+whose requests are authorized by the RBAC objects in the store with the real 403 (tests/kube/rbac.py,
+which loads them from deploy/kubernetes). Validation answers as a real server's: 422 on a pod update
+changing an immutable field (``spec.nodeName`` among them), 415 on a strategic merge patch of a custom
+resource; deletion follows owner references (background, foreground, orphan: ``GarbageCollector``).
 
 Controllers run in one background loop (``controllers``): the scheduler in this module, the
 kubelets of ``tests/kube/kubelet.py`` and the GPU Operator stand-in of ``tests/kube/gpu_operator.py``.
@@ -35,6 +40,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+from tests.kube import rbac
 from tests.kube.machinery import (
     ApiError,
     apply_patch,
@@ -65,6 +71,8 @@ class Kind:
     namespaced: bool
     short: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
+    # served from a CustomResourceDefinition: no strategic merge patch (415), as for every custom resource
+    custom: bool = False
 
     @property
     def api_version(self) -> str:
@@ -88,8 +96,13 @@ KINDS = [
     Kind("apps", "v1", "statefulsets", "StatefulSet", True, ("sts",), ("all",)),
     Kind("batch", "v1", "jobs", "Job", True, (), ("all",)),
     Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True),
-    Kind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", False),
-    Kind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver", False, ("nvd",)),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    Kind("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+    Kind("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    Kind("nvidia.com", "v1", "clusterpolicies", "ClusterPolicy", False, custom=True),
+    Kind("nvidia.com", "v1alpha1", "nvidiadrivers", "NVIDIADriver", False, ("nvd",), custom=True),
 ]
 BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 SUBRESOURCES = {
@@ -132,7 +145,11 @@ class KubeApiServer:
         self.fail_status: int | None = None
         self.node_proxies: dict[str, NodeProxy] = {}
         self.managed_nodes: set[str] = set()  # nodes whose kubelet finalizes pod deletions
-        self.controllers: list[Controller] = [DaemonSets(self), Scheduler(self)]
+        # Who each bearer token is (tests/kube/rbac.py): the server's own token is an administrator.
+        self.tokens: dict[str, rbac.User] = {token: rbac.ADMIN}
+        # The uids of deleted objects whose dependents the garbage collector has yet to delete.
+        self.deleted_owners: set[str] = set()
+        self.controllers: list[Controller] = [DaemonSets(self), Scheduler(self), GarbageCollector(self)]
         self._stop = threading.Event()
         for name in ("default", "kube-system"):
             self.put("namespaces", {"metadata": {"name": name}})
@@ -184,6 +201,28 @@ class KubeApiServer:
         }
         path.write_text(yaml.safe_dump(config))
         return path
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token bound to the ServiceAccount `namespace`/`name` (as the kubelet mounts one in a pod):
+        its requests are authorized by the RBAC objects in the store."""
+        token = f"sa-{namespace}-{name}-{uuid.uuid4().hex}"
+        self.tokens[token] = rbac.service_account_user(namespace, name)
+        return token
+
+    def authenticate(self, header: str) -> rbac.User:
+        # The scheme is case-insensitive, as the API server's bearer authenticator reads it (the
+        # official client's in-cluster configuration sends "bearer").
+        scheme, _, token = header.partition(" ")
+        user = self.tokens.get(token) if scheme.lower() == "bearer" else None
+        # A bound token dies with its ServiceAccount.
+        if user is None or (user.service_account and self.get("serviceaccounts", user.service_account[1],
+                                                               user.service_account[0]) is None):
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return user
+
+    def kind_of(self, api_version: str, kind: str) -> Kind | None:
+        """The served resource of an ownerReference's apiVersion and kind (its REST mapping)."""
+        return next((k for k in KINDS if k.api_version == api_version and k.kind == kind), None)
 
     def record(self, what: str, detail: str) -> None:
         with self.lock:
@@ -265,6 +304,7 @@ class KubeApiServer:
         with self.lock:
             obj = self.store[kind].pop((namespace if kind.namespaced else "", name), None)
             if obj is not None:
+                self.deleted_owners.add(str(obj["metadata"].get("uid", "")))
                 self._bump()
                 self._emit(kind, "DELETED", obj, obj)
                 if plural == "pods":
@@ -517,6 +557,76 @@ def _pinned_to(pod: dict[str, Any]) -> str:
                  if e.get("key") == "metadata.name" and e.get("values")), "")
 
 
+FOREGROUND = "foregroundDeletion"
+
+
+class GarbageCollector:
+    """Owner references as the garbage collector follows them. Background propagation (the default): once
+    an owner is gone from the store, each object whose ownerReferences name it (by uid) is deleted when no
+    other owner of it remains, or loses that reference otherwise; a pod goes through graceful deletion (its
+    kubelet stops it first), and a deleted dependent's own dependents follow on a later pass. Foreground: an
+    owner marked with the ``foregroundDeletion`` finalizer is removed once its dependents are gone. Orphan
+    is done at the owner's deletion (the handler strips the references). Unlike the real collector it acts
+    only on owners it saw deleted: a dependent whose owner never existed here is left alone (tests make pods
+    for owners they do not model), where the real one would delete it on finding the owner absent."""
+
+    def __init__(self, api: KubeApiServer) -> None:
+        self.api = api
+
+    def dependents(self, uid: str) -> list[tuple[Kind, dict[str, Any]]]:
+        return [(kind, obj) for kind in KINDS for obj in self.api.store[kind].values()
+                if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])]
+
+    def collect(self, kind: Kind, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        if kind.plural == "pods":
+            self.api.delete_pod(meta.get("namespace", ""), meta["name"])
+        else:
+            self.api.remove(kind.plural, meta["name"], meta.get("namespace", ""))
+        self.api.record("garbage-collected", f"{kind.plural} {meta.get('namespace', '')}/{meta['name']}")
+
+    def tick(self) -> None:
+        with self.api.lock:
+            for kind in KINDS:
+                for obj in [o for o in self.api.store[kind].values()
+                            if FOREGROUND in (o["metadata"].get("finalizers") or [])]:
+                    waiting = self.dependents(obj["metadata"]["uid"])
+                    for dep_kind, dependent in waiting:
+                        if not dependent["metadata"].get("deletionTimestamp"):
+                            self.collect(dep_kind, dependent)
+                    if not self.dependents(obj["metadata"]["uid"]):
+                        self.api.remove(kind.plural, obj["metadata"]["name"], obj["metadata"].get("namespace", ""))
+            if not self.api.deleted_owners:
+                return
+            live = {o["metadata"].get("uid") for kind in KINDS for o in self.api.store[kind].values()}
+            gone, self.api.deleted_owners = self.api.deleted_owners - live, set()
+            for kind in KINDS:
+                for obj in list(self.api.store[kind].values()):
+                    refs = obj["metadata"].get("ownerReferences") or []
+                    if not any(r.get("uid") in gone for r in refs):
+                        continue
+                    rest = [r for r in refs if r.get("uid") not in gone]
+                    if rest:
+                        meta = obj["metadata"]
+                        self.api.mutate(kind.plural, meta["name"], meta.get("namespace", ""),
+                                        lambda o, kept=rest: o["metadata"].update(ownerReferences=kept))
+                    elif not obj["metadata"].get("deletionTimestamp"):
+                        self.collect(kind, obj)
+
+    def orphan(self, uid: str) -> None:
+        """Orphan propagation: the dependents lose their references to `uid` and stay."""
+        for kind, obj in self.dependents(uid):
+            meta = obj["metadata"]
+
+            def drop(o: dict[str, Any]) -> None:
+                kept = [r for r in o["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+                if kept:
+                    o["metadata"]["ownerReferences"] = kept
+                else:
+                    o["metadata"].pop("ownerReferences", None)
+            self.api.mutate(kind.plural, meta["name"], meta.get("namespace", ""), drop)
+
+
 class Scheduler:
     """Binds pending pods to a node that admits them: schedulable, taints tolerated, nodeSelector and
     required node affinity met, and enough free ``nvidia.com/gpu``."""
@@ -635,13 +745,25 @@ def _validate(kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None) -> No
                                 "existing tolerations), `spec.terminationGracePeriodSeconds`")
     if problems:
         raise ApiError(422, "Invalid", f'{kind.kind} "{name}" is invalid: ' + "; ".join(problems),
-                       {"name": name, "group": kind.group, "kind": kind.plural,
-                        "causes": [{"reason": "FieldValueInvalid", "message": p} for p in problems]})
+                       {"name": name, "group": kind.group, "kind": kind.kind, "causes": [_cause(p) for p in problems]})
+
+
+def _cause(problem: str) -> dict[str, str]:
+    """A field.Error as a StatusCause: "spec: Forbidden: ..." is field spec, reason FieldValueForbidden."""
+    field, _, message = problem.partition(": ")
+    reasons = {"Forbidden": "FieldValueForbidden", "Required value": "FieldValueRequired",
+               "Unsupported value": "FieldValueNotSupported"}
+    reason = next((r for prefix, r in reasons.items() if message.startswith(prefix)), "FieldValueInvalid")
+    return {"reason": reason, "message": message, "field": field}
 
 
 def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
+    collector = next(c for c in api.controllers if isinstance(c, GarbageCollector))
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        user: rbac.User
+        request: rbac.Request
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -677,11 +799,7 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                     return self._raw(200, b"ok", "text/plain")
                 if path == "/version":
                     return self._send(200, VERSION)
-                # The scheme is case-insensitive, as the API server's bearer authenticator reads it (the
-                # official client's in-cluster configuration sends "bearer").
-                scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-                if scheme.lower() != "bearer" or token != api.token:
-                    raise ApiError(401, "Unauthorized", "Unauthorized")
+                self.user = api.authenticate(self.headers.get("Authorization") or "")
                 self._route(method, path, query, body)
             except ApiError as exc:
                 self._send(exc.code, exc.status(), exc.headers)
@@ -729,10 +847,14 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             if len(rest) >= 3 and rest[0] == "namespaces" and (group, version, rest[2]) in BY_PATH:
                 namespace, rest = rest[1], rest[2:]
             kind = BY_PATH.get((group, version, rest[0]))
-            if kind is None:
-                raise ApiError(404, "NotFound", "the server could not find the requested resource")
             name = rest[1] if len(rest) > 1 else ""
             sub = rest[2] if len(rest) > 2 else ""
+            # Authorization comes before the resource is looked up, as in the real filter chain.
+            self.request = rbac.Request(rbac.verb_of(method, name, query.get("watch") in ("1", "true")), group,
+                                        rest[0], sub, name, namespace)
+            rbac.authorize(api, self.user, self.request)
+            if kind is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if kind.plural == "nodes" and sub == "proxy":
                 return self._proxy(method, name.split(":")[0], "/" + "/".join(rest[3:]), body)
             if kind.plural == "pods" and sub == "eviction" and method == "POST":
@@ -756,7 +878,7 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             if method in ("PUT", "PATCH"):
                 return self._update(kind, namespace, name, method, query, body)
             if method == "DELETE":
-                return self._delete(kind, namespace, name, query)
+                return self._delete(kind, namespace, name, query, body)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed")
 
         def _list(self, kind: Kind, namespace: str, query: dict[str, str]) -> None:
@@ -856,6 +978,7 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 if api.get("namespaces", meta["namespace"]) is None:
                     raise not_found("namespaces", meta["namespace"])
             _validate(kind, obj, None)
+            rbac.admit_owner_references(api, self.user, self.request, obj, None)
             with api.lock:
                 if api.get(kind.plural, meta["name"], meta.get("namespace", "")) is not None:
                     raise ApiError(409, "AlreadyExists", f'{kind.plural} "{meta["name"]}" already exists',
@@ -876,10 +999,16 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 old = api.get(kind.plural, name, namespace)
                 if old is None:
                     raise not_found(kind.plural, name, kind.group)
+                content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
                 if method == "PUT":
                     new = self._decode(body)
+                elif kind.custom and content_type == "application/strategic-merge-patch+json":
+                    # A custom resource has no Go type to carry patch strategies: the CRD handler refuses it.
+                    raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
+                                   "accepted media types include: application/json-patch+json, "
+                                   "application/merge-patch+json, application/apply-patch+yaml")
                 else:
-                    new = apply_patch(old, self.headers.get("Content-Type") or "", body)
+                    new = apply_patch(old, content_type, body)
                 wanted_rv = (new.get("metadata") or {}).get("resourceVersion")
                 if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
                     raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {kind.plural} "{name}": the '
@@ -891,24 +1020,36 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                         new["metadata"][key] = old["metadata"][key]
                 if kind.plural in ("pods", "nodes") and "status" not in new:
                     new["status"] = old.get("status", {})
-                if kind.plural == "pods":
-                    new.setdefault("spec", {})["nodeName"] = (old.get("spec") or {}).get("nodeName")
-                    if new["spec"]["nodeName"] is None:
-                        new["spec"].pop("nodeName")
                 _validate(kind, new, old)
+                rbac.admit_owner_references(api, self.user, self.request, new, old)
                 if query.get("dryRun") == "All":
                     return self._send(200, new)
                 new["metadata"].pop("resourceVersion", None)
                 updated = api.put(kind.plural, new)
             self._send(200, updated)
 
-        def _delete(self, kind: Kind, namespace: str, name: str, query: dict[str, str]) -> None:
+        def _delete(self, kind: Kind, namespace: str, name: str, query: dict[str, str], body: bytes) -> None:
+            options = self._decode(body) if body else {}
+            policy = query.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+            if policy not in ("Background", "Foreground", "Orphan"):
+                raise ApiError(422, "Invalid", f'DeleteOptions.meta.k8s.io "" is invalid: propagationPolicy: '
+                               f'Unsupported value: "{policy}": supported values: "Foreground", "Background", '
+                               '"Orphan", "nil"')
             with api.lock:
                 obj = api.get(kind.plural, name, namespace)
                 if obj is None:
                     raise not_found(kind.plural, name, kind.group)
-                if query.get("dryRun") == "All":
+                if query.get("dryRun") == "All" or "All" in (options.get("dryRun") or []):
                     return self._send(200, obj)
+                uid = obj["metadata"]["uid"]
+                if policy == "Orphan":
+                    collector.orphan(uid)
+                if policy == "Foreground" and collector.dependents(uid):
+                    def mark(o: dict[str, Any]) -> None:
+                        o["metadata"].setdefault("deletionTimestamp", now())
+                        o["metadata"]["finalizers"] = [*(o["metadata"].get("finalizers") or []), FOREGROUND]
+                    api.mutate(kind.plural, name, namespace, mark)
+                    return self._send(200, api.get(kind.plural, name, namespace))
                 gone = api.delete_pod(namespace, name) if kind.plural == "pods" else api.remove(
                     kind.plural, name, namespace)
             self._send(200, gone or obj)

@@ -32,6 +32,7 @@ class Restarts:
         # A StatefulSet's pods have fixed names (<set>-<ordinal>): one comes back only once its name is free.
         self.names = names
         self.started: list[str] = []
+        self.seen = False  # its owner object was in the store once
         api.controllers.append(self)
 
     def owned(self, terminating: bool = False) -> list[dict[str, Any]]:
@@ -43,8 +44,22 @@ class Restarts:
             if controller_uid(p) == self.owner["uid"] and (terminating or not p["metadata"].get("deletionTimestamp"))
         ]
 
+    def owner_deleted(self) -> bool:
+        """Its owner object was in the store and is gone (or is being deleted): a deleted controller starts
+        nothing more, and the garbage collector deletes its pods. An owner of a kind this server does not
+        serve (a PyTorchJob), or one a test never created, keeps the stand-in running."""
+        kind = self.api.kind_of(self.owner.get("apiVersion", ""), self.owner.get("kind", ""))
+        if kind is None:
+            return False
+        found = next((o for o in self.api.objects(kind.plural, self.namespace if kind.namespaced else None)
+                      if o["metadata"].get("uid") == self.owner["uid"]), None)
+        self.seen = self.seen or found is not None
+        return self.seen and (found is None or bool(found["metadata"].get("deletionTimestamp")))
+
     def tick(self) -> None:
         with self.api.lock:
+            if self.owner_deleted():
+                return
             if self.names:
                 missing = [n for n in self.names if self.api.get("pods", n, self.namespace) is None]
             else:

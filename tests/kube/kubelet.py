@@ -15,7 +15,9 @@ containerStatuses with restart counts) is written as the kubelet reports it.
 The node proxy answers the ContainerCheckpoint call (``POST /checkpoint/{ns}/{pod}/{container}``)
 the way the kubelet does, ``{"items": [<archive path>]}``, writing an archive that names the
 container's process; with ``checkpoint_enabled=False`` it answers 404 as a kubelet without the
-feature does.
+feature does, and with ``runtime_checkpoints=False`` 500 with the CRI's Unimplemented error, as a
+kubelet with the feature over a runtime that cannot checkpoint (containerd before 1.7's CRI
+checkpoint support, for one) does.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ class Container:
 class Kubelet:
     def __init__(self, api: KubeApiServer, node: str, folder: Path, *, agent_env: dict[str, str] | None = None,
                  runtime: str = "containerd://2.1.4", backoff_s: float = 0.5, checkpoint_enabled: bool = True,
-                 host_ip: str = "127.0.0.1") -> None:
+                 host_ip: str = "127.0.0.1", runtime_checkpoints: bool = True) -> None:
         self.api, self.node, self.folder = api, node, folder
         self.agent_env = agent_env or {}
         self.runtime, self.backoff_s, self.checkpoint_enabled, self.host_ip = runtime, backoff_s, checkpoint_enabled, \
             host_ip
+        self.runtime_checkpoints = runtime_checkpoints
         self.containers: dict[tuple[str, str], Container] = {}
         self.checkpoints: list[Path] = []
         folder.mkdir(parents=True, exist_ok=True)
@@ -233,6 +236,9 @@ class Kubelet:
             container = self.containers.get((pod["metadata"]["uid"], container_name))
             if container is None or container.proc is None:
                 return 500, f"checkpointing of {namespace}/{name}/{container_name} failed: container not running\n"
+            if not self.runtime_checkpoints:
+                return 500, (f"checkpointing of {namespace}/{name}/{container_name} failed (rpc error: code = "
+                             "Unimplemented desc = method CheckpointContainer not implemented)\n")
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             archive = self.folder / "checkpoints" / f"checkpoint-{name}_{namespace}-{container_name}-{stamp}.tar"
             archive.parent.mkdir(parents=True, exist_ok=True)

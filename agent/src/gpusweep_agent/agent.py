@@ -35,7 +35,7 @@ from .operations import OperationDeferred, OperationError, OperationStore
 from .packages import PackageError, get_package_manager, patterns_for
 from .patch import OS_PACKAGES, PatchError, PatchMethod, get_patch_method, validate
 from .replay import NonceLog
-from .util import pid_alive, read_json, reap, utcnow, write_json_atomic
+from .util import host_argv, pid_alive, read_json, reap, utcnow, write_json_atomic
 from .workloads import (
     WORKLOAD_ID_RE,
     WorkloadRegistry,
@@ -607,7 +607,8 @@ class Agent:
             self.restart_requested.set()
             # The record stays "running"; the restarted agent finishes it (recover()).
             raise OperationDeferred()
-        proc = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=300, check=False)
+        proc = subprocess.run(host_argv(self.config, shlex.split(command)), capture_output=True, text=True,
+                              timeout=300, check=False)
         if proc.returncode != 0:
             raise OperationError(f"reboot command {command!r} exited {proc.returncode}: {proc.stderr[-1000:]}")
         raise OperationDeferred()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import ssl
 import time
 import urllib.error
@@ -12,6 +14,25 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .auth import sign
+
+# An endpoint "unix:///run/gpusweep-agent/agent.sock": the agent's Unix socket (its setting ``socket``).
+UNIX = "unix://"
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 class AgentClientError(Exception):
@@ -36,11 +57,13 @@ class AgentClient:
                 signed: bool = True) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else b""
         url = self.endpoint + path
-        parts = urlsplit(url)
+        parts = urlsplit(path if self.endpoint.startswith(UNIX) else url)
         headers = {"Content-Type": "application/json"}
         if signed:
             signed_path = parts.path + (f"?{parts.query}" if parts.query else "")
             headers.update(sign(self.key, self.identity, method, signed_path, data))
+        if self.endpoint.startswith(UNIX):
+            return self._unix_request(method, path, data if body is not None else None, headers)
         request = urllib.request.Request(url, data=data if body is not None else None, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self.ssl_context) as response:
@@ -53,6 +76,22 @@ class AgentClient:
                 return exc.code, {"error": raw.decode(errors="replace")}
         except (urllib.error.URLError, OSError) as exc:
             raise AgentClientError(f"{method} {url}: {exc}") from exc
+
+    def _unix_request(self, method: str, path: str, data: bytes | None,
+                      headers: dict[str, str]) -> tuple[int, Any]:
+        connection = _UnixConnection(self.endpoint.removeprefix(UNIX), self.timeout)
+        try:
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            status, raw = response.status, response.read()
+        except OSError as exc:
+            raise AgentClientError(f"{method} {self.endpoint}{path}: {exc}") from exc
+        finally:
+            connection.close()
+        try:
+            return status, json.loads(raw or b"null")
+        except ValueError:
+            return status, {"error": raw.decode(errors="replace")}
 
     def get(self, path: str) -> Any:
         status, payload = self.request("GET", path)

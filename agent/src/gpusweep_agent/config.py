@@ -34,6 +34,9 @@ class AgentConfig:
     key_file: str = ""
     listen: str = "127.0.0.1"
     port: int = 17100
+    # A Unix socket serving the same signed API besides the TCP port (""; none): a workload pod reaches its
+    # node's agent through it from a hostPath, with no network path (deploy/kubernetes/agent.yaml).
+    socket: str = ""
     endpoint: str = ""
     state_dir: Path = Path("/var/lib/gpusweep-agent")
     artifact_dir: Path = Path()  # default: <state_dir>/artifacts
@@ -56,6 +59,13 @@ class AgentConfig:
     patch_methods: dict[str, dict[str, Any]] = field(default_factory=dict)
     # "" refuses to reboot, "simulate" restarts the agent with the pending facts, anything else is run.
     reboot_command: str = ""
+    # An agent in a container that patches its node (the Kubernetes DaemonSet, with hostPID): the command
+    # prefix that runs a command in the node's namespaces ("nsenter -t 1 -m -u -i -n -p --") and the node's
+    # root as a path here ("/proc/1/root"). Patch commands, the reboot, the package manager's queries and
+    # installs and the OS report's tools go through the prefix; /etc/os-release is read under the root.
+    # "" and "/": the agent runs on the node itself.
+    host_exec: str = ""
+    host_root: Path = Path("/")
     # With reboot_command "simulate": a command started (detached) at the simulated reboot, for what a real
     # reboot restarts besides the agent, e.g. the node's slurmd (tests/slurm_cluster.py restart_slurmd_script).
     simulated_reboot_hook: str = ""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import AgentConfig
-from .util import import_string
+from .util import host_argv, host_which, import_string
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,12 @@ class KernelProbe(Probe):
     name = "kernel"
 
     def probe(self) -> Facts:
-        components = {"kernel": platform.release()}
-        os_release = parse_os_release(Path("/etc/os-release"))
+        components = {"kernel": platform.release()}  # the node's: a container shares its kernel
+        root = Path(self.config.host_root)
+        os_release = parse_os_release(root / "etc/os-release")
         if os_release.get("ID"):
             components["os"] = f"{os_release['ID']} {os_release.get('VERSION_ID', '')}".strip()
-        return {"os_family": os_family(platform.system(), Path("/etc/nv_tegra_release").exists()),
+        return {"os_family": os_family(platform.system(), (root / "etc/nv_tegra_release").exists()),
                 "components": components}
 
 
@@ -128,10 +129,10 @@ class PackagesProbe(Probe):
 
             installed = RecordingPackageManager(Path(self.config.package_db)).installed()
             return {"components": components_of(installed)}
-        if not shutil.which("dpkg-query"):
+        if not host_which(self.config, "dpkg-query"):
             return {}
         out = subprocess.run(
-            ["dpkg-query", "-W", "-f", "${Package}\\t${Version}\\t${db:Status-Status}\\n"],
+            host_argv(self.config, ["dpkg-query", "-W", "-f", "${Package}\\t${Version}\\t${db:Status-Status}\\n"]),
             capture_output=True, text=True, timeout=30, check=False,
         ).stdout
         return {"components": parse_dpkg_query(out)} if out else {}

@@ -14,7 +14,7 @@ from .agent import Agent
 from .config import ConfigError, add_arguments, load_config
 from .heartbeat import HeartbeatSender
 from .osinfo import OsProbe
-from .server import AgentServer
+from .server import AgentServer, UnixAgentServer
 
 log = logging.getLogger("gpusweep_agent")
 
@@ -40,13 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"gpusweep-agent: cannot listen on {config.listen}:{config.port}: {exc}", file=sys.stderr)
         return 1
+    unix_server = None
+    if config.socket:
+        try:
+            unix_server = UnixAgentServer(config.socket, agent)
+        except OSError as exc:
+            print(f"gpusweep-agent: cannot listen on {config.socket}: {exc}", file=sys.stderr)
+            return 1
+        threading.Thread(target=unix_server.serve_forever, name="unix", daemon=True).start()
     heartbeat = None
     if config.service_url:
         heartbeat = HeartbeatSender(
             config.service_url, config.cluster, config.node, config.key, config.endpoint,
             facts=agent.facts, workloads=agent.list_workloads,
             interval=config.heartbeat_interval, max_backoff=config.heartbeat_max_backoff,
-            os_report=OsProbe().report if config.report_os else None,
+            os_report=OsProbe.of(config).report if config.report_os else None,
         )
         threading.Thread(target=heartbeat.run, name="heartbeat", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
@@ -63,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         stopping.wait(0.2)
     if agent.restart_requested.is_set():
         time.sleep(0.5)  # let the answer to the reboot call reach its caller before the restart
-    server.shutdown()
-    server.server_close()
+    for running in (server, unix_server):
+        if running is not None:
+            running.shutdown()
+            running.server_close()
     agent.stop()
     if heartbeat:
         heartbeat.stop()

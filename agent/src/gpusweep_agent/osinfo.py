@@ -22,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .config import AgentConfig
 from .facts import Facts, Probe, parse_os_release
+from .util import host_argv
 
 Runner = Callable[[list[str]], str | None]
 # dpkg-query expands the \t and \n escapes itself.
@@ -124,6 +126,12 @@ def parse_kpatch_list(output: str) -> dict[str, Any] | None:
 class OsProbe:
     """The ``os`` object, with the package list kept until the package database changes."""
 
+    @classmethod
+    def of(cls, config: AgentConfig) -> OsProbe:
+        """The node's, as the agent's settings reach it (host_root, host_exec: an agent in a container)."""
+        return cls(root=Path(config.host_root),
+                   run=lambda argv: run_tool(host_argv(config, argv)) if config.host_exec else run_tool(argv))
+
     def __init__(self, root: Path = Path("/"), run: Runner = run_tool,
                  uname: Callable[[], str] = lambda: os.uname().release) -> None:
         self.root, self.run, self.uname = root, run, uname
@@ -170,7 +178,7 @@ class LivepatchProbe(Probe):
     name = "livepatch"
 
     def probe(self) -> Facts:
-        state = OsProbe().livepatch()
+        state = OsProbe.of(self.config).livepatch()
         if not state or state.get("state") != "applied":
             return {}
         return {"components": {"livepatch": str(state.get("version") or "applied")}}

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 from .config import AgentConfig
-from .util import read_json, utcnow, write_json_atomic
+from .util import host_argv, host_which, read_json, utcnow, write_json_atomic
 
 DEFAULT_PACKAGES: dict[str, list[str]] = {
     "driver": ["nvidia-driver-*", "nvidia-kernel-*", "libnvidia-compute-*", "nvidia-utils-*", "kmod-nvidia-*",
@@ -42,6 +41,12 @@ class PackageError(Exception):
 
 class PackageManager:
     name = ""
+
+    def __init__(self, config: AgentConfig | None = None) -> None:
+        self.config = config or AgentConfig()
+
+    def run(self, argv: list[str], timeout: float = 1800) -> str:
+        return _run(host_argv(self.config, argv), timeout)
 
     def installed(self) -> dict[str, str]:
         """Every installed package: name -> exact version."""
@@ -90,11 +95,11 @@ class Dpkg(PackageManager):
     name = "dpkg"
 
     def installed(self) -> dict[str, str]:
-        return parse_dpkg_installed(_run(["dpkg-query", "-W", "-f", "${Package}\\t${Version}\\t${db:Status-Status}\\n"],
-                                         60))
+        return parse_dpkg_installed(self.run(["dpkg-query", "-W", "-f",
+                                              "${Package}\\t${Version}\\t${db:Status-Status}\\n"], 60))
 
     def install(self, packages: dict[str, str]) -> str:
-        return _run(["apt-get", "install", "-y", "--allow-downgrades", "--no-install-recommends",
+        return self.run(["apt-get", "install", "-y", "--allow-downgrades", "--no-install-recommends",
                      *(f"{n}={v}" for n, v in sorted(packages.items()))])
 
 
@@ -102,10 +107,11 @@ class Rpm(PackageManager):
     name = "rpm"
 
     def installed(self) -> dict[str, str]:
-        return parse_rpm_installed(_run(["rpm", "-qa", "--qf", "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n"], 60))
+        return parse_rpm_installed(self.run(["rpm", "-qa", "--qf", "%{NAME}\\t%{EPOCHNUM}:%{VERSION}-%{RELEASE}\\n"],
+                                            60))
 
     def install(self, packages: dict[str, str]) -> str:
-        return _run(["dnf", "install", "-y", *(f"{n}-{v}" for n, v in sorted(packages.items()))])
+        return self.run(["dnf", "install", "-y", *(f"{n}-{v}" for n, v in sorted(packages.items()))])
 
 
 class RecordingPackageManager(PackageManager):
@@ -141,10 +147,10 @@ def get_package_manager(config: AgentConfig) -> PackageManager | None:
         if not config.package_db:
             raise PackageError("package_manager recording needs package_db")
         return RecordingPackageManager(Path(config.package_db))
-    if chosen == "dpkg" or (chosen == "auto" and shutil.which("dpkg-query")):
-        return Dpkg()
-    if chosen == "rpm" or (chosen == "auto" and shutil.which("rpm")):
-        return Rpm()
+    if chosen == "dpkg" or (chosen == "auto" and host_which(config, "dpkg-query")):
+        return Dpkg(config)
+    if chosen == "rpm" or (chosen == "auto" and host_which(config, "rpm")):
+        return Rpm(config)
     if chosen != "auto":
         raise PackageError(f"unknown package_manager {chosen!r} (auto, dpkg, rpm, recording)")
     return None

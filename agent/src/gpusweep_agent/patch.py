@@ -33,7 +33,7 @@ from typing import Any
 
 from .config import AgentConfig
 from .packages import PackageError, get_package_manager
-from .util import import_string
+from .util import host_argv, import_string
 
 VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+:~_-]{0,63}$")
 COMPONENT_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -80,6 +80,7 @@ class PatchMethod:
         argv = self.command(component, version, packages)
         if not argv:
             return ""
+        argv = host_argv(self.config, argv)
         try:
             timeout = float(self.options.get("timeout", 1800))
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)

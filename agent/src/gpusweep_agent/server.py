@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socketserver
 import ssl
 import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -52,8 +55,29 @@ class AgentServer(ThreadingHTTPServer):
         log.info("connection from %s failed: %s", client_address, sys.exc_info()[1])
 
 
+class UnixAgentServer(socketserver.ThreadingUnixStreamServer):
+    """The same API on a Unix socket (setting ``socket``). Requests are signed with the node key as on the
+    TCP port; the socket is open to every local user for that reason (a workload pod's user is the site's)."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str, agent: Agent) -> None:
+        self.agent = agent
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).unlink(missing_ok=True)  # the previous agent process's socket
+        super().__init__(path, UnixHandler)
+        os.chmod(path, 0o666)
+
+    def server_close(self) -> None:
+        super().server_close()
+        Path(str(self.server_address)).unlink(missing_ok=True)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.info("connection on %s failed: %s", self.server_address, sys.exc_info()[1])
+
+
 class Handler(BaseHTTPRequestHandler):
-    server: AgentServer
+    server: AgentServer | UnixAgentServer
     protocol_version = "HTTP/1.1"
     # TCP_NODELAY: with Nagle, a kept-alive connection waits for a delayed ACK (40 ms) at the end
     # of each answer, which made a checkpoint of 20 small images take a second longer to fetch.
@@ -172,3 +196,11 @@ class Handler(BaseHTTPRequestHandler):
         finished = public["state"] in ("succeeded", "failed")
         # A repeated id answers like the first call would now: 200 once finished, 202 while running.
         self._send(HTTPStatus.OK if finished else HTTPStatus.ACCEPTED, public)
+
+
+class UnixHandler(Handler):
+    # No TCP on a Unix socket: no Nagle to turn off, and a peer without an address.
+    disable_nagle_algorithm = False
+
+    def address_string(self) -> str:
+        return "unix-socket"

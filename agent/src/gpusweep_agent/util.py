@@ -5,9 +5,30 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shlex
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import AgentConfig
+
+# Where a node keeps its commands, for host_which under a host_root.
+HOST_PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "bin")
+
+
+def host_argv(config: AgentConfig, argv: list[str]) -> list[str]:
+    """`argv` as run on the node: behind the host_exec prefix (nsenter into PID 1's namespaces) if set."""
+    return [*shlex.split(config.host_exec), *argv] if config.host_exec else list(argv)
+
+
+def host_which(config: AgentConfig, name: str) -> bool:
+    """Whether the node (under host_root when it is not /) has the command `name`."""
+    root = Path(config.host_root)
+    if root == Path("/"):
+        return shutil.which(name) is not None
+    return any((root / folder / name).exists() for folder in HOST_PATH)
 
 
 def utcnow() -> str:
