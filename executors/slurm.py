@@ -411,6 +411,7 @@ class SlurmExecutor(Executor):
         self._resume(node, operation_id)
         self._unreserve(node, operation_id)
         self._leave_wave(node, operation_id)
+        self._end_stops(node, operation_id)
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
         """Give the node back, except while jobs checkpointed on it by this campaign wait to come home: it
@@ -421,6 +422,19 @@ class SlurmExecutor(Executor):
             self._end_home(node, operation_id)
         self._unreserve(node, operation_id)
         self._leave_wave(node, operation_id)
+        self._end_stops(node, operation_id)
+
+    def _end_stops(self, node: NodeRef, operation_id: str) -> None:
+        """The node's sweep is over: the cold-restart records this campaign wrote on the jobs it requeued from
+        `node` go (a retried stop needed them until now), and each job gets its own admin comment back."""
+        campaign = campaign_of(operation_id)
+        for job in self._slurm("squeue", self.slurm.jobs):
+            record = read_record(job)
+            if (record.get("stop_op") and not record.get("ck_op") and record.get("node") == node.name
+                    and campaign_of(str(record["stop_op"])) == campaign):
+                job_id = str(job.get("job_id"))
+                self._slurm(f"clear cold restart record on job {job_id}", self.slurm.update_job, job_id,
+                            admincomment=str(record.get("prior") or ""))
 
     def _coming_home(self, node: NodeRef, operation_id: str) -> list[str]:
         """Jobs this campaign checkpointed on `node` that wait, pending, for a restore."""
@@ -597,7 +611,9 @@ class SlurmExecutor(Executor):
         record = read_record(job)
         if record.get("stop_op") == operation_id:
             return
-        record = {**record, "stop_op": operation_id, "node": node.name}
+        # The site's own admin comment is kept in the record and put back when the node's sweep ends (_end_stops).
+        prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
+        record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior}
         self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
                     admincomment=write_record(record))
         if _job_state(job) == "RUNNING":

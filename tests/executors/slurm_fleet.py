@@ -147,8 +147,8 @@ class SlurmFleet:
             health = agent.client.get("/v1/health")
         except Exception:  # noqa: BLE001 - not answering: start it again
             return False
-        return (facts.get("components") == self.facts_of(name)["components"] and not workloads and not health["maintenance"]
-                and not (agent.state / "pending_facts.json").exists())
+        return (facts.get("components") == self.facts_of(name)["components"] and not workloads
+                and not health["maintenance"] and not (agent.state / "pending_facts.json").exists())
 
     def stop(self) -> None:
         try:
