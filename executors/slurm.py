@@ -57,7 +57,8 @@ did and undo removes only gpusweep's own marks:
   is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is
   aborted. "node" (or the older ``connection["maintenance_reservations"]``): the drain creates
   ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120), deleted by return to
-  service and undo. Only reservations named gpusweep- are ever deleted, and gpusweep's own
+  service and undo. Both are made for ``connection["reservation_users"]`` (root unless the site names its
+  own admin account). Only reservations named gpusweep- are ever deleted, and gpusweep's own
   reservations never count as someone else's maintenance hold.
 
 Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
@@ -210,6 +211,13 @@ class SlurmExecutor(Executor):
         if self.reservation_kind not in RESERVATION_KINDS:
             raise ImproperlyConfigured(f"maintenance_reservation {self.reservation_kind!r}: one of "
                                        f"{', '.join(k for k in RESERVATION_KINDS if k)} (or none)")
+
+    @property
+    def reservation_users(self) -> str:
+        """Who may run in gpusweep's maintenance reservations (``connection["reservation_users"]``, comma-separated
+        Slurm users): the site's own admin account where it runs none as root; root by default."""
+        users = self.connection.get("reservation_users") or "root"
+        return ",".join(users) if isinstance(users, list) else str(users)
 
     def option(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
@@ -879,7 +887,7 @@ class SlurmExecutor(Executor):
         if name in existing:
             return
         self._slurm(f"create reservation {name}", self.slurm.create_reservation, name, nodes, start, minutes,
-                    "maint,ignore_jobs")
+                    "maint,ignore_jobs", self.reservation_users)
 
     def wave_reservation(self, campaign_id: int, wave: int) -> str:
         return self.reservation_name(campaign_id, wave) if self.reservation_kind == "wave" else ""

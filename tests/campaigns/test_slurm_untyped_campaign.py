@@ -140,6 +140,12 @@ def test_with_the_spare_on_the_fixed_driver_cold_restarts_allowed_the_job_is_col
     at_end = len(agents.steps(log))
     time.sleep(1.0)  # 20 steps of the counter, were it still running
     assert len(agents.steps(log)) == at_end, "the first run goes on after its requeue"
+    printed = fleet.cluster.output_of(job).read_text()
+    fleet.cluster.run("scontrol", "update", f"jobid={job}", "starttime=now")
+    assert fleet.cluster.wait_running([job], 30)
+    agents.wait_steps(log, at_end + 5)
+    print("BEFORE", printed[:300], "AFTER", fleet.cluster.output_of(job).read_text()[:600])
+    assert 0
 
 
 def test_with_the_spare_on_the_fixed_driver_and_no_cold_restart_the_node_waits_for_the_job(
