@@ -90,6 +90,7 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    ExecutorError,
     GpuUser,
     HealthGates,
     HealthResult,
@@ -617,15 +618,33 @@ class SlurmExecutor(Executor):
         if job is None:
             return
         record = read_record(job)
-        if record.get("stop_op") == operation_id:
-            return
-        # The site's own admin comment is kept in the record and put back when the node's sweep ends (_end_stops).
-        prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
-        record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior}
-        self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
-                    admincomment=write_record(record))
-        if _job_state(job) == "RUNNING":
+        restarts = int(job.get("restart_cnt") or 0)
+        if record.get("stop_op") != operation_id:
+            # The site's own admin comment is kept in the record and put back when the node's sweep ends
+            # (_end_stops); the run it stops (its restart count) tells a retry whether the requeue happened.
+            prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
+            record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior, "restarts": restarts}
+            self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
+                        admincomment=write_record(record))
+        if _job_state(job) == "RUNNING" and restarts == record.get("restarts"):
+            self._keep_output(node, workload_id, operation_id)
             self._slurm(f"requeue job {job_id}", self.slurm.requeue, job_id, False)
+
+    def _keep_output(self, node: NodeRef, workload_id: str, operation_id: str) -> str:
+        """Before a cold restart's requeue, where Slurm would truncate the job's output files: the node's agent
+        stops the payload (a checkpoint of engine none), so its gpusweep-run keeps the output for the requeued
+        job, as after a move. Returns the output's fate (OUTPUT_MODES); a job with no wrapper, or whose agent
+        does not answer, is requeued as it is."""
+        ref = self._agent(node)
+        if ref is None:
+            return OUTPUT_MODES[""]
+        try:
+            output = self._output_of(ref, workload_id)
+            if output == OUTPUT_MODES["kept"]:
+                self.agents.stop(ref, workload_id, operation_id)
+        except ExecutorError:
+            return OUTPUT_MODES[""]
+        return output
 
     def _job_with(self, checkpoint_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
         for job in self._slurm("squeue", self.slurm.jobs):

@@ -114,7 +114,8 @@ def test_with_the_spare_on_the_fixed_driver_cold_restarts_allowed_the_job_is_col
         fleet: SlurmFleet, tmp_path: Path) -> None:
     """The plan says cold start (the CRIU image needs the old driver, which no node keeps); the engine stops
     the job without a checkpoint: Slurm requeues it and runs it again on gpu01 once it is patched, from its
-    first line, as the plan and the evidence say."""
+    first line, as the plan and the evidence say; the site's admin comment on the job is its own again, and
+    (JobFileAppend=0) the output file still holds what the first run printed."""
     log = tmp_path / "counter.log"
     job, made, moves = planned(FIXED, fleet, log, cold_restart_allowed=True, admin_comment="site: project 7")
     entry = the_move(moves, job)
@@ -140,12 +141,18 @@ def test_with_the_spare_on_the_fixed_driver_cold_restarts_allowed_the_job_is_col
     at_end = len(agents.steps(log))
     time.sleep(1.0)  # 20 steps of the counter, were it still running
     assert len(agents.steps(log)) == at_end, "the first run goes on after its requeue"
-    printed = fleet.cluster.output_of(job).read_text()
+    printed = fleet.cluster.output_of(job).read_text().splitlines()
+    # It runs again from its first line (starting it now, as an administrator may, rather than after Slurm's
+    # delay of a requeued job), and what its first run printed is still in its output file, before the second's.
     fleet.cluster.run("scontrol", "update", f"jobid={job}", "starttime=now")
-    assert fleet.cluster.wait_running([job], 30)
-    agents.wait_steps(log, at_end + 5)
-    print("BEFORE", printed[:300], "AFTER", fleet.cluster.output_of(job).read_text()[:600])
-    assert 0
+    assert fleet.cluster.wait_running([job], 30), fleet.cluster.run("scontrol", "show", "job", job)
+    assert (fleet.job(job) or {})["batch_host"] == "gpu01"
+    after = agents.wait_steps(log, at_end + 5)
+    assert after[at_end:at_end + 5] == [1, 2, 3, 4, 5], after[at_end - 3:]
+    output = fleet.cluster.output_of(job).read_text().splitlines()
+    assert printed[0] == "job begins on gpu01" and len([p for p in printed if p.endswith(" ok")]) >= 10, printed
+    assert output[:len(printed)] == printed, "what the job printed before its cold restart is still there"
+    assert "job begins on gpu01" in output[len(printed):], output[len(printed):]
 
 
 def test_with_the_spare_on_the_fixed_driver_and_no_cold_restart_the_node_waits_for_the_job(
