@@ -94,6 +94,7 @@ from executors.base import (
     GpuUser,
     HealthGates,
     HealthResult,
+    InterruptedOperation,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
@@ -607,44 +608,49 @@ class SlurmExecutor(Executor):
                       **({"output": record["output"]} if record.get("output") else {})},
             dump=dict(record.get("dump") or {}))
 
-    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> str | None:
         """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process
-        is stopped by its agent and nobody starts it again (``restarted_by``)."""
+        is stopped by its agent and nobody starts it again (``restarted_by``). Returns what the requeue does to
+        the job's output files (OUTPUT_MODES)."""
         if is_bare_process(workload_id):
             self.agents.stop(self._need_agent(node), workload_id, operation_id)
-            return
+            return None
         job_id = job_of(workload_id)
         job = self._job(job_id)
         if job is None:
-            return
+            return None
         record = read_record(job)
         restarts = int(job.get("restart_cnt") or 0)
         if record.get("stop_op") != operation_id:
             # The site's own admin comment is kept in the record and put back when the node's sweep ends
             # (_end_stops); the run it stops (its restart count) tells a retry whether the requeue happened.
             prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
-            record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior, "restarts": restarts}
+            record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior, "restarts": restarts,
+                      "output": self._output_fate(node, workload_id)}
             self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
                         admincomment=write_record(record))
+        output = str(record.get("output") or OUTPUT_MODES[""])
         if _job_state(job) == "RUNNING" and restarts == record.get("restarts"):
-            self._keep_output(node, workload_id, operation_id)
+            if output == OUTPUT_MODES["kept"]:
+                # Where Slurm would truncate the output files, the node's agent stops the payload first (a
+                # checkpoint of engine none), so its gpusweep-run keeps them for the requeued job, as after a move.
+                try:
+                    self.agents.stop(self._need_agent(node), workload_id, operation_id)
+                except (PermanentExecutorError, InterruptedOperation):
+                    output = OUTPUT_MODES[""]  # the wrapper is gone or refuses: the requeue goes on all the same
             self._slurm(f"requeue job {job_id}", self.slurm.requeue, job_id, False)
+        return output
 
-    def _keep_output(self, node: NodeRef, workload_id: str, operation_id: str) -> str:
-        """Before a cold restart's requeue, where Slurm would truncate the job's output files: the node's agent
-        stops the payload (a checkpoint of engine none), so its gpusweep-run keeps the output for the requeued
-        job, as after a move. Returns the output's fate (OUTPUT_MODES); a job with no wrapper, or whose agent
-        does not answer, is requeued as it is."""
+    def _output_fate(self, node: NodeRef, workload_id: str) -> str:
+        """What a requeue does to the job's output files (OUTPUT_MODES), as its node's agent knows it ("not kept"
+        for a job with no wrapper, or whose agent does not answer)."""
         ref = self._agent(node)
         if ref is None:
             return OUTPUT_MODES[""]
         try:
-            output = self._output_of(ref, workload_id)
-            if output == OUTPUT_MODES["kept"]:
-                self.agents.stop(ref, workload_id, operation_id)
+            return self._output_of(ref, workload_id)
         except ExecutorError:
             return OUTPUT_MODES[""]
-        return output
 
     def _job_with(self, checkpoint_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
         for job in self._slurm("squeue", self.slurm.jobs):

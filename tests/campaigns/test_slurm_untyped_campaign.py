@@ -129,6 +129,7 @@ def test_with_the_spare_on_the_fixed_driver_cold_restarts_allowed_the_job_is_col
     assert "checkpointed" not in kinds and "restored" not in kinds, kinds
     stopped = EvidenceEvent.objects.get(sweep=sweep, kind="stopped").data
     assert stopped["workload"] == "trainer" and stopped["restarted_by"].startswith("Slurm"), stopped
+    assert stopped["output"] == OUTPUT_MODES["kept"], stopped
     # Slurm: the first run ended requeued on gpu01; the job waits to run again from its first line (Slurm delays a
     # requeued job's start by its BeginTime), with the site's own admin comment and no gpusweep record left.
     assert sacct_runs(fleet, job)[0] == ("REQUEUED", "gpu01"), sacct_runs(fleet, job)
