@@ -73,15 +73,16 @@ def criu_job(fleet: SlurmFleet, log: Path, node: str = "gpu01") -> str:
 
 
 def planned(cluster_spare_driver: str | None, fleet: SlurmFleet, log: Path, admin_comment: str = "",
-            **fields: Any) -> tuple[str, Campaign, list[dict[str, Any]]]:
+            heartbeat_first: bool = False, **fields: Any) -> tuple[str, Campaign, list[dict[str, Any]]]:
     """gpu02 on `cluster_spare_driver` (None: the old one), a CRIU job on gpu01 (with the site's `admin_comment`),
-    and an approved campaign over gpu01 (started): the job, the campaign, and the plan's moves for gpu01."""
+    and an approved campaign over gpu01 (started), the inventory made by the Slurm sync then the agents'
+    heartbeats (or the reverse: `heartbeat_first`): the job, the campaign, and the plan's moves for gpu01."""
     fleet.reset()
     fleet.set_driver("gpu02", cluster_spare_driver)
     job = criu_job(fleet, log)
     if admin_comment:
         fleet.cluster.run("scontrol", "update", f"jobid={job}", f"admincomment={admin_comment}")
-    cluster = fleet.make_cluster()
+    cluster = fleet.make_cluster(heartbeat_first=heartbeat_first)
     rita, alan = user("rita", "operator"), user("alan", "approver")
     made = Campaign.objects.create(**{"name": "untyped", "requested_by": rita, "node_selector": {"names": ["gpu01"]},
                                       "target_versions": {"driver": {"R570": FIXED}}, "parallelism_per_cluster": "1",
@@ -160,10 +161,11 @@ def test_with_the_spare_on_the_fixed_driver_and_no_cold_restart_the_node_waits_f
         fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No cold restart allowed: the plan says the node waits for the job, and the engine waits, the job running
     on gpu01 untouched (never checkpointed, never requeued) until it ends (its owner cancels it); then gpu01 is
-    patched."""
+    patched. Here the agents' heartbeats reach the inventory before the Slurm sync: the job is one row all the
+    same."""
     monkeypatch.setattr(policy, "WAIT_POLL_S", 0.5)
     log = tmp_path / "counter.log"
-    job, made, moves = planned(FIXED, fleet, log, cold_restart_allowed=False)
+    job, made, moves = planned(FIXED, fleet, log, cold_restart_allowed=False, heartbeat_first=True)
     entry = the_move(moves, job)
     assert entry["action"] == "blocked" and "waits for it to end" in entry["why"], entry
     engine.dispatch(made.pk)
@@ -189,6 +191,9 @@ def test_with_the_spare_on_the_fixed_driver_and_no_cold_restart_the_node_waits_f
     assert "checkpointed" not in kinds and "stopped" not in kinds, kinds
     [run] = fleet.cluster.sacct("-j", job)
     assert run["State"].startswith("CANCELLED") and run["NodeList"] == "gpu01", run
+    output = fleet.cluster.output_of(job).read_text().splitlines()
+    counted = [int(line.split()[0]) for line in output if line.endswith(" ok")]
+    assert output.count("job begins on gpu01") == 1 and counted == list(range(1, len(counted) + 1)), output[:3]
     assert sweep.patched_at is not None and run["End"] <= sweep.patched_at.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 

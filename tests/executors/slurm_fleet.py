@@ -164,18 +164,23 @@ class SlurmFleet:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def make_cluster(self, **connection: Any) -> Any:
+    def make_cluster(self, heartbeat_first: bool = False, **connection: Any) -> Any:
         """The cluster in gpusweep's inventory (named as the agents' identity), synced from Slurm, with each
-        node's agent endpoint as its heartbeat would set it."""
+        node's agent endpoint as its heartbeat would set it; then each agent's heartbeat (`heartbeat_first`: the
+        heartbeats before the Slurm sync, and none after it)."""
         from inventory.models import Cluster, Node
         from inventory.sync import sync_cluster
 
         cluster = Cluster.objects.create(name=agents.CLUSTER, kind="slurm", connection={
             **self.connection, "executor_options": {"operation_timeout": 60, "restore_wait_s": 60}, **connection})
+        if heartbeat_first:
+            for name in self.agents:
+                self.heartbeat(cluster, name)
         sync_cluster(cluster)
         for name, agent in self.agents.items():
             Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
-            self.heartbeat(cluster, name)
+            if not heartbeat_first:
+                self.heartbeat(cluster, name)
         return cluster
 
     def heartbeat(self, cluster: Any, name: str) -> None:
