@@ -40,7 +40,11 @@ did and undo removes only gpusweep's own marks:
 - no node takes the checkpoint: ``release_held`` gives the held job back to Slurm with its own
   constraints and admin comment (the record goes), released; never left requeued held. A record of a
   move whose job runs again (released by hand) blocks no later checkpoint.
-- stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line.
+- stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line. Where the
+  requeue would truncate the output files of a job under ``gpusweep-run``, the node's agent first stops
+  the payload (a checkpoint of engine none), so the wrapper keeps them as after a move; ``stop`` returns
+  which (``OUTPUT_MODES``). Its record (with the job's own admin comment and the run it stopped, so a
+  retry requeues once) goes when the node's sweep ends (return to service or undo).
 - patch through the agent; reboot through the agent (default) or through Slurm
   (``connection["reboot_via"] = "slurm"``: ``scontrol reboot ASAP nextstate=RESUME``, the site's
   RebootProgram reboots); either way the call returns once slurmd has registered again (its start
