@@ -40,7 +40,8 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # plays all the nodes); `alone`, last: real Celery workers killed mid-campaign and the heartbeat
 # flush, whose timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/campaigns/test_slurm_untyped_campaign.py",
+              "tests/costs/test_slurm_accounting.py",
               "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
               "tests/inventory/test_slurm_sync.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",

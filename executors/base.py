@@ -399,8 +399,9 @@ class Executor:
         """
         raise NotImplementedError
 
-    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
-        """Stop a workload without saving its state (cold restart policy)."""
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> str | None:
+        """Stop a workload without saving its state (cold restart policy). Returns, where the back end knows,
+        what the restart does to the workload's output files, for the evidence (None: it does not say)."""
         raise NotImplementedError
 
     def restore(self, target: NodeRef, checkpoint_id: str, operation_id: str) -> RestoreResult:

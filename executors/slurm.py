@@ -40,7 +40,11 @@ did and undo removes only gpusweep's own marks:
 - no node takes the checkpoint: ``release_held`` gives the held job back to Slurm with its own
   constraints and admin comment (the record goes), released; never left requeued held. A record of a
   move whose job runs again (released by hand) blocks no later checkpoint.
-- stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line.
+- stop (cold restart): ``scontrol requeue``; Slurm starts the job again from its first line. Where the
+  requeue would truncate the output files of a job under ``gpusweep-run``, the node's agent first stops
+  the payload (a checkpoint of engine none), so the wrapper keeps them as after a move; ``stop`` returns
+  which (``OUTPUT_MODES``). Its record (with the job's own admin comment and the run it stopped, so a
+  retry requeues once) goes when the node's sweep ends (return to service or undo).
 - patch through the agent; reboot through the agent (default) or through Slurm
   (``connection["reboot_via"] = "slurm"``: ``scontrol reboot ASAP nextstate=RESUME``, the site's
   RebootProgram reboots); either way the call returns once slurmd has registered again (its start
@@ -57,7 +61,8 @@ did and undo removes only gpusweep's own marks:
   is left (nodes that failed and stay out) when the wave's last sweep ends or the campaign is
   aborted. "node" (or the older ``connection["maintenance_reservations"]``): the drain creates
   ``gpusweep-c<C>-s<sweep>`` for that node alone (``reservation_minutes``, 120), deleted by return to
-  service and undo. Only reservations named gpusweep- are ever deleted, and gpusweep's own
+  service and undo. Both are made for ``connection["reservation_users"]`` (root unless the site names its
+  own admin account). Only reservations named gpusweep- are ever deleted, and gpusweep's own
   reservations never count as someone else's maintenance hold.
 
 Checkpoint images: with ``connection["shared_checkpoint_dir"]`` set (the folder every node's agent
@@ -89,9 +94,11 @@ from executors import portability
 from executors.base import (
     CheckpointResult,
     Executor,
+    ExecutorError,
     GpuUser,
     HealthGates,
     HealthResult,
+    InterruptedOperation,
     NodeRef,
     PatchResult,
     PermanentExecutorError,
@@ -210,6 +217,13 @@ class SlurmExecutor(Executor):
         if self.reservation_kind not in RESERVATION_KINDS:
             raise ImproperlyConfigured(f"maintenance_reservation {self.reservation_kind!r}: one of "
                                        f"{', '.join(k for k in RESERVATION_KINDS if k)} (or none)")
+
+    @property
+    def reservation_users(self) -> str:
+        """Who may run in gpusweep's maintenance reservations (``connection["reservation_users"]``, comma-separated
+        Slurm users): the site's own admin account where it runs none as root; root by default."""
+        users = self.connection.get("reservation_users") or "root"
+        return ",".join(users) if isinstance(users, list) else str(users)
 
     def option(self, name: str, default: float) -> float:
         return float(self.options.get(name, default))
@@ -411,6 +425,7 @@ class SlurmExecutor(Executor):
         self._resume(node, operation_id)
         self._unreserve(node, operation_id)
         self._leave_wave(node, operation_id)
+        self._end_stops(node, operation_id)
 
     def undo(self, node: NodeRef, operation_id: str) -> None:
         """Give the node back, except while jobs checkpointed on it by this campaign wait to come home: it
@@ -421,6 +436,19 @@ class SlurmExecutor(Executor):
             self._end_home(node, operation_id)
         self._unreserve(node, operation_id)
         self._leave_wave(node, operation_id)
+        self._end_stops(node, operation_id)
+
+    def _end_stops(self, node: NodeRef, operation_id: str) -> None:
+        """The node's sweep is over: the cold-restart records this campaign wrote on the jobs it requeued from
+        `node` go (a retried stop needed them until now), and each job gets its own admin comment back."""
+        campaign = campaign_of(operation_id)
+        for job in self._slurm("squeue", self.slurm.jobs):
+            record = read_record(job)
+            if (record.get("stop_op") and not record.get("ck_op") and record.get("node") == node.name
+                    and campaign_of(str(record["stop_op"])) == campaign):
+                job_id = str(job.get("job_id"))
+                self._slurm(f"clear cold restart record on job {job_id}", self.slurm.update_job, job_id,
+                            admincomment=str(record.get("prior") or ""))
 
     def _coming_home(self, node: NodeRef, operation_id: str) -> list[str]:
         """Jobs this campaign checkpointed on `node` that wait, pending, for a restore."""
@@ -584,24 +612,49 @@ class SlurmExecutor(Executor):
                       **({"output": record["output"]} if record.get("output") else {})},
             dump=dict(record.get("dump") or {}))
 
-    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
+    def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> str | None:
         """Cold restart: Slurm requeues the job, which starts again from its first line elsewhere; a bare process
-        is stopped by its agent and nobody starts it again (``restarted_by``)."""
+        is stopped by its agent and nobody starts it again (``restarted_by``). Returns what the requeue does to
+        the job's output files (OUTPUT_MODES)."""
         if is_bare_process(workload_id):
             self.agents.stop(self._need_agent(node), workload_id, operation_id)
-            return
+            return None
         job_id = job_of(workload_id)
         job = self._job(job_id)
         if job is None:
-            return
+            return None
         record = read_record(job)
-        if record.get("stop_op") == operation_id:
-            return
-        record = {**record, "stop_op": operation_id, "node": node.name}
-        self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
-                    admincomment=write_record(record))
-        if _job_state(job) == "RUNNING":
+        restarts = int(job.get("restart_cnt") or 0)
+        if record.get("stop_op") != operation_id:
+            # The site's own admin comment is kept in the record and put back when the node's sweep ends
+            # (_end_stops); the run it stops (its restart count) tells a retry whether the requeue happened.
+            prior = str(record.get("prior") or "") if record else str(job.get("admin_comment") or "")[:500]
+            record = {**record, "stop_op": operation_id, "node": node.name, "prior": prior, "restarts": restarts,
+                      "output": self._output_fate(node, workload_id)}
+            self._slurm(f"record cold restart on job {job_id}", self.slurm.update_job, job_id,
+                        admincomment=write_record(record))
+        output = str(record.get("output") or OUTPUT_MODES[""])
+        if _job_state(job) == "RUNNING" and restarts == record.get("restarts"):
+            if output == OUTPUT_MODES["kept"]:
+                # Where Slurm would truncate the output files, the node's agent stops the payload first (a
+                # checkpoint of engine none), so its gpusweep-run keeps them for the requeued job, as after a move.
+                try:
+                    self.agents.stop(self._need_agent(node), workload_id, operation_id)
+                except (PermanentExecutorError, InterruptedOperation):
+                    output = OUTPUT_MODES[""]  # the wrapper is gone or refuses: the requeue goes on all the same
             self._slurm(f"requeue job {job_id}", self.slurm.requeue, job_id, False)
+        return output
+
+    def _output_fate(self, node: NodeRef, workload_id: str) -> str:
+        """What a requeue does to the job's output files (OUTPUT_MODES), as its node's agent knows it ("not kept"
+        for a job with no wrapper, or whose agent does not answer)."""
+        ref = self._agent(node)
+        if ref is None:
+            return OUTPUT_MODES[""]
+        try:
+            return self._output_of(ref, workload_id)
+        except ExecutorError:
+            return OUTPUT_MODES[""]
 
     def _job_with(self, checkpoint_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
         for job in self._slurm("squeue", self.slurm.jobs):
@@ -864,7 +917,7 @@ class SlurmExecutor(Executor):
         if name in existing:
             return
         self._slurm(f"create reservation {name}", self.slurm.create_reservation, name, nodes, start, minutes,
-                    "maint,ignore_jobs")
+                    "maint,ignore_jobs", self.reservation_users)
 
     def wave_reservation(self, campaign_id: int, wave: int) -> str:
         return self.reservation_name(campaign_id, wave) if self.reservation_kind == "wave" else ""

@@ -110,8 +110,8 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
             if move.policy != WorkloadPolicy.COLD_RESTART and not campaign.cold_restart_allowed:
                 raise WorkloadFailed(move, f"workload {move.workload_name or move.workload_ref} cannot be "
                                            f"checkpointed ({engine}) and cold restart is not allowed")
-            ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
-            done.append(_stopped(sweep, ex, move))
+            output = ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
+            done.append(_stopped(sweep, ex, move, output))
     return StepResult({"workloads": done})
 
 
@@ -235,10 +235,12 @@ def _renamed(move: WorkloadMove, step: str, exc: InterruptedOperation) -> Tempor
     return TemporaryExecutorError(f"{exc}; it runs again under a new operation id")
 
 
-def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove) -> dict[str, Any]:
+def _stopped(sweep: NodeSweep, ex: Executor, move: WorkloadMove, output: str | None = None) -> dict[str, Any]:
     who = ex.restarted_by(move.workload_ref)
     entry = {"workload": move.workload_name or move.workload_ref, "action": "stopped for a cold restart",
-             "restarted_by": who or "nobody: its owner must start it again", **origin_of(move)}
+             "restarted_by": who or "nobody: its owner must start it again", **origin_of(move),
+             # What the restart does to its output files, where the back end knows (Slurm: kept or appended).
+             **({"output": output} if output else {})}
     record_move(sweep, sweep.lease_owner, move, EvidenceKind.STOPPED, entry, state=MoveState.STOPPED)
     return entry
 
@@ -277,11 +279,11 @@ def _recover_move(sweep: NodeSweep, ex: Executor, ref: NodeRef, move: WorkloadMo
             return _checkpointed(sweep, move, engine, result)
     elif move.policy != WorkloadPolicy.WAIT:
         try:
-            ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
+            output = ex.stop(ref, move.workload_ref, op_id(sweep, f"stop-{move.workload_ref}"))
         except PermanentExecutorError:
             pass
         else:
-            return _stopped(sweep, ex, move)
+            return _stopped(sweep, ex, move, output)
     record_move(sweep, sweep.lease_owner, move, EvidenceKind.FINISHED,
                 {"workload": name, "action": "ended by itself before it was moved", **origin_of(move)},
                 state=MoveState.FINISHED)

@@ -55,6 +55,9 @@ class SlurmFleet:
         self.shared = root / "shared-artifacts" if shared_artifacts else None
         self.libcuda: Path | None = None  # the agents' libcuda (None: their default, absent here)
         self.agents: dict[str, agents.AgentProcess] = {}
+        # What each node's agent reports (its static facts): FACTS, with a node's own driver where a test set one
+        # (set_driver), and the GPU count Slurm declares (a real agent counts the same GPUs Slurm schedules).
+        self.drivers: dict[str, str] = {}
         # A real site health check in every agent, failed on a node by fail_check(node, output).
         self.health_options, self.fail_check = agents.site_check(root)
 
@@ -79,7 +82,7 @@ class SlurmFleet:
         hook = shlex.join(["sh", str(self.cluster.restart_slurmd_script(name))])
         self.gpu_device(name).parent.mkdir(exist_ok=True)
         self.gpu_device(name).touch()
-        agent = agents.AgentProcess(self.root, name, store, FACTS, reboot_command="simulate",
+        agent = agents.AgentProcess(self.root, name, store, self.facts_of(name), reboot_command="simulate",
                                     patch_methods=PATCH_METHODS, simulated_reboot_hook=hook,
                                     health_options=self.health_options,
                                     gpu_devices=str(self.gpu_device(name).parent / "nvidia[0-9]*"),
@@ -93,6 +96,22 @@ class SlurmFleet:
             "cluster": agents.CLUSTER, "node": name, "endpoint": f"http://127.0.0.1:{agent.port}",
             "key_file": str(key_file)}))
         return agent
+
+    def facts_of(self, name: str) -> dict[str, Any]:
+        """The static facts node `name`'s agent starts with."""
+        components = {**FACTS["components"], **({"driver": self.drivers[name]} if name in self.drivers else {})}
+        return {**FACTS, "gpu_count": self.cluster.gpus_per_node, "components": components}
+
+    def set_driver(self, name: str, version: str | None) -> None:
+        """Node `name` runs driver `version` from now on (None: the old one, as every node starts): its agent
+        starts again reporting it, as after a patch done outside gpusweep."""
+        if version is None or version == OLD_DRIVER:
+            self.drivers.pop(name, None)
+        else:
+            self.drivers[name] = version
+        if name in self.agents and not self._fresh(name):
+            self.agents[name].stop()
+            self.start_agent(name)
 
     def gpu_device(self, name: str) -> Path:
         """The node's stand-in GPU device: a file its agent treats as one (``gpu_devices``; no GPU here)."""
@@ -128,8 +147,8 @@ class SlurmFleet:
             health = agent.client.get("/v1/health")
         except Exception:  # noqa: BLE001 - not answering: start it again
             return False
-        return (facts.get("components") == FACTS["components"] and not workloads and not health["maintenance"]
-                and not (agent.state / "pending_facts.json").exists())
+        return (facts.get("components") == self.facts_of(name)["components"] and not workloads
+                and not health["maintenance"] and not (agent.state / "pending_facts.json").exists())
 
     def stop(self) -> None:
         try:
@@ -145,24 +164,31 @@ class SlurmFleet:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def make_cluster(self, **connection: Any) -> Any:
+    def make_cluster(self, heartbeat_first: bool = False, **connection: Any) -> Any:
         """The cluster in gpusweep's inventory (named as the agents' identity), synced from Slurm, with each
-        node's agent endpoint as its heartbeat would set it."""
+        node's agent endpoint as its heartbeat would set it; then each agent's heartbeat (`heartbeat_first`: the
+        heartbeats before the Slurm sync, and none after it)."""
         from inventory.models import Cluster, Node
         from inventory.sync import sync_cluster
 
         cluster = Cluster.objects.create(name=agents.CLUSTER, kind="slurm", connection={
             **self.connection, "executor_options": {"operation_timeout": 60, "restore_wait_s": 60}, **connection})
+        if heartbeat_first:
+            for name in self.agents:
+                self.heartbeat(cluster, name)
         sync_cluster(cluster)
         for name, agent in self.agents.items():
             Node.objects.filter(cluster=cluster, name=name).update(agent_endpoint=f"http://127.0.0.1:{agent.port}")
-            self.heartbeat(cluster, name)
+            if not heartbeat_first:
+                self.heartbeat(cluster, name)
         return cluster
 
     def heartbeat(self, cluster: Any, name: str) -> None:
         """The workloads node `name`'s agent heartbeat reports (each gpusweep-run registration on its job's row:
-        inventory.identity), applied as the heartbeat endpoint applies them. Its node facts are left out: the
-        test agents report only the few facts their files hold, where a real agent's probes read the rest."""
+        inventory.identity), applied as the heartbeat endpoint applies them. Its node facts only where Slurm
+        publishes none for the node (no features: the agent is the one source of its GPU model and versions, as
+        at such a site); elsewhere they are left out: the test agents report only the few facts their files
+        hold, where a real agent's probes read the rest."""
         from gpusweep_agent.heartbeat import SCHEMA
         from gpusweep_agent.workloads import LIVE_STATES, WorkloadRegistry, listed
 
@@ -175,9 +201,12 @@ class SlurmFleet:
         registered = WorkloadRegistry(self.agents[name].state).all().values()
         reported = [{k: v for k, v in listed(w).items() if k not in ("id", "pid", "state")}
                     for w in registered if w.get("state") in LIVE_STATES]
-        payload = {"schema": SCHEMA, "cluster": cluster.name, "node": name, "facts": {}, "workloads": reported}
-        _node, workloads = parse_heartbeat(payload, cluster.name, name)
-        apply_snapshot(cluster, Snapshot(nodes=[ObservedNode(name)], workloads=workloads, complete=False,
+        facts = {} if self.cluster.features.get(name) else self.agents[name].client.get("/v1/facts")
+        payload = {"schema": SCHEMA, "cluster": cluster.name, "node": name, "facts": facts, "workloads": reported,
+                   "endpoint": f"http://127.0.0.1:{self.agents[name].port}"}
+        node, workloads = parse_heartbeat(payload, cluster.name, name)
+        apply_snapshot(cluster, Snapshot(nodes=[node if facts else ObservedNode(name)], workloads=workloads,
+                                         complete=False, replace_components=bool(facts),
                                          workload_kinds=frozenset({WorkloadKind.PROCESS})), ChangeSource.AGENT)
 
     # -- views ------------------------------------------------------------------------

@@ -104,8 +104,10 @@ class TestSlurmExecutor(ExecutorContract):
 
     def test_a_just_in_time_reservation_covers_the_drained_node_and_only_someone_elses_is_a_hold(
             self, harness: Harness, fleet: SlurmFleet) -> None:
+        # The site's own admin account runs in gpusweep's reservations (default: root).
         cluster = Cluster(name=agents.CLUSTER, kind="slurm",
-                          connection={**fleet.connection, "maintenance_reservations": True, "reservation_minutes": 30})
+                          connection={**fleet.connection, "maintenance_reservations": True, "reservation_minutes": 30,
+                                      "reservation_users": "daemon"})
         ex = get_executor(cluster, secret=agents.FLEET_SECRET)
         fleet.cluster.run("scontrol", "create", "reservation", "reservationname=site-maint", "users=root",
                           "nodes=gpu01", "starttime=now", "duration=60", "flags=maint,ignore_jobs")
@@ -115,6 +117,7 @@ class TestSlurmExecutor(ExecutorContract):
         shown = fleet.cluster.run("scontrol", "show", "reservation", "-o")
         ours = [line for line in shown.splitlines() if line.startswith("ReservationName=gpusweep-c900-s1 ")]
         assert len(ours) == 1 and "Nodes=gpu02 " in ours[0] and "MAINT" in ours[0], shown
+        assert "Users=daemon " in ours[0], ours[0]
         assert ex.maintenance_hold(harness.b) == "", "gpusweep's own reservation is no hold"
         ex.undo(harness.b, op("resv-undo"))
         shown = fleet.cluster.run("scontrol", "show", "reservation", "-o")
