@@ -36,7 +36,7 @@ from advisories.models import public_id as advisory_public_id
 from advisories.osv import OS_PACKAGE
 from advisories.vex import vex_document
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter, parse_bool
-from gpusweep.narrow import NarrowListMixin, time_writer
+from gpusweep.narrow import NarrowListMixin, Times
 from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
@@ -361,14 +361,17 @@ LATE_STATES = (ExposureState.OPEN, ExposureState.PRESUMED)
 
 def exposure_rows(ids: list[int]) -> list[dict[str, Any]]:
     """ExposureSerializer's rows for these exposures, in this order, from narrow reads (gpusweep.narrow)."""
-    raw = [dict(zip(EXPOSURE_COLUMNS, values, strict=True))
-           for values in Exposure.objects.filter(pk__in=ids).values_list(*EXPOSURE_COLUMNS)]
+    times = Times()
+    columns = [f"{name}_" if name in EXPOSURE_TIMES else name for name in EXPOSURE_COLUMNS]
+    rows = Exposure.objects.filter(pk__in=ids).annotate(
+        **{f"{name}_": times.column(name) for name in EXPOSURE_TIMES},
+        late=Q(state__in=LATE_STATES, deadline__lt=timezone.now()))
+    raw = [dict(zip((*EXPOSURE_COLUMNS, "late"), values, strict=True)) for values in rows.values_list(*columns, "late")]
     cves: dict[int, list[str]] = {}
     for range_id, cve_id in AffectedRange.cves.through.objects.filter(
             affectedrange_id__in={r["affected_range_id"] for r in raw}).values_list("affectedrange_id", "cve__cve_id"):
         cves.setdefault(range_id, []).append(cve_id)
     joined = findings.joined({r["node_id"] for r in raw})  # one query where no node has two sources
-    now, datetime = timezone.now(), time_writer()
     found = {}
     for r in raw:
         named = sorted(cves.get(r["affected_range_id"], []))
@@ -378,12 +381,11 @@ def exposure_rows(ids: list[int]) -> list[dict[str, Any]]:
             "advisory_id": r["advisory__publisher_id"], "affected_range": r["affected_range_id"],
             "component": r["component"], "detected_version": r["detected_version"],
             "fixed_version": r["affected_range__fixed_version"], "severity": r["severity"], "cves": named,
-            "state": r["state"], "first_seen": datetime(r["first_seen"]), "deadline": datetime(r["deadline"]),
-            "deadline_source": r["deadline_source"],
-            "overdue": r["state"] in LATE_STATES and r["deadline"] is not None and r["deadline"] < now,
-            "fixed_by_version": r["fixed_by_version"], "remediated_at": datetime(r["remediated_at"]),
+            "state": r["state"], "first_seen": times.write(r["first_seen"]), "deadline": times.write(r["deadline"]),
+            "deadline_source": r["deadline_source"], "overdue": bool(r["late"]),
+            "fixed_by_version": r["fixed_by_version"], "remediated_at": times.write(r["remediated_at"]),
             "remediated_by": r["remediated_by"], "risk_approver": r["risk_approver__username"],
-            "risk_reason": r["risk_reason"], "risk_expires_at": datetime(r["risk_expires_at"]),
+            "risk_reason": r["risk_reason"], "risk_expires_at": times.write(r["risk_expires_at"]),
             "justification": r["justification"], "remediation": r["affected_range__remediation"],
             "source": findings.DISTRIBUTION if r["component"] == OS_PACKAGE else findings.NVIDIA,
             "finding": findings.of_row(Exposure(node_id=r["node_id"]), joined, named) if joined else None,

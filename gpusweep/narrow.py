@@ -13,30 +13,49 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-from collections.abc import Callable
 from typing import Any
 
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import F, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-TimeWriter = Callable[[dt.datetime | None], str | None]
 
+class Times:
+    """Time columns read and written as the API writes them (DRF's DateTimeField: ISO 8601 in the
+    current zone, Z for +00:00), the zone looked up once per page. Where the zone is UTC and so is
+    the PostgreSQL session's (Django's own with USE_TZ), a column is read as PostgreSQL's text of
+    it, which it renders for the wire anyway, and only its punctuation is changed: parsing it into a
+    datetime and formatting that again cost about 12 us a value, a third of a page of nodes."""
 
-def time_writer() -> TimeWriter:
-    """Writes a time as the API does (DRF's DateTimeField: ISO 8601 in the current zone, Z for
-    +00:00), the zone looked up once per page instead of once per value."""
-    zone = timezone.get_current_timezone()
+    def __init__(self, using: str = DEFAULT_DB_ALIAS) -> None:
+        connection = connections[using]
+        self.zone = timezone.get_current_timezone()
+        self.as_text = (connection.vendor == "postgresql" and connection.timezone_name == "UTC"
+                        and self.zone.utcoffset(None) == dt.timedelta(0) and str(self.zone) in ("UTC", "Etc/UTC"))
 
-    def write(value: dt.datetime | None) -> str | None:
+    def column(self, name: str) -> Any:
+        """An expression reading the column `name` for `write`."""
+        return Cast(name, TextField()) if self.as_text else F(name)
+
+    def write(self, value: dt.datetime | str | None) -> str | None:
         if value is None:
             return None
+        if isinstance(value, str):  # "2026-12-07 06:37:40.1234+00" -> "2026-12-07T06:37:40.123400Z"
+            day, _, clock = value.partition(" ")
+            if clock.endswith("+00") and len(day) == 10:
+                clock = clock[:-3]
+                if "." in clock:
+                    whole, fraction = clock.split(".")
+                    clock = f"{whole}.{fraction:0<6}"
+                return f"{day}T{clock}Z"
+            value = dt.datetime.fromisoformat(value)  # not the usual shape (a year before 1000): parsed
         if timezone.is_naive(value):  # DRF makes a naive time aware in the zone
-            value = timezone.make_aware(value, zone)
-        text = value.astimezone(zone).isoformat()
+            value = timezone.make_aware(value, self.zone)
+        text = value.astimezone(self.zone).isoformat()
         return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-    return write
 
 
 class NarrowListMixin:

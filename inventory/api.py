@@ -23,7 +23,7 @@ from rest_framework.response import Response
 
 from gpusweep import registry, secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
-from gpusweep.narrow import NarrowListMixin, time_writer
+from gpusweep.narrow import NarrowListMixin, Times
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
@@ -255,20 +255,23 @@ NODE_TIMES = ("last_seen", "gone_at", "created_at", "updated_at")
 
 def node_rows(ids: list[int]) -> list[dict[str, Any]]:
     """NodeSerializer's rows for these nodes, in this order, from two narrow reads (gpusweep.narrow)."""
-    datetime = time_writer()
+    times = Times()
     components: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
-    for node_id, component, version, branch, key, source, updated in NodeComponent.objects.filter(
-            node_id__in=ids).order_by("node_id", "component").values_list(
-            "node_id", "component", "version", "branch", "version_key", "source", "updated_at"):
+    for node_id, component, version, branch, flagged, source, updated in NodeComponent.objects.filter(
+            node_id__in=ids).order_by("node_id", "component").annotate(
+            flagged=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
+            "node_id", "component", "version", "branch", "flagged", "source", "updated"):
         components[node_id].append({"component": component, "version": version, "branch": branch,
-                                    "flagged": key is None, "source": source, "updated_at": datetime(updated)})
+                                    "flagged": flagged, "source": source, "updated_at": times.write(updated)})
     found = {}
-    for values in Node.objects.filter(pk__in=ids).values_list(*NODE_COLUMNS):
+    columns = [f"{name}_" if name in NODE_TIMES else name for name in NODE_COLUMNS]
+    for values in Node.objects.filter(pk__in=ids).annotate(
+            **{f"{name}_": times.column(name) for name in NODE_TIMES}).values_list(*columns):
         row = dict(zip(NODE_COLUMNS, values, strict=True))
         row["cluster"] = row.pop("cluster_id")
         row["cluster_name"] = row.pop("cluster__name")
         for name in NODE_TIMES:
-            row[name] = datetime(row[name])
+            row[name] = times.write(row[name])
         row["components"] = components[row["id"]]
         found[row["id"]] = {name: row[name] for name in NodeSerializer.Meta.fields}
     return [found[i] for i in ids if i in found]
