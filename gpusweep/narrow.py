@@ -69,4 +69,4 @@ class NarrowListMixin:
         ids = self.paginate_queryset(queryset.prefetch_related(None).values_list("pk", flat=True))  # type: ignore[attr-defined]
         if ids is None:  # not paginated
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
-        return self.get_paginated_response(self.narrow_rows(list(ids)))  # type: ignore[attr-defined,no-any-return]
+        return self.get_paginated_response(self.narrow_rows(list(ids)))  # type: ignore[attr-defined]

@@ -36,7 +36,7 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 from django.core.cache import cache
-from django.db.models import F, Model, OrderBy, Q, QuerySet
+from django.db.models import F, Model, OrderBy, Q, QuerySet, UniqueConstraint
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
@@ -111,8 +111,9 @@ def list_count(queryset: QuerySet[Any], request: Request, view: Any) -> int:
 
 def _ordering(queryset: QuerySet[Any]) -> list[str]:
     """The queryset's order as field names (a leading - for descending), ending in a unique key."""
-    terms = list(queryset.query.order_by) or list(queryset.model._meta.ordering)
-    if queryset.query.extra_order_by or not all(isinstance(t, str) and not t.startswith("?") for t in terms):
+    given = list(queryset.query.order_by) or list(queryset.model._meta.ordering)
+    terms = [t for t in given if isinstance(t, str) and not t.startswith("?")]
+    if queryset.query.extra_order_by or len(terms) != len(given):
         raise ValidationError({CURSOR: ["this list's order cannot be paged by cursor; use offset"]})
     names = [t.lstrip("-") for t in terms]
     if not _unique(queryset.model, names):
@@ -126,8 +127,8 @@ def _unique(model: type[Model], names: list[str]) -> bool:
     local = {meta.pk.name if n == "pk" else n for n in names if "__" not in n}
     if meta.pk.name in local or any(f.name in local for f in meta.fields if f.unique and not f.null):
         return True
-    groups = [set(c.fields) for c in meta.constraints if getattr(c, "fields", None) and
-              getattr(c, "condition", None) is None and type(c).__name__ == "UniqueConstraint"]
+    groups = [set(c.fields) for c in meta.constraints
+              if isinstance(c, UniqueConstraint) and c.fields and c.condition is None]
     groups += [set(fields) for fields in meta.unique_together]
     nullable = {f.name for f in meta.fields if f.null}
     return any(group <= local and not group & nullable for group in groups)
@@ -197,14 +198,14 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
         return _bounded(request, self.offset_query_param, 0, MAX_OFFSET, 0)
 
     def get_count(self, queryset: Any) -> int:
-        if isinstance(queryset, QuerySet) and self._view is not None:
+        if isinstance(queryset, QuerySet) and self._view is not None and self.request is not None:
             return list_count(queryset, self.request, self._view)
         return int(super().get_count(queryset))
 
     def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> list[Any] | None:
         self._view, self._terms, self._next_values = view, None, None
         if self.cursor_query_param not in request.query_params:
-            return super().paginate_queryset(queryset, request, view)  # type: ignore[no-any-return]
+            return super().paginate_queryset(queryset, request, view)
         if self.offset_query_param in request.query_params:
             raise ValidationError({self.offset_query_param: ["give a cursor or an offset, not both"]})
         self.request = request
@@ -238,15 +239,16 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
 
     def get_next_link(self) -> str | None:
         if self._terms is None:
-            return super().get_next_link()  # type: ignore[no-any-return]
+            return super().get_next_link()
         if self._next_values is None:
             return None
         token = signing.dumps({"o": self._terms, "v": self._next_values}, salt=_SALT, compress=True)
+        assert self.request is not None  # set by paginate_queryset
         url = remove_query_param(self.request.build_absolute_uri(), self.offset_query_param)
-        return replace_query_param(url, self.cursor_query_param, token)  # type: ignore[no-any-return]
+        return replace_query_param(url, self.cursor_query_param, token)
 
     def get_previous_link(self) -> str | None:
-        return None if self._terms is not None else super().get_previous_link()  # type: ignore[no-any-return]
+        return None if self._terms is not None else super().get_previous_link()
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)

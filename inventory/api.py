@@ -259,8 +259,8 @@ def node_rows(ids: list[int]) -> list[dict[str, Any]]:
     components: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
     for node_id, component, version, branch, flagged, source, updated in NodeComponent.objects.filter(
             node_id__in=ids).order_by("node_id", "component").annotate(
-            flagged=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
-            "node_id", "component", "version", "branch", "flagged", "source", "updated"):
+            unknown=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
+            "node_id", "component", "version", "branch", "unknown", "source", "updated"):
         components[node_id].append({"component": component, "version": version, "branch": branch,
                                     "flagged": flagged, "source": source, "updated_at": times.write(updated)})
     found = {}
