@@ -29,6 +29,7 @@ import datetime as dt
 import decimal
 import hashlib
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from rest_framework.request import Request
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from gpusweep import datagen
+from gpusweep.responses import flight
 from gpusweep.roles import user_roles
 
 MAX_LIMIT = 1000
@@ -55,6 +57,7 @@ _KEPT_COUNTS = 4096  # per process; the oldest goes first
 
 log = logging.getLogger(__name__)
 _counts: OrderedDict[str, int] = OrderedDict()
+_counts_lock = threading.Lock()  # gthread workers: threads share it
 
 
 def _bounded(request: Request, name: str, low: int, high: int, default: int) -> int:
@@ -88,25 +91,32 @@ def list_count(queryset: QuerySet[Any], request: Request, view: Any) -> int:
     if generations is None:  # this transaction has written, or the tables have no generations
         return int(queryset.count())
     key = _count_key(request, view, generations)
-    found = _counts.get(key)
-    shared = datagen.enabled() and settings.GPUSWEEP_RESPONSE_CACHE_S > 0
-    if found is None and shared:
-        try:
-            found = cache.get(key)
-        except datagen.CACHE_ERRORS:
-            log.warning("cache unreachable: counting %s", request.path, exc_info=True)
-    if found is None:
-        found = int(queryset.count())
-        if shared:
+    with flight(key):  # the threads of this process that miss it count once
+        found = _kept(key)
+        shared = datagen.enabled() and settings.GPUSWEEP_RESPONSE_CACHE_S > 0
+        if found is None and shared:
             try:
-                cache.set(key, found, timeout=settings.GPUSWEEP_RESPONSE_CACHE_S)
+                found = cache.get(key)
             except datagen.CACHE_ERRORS:
-                log.warning("cache unreachable: count of %s not kept", request.path, exc_info=True)
-    _counts[key] = found
-    _counts.move_to_end(key)
-    while len(_counts) > _KEPT_COUNTS:
-        _counts.popitem(last=False)
+                log.warning("cache unreachable: counting %s", request.path, exc_info=True)
+        if found is None:
+            found = int(queryset.count())
+            if shared:
+                try:
+                    cache.set(key, found, timeout=settings.GPUSWEEP_RESPONSE_CACHE_S)
+                except datagen.CACHE_ERRORS:
+                    log.warning("cache unreachable: count of %s not kept", request.path, exc_info=True)
+        with _counts_lock:
+            _counts[key] = found
+            _counts.move_to_end(key)
+            while len(_counts) > _KEPT_COUNTS:
+                _counts.popitem(last=False)
     return found
+
+
+def _kept(key: str) -> int | None:
+    with _counts_lock:
+        return _counts.get(key)
 
 
 def _ordering(queryset: QuerySet[Any]) -> list[str]:
