@@ -58,7 +58,7 @@ ALL_REQUESTS = {
 }
 REQUESTS = dict(ALL_REQUESTS)
 CLIENTS = ("http.client", "aiohttp")
-CAMPAIGN_CLUSTER = "bench-campaign"  # the writer's own cluster (--with-writes), left out of the fleet's count
+CAMPAIGN_CLUSTER = "bench-campaign"  # the writer's clusters (--with-writes: bench-campaign-N), not the fleet's
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -200,7 +200,13 @@ def start_writer(args: argparse.Namespace, url: str, port: int, folder: Path, se
 
 
 def finish_writer(proc: subprocess.Popen[str]) -> str:
-    out, _ = proc.communicate(timeout=600)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        from tests.helpers import stop_process_group
+
+        stop_process_group(proc)  # type: ignore[arg-type]
+        return "writer: did not report within 120 s (stopped)"
     return "writer: " + (out.strip().splitlines() or ["(nothing)"])[-1]
 
 
@@ -245,6 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each line as it is known
     if args.writer:
         from bench.api_writer import run_writer
 
@@ -278,7 +285,7 @@ def main() -> int:
     from advisories.sources import FolderSource
     from bench.boot import corpus_folder
     from bench.exposure import build_fleet
-    from inventory.models import Cluster, Node
+    from inventory.models import Node
 
     corpus = corpus_folder(args.corpus)
     if corpus is None:
@@ -290,8 +297,7 @@ def main() -> int:
     proc = None
     try:
         started = time.perf_counter()
-        Cluster.objects.filter(name=CAMPAIGN_CLUSTER).delete()  # an earlier --with-writes run's, if it stopped early
-        if Node.objects.count() != args.nodes:
+        if Node.objects.exclude(cluster__name__startswith=CAMPAIGN_CLUSTER).count() != args.nodes:
             Node.objects.all().delete()
             ingest_documents(FolderSource(str(corpus)).items())
             build_fleet(args.nodes, args.clusters)

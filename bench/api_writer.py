@@ -2,7 +2,7 @@
 
 A process of its own (its CPU is not the server's nor the readers'): short agent heartbeats at a
 set rate (signed as agents sign them, a new connection each, primed with one full heartbeat per
-agent first) and a campaign over its own `--campaign-nodes` nodes (cluster `bench-campaign`, the
+agent first) and a campaign over its own `--campaign-nodes` nodes (cluster `bench-campaign-N`, the
 memory executor, the engine's tasks on threads here, as bench/sweep.py runs them), started again
 with the other driver whenever one ends. It prints `ready ...` once both run, and a summary line
 when its time is up. Every heartbeat flush and every campaign step raises the generations the
@@ -18,10 +18,13 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bench.heartbeat import PATH, SECRET, Agent
+
+CAMPAIGN_CLUSTER = "bench-campaign"  # the writer's clusters (bench/api.py leaves them out of the fleet's count)
 
 AGENTS = 2000
 SENDERS = 8  # threads sending heartbeats, each its share of the rate
@@ -82,17 +85,35 @@ def _heartbeats(port: int, agents: list[Agent], rate: float, until: float, sent:
         thread.join()
 
 
-def _campaigns(nodes: int, until: float, done: list[str]) -> None:
-    from django.db import connection
+def _campaign(cluster: str, parallelism: int, target: str) -> str:
+    """One campaign over the cluster's nodes, planned, approved and run to its end (its status).
+    Scoped to the cluster: a campaign without clusters plans against the whole 100,000-node fleet."""
+    from django.contrib.auth.models import User
 
-    from bench.sweep import _run_campaign
+    from campaigns import services
+    from campaigns.choices import CampaignStatus
+    from campaigns.models import Campaign
 
+    requester, _ = User.objects.get_or_create(username="bench-requester")
+    approver, _ = User.objects.get_or_create(username="bench-approver")
+    campaign = services.create_campaign(requester, {
+        "name": f"bench writes {cluster} {target}", "clusters": [cluster], "node_selector": {"sweep": cluster},
+        "target_versions": {"driver": target}, "parallelism_per_cluster": str(parallelism), "step_timeout_s": 3600,
+        "error_budget": "0", "canary": "0"})
+    services.make_plan(campaign.pk, requester)
+    services.approve(campaign.pk, approver)
+    services.start(campaign.pk, requester)
+    while (status := Campaign.objects.filter(pk=campaign.pk).values_list("status", flat=True).get()) not in (
+            CampaignStatus.TERMINAL | {CampaignStatus.HALTED}):
+        time.sleep(0.2)
+    return str(status)
+
+
+def _campaigns(cluster: str, nodes: int, until: float, done: list[str]) -> None:
     turn = 0
     while time.monotonic() < until:
-        _elapsed, campaign = _run_campaign({"sweep": "bench-campaign"}, max(1, nodes // 4), DRIVERS[turn % 2])
-        done.append(str(campaign.status))
+        done.append(_campaign(cluster, max(1, nodes // 4), DRIVERS[turn % 2]))
         turn += 1
-    connection.close()
 
 
 def run_writer(spec_path: str) -> int:
@@ -100,7 +121,8 @@ def run_writer(spec_path: str) -> int:
     state = Path(tempfile.mkdtemp(dir=spec["folder"])) / "fleet"
     os.environ.update(DATABASE_URL=spec["database_url"], GPUSWEEP_MEMORY_EXECUTOR_STATE=str(state),
                       GPUSWEEP_AGENT_FLEET_SECRET=SECRET, GPUSWEEP_HEARTBEAT_REDIS_URL=spec["heartbeat_redis_url"],
-                      GPUSWEEP_ADVISORY_SOURCES="", PGAPPNAME="gpusweep-bench-writer")
+                      GPUSWEEP_ADVISORY_SOURCES="", PGAPPNAME="gpusweep-bench-writer",
+                      DEBUG="true")  # as bench/sweep.py: evidence signs with the development key
     import django
 
     django.setup()
@@ -112,15 +134,17 @@ def run_writer(spec_path: str) -> int:
     from inventory.models import Cluster
 
     agents = _agents()
-    for agent in agents:  # each agent's first heartbeat: its endpoint and digest
-        status, raw = _send(spec["port"], agent, "prime")
+    with ThreadPoolExecutor(SENDERS) as primer:  # each agent's first heartbeat: its endpoint and digest
+        primed = list(primer.map(lambda agent: _send(spec["port"], agent, "prime"), agents))
+    for agent, (status, raw) in zip(agents, primed, strict=True):
         if status != 200:
             print(f"priming failed: {status} {raw[:300]!r}", flush=True)
             return 1
         agent.digest = json.loads(raw)["digest"]
-    Cluster.objects.filter(name="bench-campaign").delete()
+    # A cluster of its own per run (campaigns' evidence is kept: an earlier run's stays as it is).
+    name = f"{CAMPAIGN_CLUSTER}-{Cluster.objects.filter(name__startswith=CAMPAIGN_CLUSTER).count() + 1}"
     Fleet().reset()
-    _build_fleet(spec["campaign_nodes"], STEP_S, cluster_name="bench-campaign", prefix="cw",
+    _build_fleet(spec["campaign_nodes"], STEP_S, cluster_name=name, prefix="cw",
                  spares=spec["campaign_nodes"] // 8 + 2)
     pool = Pool(spec["campaign_nodes"] // 4 + 4)
     campaign_queue.ENQUEUE.insert(0, pool.enqueue)
@@ -130,20 +154,25 @@ def run_writer(spec_path: str) -> int:
     failed: list[str] = []
     done: list[str] = []
     started = time.monotonic()
-    threads = [threading.Thread(target=_heartbeats, args=(spec["port"], agents, spec["rate"], until, sent, failed)),
-               threading.Thread(target=_campaigns, args=(spec["campaign_nodes"], until, done))]
-    for thread in threads:
-        thread.start()
+    # The campaign's thread is a daemon: when the time is up this process reports and exits, a
+    # campaign under way with it (its open transaction rolls back; bench/api.py deletes the
+    # cluster at its next start).
+    campaign = threading.Thread(target=_campaigns, args=(name, spec["campaign_nodes"], until, done), daemon=True)
+    beats = threading.Thread(target=_heartbeats, args=(spec["port"], agents, spec["rate"], until, sent, failed))
+    campaign.start()
+    beats.start()
     print(f"ready: {len(agents)} agents primed, a {spec['campaign_nodes']}-node campaign starting", flush=True)
-    threads[0].join()
+    beats.join()
     wall = time.monotonic() - started
-    threads[1].join(timeout=120)  # the campaign under way ends (4 waves of a few seconds)
-    pool.stop()
-    Cluster.objects.filter(name="bench-campaign").delete()  # the fleet's count stays the bench's
+    from campaigns.models import Campaign, NodeSweep
+
+    steps = NodeSweep.objects.filter(campaign__node_selector={"sweep": name}).exclude(state="pending").count()
+    states = list(Campaign.objects.filter(node_selector={"sweep": name}).values_list("status", flat=True))
     connection.close()
     print(f"{sent[0]} short heartbeats in {wall:.0f} s ({sent[0] / wall:.0f}/s), {len(failed)} failed "
-          f"{sorted(set(failed))[:2]}; campaigns ended: {done}", flush=True)
-    return 0
+          f"{sorted(set(failed))[:2]}; campaigns ended {done}, now {states}, {steps} node sweeps past pending",
+          flush=True)
+    os._exit(0)  # the daemon threads (campaign, engine pool) end with the process
 
 
 if __name__ == "__main__":
