@@ -29,7 +29,6 @@ CAMPAIGN_CLUSTER = "bench-campaign"  # the writer's clusters (bench/api.py leave
 AGENTS = 2000
 SENDERS = 8  # threads sending heartbeats, each its share of the rate
 STEP_S = 0.5  # each agent operation of the memory executor
-DRIVERS = ("570.195.03", "570.211.01")
 
 
 def _send(port: int, agent: Agent, mode: str) -> tuple[int, bytes]:
@@ -110,9 +109,15 @@ def _campaign(cluster: str, parallelism: int, target: str) -> str:
 
 
 def _campaigns(cluster: str, nodes: int, until: float, done: list[str]) -> None:
+    from campaigns.services import CampaignError
+
     turn = 0
     while time.monotonic() < until:
-        done.append(_campaign(cluster, max(1, nodes // 4), DRIVERS[turn % 2]))
+        try:  # each a newer driver than the last (a campaign patches upwards only)
+            done.append(_campaign(cluster, max(1, nodes // 4), f"570.{200 + turn}.01"))
+        except CampaignError as exc:
+            done.append(f"refused: {exc}"[:120])
+            return
         turn += 1
 
 

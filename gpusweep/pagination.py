@@ -77,7 +77,7 @@ def _count_key(request: Request, view: Any, generations: datagen.Generations) ->
     params = sorted((k, v) for k in request.query_params if k not in PAGE_PARAMS
                     for v in request.query_params.getlist(k))
     raw = repr((generations.scope, generations.values, type(view).__qualname__, getattr(view, "action", None),
-                sorted(user_roles(request.user)), params))
+                request.path, sorted(user_roles(request.user)), params))
     return "gpusweep:count:" + hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -134,7 +134,8 @@ def _ordering(queryset: QuerySet[Any]) -> list[str]:
 def _unique(model: type[Model], names: list[str]) -> bool:
     """Whether these (local) fields include the primary key or a unique constraint of the model."""
     meta = model._meta
-    local = {meta.pk.name if n == "pk" else n for n in names if "__" not in n}
+    by_column = {f.attname: f.name for f in meta.fields}  # cluster_id -> cluster
+    local = {meta.pk.name if n == "pk" else by_column.get(n, n) for n in names if "__" not in n}
     if meta.pk.name in local or any(f.name in local for f in meta.fields if f.unique and not f.null):
         return True
     groups = [set(c.fields) for c in meta.constraints
