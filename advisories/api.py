@@ -32,9 +32,11 @@ from advisories.models import (
     Exposure,
     ReviewItem,
 )
+from advisories.models import public_id as advisory_public_id
 from advisories.osv import OS_PACKAGE
 from advisories.vex import vex_document
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter, parse_bool
+from gpusweep.narrow import NarrowListMixin, Times
 from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
@@ -346,7 +348,52 @@ class AffectedRangeViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = AffectedRangeFilter
 
 
-class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
+# The list's columns, read in one statement with their joins (ExposureSerializer's fields).
+EXPOSURE_COLUMNS = (
+    "id", "node_id", "node__name", "node__cluster__name", "advisory__publisher", "advisory__publisher_id",
+    "affected_range_id", "component", "detected_version", "affected_range__fixed_version",
+    "affected_range__remediation", "severity", "state", "first_seen", "deadline", "deadline_source",
+    "fixed_by_version", "remediated_at", "remediated_by", "risk_approver__username", "risk_reason",
+    "risk_expires_at", "justification")
+EXPOSURE_TIMES = ("first_seen", "deadline", "remediated_at", "risk_expires_at")
+LATE_STATES = (ExposureState.OPEN, ExposureState.PRESUMED)
+
+
+def exposure_rows(ids: list[int]) -> list[dict[str, Any]]:
+    """ExposureSerializer's rows for these exposures, in this order, from narrow reads (gpusweep.narrow)."""
+    times = Times()
+    columns = [f"{name}_" if name in EXPOSURE_TIMES else name for name in EXPOSURE_COLUMNS]
+    rows = Exposure.objects.filter(pk__in=ids).annotate(
+        **{f"{name}_": times.column(name) for name in EXPOSURE_TIMES},
+        late=Q(state__in=LATE_STATES, deadline__lt=timezone.now()))
+    raw = [dict(zip((*EXPOSURE_COLUMNS, "late"), values, strict=True)) for values in rows.values_list(*columns, "late")]
+    cves: dict[int, list[str]] = {}
+    for range_id, cve_id in AffectedRange.cves.through.objects.filter(
+            affectedrange_id__in={r["affected_range_id"] for r in raw}).values_list("affectedrange_id", "cve__cve_id"):
+        cves.setdefault(range_id, []).append(cve_id)
+    joined = findings.joined({r["node_id"] for r in raw})  # one query where no node has two sources
+    found = {}
+    for r in raw:
+        named = sorted(cves.get(r["affected_range_id"], []))
+        found[r["id"]] = {
+            "id": r["id"], "node": r["node_id"], "node_name": r["node__name"], "cluster": r["node__cluster__name"],
+            "advisory": advisory_public_id(r["advisory__publisher"], r["advisory__publisher_id"]),
+            "advisory_id": r["advisory__publisher_id"], "affected_range": r["affected_range_id"],
+            "component": r["component"], "detected_version": r["detected_version"],
+            "fixed_version": r["affected_range__fixed_version"], "severity": r["severity"], "cves": named,
+            "state": r["state"], "first_seen": times.write(r["first_seen"]), "deadline": times.write(r["deadline"]),
+            "deadline_source": r["deadline_source"], "overdue": bool(r["late"]),
+            "fixed_by_version": r["fixed_by_version"], "remediated_at": times.write(r["remediated_at"]),
+            "remediated_by": r["remediated_by"], "risk_approver": r["risk_approver__username"],
+            "risk_reason": r["risk_reason"], "risk_expires_at": times.write(r["risk_expires_at"]),
+            "justification": r["justification"], "remediation": r["affected_range__remediation"],
+            "source": findings.DISTRIBUTION if r["component"] == OS_PACKAGE else findings.NVIDIA,
+            "finding": findings.of_row(Exposure(node_id=r["node_id"]), joined, named) if joined else None,
+        }
+    return [found[i] for i in ids if i in found]
+
+
+class ExposureViewSet(CachedListMixin, NarrowListMixin, viewsets.ReadOnlyModelViewSet):
     queryset = Exposure.objects.select_related(
         "node__cluster", "advisory", "affected_range", "risk_approver").prefetch_related("affected_range__cves")
     # Every table the list (its filters, ordering, search and serializer) reads (gpusweep.responses).
@@ -369,10 +416,16 @@ class ExposureViewSet(CachedListMixin, viewsets.ReadOnlyModelViewSet):
             rows = rows.exclude(findings.merged())
         return rows
 
-    def cache_valid_until(self, rows: list[Exposure], started: dt.datetime) -> dt.datetime | None:
+    def narrow_rows(self, ids: list[int]) -> list[dict[str, Any]]:
+        return exposure_rows(ids)
+
+    def cache_valid_until(self, rows: list[Any], started: dt.datetime) -> dt.datetime | None:
         # `overdue` flips when a deadline passes: the answer holds until the first one still ahead.
-        ahead = [e.deadline for e in rows if e.state in (ExposureState.OPEN, ExposureState.PRESUMED)
-                 and e.deadline is not None and e.deadline >= started]
+        # The page is its rows' ids (the list reads narrow: gpusweep.narrow), else the exposures.
+        if rows and not isinstance(rows[0], Exposure):
+            rows = list(Exposure.objects.filter(pk__in=rows).only("state", "deadline"))
+        ahead = [e.deadline for e in rows if e.state in LATE_STATES and e.deadline is not None
+                 and e.deadline >= started]
         return min(ahead, default=None)
 
     def _decide(self, decide: Callable[[], Any]) -> Response:

@@ -16,12 +16,26 @@ machine barely changes.
 
     .venv/bin/python bench/api.py --database-url postgres://root@127.0.0.1:5432/bench_api \
         --cache-url redis://127.0.0.1:6379/0
+
+Options for the paths users feel (issue 33):
+- `--no-cache`: the answer cache off (GPUSWEEP_CACHE_URL unset, whatever the environment says): the
+  uncached list path that every first request after a write takes.
+- `--client`: `http.client` (threads of this process, as before), `aiohttp` (keep-alive clients:
+  one aiohttp session per client holding its connection, all in one event loop, as ticketing
+  integrations run), or `both` (one phase each on the same server, the ratio printed).
+- `--with-writes`: a separate writer process sends short agent heartbeats at `--heartbeat-rate` per
+  second (2,000 agents of the fleet, primed with one full heartbeat each before the clients start)
+  and keeps a `--campaign-nodes` campaign stepping (the memory executor, the engine's tasks on
+  threads of the writer), so the reads are measured under the invalidations a fleet causes.
+- `--worker-class gthread` (with `--threads`, 8 by default for gthread) beside the default sync workers.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
+import json
 import os
 import secrets
 import statistics
@@ -43,6 +57,8 @@ ALL_REQUESTS = {
     "overview": "/",
 }
 REQUESTS = dict(ALL_REQUESTS)
+CLIENTS = ("http.client", "aiohttp")
+CAMPAIGN_CLUSTER = "bench-campaign"  # the writer's clusters (--with-writes: bench-campaign-N), not the fleet's
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -122,16 +138,90 @@ def client(port: int, headers: dict[str, dict[str, str]], until: float, results:
     connection.close()
 
 
-def main() -> int:
+async def aiohttp_client(port: int, headers: dict[str, dict[str, str]], until: float,
+                         results: dict[str, list[float]], errors: dict[str, list[str]], offset: int) -> None:
+    """A keep-alive client: one aiohttp session holding one connection, reused while the server keeps it."""
+    import aiohttp
+
+    names = list(REQUESTS)
+    turn = offset
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        while time.monotonic() < until:
+            name = names[turn % len(names)]
+            turn += 1
+            started = time.perf_counter()
+            try:
+                async with session.get(f"http://127.0.0.1:{port}{REQUESTS[name]}", headers=headers[name]) as answer:
+                    await answer.read()
+                    status, problem = answer.status, f"HTTP {answer.status}"
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                status, problem = 0, f"{type(exc).__name__}: {exc}"
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if status == 200:
+                results[name].append(elapsed_ms)
+            else:
+                errors[name].append(problem)
+
+
+def run_clients(kind: str, clients: int, port: int, headers: dict[str, dict[str, str]], seconds: float,
+                results: dict[str, list[float]], errors: dict[str, list[str]]) -> None:
+    until = time.monotonic() + seconds
+    if kind == "aiohttp":
+        async def everyone() -> None:
+            await asyncio.gather(*(aiohttp_client(port, headers, until, results, errors, i) for i in range(clients)))
+
+        asyncio.run(everyone())
+        return
+    lock = threading.Lock()
+    threads = [threading.Thread(target=client, args=(port, headers, until, results, errors, lock, i))
+               for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def start_writer(args: argparse.Namespace, url: str, port: int, folder: Path, seconds: float) -> subprocess.Popen[str]:
+    """The writer process (bench/api_writer.py), once it says its agents are primed and its campaign runs."""
+    spec = folder / "writer.json"
+    spec.write_text(json.dumps({"database_url": url, "port": port, "rate": args.heartbeat_rate,
+                                "campaign_nodes": args.campaign_nodes, "seconds": seconds, "folder": str(folder),
+                                "heartbeat_redis_url": args.cache_url}))
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--writer", str(spec)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("ready"):
+        proc.kill()
+        raise RuntimeError(f"the writer did not start: {line}{proc.stdout.read()[-3000:]}")
+    print(f"writer: {line.strip()}")
+    return proc
+
+
+def finish_writer(proc: subprocess.Popen[str]) -> str:
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        from tests.helpers import stop_process_group
+
+        stop_process_group(proc)  # type: ignore[arg-type]
+        return "writer: did not report within 120 s (stopped)"
+    return "writer: " + (out.strip().splitlines() or ["(nothing)"])[-1]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--writer", help=argparse.SUPPRESS)  # the writer process (--with-writes)
     parser.add_argument("--nodes", type=int, default=100_000)
     parser.add_argument("--clusters", type=int, default=10)
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients run (per client kind)")
     # The server as the Dockerfile and deploy/kubernetes run it: `gunicorn --workers 3` (sync workers).
     parser.add_argument("--workers", type=int, default=3, help="gunicorn worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="threads per gunicorn worker (gthread)")
-    parser.add_argument("--worker-class", default="sync", help="gunicorn worker class (sync, gthread)")
+    parser.add_argument("--worker-class", default="sync", choices=("sync", "gthread"), help="gunicorn worker class")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads per gunicorn worker (default: 8 for gthread, 1 for sync)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", ""),
                         help="a PostgreSQL URL (default: $DATABASE_URL); a throw-away database is made beside it")
     parser.add_argument("--corpus", default="", help="CSAF folder (default: the shared nvidia-csaf mirror)")
@@ -140,9 +230,32 @@ def main() -> int:
     parser.add_argument("--cache-url", default=os.environ.get("GPUSWEEP_CACHE_URL", ""),
                         help="GPUSWEEP_CACHE_URL for the server (default: $GPUSWEEP_CACHE_URL), e.g. "
                         "redis://127.0.0.1:6379/10: the shared cache of the fleet-wide figures and the API answers")
+    parser.add_argument("--no-cache", action="store_true", help="no answer cache, whatever --cache-url says")
+    parser.add_argument("--client", default="http.client", choices=(*CLIENTS, "both"),
+                        help="http.client threads, aiohttp keep-alive clients, or both (one phase each)")
+    parser.add_argument("--with-writes", action="store_true",
+                        help="short heartbeats and a stepping campaign in the background (a writer process)")
+    parser.add_argument("--heartbeat-rate", type=float, default=200.0, help="with --with-writes: heartbeats per second")
+    parser.add_argument("--campaign-nodes", type=int, default=100, help="with --with-writes: the campaign's nodes")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (test_<name>) and reuse it next time instead of building it again")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.no_cache:
+        args.cache_url = ""
+    if args.threads <= 0:
+        args.threads = 8 if args.worker_class == "gthread" else 1
+    if args.with_writes and (args.heartbeat_rate <= 0 or args.campaign_nodes < 1):
+        parser.error("--with-writes needs a positive --heartbeat-rate and --campaign-nodes")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # each line as it is known
+    if args.writer:
+        from bench.api_writer import run_writer
+
+        return run_writer(args.writer)
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
         REQUESTS.clear()
@@ -184,7 +297,7 @@ def main() -> int:
     proc = None
     try:
         started = time.perf_counter()
-        if Node.objects.count() != args.nodes:
+        if Node.objects.exclude(cluster__name__startswith=CAMPAIGN_CLUSTER).count() != args.nodes:
             Node.objects.all().delete()
             ingest_documents(FolderSource(str(corpus)).items())
             build_fleet(args.nodes, args.clusters)
@@ -212,6 +325,10 @@ def main() -> int:
         port = free_port()
         url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
         env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
+        if args.with_writes:  # the agents' fleet secret, and their counters in Redis where there is one
+            from bench.api_writer import SECRET
+
+            env.update(GPUSWEEP_AGENT_FLEET_SECRET=SECRET, GPUSWEEP_HEARTBEAT_REDIS_URL=args.cache_url)
         log = Path(tmp.name) / "gunicorn.log"
         proc = start_gunicorn(env, port, args.workers, args.threads, args.worker_class, log)
         for name, path in REQUESTS.items():  # warm up every worker's connection and caches
@@ -225,65 +342,73 @@ def main() -> int:
                     return 1
                 warm.close()
 
-        results: dict[str, list[float]] = {name: [] for name in REQUESTS}
-        errors: dict[str, list[str]] = {name: [] for name in REQUESTS}
-        lock = threading.Lock()
-        until = time.monotonic() + args.seconds
-        threads = [threading.Thread(target=client, args=(port, headers, until, results, errors, lock, i))
-                   for i in range(args.clients)]
         from django.db import connection as db
 
         def database_backends() -> set[int]:
             with db.cursor() as cursor:  # the server's PostgreSQL backends, for their CPU time
-                cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                               [bench_db])
+                cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+                               "AND application_name <> 'gpusweep-bench-writer'", [bench_db])
                 pids = {row[0] for row in cursor.fetchall()}
             db.close()
             return pids
 
-        backends = list(database_backends())
         cache_server: list[int] = []
         if args.cache_url:  # the Redis server's CPU too, when it runs on this machine
             import redis
 
             pid = int(redis.Redis.from_url(args.cache_url).info("server")["process_id"])
             cache_server = [pid] if Path(f"/proc/{pid}/stat").exists() else []
-        servers = server_pids(proc)
-        load_before = os.getloadavg()[0]
-        server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
-        cache_cpu = cpu_seconds(cache_server)
-        began = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - began
-        own_cpu = time.process_time() - own_cpu
-        server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
-        cache_cpu = cpu_seconds(cache_server) - cache_cpu
-        db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
-        print(f"{args.clients} clients for {wall:.1f} s against gunicorn ({args.workers} {args.worker_class} workers "
-              f"x {args.threads} threads) on {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after; cache {args.cache_url or 'per process (no answer cache)'}")
-        answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
-        print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
-              f"{1000 * db_cpu / answered:.2f} ms, the Redis server (all its users) "
-              f"{1000 * cache_cpu / answered:.2f} ms, clients {1000 * own_cpu / answered:.2f} ms; "
-              f"{answered / wall:.1f} requests/s in all")
+        kinds = list(CLIENTS) if args.client == "both" else [args.client]
+        writer = None
+        if args.with_writes:
+            writer = start_writer(args, url, port, Path(tmp.name), len(kinds) * (args.seconds + 5) + 10)
         ok = True
-        for name in REQUESTS:
-            times, failed = results[name], errors[name]
-            if not times:
-                print(f"{name}: no successful request; errors {failed[:3]}")
-                ok = False
-                continue
-            p95 = percentile(times, 0.95)
-            verdict = "PASS" if p95 <= TARGET_P95_MS and not failed else "FAIL"
-            ok &= verdict == "PASS"
-            print(f"{name}: {len(times)} requests ({len(times) / wall:.1f}/s), p50 {statistics.median(times):.0f} ms, "
-                  f"p95 {p95:.0f} ms, p99 {percentile(times, 0.99):.0f} ms, max {max(times):.0f} ms, "
-                  f"errors {len(failed)}{' ' + str(sorted(set(failed))[:3]) if failed else ''} "
-                  f"(target p95 <= {TARGET_P95_MS:.0f} ms, no errors): {verdict}")
+        rates: dict[str, float] = {}
+        for kind in kinds:
+            results: dict[str, list[float]] = {name: [] for name in REQUESTS}
+            errors: dict[str, list[str]] = {name: [] for name in REQUESTS}
+            backends = list(database_backends())
+            servers = server_pids(proc)
+            load_before = os.getloadavg()[0]
+            server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
+            cache_cpu = cpu_seconds(cache_server)
+            began = time.perf_counter()
+            run_clients(kind, args.clients, port, headers, args.seconds, results, errors)
+            wall = time.perf_counter() - began
+            own_cpu = time.process_time() - own_cpu
+            server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
+            cache_cpu = cpu_seconds(cache_server) - cache_cpu
+            db_cpu += cpu_seconds(list(database_backends() - set(backends)))  # opened during the run
+            print(f"{args.clients} {kind} clients for {wall:.1f} s against gunicorn ({args.workers} "
+                  f"{args.worker_class} workers x {args.threads} threads) on {os.cpu_count()} CPUs, load average "
+                  f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; cache "
+                  f"{args.cache_url or 'per process (no answer cache)'}"
+                  f"{'; with writes (' + str(args.heartbeat_rate) + ' heartbeats/s, a campaign)' if writer else ''}")
+            answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
+            rates[kind] = answered / wall
+            print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
+                  f"{1000 * db_cpu / answered:.2f} ms, the Redis server (all its users) "
+                  f"{1000 * cache_cpu / answered:.2f} ms, clients {1000 * own_cpu / answered:.2f} ms; "
+                  f"{answered / wall:.1f} requests/s in all")
+            for name in REQUESTS:
+                times, failed = results[name], errors[name]
+                if not times:
+                    print(f"{name}: no successful request; errors {failed[:3]}")
+                    ok = False
+                    continue
+                p95 = percentile(times, 0.95)
+                verdict = "PASS" if p95 <= TARGET_P95_MS and not failed else "FAIL"
+                ok &= verdict == "PASS"
+                print(f"{name}: {len(times)} requests ({len(times) / wall:.1f}/s), p50 {statistics.median(times):.0f} "
+                      f"ms, p95 {p95:.0f} ms, p99 {percentile(times, 0.99):.0f} ms, max {max(times):.0f} ms, "
+                      f"errors {len(failed)}{' ' + str(sorted(set(failed))[:3]) if failed else ''} "
+                      f"(target p95 <= {TARGET_P95_MS:.0f} ms, no errors): {verdict}")
+        if len(rates) == 2:
+            print(f"keep-alive clients' rate / http.client's: {rates['aiohttp'] / rates['http.client']:.2f} "
+                  "(target >= 0.80)")
+            ok &= rates["aiohttp"] >= 0.8 * rates["http.client"]
+        if writer is not None:
+            print(finish_writer(writer))
         print("PASS" if ok else "FAIL")
         return 0 if ok else 1
     finally:

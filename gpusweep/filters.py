@@ -10,7 +10,7 @@ on/off in any case; anything else is a 400 (django-filter's own took only true/f
 ignored ``?overdue=1``, the UI's own link).
 
 Every list and detail route goes through ``FilterBackend``, which refuses a query parameter that
-is no filter of the view, nor ``limit``/``offset``/``ordering``/``format``, nor ``search`` where the
+is no filter of the view, nor ``limit``/``offset``/``cursor``/``ordering``/``format``, nor ``search`` where the
 view searches, nor one of the view's ``extra_query_params`` for the action: a misspelt filter is
 a 400 naming the ones that exist, never a silently unfiltered list. ``OrderingFilter`` refuses an
 unknown ordering term the same way.
@@ -138,7 +138,7 @@ class FilterSet(DRFFilterSet):
 
 
 # Parameters every list understands: pagination, ordering and DRF's renderer override.
-COMMON_PARAMS = frozenset({"limit", "offset", "ordering", "format"})
+COMMON_PARAMS = frozenset({"limit", "offset", "cursor", "ordering", "format"})
 
 
 def known_params(view: Any, filterset_class: type[django_filters.FilterSet] | None) -> set[str]:

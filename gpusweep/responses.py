@@ -16,6 +16,13 @@ view whose answer changes with the clock says until when it holds (`cache_valid_
 names the query parameters that make the rows themselves depend on the clock
 (`cache_uncacheable_params`).
 
+One thread computes a missing answer: the others of its process asking for the same key wait for
+it (`flight`) and then read what it kept. Threaded workers (`gunicorn -k gthread --threads 8`)
+otherwise all miss together after every write and compute the same answer at once, each on an
+eighth of the interpreter (the GIL): the uncached path taken 24 times over per write, which is
+what made gthread collapse under writes (issue 33, docs/scaling.md). A waiter gives up after
+FLIGHT_WAIT_S and computes itself.
+
 The database counts every write, whoever makes it (psql included), so an answer is never
 served after a write of a table it read; GPUSWEEP_RESPONSE_CACHE_S bounds its life in the cache
 (memory, not correctness). 0 turns the cache off, and so does a cache that is not shared by every
@@ -28,7 +35,9 @@ import builtins
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
@@ -46,6 +55,41 @@ KEPT_HEADERS = ("Content-Type", "Vary", "Allow")
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+FLIGHT_WAIT_S = 30.0
+_flights: dict[str, list[Any]] = {}  # key -> [lock, threads holding or waiting for it]
+_flights_lock = threading.Lock()
+
+
+def _board(key: str) -> threading.Lock:
+    with _flights_lock:
+        flight = _flights.setdefault(key, [threading.Lock(), 0])
+        flight[1] += 1
+        return cast(threading.Lock, flight[0])
+
+
+def _land(key: str, lock: threading.Lock, held: bool) -> None:
+    if held:
+        lock.release()
+    with _flights_lock:
+        flight = _flights.get(key)
+        if flight is not None:
+            flight[1] -= 1
+            if flight[1] == 0:
+                del _flights[key]
+
+
+@contextmanager
+def flight(key: str) -> Iterator[None]:
+    """Run the block in one thread of this process at a time for `key` (waiting at most
+    FLIGHT_WAIT_S), so the threads that miss one cached value compute it once."""
+    lock = _board(key)
+    held = lock.acquire(timeout=FLIGHT_WAIT_S)
+    try:
+        yield
+    finally:
+        _land(key, lock, held)
 
 
 class _Store:
@@ -68,6 +112,7 @@ class CachedListMixin:
     cache_uncacheable_params: Sequence[str] = ()
     _cache_store: _Store | None = None
     _cache_page: builtins.list[Any] | None = None
+    _cache_flight: tuple[str, threading.Lock, bool] | None = None
 
     def cache_valid_until(self, rows: builtins.list[Any], started: dt.datetime) -> dt.datetime | None:
         """When the answer built from `rows` at `started` stops being the one the view would render
@@ -94,6 +139,15 @@ class CachedListMixin:
         except datagen.CACHE_ERRORS:
             log.warning("cache unreachable: answering %s uncached", request.path, exc_info=True)
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
+        if entry is None or entry[0] != generations.values:
+            # A miss: wait for a thread of this process computing the same answer (released by
+            # dispatch, once finalize_response has kept it), then look again.
+            lock = _board(key)
+            self._cache_flight = (key, lock, lock.acquire(timeout=FLIGHT_WAIT_S))
+            try:
+                entry = cache.get(key)
+            except datagen.CACHE_ERRORS:
+                entry = None
         if entry is not None and entry[0] == generations.values:
             hit = HttpResponse(entry[1], status=200)
             for name, value in entry[2]:
@@ -101,6 +155,14 @@ class CachedListMixin:
             return cast(Response, hit)  # DRF takes any HttpResponse from a handler (no rendering)
         self._cache_store = _Store(key, generations, started)
         return super().list(request, *args, **kwargs)  # type: ignore[misc]
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().dispatch(request, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            held, self._cache_flight = self._cache_flight, None
+            if held is not None:
+                _land(*held)
 
     def paginate_queryset(self, queryset: Any) -> builtins.list[Any] | None:
         page: builtins.list[Any] | None = super().paginate_queryset(queryset)  # type: ignore[misc]
@@ -142,6 +204,18 @@ def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.d
     except datagen.CACHE_ERRORS:
         log.warning("cache unreachable: %s computed", name, exc_info=True)
         return compute()[0]
+    if entry is not None and entry[0] == generations.values and (entry[2] is None or entry[2] > timezone.now()):
+        return cast(T, entry[1])
+    with flight(key):
+        return _compute_and_keep(key, name, generations, compute, ttl)
+
+
+def _compute_and_keep(key: str, name: str, generations: datagen.Generations,
+                      compute: Callable[[], tuple[T, dt.datetime | None]], ttl: int) -> T:
+    try:  # another thread of this process may have kept it while this one waited
+        entry = cache.get(key)
+    except datagen.CACHE_ERRORS:
+        entry = None
     if entry is not None and entry[0] == generations.values and (entry[2] is None or entry[2] > timezone.now()):
         return cast(T, entry[1])
     value, until = compute()

@@ -23,6 +23,7 @@ from rest_framework.response import Response
 
 from gpusweep import registry, secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
+from gpusweep.narrow import NarrowListMixin, Times
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
@@ -245,7 +246,38 @@ class ClusterViewSet(viewsets.ModelViewSet):
         return Response({"queued": cluster.name}, status=status.HTTP_202_ACCEPTED)
 
 
-class NodeViewSet(CachedListMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
+# The list's columns, read in one statement (NodeSerializer's fields; cluster__name joined).
+NODE_COLUMNS = ("id", "cluster_id", "cluster__name", "name", "pool", "labels", "gpu_model", "gpu_count", "product_line",
+                "os_family", "cpu_milli", "memory_mib", "scheduler_state", "service_state", "agent_endpoint",
+                "fact_sources", "fact_conflicts", "last_seen", "gone_at", "created_at", "updated_at")
+NODE_TIMES = ("last_seen", "gone_at", "created_at", "updated_at")
+
+
+def node_rows(ids: list[int]) -> list[dict[str, Any]]:
+    """NodeSerializer's rows for these nodes, in this order, from two narrow reads (gpusweep.narrow)."""
+    times = Times()
+    components: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+    for node_id, component, version, branch, flagged, source, updated in NodeComponent.objects.filter(
+            node_id__in=ids).order_by("node_id", "component").annotate(
+            unknown=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
+            "node_id", "component", "version", "branch", "unknown", "source", "updated"):
+        components[node_id].append({"component": component, "version": version, "branch": branch,
+                                    "flagged": flagged, "source": source, "updated_at": times.write(updated)})
+    found = {}
+    columns = [f"{name}_" if name in NODE_TIMES else name for name in NODE_COLUMNS]
+    for values in Node.objects.filter(pk__in=ids).annotate(
+            **{f"{name}_": times.column(name) for name in NODE_TIMES}).values_list(*columns):
+        row = dict(zip(NODE_COLUMNS, values, strict=True))
+        row["cluster"] = row.pop("cluster_id")
+        row["cluster_name"] = row.pop("cluster__name")
+        for name in NODE_TIMES:
+            row[name] = times.write(row[name])
+        row["components"] = components[row["id"]]
+        found[row["id"]] = {name: row[name] for name in NodeSerializer.Meta.fields}
+    return [found[i] for i in ids if i in found]
+
+
+class NodeViewSet(CachedListMixin, NarrowListMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyModelViewSet):
     # Every table the list (its filters, ordering, search and serializer) reads (gpusweep.responses).
     cache_tables = ("inventory_node", "inventory_cluster", "inventory_nodecomponent")
     queryset = Node.objects.select_related("cluster").prefetch_related("components")
@@ -254,6 +286,9 @@ class NodeViewSet(CachedListMixin, mixins.UpdateModelMixin, viewsets.ReadOnlyMod
     ordering_fields = ["name", "last_seen", "gpu_count", "pool", "gpu_model", "service_state", "cluster__name",
                        "updated_at"]
     search_fields = ["name", "pool", "gpu_model", "cluster__name"]
+
+    def narrow_rows(self, ids: list[int]) -> list[dict[str, Any]]:
+        return node_rows(ids)
 
     def perform_update(self, serializer: serializers.BaseSerializer[Node]) -> None:
         with transaction.atomic():

@@ -492,3 +492,38 @@ def test_a_session_is_read_from_the_cache_until_its_table_is_written_and_one_del
     with psycopg.connect(_url(), autocommit=True) as psql:
         psql.execute(f"DELETE FROM {Session._meta.db_table}")
     assert client.get("/").status_code == 302  # to the login page, at once
+
+
+def test_threads_that_miss_one_answer_compute_it_once(fleet, monkeypatch):
+    """Issue 33: gthread workers' threads all missed after a write and each computed the same list
+    (the GIL shared 24 ways). Now one computes it and the others of the process wait and read it."""
+    import threading
+
+    from inventory.api import NodeViewSet
+
+    _user_with_token = _user("reader", Role.VIEWER)
+    _token, key = tokens.issue(_user_with_token, "threads")
+    built: list[int] = []
+    real = NodeViewSet.narrow_rows
+
+    def slow(self, ids):  # type: ignore[no-untyped-def]
+        built.append(len(ids))
+        time.sleep(0.3)  # long enough for every thread to miss before the first one keeps it
+        return real(self, ids)
+
+    monkeypatch.setattr(NodeViewSet, "narrow_rows", slow)
+    answers: list[tuple[int, bytes]] = []
+
+    def read() -> None:
+        client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_ACCEPT="application/json")
+        response = client.get(NODES)
+        answers.append((response.status_code, response.content))
+        connection.close()
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [status for status, _body in answers] == [200] * 6 and len({body for _status, body in answers}) == 1
+    assert len(built) == 1
