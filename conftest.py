@@ -9,8 +9,8 @@ default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` 
 Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
 browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
 another. `make pytest` goes further and runs them in phases of their own, after the others
-(`--resource-groups without` on every core; then `lanes` and `alone`, each in one process): their
-timing bounds hold on a machine that runs nothing else, as they did when the suite was serial.
+(`--resource-groups without` on every core; then the two LANES side by side, one process each, then
+`alone` in one process): their timing bounds hold with nothing but the other lane beside them.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
 # own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
 # The Slurm cluster (one controller, slurmdbd and the machine's MariaDB) is one group; CRIU, the
-# agents, the Kubernetes stand-in and the browser another (LANES: they share no outside resource,
-# but not side by side either: every test agent lists every Slurm job step on this host, which
-# plays all the nodes); `alone`, last: real Celery workers killed mid-campaign and the heartbeat
-# flush, whose timing bounds failed with anything beside them on the 2-core machine.
+# agents, the Kubernetes stand-in and the browser another (LANES: they share no outside resource
+# and run side by side, each in a process and test database of its own. This host plays every
+# Slurm node: an agent lists only the Slurm steps whose cgroup names its node (multiple-slurmd),
+# and the demo's agents, named as the Slurm fleet's nodes, list no Slurm step or pod at all);
+# `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
+# bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
               "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
@@ -95,10 +97,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", "alone"), default="with",
+    parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", *LANES, "alone"),
+                     default="with",
                      help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
-                          "run only them, only those of LANES or only the others (make pytest: `without` on every "
-                          "core, then `lanes` and `alone`, each in one process)")
+                          "run only them, only those of LANES, of one lane, or only the others (make pytest: "
+                          "`without` on every core, then each lane in a process of its own side by side, "
+                          "then `alone` in one process)")
     parser.addoption("--database-tests-only", action="store_true",
                      help="only the tests that touch the configured database or broker (conftest.touches_database): "
                           "make test-postgres, after the whole suite ran on the SQLite default")
@@ -132,7 +136,21 @@ def _in_phase(group: str | None, phase: str) -> bool:
         return group is None
     if phase == "only":
         return group is not None
+    if phase in LANES:
+        return group == phase
     return group is not None and (group in LANES) == (phase == "lanes")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None,
+                                 request: pytest.FixtureRequest) -> None:
+    """A lane's own test database (test_<name>_<lane>): make pytest runs the LANES side by side, two
+    processes that would otherwise both create and drop test_<name> on PostgreSQL."""
+    lane = request.config.getoption("resource_groups")
+    if lane in LANES:
+        from pytest_django.fixtures import _set_suffix_to_test_databases
+
+        _set_suffix_to_test_databases(lane.replace("-", "_"))
 
 
 # What a test that touches the configured database or broker uses (besides the django_db mark and the
