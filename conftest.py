@@ -9,8 +9,8 @@ default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` 
 Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
 browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
 another. `make pytest` goes further and runs them in phases of their own, after the others
-(`--resource-groups without` on every core; then the two LANES side by side, one process each, then
-`alone` in one process): their timing bounds hold with nothing but the other lane beside them.
+(`--resource-groups without` on every core; then the LANES side by side, one process each, then
+`alone` in one process): their timing bounds hold with nothing but the other lanes beside them.
 """
 
 from __future__ import annotations
@@ -34,17 +34,19 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # xdist group -> the test files sharing that outside resource: one worker runs a group's files one
 # test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
 # own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
-# The Slurm cluster (one controller, slurmdbd and the machine's MariaDB) is one group; CRIU, the
-# agents, the Kubernetes stand-in and the browser another (LANES: they share no outside resource
-# and run side by side, each in a process and test database of its own. This host plays every
-# Slurm node: an agent lists only the Slurm steps whose cgroup names its node (multiple-slurmd),
-# and the demo's agents, named as the Slurm fleet's nodes, list no Slurm step or pod at all);
+# The real Slurm clusters make two groups (each file starts a cluster of its own: its own munged,
+# ports, spool folders and slurmdbd database in the machine's MariaDB; their tests mostly wait on
+# jobs), CRIU, the agents, the Kubernetes stand-in and the browser a third (LANES: they share no
+# outside resource and run side by side, each in a process and test database of its own. This
+# host plays every Slurm node of every cluster: an agent lists only the Slurm steps whose cgroup
+# names its node (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list
+# no Slurm step or pod at all);
 # `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
 # bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py",
-              "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
-              "tests/inventory/test_slurm_sync.py"),
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py"),
+    "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_campaign_vs_simulator.py",
+                       "tests/inventory/test_slurm_sync.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/foundation/test_boot.py",
                        "tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py",
@@ -53,7 +55,7 @@ GROUPS = {
                        "tests/ui/test_wizard_browser.py"),
     "alone": ("tests/campaigns/test_e2e.py", "tests/faults/test_faults.py", "tests/inventory/test_heartbeat_digest.py"),
 }
-LANES = ("slurm", "agents-browser")
+LANES = ("slurm", "slurm-executor", "agents-browser")  # scripts/pytest-phases.sh names them too
 MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
 
@@ -144,8 +146,8 @@ def _in_phase(group: str | None, phase: str) -> bool:
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None,
                                  request: pytest.FixtureRequest) -> None:
-    """A lane's own test database (test_<name>_<lane>): make pytest runs the LANES side by side, two
-    processes that would otherwise both create and drop test_<name> on PostgreSQL."""
+    """A lane's own test database (test_<name>_<lane>): make pytest runs the LANES side by side,
+    processes that would otherwise all create and drop test_<name> on PostgreSQL."""
     lane = request.config.getoption("resource_groups")
     if lane in LANES:
         from pytest_django.fixtures import _set_suffix_to_test_databases

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make pytest`: the tests that share no outside resource on every core (pytest-xdist); then the
-# files of conftest.GROUPS: the two LANES side by side, one process each (the real Slurm cluster;
+# files of conftest.GROUPS: the LANES side by side, one process each (two of real Slurm clusters;
 # CRIU, the agents and the browser), with nothing else beside them; then the `alone` group (real
 # workers killed mid-campaign, timing bounds) in one process.
 # The lanes share no port, folder or test database (each lane's is test_<name>_<lane>), and an
@@ -15,15 +15,16 @@ codes=()
 codes+=($?)
 logs=$(mktemp -d)
 pids=()
-for lane in slurm agents-browser; do
+lanes=(slurm slurm-executor agents-browser)  # conftest.LANES
+for lane in "${lanes[@]}"; do
   "$bin/pytest" -p no:xdist --resource-groups "$lane" --durations=0 "$@" >"$logs/$lane.log" 2>&1 &
   pids+=($!)
 done
-for index in 0 1; do
-  wait "${pids[$index]}"
+for pid in "${pids[@]}"; do
+  wait "$pid"
   codes+=($?)
 done
-for lane in slurm agents-browser; do
+for lane in "${lanes[@]}"; do
   echo "===== lane $lane"
   cat "$logs/$lane.log"
 done
