@@ -31,31 +31,32 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFIG"
 # marker -> (the environment variable that configures the service, the URL schemes it takes)
 SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
-# xdist group -> the test files sharing that outside resource: one worker runs a group's files one
-# test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
-# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
-# The real Slurm clusters make two groups (each file starts a cluster of its own: its own munged,
-# ports, spool folders and slurmdbd database in the machine's MariaDB; their tests mostly wait on
-# jobs), CRIU, the agents, the Kubernetes stand-in and the browser a third (LANES: they share no
-# outside resource and run side by side, each in a process and test database of its own. This
-# host plays every Slurm node of every cluster: an agent lists only the Slurm steps whose cgroup
-# names its node (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list
-# no Slurm step or pod at all);
-# `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
-# bounds failed with anything beside them on the 2-core machine.
+# xdist group -> test files that need an outside resource of their own or a quiet machine: one
+# worker runs a group's files one test after another. By file, because the xdist controller sees
+# node ids only (and xdist 3.8's own xdist_group marks do nothing under pytest 9, which ignores the
+# node id it rewrites).
+# The LANES share no outside resource and run side by side, each in a process and test database of
+# its own: each Slurm file starts a cluster of its own (its own munged, ports, spool folders and
+# slurmdbd database in the machine's MariaDB), and their tests mostly wait on jobs; CRIU, the agents,
+# the Kubernetes stand-in and each lane's browser share nothing either. This host plays every Slurm
+# node of every cluster: an agent lists only the Slurm steps whose cgroup names its node
+# (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list no Slurm step or
+# pod at all. The files are spread so that the lanes take about as long (each about 330 s of tests
+# on the loaded 2-core machine). `alone`, last: real Celery workers killed mid-campaign and the
+# heartbeat flush, whose timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/costs/test_slurm_accounting.py"),
-    "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_campaign_vs_simulator.py",
-                       "tests/inventory/test_slurm_sync.py"),
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py"),
+    "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_accounting.py",
+                       "tests/ui/test_narrow_browser.py"),
+    "demo": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_slurm_campaign_vs_simulator.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/foundation/test_boot.py",
-                       "tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py",
-                       "tests/foundation/test_ui.py", "tests/ui/test_walk_browser.py",
-                       "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",
+                       "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
+                       "tests/ui/test_walk_browser.py", "tests/oidc/test_sso_browser.py",
                        "tests/ui/test_wizard_browser.py"),
     "alone": ("tests/campaigns/test_e2e.py", "tests/faults/test_faults.py", "tests/inventory/test_heartbeat_digest.py"),
 }
-LANES = ("slurm", "slurm-executor", "agents-browser")  # scripts/pytest-phases.sh names them too
+LANES = ("slurm", "slurm-executor", "demo", "agents-browser")  # scripts/pytest-phases.sh names them too
 MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
 

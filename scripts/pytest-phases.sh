@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `make pytest`: the tests that share no outside resource on every core (pytest-xdist); then the
-# files of conftest.GROUPS: the LANES side by side, one process each (two of real Slurm clusters;
-# CRIU, the agents and the browser), with nothing else beside them; then the `alone` group (real
-# workers killed mid-campaign, timing bounds) in one process.
+# files of conftest.GROUPS: the LANES side by side, one process each (real Slurm clusters, CRIU,
+# the agents, the browser), with nothing else beside them; then the `alone` group (real workers
+# killed mid-campaign, timing bounds) in one process.
 # The lanes share no port, folder or test database (each lane's is test_<name>_<lane>), and an
-# agent lists only the Slurm steps whose cgroup names its own node (conftest.py says which files
-# that puts in the Slurm lane). Each lane's output is printed whole once both have ended.
+# agent lists only the Slurm steps whose cgroup names its own node (conftest.py, GROUPS). Each
+# lane's output is printed whole once all have ended.
 # Usage: pytest-phases.sh BIN WORKERS [ARGS...]
 set -uo pipefail
 bin=$1 workers=$2
@@ -15,7 +15,7 @@ codes=()
 codes+=($?)
 logs=$(mktemp -d)
 pids=()
-lanes=(slurm slurm-executor agents-browser)  # conftest.LANES
+lanes=(slurm slurm-executor demo agents-browser)  # conftest.LANES
 for lane in "${lanes[@]}"; do
   "$bin/pytest" -p no:xdist --resource-groups "$lane" --durations=0 "$@" >"$logs/$lane.log" 2>&1 &
   pids+=($!)
