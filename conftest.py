@@ -41,9 +41,9 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # the Kubernetes stand-in and each lane's browser share nothing either. This host plays every Slurm
 # node of every cluster: an agent lists only the Slurm steps whose cgroup names its node
 # (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list no Slurm step or
-# pod at all. The files are spread so that the lanes take about as long (each about 330 s of tests
-# on the loaded 2-core machine). `alone`, last: real Celery workers killed mid-campaign and the
-# heartbeat flush, whose timing bounds failed with anything beside them on the 2-core machine.
+# pod at all. The files are spread by their measured durations so that the lanes take about as
+# long. `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
+# bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py"),
     "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_accounting.py",
