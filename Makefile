@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 STAMP := $(VENV)/.installed
 # pytest-xdist workers (0: one process) for the tests that share no outside resource; those that
-# do (conftest.py's GROUPS: Slurm, CRIU, the browser) run after them in one process.
+# do (conftest.py's GROUPS: Slurm, CRIU, the browser) run after them, its LANES side by side
+# (scripts/pytest-phases.sh).
 PYTEST_WORKERS ?= auto
 POSTGRES_URL ?= postgres://root@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0

@@ -9,8 +9,8 @@ default and once on PostgreSQL + Redis, and a test marked `postgres` or `redis` 
 Under pytest-xdist the test files that share one outside resource (a real Slurm cluster, CRIU, a
 browser, real worker processes with timing bounds: GROUPS) run on one worker, one test after
 another. `make pytest` goes further and runs them in phases of their own, after the others
-(`--resource-groups without` on every core; then `lanes` and `alone`, each in one process): their
-timing bounds hold on a machine that runs nothing else, as they did when the suite was serial.
+(`--resource-groups without` on every core; then the LANES side by side, one process each, then
+`alone` in one process): their timing bounds hold with nothing but the other lanes beside them.
 """
 
 from __future__ import annotations
@@ -31,29 +31,33 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 REAL_CLUSTER_SKIP = "end-to-end against a real Kubernetes cluster: set KUBECONFIG"
 # marker -> (the environment variable that configures the service, the URL schemes it takes)
 SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELERY_BROKER_URL", ("redis",))}
-# xdist group -> the test files sharing that outside resource: one worker runs a group's files one
-# test after another. By file, because the xdist controller sees node ids only (and xdist 3.8's
-# own xdist_group marks do nothing under pytest 9, which ignores the node id it rewrites).
-# The Slurm cluster (one controller, slurmdbd and the machine's MariaDB) is one group; CRIU, the
-# agents, the Kubernetes stand-in and the browser another (LANES: they share no outside resource,
-# but not side by side either: every test agent lists every Slurm job step on this host, which
-# plays all the nodes); `alone`, last: real Celery workers killed mid-campaign and the heartbeat
-# flush, whose timing bounds failed with anything beside them on the 2-core machine.
+# xdist group -> test files that need an outside resource of their own or a quiet machine: one
+# worker runs a group's files one test after another. By file, because the xdist controller sees
+# node ids only (and xdist 3.8's own xdist_group marks do nothing under pytest 9, which ignores the
+# node id it rewrites).
+# The LANES share no outside resource and run side by side, each in a process and test database of
+# its own: each Slurm file starts a cluster of its own (its own munged, ports, spool folders and
+# slurmdbd database in the machine's MariaDB), and their tests mostly wait on jobs; CRIU, the agents,
+# the Kubernetes stand-in and each lane's browser share nothing either. This host plays every Slurm
+# node of every cluster: an agent lists only the Slurm steps whose cgroup names its node
+# (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list no Slurm step or
+# pod at all. The files are spread by their measured durations so that the lanes take about as
+# long. `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
+# bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/campaigns/test_slurm_untyped_campaign.py",
-              "tests/costs/test_slurm_accounting.py",
-              "tests/costs/test_slurm_campaign_vs_simulator.py", "tests/executors/test_contract_slurm.py",
-              "tests/inventory/test_slurm_sync.py"),
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py"),
+    "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_accounting.py",
+                       "tests/ui/test_narrow_browser.py", "tests/campaigns/test_slurm_untyped_campaign.py"),
+    "demo": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_slurm_campaign_vs_simulator.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_kubernetes_rbac.py",
                        "tests/foundation/test_boot.py",
-                       "tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py",
-                       "tests/foundation/test_ui.py", "tests/ui/test_walk_browser.py",
-                       "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",
+                       "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
+                       "tests/ui/test_walk_browser.py", "tests/oidc/test_sso_browser.py",
                        "tests/ui/test_wizard_browser.py"),
     "alone": ("tests/campaigns/test_e2e.py", "tests/faults/test_faults.py", "tests/inventory/test_heartbeat_digest.py"),
 }
-LANES = ("slurm", "agents-browser")
+LANES = ("slurm", "slurm-executor", "demo", "agents-browser")  # scripts/pytest-phases.sh names them too
 MARKED_GROUPS = ("slurm", "criu", "browser")  # a test with one of these marks must be in a file of GROUPS
 GROUP_OF_FILE = {path: group for group, paths in GROUPS.items() for path in paths}
 
@@ -97,10 +101,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", "alone"), default="with",
+    parser.addoption("--resource-groups", choices=("with", "without", "only", "lanes", *LANES, "alone"),
+                     default="with",
                      help="the test files of conftest.GROUPS: run with the others (default), leave them out, "
-                          "run only them, only those of LANES or only the others (make pytest: `without` on every "
-                          "core, then `lanes` and `alone`, each in one process)")
+                          "run only them, only those of LANES, of one lane, or only the others (make pytest: "
+                          "`without` on every core, then each lane in a process of its own side by side, "
+                          "then `alone` in one process)")
     parser.addoption("--database-tests-only", action="store_true",
                      help="only the tests that touch the configured database or broker (conftest.touches_database): "
                           "make test-postgres, after the whole suite ran on the SQLite default")
@@ -134,7 +140,21 @@ def _in_phase(group: str | None, phase: str) -> bool:
         return group is None
     if phase == "only":
         return group is not None
+    if phase in LANES:
+        return group == phase
     return group is not None and (group in LANES) == (phase == "lanes")
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None,
+                                 request: pytest.FixtureRequest) -> None:
+    """A lane's own test database (test_<name>_<lane>): make pytest runs the LANES side by side,
+    processes that would otherwise all create and drop test_<name> on PostgreSQL."""
+    lane = request.config.getoption("resource_groups")
+    if lane in LANES:
+        from pytest_django.fixtures import _set_suffix_to_test_databases
+
+        _set_suffix_to_test_databases(lane.replace("-", "_"))
 
 
 # What a test that touches the configured database or broker uses (besides the django_db mark and the

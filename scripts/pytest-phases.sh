@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `make pytest`: the tests that share no outside resource on every core (pytest-xdist); then the
-# files of conftest.GROUPS in one process: the LANES (the real Slurm cluster; CRIU, the agents and
-# the browser), then the `alone` group (real workers killed mid-campaign, timing bounds).
-# The lanes are not run side by side: every test agent finds every Slurm job step on this host
-# through /proc's cgroups (one host plays all the nodes), so the agents of the second lane listed
-# the Slurm lane's jobs as their own, and the GPU-holder and demo tests failed.
+# files of conftest.GROUPS: the LANES side by side, one process each (real Slurm clusters, CRIU,
+# the agents, the browser), with nothing else beside them; then the `alone` group (real workers
+# killed mid-campaign, timing bounds) in one process.
+# The lanes share no port, folder or test database (each lane's is test_<name>_<lane>), and an
+# agent lists only the Slurm steps whose cgroup names its own node (conftest.py, GROUPS). Each
+# lane's output is printed whole once all have ended.
 # Usage: pytest-phases.sh BIN WORKERS [ARGS...]
 set -uo pipefail
 bin=$1 workers=$2
@@ -12,8 +13,22 @@ shift 2
 codes=()
 "$bin/pytest" -n "$workers" --dist loadgroup --resource-groups without --durations=15 "$@"
 codes+=($?)
-"$bin/pytest" -p no:xdist --resource-groups lanes --durations=0 "$@"
-codes+=($?)
+logs=$(mktemp -d)
+pids=()
+lanes=(slurm slurm-executor demo agents-browser)  # conftest.LANES
+for lane in "${lanes[@]}"; do
+  "$bin/pytest" -p no:xdist --resource-groups "$lane" --durations=0 "$@" >"$logs/$lane.log" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do
+  wait "$pid"
+  codes+=($?)
+done
+for lane in "${lanes[@]}"; do
+  echo "===== lane $lane"
+  cat "$logs/$lane.log"
+done
+rm -rf "$logs"
 "$bin/pytest" -p no:xdist --resource-groups alone --durations=0 "$@"
 codes+=($?)
 # Exit 5 is "no test collected": fine for a phase when another ran (ARGS naming one file), never

@@ -170,6 +170,29 @@ def test_it_finds_slurm_steps_and_kubernetes_pods_by_cgroup(tmp_path: Path) -> N
     assert found["pod-0f6c2a1e-5a3b-4c2d-9e8f-112233445566"]["kind"] == "k8s_pod"
 
 
+def test_on_a_host_with_several_slurmd_it_finds_the_steps_of_its_own_node_only(tmp_path: Path) -> None:
+    """One host running a slurmd per node (multiple-slurmd, as tests/slurm_cluster.py does) names the node in
+    each step's cgroup; gpu01's agent lists gpu01's steps and those under a cgroup naming no node (a host's
+    one slurmd), never gpu02's. A /proc tree built in tmp_path: the test cluster tracks jobs by process."""
+    layout = {
+        "101": "4:memory:/slurm_gpu01/uid_0/job_7/step_batch\n1:pids:/slurm_gpu01/uid_0/job_7/step_batch\n0::/\n",
+        "102": "4:memory:/slurm_gpu02/uid_0/job_8/step_batch\n0::/\n",
+        "103": "0::/system.slice/gpu01_slurmstepd.scope/job_9/step_0/user/task_0\n",
+        "104": "0::/system.slice/gpu02_slurmstepd.scope/job_10/step_0/user/task_0\n",
+        "105": "0::/system.slice/slurmstepd.scope/job_11/step_batch/user/task_0\n",
+        "106": "4:memory:/slurm/uid_0/job_12/step_extern\n0::/\n",
+    }
+    for pid, cgroup in layout.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "cgroup").write_text(cgroup)
+    mine = ["slurm-11.batch", "slurm-12.extern", "slurm-7.batch", "slurm-9.0"]
+    assert [w["id"] for w in discover_cgroup_workloads(tmp_path, node="gpu01")] == mine
+    assert [w["id"] for w in discover_cgroup_workloads(tmp_path, node="gpu02")] == [
+        "slurm-10.0", "slurm-11.batch", "slurm-12.extern", "slurm-8.batch"]
+    # An agent that knows no node name lists every step on the host.
+    assert len(discover_cgroup_workloads(tmp_path)) == len(layout)
+
+
 class Receiver(BaseHTTPRequestHandler):
     """Stands in for the service's heartbeat receiver (another engineer's inventory app), checking
     signatures with the same auth module; `status` and the received bodies are set per test."""

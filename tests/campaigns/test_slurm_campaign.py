@@ -447,11 +447,12 @@ def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpoint
         fleet: SlurmFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19, item 6: neither job asks for GPU gres, so Slurm never reports them as GPU jobs; each node's
     agent finds it holding the node's (stand-in) GPU: "sneaky" by the slurm-<jobid> its gpusweep-run
-    registered, "waiter" by its cgroup (slurmstepd's /slurm/uid_0/job_<id>/step_batch, made here by hand:
-    the test cluster tracks jobs by process, not cgroup). The engine treats them as GPU jobs: sneaky
-    (policy checkpoint) is checkpointed by the agent, requeued held and continues on a spare with its job id
-    and one GPU reserved for it; gpu02 stays drained while waiter (policy wait) runs and is patched after it
-    ends. The plan shows both with their policy, the evidence says the agent found them."""
+    registered, "waiter" by its cgroup (slurmstepd's /slurm_gpu02/uid_0/job_<id>/step_batch on this host,
+    which runs a slurmd per node, made here by hand: the test cluster tracks jobs by process, not cgroup).
+    The engine treats them as GPU jobs: sneaky (policy checkpoint) is checkpointed by the agent, requeued
+    held and continues on a spare with its job id and one GPU reserved for it; gpu02 stays drained while
+    waiter (policy wait) runs and is patched after it ends. The plan shows both with their policy, the
+    evidence says the agent found them."""
     ok, reason = cgroups_writable()
     need(ok, reason)
     monkeypatch.setattr(policy, "WAIT_POLL_S", 1.0)
@@ -464,7 +465,7 @@ def test_jobs_without_gpu_gres_that_the_agent_finds_holding_a_gpu_are_checkpoint
     agents.wait_steps(log, 5)
     pattern = str(fleet.gpu_device("gpu02").parent / "nvidia[0-9]*")
     [pid] = wait_for(lambda: list(device_holders([pattern])), 10, interval=0.2)
-    with in_cgroup(pid, f"/slurm/uid_0/job_{waiter}/step_batch"):
+    with in_cgroup(pid, f"/slurm_gpu02/uid_0/job_{waiter}/step_batch"):
         fleet.make_cluster()
         made = start_campaign(["gpu01", "gpu02"], workload_overrides={"waiter": "wait"})
         made.refresh_from_db()

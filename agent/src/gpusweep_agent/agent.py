@@ -110,10 +110,14 @@ class Agent:
         registered = self.workloads.refreshed()
         known_pids = {int(w.get("pid") or 0) for w in registered}
         out = [listed(w) for w in registered]
-        for found in discover_cgroup_workloads() + self._gpu_processes():
+        for found in self._scheduler_workloads() + self._gpu_processes():
             if found["pid"] not in known_pids:
                 out.append({**public(found), "id": found["id"]})
         return out
+
+    def _scheduler_workloads(self) -> list[dict[str, Any]]:
+        """Slurm steps of this node and pods, by cgroup (unless the configuration says it runs neither)."""
+        return discover_cgroup_workloads(node=self.config.node) if self.config.scheduler_workloads else []
 
     def gpu_users(self) -> list[dict[str, Any]]:
         """Every process holding a GPU on this node, with its owner (workloads.gpu_users)."""
@@ -140,7 +144,7 @@ class Agent:
     def find_workload(self, workload_id: str) -> dict[str, Any]:
         workload = self.workloads.get(workload_id)
         if workload is None:
-            for found in discover_cgroup_workloads() + self._gpu_processes():
+            for found in self._scheduler_workloads() + self._gpu_processes():
                 if found["id"] == workload_id:
                     return found
             raise OperationError(f"unknown workload {workload_id!r} on {self.config.identity}")

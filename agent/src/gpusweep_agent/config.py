@@ -82,6 +82,10 @@ class AgentConfig:
     package_manager: str = "auto"
     package_db: str = ""
     packages: dict[str, Any] = field(default_factory=dict)
+    # List the Slurm job steps and Kubernetes pods found by cgroup among the node's workloads (those of
+    # its own node only, on a host running several slurmd: workloads.discover_cgroup_workloads). Off for
+    # agents that run no scheduler's work on a shared host, e.g. manage.py demo_fleet's.
+    scheduler_workloads: bool = True
     # GPU users beyond the scheduler: glob patterns of the device files that mean "holds a GPU".
     gpu_devices: list[str] = field(default_factory=lambda: list(DEFAULT_GPU_DEVICES))
     # Node daemons that hold GPUs by design: listed as GPU users, never moved or stopped as workloads.

@@ -30,6 +30,9 @@ LIVE_STATES = frozenset({"running", "restored"})
 WORKLOAD_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 # cgroup v1 and v2 layouts of slurmstepd: .../slurm/uid_0/job_42/step_0/... or .../job_42/step_batch/...
 SLURM_RE = re.compile(r"/job_(\d+)/step_([A-Za-z0-9_.]+)")
+# A host running several slurmd (Slurm built with multiple-slurmd, one host playing several nodes) names
+# the node in its steps' cgroups: v1 /slurm_<node>/uid_0/job_42/..., v2 .../<node>_slurmstepd.scope/job_42/...
+SLURM_NODE_RE = re.compile(r"/(?:slurm_([^/\n]+)/uid_\d+|([^/\n]+)_slurmstepd\.scope)/job_\d+/")
 # kubelet's cgroups: kubepods.slice/kubepods-burstable-pod<uid with _>.slice or kubepods/besteffort/pod<uid>
 K8S_RE = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
@@ -111,11 +114,21 @@ def listed(workload: dict[str, Any], proc_root: Path = Path("/proc")) -> dict[st
     return {**public(workload), "id": workload["id"], **({"owner": owner} if owner else {})}
 
 
-def discover_cgroup_workloads(proc_root: Path = Path("/proc")) -> list[dict[str, Any]]:
-    """Slurm job steps and Kubernetes pods, one entry each, from /proc/<pid>/cgroup."""
+def slurm_node_of(cgroup: str) -> str:
+    """The Slurm node a step's cgroup names (a multiple-slurmd host's layout); "" when it names none."""
+    match = SLURM_NODE_RE.search(cgroup)
+    return (match.group(1) or match.group(2)) if match else ""
+
+
+def discover_cgroup_workloads(proc_root: Path = Path("/proc"), node: str = "") -> list[dict[str, Any]]:
+    """Slurm job steps and Kubernetes pods, one entry each, from /proc/<pid>/cgroup. With `node` (the
+    agent's node, its Slurm NodeName), a step whose cgroup names another node is that node's slurmd's,
+    not this agent's; a step whose cgroup names no node runs under the host's one slurmd."""
     found: dict[str, dict[str, Any]] = {}
     for pid, cgroup in _cgroups(proc_root):
         if match := SLURM_RE.search(cgroup):
+            if node and slurm_node_of(cgroup) not in ("", node):
+                continue
             job, step = match.groups()
             key = f"slurm-{job}.{step}"
             entry = found.setdefault(key, {"id": key, "kind": "slurm_step", "scheduler_id": f"{job}.{step}",

@@ -149,6 +149,8 @@ class Command(BaseCommand):
             "GPUSWEEP_AGENT_SERVICE_URL": service_url, "GPUSWEEP_AGENT_HEARTBEAT_INTERVAL": "10",
             "GPUSWEEP_AGENT_REBOOT_COMMAND": "simulate",
             "GPUSWEEP_AGENT_PATCH_METHODS": json.dumps({"package": {"simulate": True}}),
+            # The demo's workloads are its counters; Slurm steps or pods this machine runs are not its nodes'.
+            "GPUSWEEP_AGENT_SCHEDULER_WORKLOADS": "false",
         }
 
     @staticmethod
