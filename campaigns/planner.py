@@ -32,10 +32,10 @@ nodes of the same clusters (possible receivers), and the policy. Output: a JSON-
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import math
-from collections import defaultdict
-from collections.abc import Callable
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -310,8 +310,14 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
     return waves
 
 
+@functools.lru_cache(maxsize=4096)
+def _iso_of(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _iso(moment: datetime | None) -> str | None:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else None
+    # Memoised: every node of a wave shares its times, and deadlines repeat across a fleet.
+    return _iso_of(moment) if moment else None
 
 
 class _Lane:
@@ -343,54 +349,101 @@ class Capacity:
     def __init__(self, scope: list[PlanNode], receivers: list[PlanNode], waves: dict[int, int]) -> None:
         self.by_id = {n.id: n for n in [*scope, *receivers]}
         self.wave_of = {n.id: OUT_OF_SCOPE for n in receivers} | waves
-        self.facts_now = {n.id: portability.node_facts(n.gpu_model, n.versions) for n in self.by_id.values()}
-        self.facts_after = {n.id: portability.node_facts(n.gpu_model, {**n.versions, **n.target})
-                            for n in scope}
+        # Fleets repeat a few sets of facts: equal ones are one shared (read-only) dict, so the
+        # caches and indexes below key on its identity instead of hashing its contents per node.
+        shared: dict[tuple[Any, ...], dict[str, str]] = {}
+
+        def facts_of(gpu_model: str, versions: dict[str, str]) -> dict[str, str]:
+            key = (gpu_model, *versions.items())
+            found = shared.get(key)
+            if found is None:
+                found = shared[key] = portability.node_facts(gpu_model, versions)
+            return found
+
+        self.facts_now = {n.id: facts_of(n.gpu_model, n.versions) for n in self.by_id.values()}
+        self.facts_after = {n.id: facts_of(n.gpu_model, {**n.versions, **n.target}) for n in scope}
         self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
         self.receivers = receivers
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
         self.patched: list[int] = []  # scope nodes patched so far, in wave order
         self.current = 0
         self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
-        self._fact_keys = {n.id: tuple(sorted(self.facts_now[n.id].items())) for n in scope}
+        # Per distinct Requirements (by identity: they live in _needs): the plan's "requires" entry
+        # and the start of its "why", shared by every move with those requirements.
+        self._described: dict[int, tuple[dict[str, object], str]] = {}
+        self._valid_after: dict[tuple[int, int], bool] = {}
+        self._lanes: dict[tuple[int, str], list[_Lane]] = {}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
 
     def requirements(self, workload: PlanWorkload, node: PlanNode) -> portability.Requirements:
         """The workload's requirements on `node`, computed once per distinct (workload kind, node facts)."""
-        key = (workload.cache_key(), self._fact_keys.get(node.id) or tuple(sorted(self.facts_now[node.id].items())))
+        facts = self.facts_now[node.id]
+        key = (workload.cache_key(), id(facts))  # shared facts (see __init__): identity is content
         found = self._needs.get(key)
         if found is None:
-            found = self._needs[key] = workload.requirements(self.facts_now[node.id])
+            found = self._needs[key] = workload.requirements(facts)
+        return found
+
+    def described(self, needed: portability.Requirements) -> tuple[dict[str, object], str]:
+        """The plan's `requires` for `needed` and what its checkpoint depends on, in words."""
+        found = self._described.get(id(needed))
+        if found is None:
+            facts = ", ".join(f"{k.replace('_', ' ')} {v or '(none)'}" for k, v in sorted(needed.must.items()))
+            depends = f"same {facts}" if facts else "its image needs nothing of the node"
+            found = self._described[id(needed)] = (needed.as_dict(), f"{needed.engine} checkpoint: {depends}")
+        return found
+
+    def valid_at_home(self, needed: portability.Requirements, node: PlanNode) -> bool:
+        """Whether the checkpoint stays valid on its own node once that node is patched."""
+        after = self.facts_after[node.id]
+        key = (id(needed), id(after))  # shared facts (see __init__): identity is content
+        found = self._valid_after.get(key)
+        if found is None:
+            found = self._valid_after[key] = portability.compatible(needed, after)
         return found
 
     def facts(self, node_id: int) -> dict[str, str]:
         patched = node_id in self.facts_after and self.wave_of[node_id] <= self.current - 2
         return self.facts_after[node_id] if patched else self.facts_now[node_id]
 
-    def _key(self, facts: tuple[str, ...], node_id: int, patched: bool) -> tuple[str, ...]:
-        values = (self.facts_after if patched else self.facts_now)[node_id]
-        return (self.by_id[node_id].cluster, *(values.get(f, "") for f in facts))
+    def _keys(self, facts: tuple[str, ...], node_ids: list[int], patched: bool) -> list[tuple[str, ...]]:
+        """Each node's key in the index of `facts`: its cluster and its values of those facts."""
+        values = self.facts_after if patched else self.facts_now
+        by_id = self.by_id
+        known: dict[tuple[str, int], tuple[str, ...]] = {}  # per cluster and shared facts (see __init__)
+        keys = []
+        for i in node_ids:
+            cluster, node_values = by_id[i].cluster, values[i]
+            key = known.get((cluster, id(node_values)))
+            if key is None:
+                key = known[(cluster, id(node_values))] = (cluster, *[node_values.get(f, "") for f in facts])
+            keys.append(key)
+        return keys
 
     def _index(self, facts: tuple[str, ...]) -> dict[tuple[str, ...], list[_Lane]]:
         index = self.indexes.get(facts)
         if index is None:
             index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
-            for node in sorted(self.receivers, key=lambda n: n.name):
-                index[self._key(facts, node.id, False)][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
-            for node in self.scope_by_wave:
-                index[self._key(facts, node.id, False)][LATER].ids.append(node.id)
-            for node_id in self.patched:
-                index[self._key(facts, node_id, True)][PATCHED].ids.append(node_id)
+            receivers = sorted(self.receivers, key=lambda n: n.name)
+            ids = [n.id for n in receivers]
+            for node, key in zip(receivers, self._keys(facts, ids, False), strict=True):
+                index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
+            ids = [n.id for n in self.scope_by_wave]
+            for node_id, key in zip(ids, self._keys(facts, ids, False), strict=True):
+                index[key][LATER].ids.append(node_id)
+            for node_id, key in zip(self.patched, self._keys(facts, self.patched, True), strict=True):
+                index[key][PATCHED].ids.append(node_id)
             self.indexes[facts] = index
         return index
 
     def begin_wave(self, wave: int, nodes_of: dict[int, list[PlanNode]]) -> None:
         """Wave `wave` starts: the nodes of wave - 2 have been patched and may receive as such."""
         self.current = wave
-        for node in nodes_of.get(wave - 2, []):
-            self.patched.append(node.id)
-            for facts, index in self.indexes.items():
-                index[self._key(facts, node.id, True)][PATCHED].ids.append(node.id)
+        patched = [node.id for node in nodes_of.get(wave - 2, [])]
+        self.patched += patched
+        for facts, index in self.indexes.items():
+            for node_id, key in zip(patched, self._keys(facts, patched, True), strict=True):
+                index[key][PATCHED].ids.append(node_id)
 
     def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
         if candidate == source.id or self.free[candidate] < gpus:
@@ -399,10 +452,16 @@ class Capacity:
 
     def find(self, needed: portability.Requirements, gpus: int, source: PlanNode) -> tuple[PlanNode, int] | None:
         """The preferred receiver for a checkpoint, with the lane it came from."""
-        lanes = self._index(needed.facts).get((source.cluster, *(needed.must[f] for f in needed.facts)))
+        lanes = self._lanes.get((id(needed), source.cluster))
         if lanes is None:
-            return None
-        for lane_no, lane in enumerate(lanes[:LATER]):
+            lanes = self._index(needed.facts).get((source.cluster, *[needed.must[f] for f in needed.facts]))
+            if lanes is None:
+                return None
+            self._lanes[(id(needed), source.cluster)] = lanes  # an index's lanes, once there, stay the same list
+        for lane_no in (CLEAN, PATCHED, EXPOSED):
+            lane = lanes[lane_no]
+            if lane.rotor >= len(lane.ids):
+                continue  # every candidate in it was passed as full (what _scan would find again)
             found = self._scan(lane, needed, gpus, source, usable=len(lane.ids), rotate=False)
             if found is not None:
                 return found, lane_no
@@ -448,12 +507,6 @@ class Capacity:
         return None
 
 
-def _why(needed: portability.Requirements, target: PlanNode, free: int, where: str) -> str:
-    facts = ", ".join(f"{k.replace('_', ' ')} {v or '(none)'}" for k, v in sorted(needed.must.items()))
-    depends = f"same {facts}" if facts else "its image needs nothing of the node"
-    return f"{needed.engine} checkpoint: {depends}; {free} GPUs free on {target.name}; {where}"
-
-
 def _restart_text(policy: Policy, cluster: str) -> tuple[str, str]:
     who = policy.restarters.get(cluster, "")
     if who:
@@ -477,21 +530,30 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     if workload.owner:
         entry["owner"] = workload.owner
     label = workload.name or workload.ref
-    if workload.checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
+    checkpointable = workload.checkpointable
+    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
         needed = capacity.requirements(workload, node)
-        entry["requires"] = needed.as_dict()
-        home_ok = portability.compatible(needed, capacity.facts_after[node.id])
+        requires, depends = capacity.described(needed)
+        entry["requires"] = requires
+        home_ok = capacity.valid_at_home(needed, node)
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
         if found is not None:
             target, lane = found
             capacity.free[target.id] -= workload.gpus
-            if target.id in capacity.facts_after and lane == LATER:
+            if lane == LATER and target.id in capacity.facts_after:
                 carried[target.id].append((workload, node.id))
-            where = {CLEAN: "outside the campaign", PATCHED: f"patched in wave {capacity.wave_of[target.id]}",
-                     EXPOSED: "outside the campaign, itself exposed to this campaign's advisories",
-                     LATER: f"in wave {capacity.wave_of[target.id]}, moved again then"}[lane]
-            entry.update(action="migrate", to=target.id, to_name=target.name,
-                         why=_why(needed, target, capacity.free[target.id] + workload.gpus, where))
+            if lane == CLEAN:
+                where = "outside the campaign"
+            elif lane == PATCHED:
+                where = f"patched in wave {capacity.wave_of[target.id]}"
+            elif lane == EXPOSED:
+                where = "outside the campaign, itself exposed to this campaign's advisories"
+            else:
+                where = f"in wave {capacity.wave_of[target.id]}, moved again then"
+            entry["action"] = "migrate"
+            entry["to"] = target.id
+            entry["to_name"] = target.name
+            entry["why"] = f"{depends}; {capacity.free[target.id] + workload.gpus} GPUs free on {target.name}; {where}"
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
@@ -505,13 +567,13 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             return entry, ""
     restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
-    owned = f"; owned by {workload.owner}, never copied" if workload.owner and not workload.checkpointable else ""
+    owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
     if workload.policy == WorkloadPolicy.WAIT:
         entry.update(action="finish_first", why=f"policy waits for it to end before the node drains{owned}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
-    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not workload.checkpointable:
-        reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not workload.checkpointable else
+    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
+        reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not checkpointable else
                   "no node where its checkpoint is valid has room outside this and the next wave")
         if workload.policy == WorkloadPolicy.COLD_RESTART:
             reason = "its policy is a cold restart"
@@ -672,8 +734,14 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
         for w in range(1, last_wave + 1)
     ]
     exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
-    count: Callable[[str], int] = lambda action: sum(  # noqa: E731 - a short local counter
-        1 for n in explained.values() for m in n["moves"] if m.get("action") == action)
+    # One pass over the nodes for every count of the summary.
+    actions: Counter[str] = Counter()
+    livepatch = past_deadline = 0
+    for entry in explained.values():
+        for move in entry["moves"]:
+            actions[move.get("action")] += 1
+        livepatch += entry.get("remedy") == "livepatch"
+        past_deadline += any(r.startswith("past deadline") for r in entry["risks"])
     return {
         "generated_at": _iso(policy.start),
         # The limits as numbers, so execution enforces exactly what the approver read.
@@ -694,13 +762,11 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
         "summary": {
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
-            "migrations": count("migrate"), "returns_home": count("return_home"),
-            "livepatch_only": sum(1 for n in explained.values() if n.get("remedy") == "livepatch"),
+            "migrations": actions["migrate"], "returns_home": actions["return_home"],
+            "livepatch_only": livepatch,
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
-            "past_deadline": sum(
-                1 for n in explained.values() if any(r.startswith("past deadline") for r in n["risks"])
-            ),
+            "past_deadline": past_deadline,
         },
     }
 
