@@ -365,13 +365,13 @@ class Capacity:
         self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
         self.receivers = receivers
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
-        self.patched: list[int] = []  # scope nodes patched so far, in wave order
+        self.patched: list[PlanNode] = []  # scope nodes patched so far, in wave order
         self.current = 0
         self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
         # Per distinct Requirements (by identity: they live in _needs): the plan's "requires" entry
         # and the start of its "why", shared by every move with those requirements.
         self._described: dict[int, tuple[dict[str, object], str]] = {}
-        self._valid_after: dict[tuple[int, int], bool] = {}
+        self._terms: dict[tuple[Any, ...], tuple[portability.Requirements, dict[str, object], str, bool]] = {}
         self._lanes: dict[tuple[int, str], list[_Lane]] = {}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
 
@@ -393,30 +393,34 @@ class Capacity:
             found = self._described[id(needed)] = (needed.as_dict(), f"{needed.engine} checkpoint: {depends}")
         return found
 
-    def valid_at_home(self, needed: portability.Requirements, node: PlanNode) -> bool:
-        """Whether the checkpoint stays valid on its own node once that node is patched."""
+    def terms(self, workload: PlanWorkload, node: PlanNode) -> tuple[
+            portability.Requirements, dict[str, object], str, bool]:
+        """The workload's requirements on `node`, their `requires` and words (described), and whether
+        its checkpoint stays valid on `node` once patched: one lookup per (workload kind, node facts
+        now and after), the facts being shared (see __init__)."""
         after = self.facts_after[node.id]
-        key = (id(needed), id(after))  # shared facts (see __init__): identity is content
-        found = self._valid_after.get(key)
+        key = (workload.cache_key(), id(self.facts_now[node.id]), id(after))
+        found = self._terms.get(key)
         if found is None:
-            found = self._valid_after[key] = portability.compatible(needed, after)
+            needed = self.requirements(workload, node)
+            found = self._terms[key] = (needed, *self.described(needed), portability.compatible(needed, after))
         return found
 
     def facts(self, node_id: int) -> dict[str, str]:
         patched = node_id in self.facts_after and self.wave_of[node_id] <= self.current - 2
         return self.facts_after[node_id] if patched else self.facts_now[node_id]
 
-    def _keys(self, facts: tuple[str, ...], node_ids: list[int], patched: bool) -> list[tuple[str, ...]]:
+    def _keys(self, facts: tuple[str, ...], nodes: list[PlanNode], patched: bool) -> list[tuple[str, ...]]:
         """Each node's key in the index of `facts`: its cluster and its values of those facts."""
         values = self.facts_after if patched else self.facts_now
-        by_id = self.by_id
         known: dict[tuple[str, int], tuple[str, ...]] = {}  # per cluster and shared facts (see __init__)
         keys = []
-        for i in node_ids:
-            cluster, node_values = by_id[i].cluster, values[i]
-            key = known.get((cluster, id(node_values)))
+        for node in nodes:
+            node_values = values[node.id]
+            key = known.get((node.cluster, id(node_values)))
             if key is None:
-                key = known[(cluster, id(node_values))] = (cluster, *[node_values.get(f, "") for f in facts])
+                key = known[(node.cluster, id(node_values))] = (
+                    node.cluster, *[node_values.get(f, "") for f in facts])
             keys.append(key)
         return keys
 
@@ -425,25 +429,27 @@ class Capacity:
         if index is None:
             index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
             receivers = sorted(self.receivers, key=lambda n: n.name)
-            ids = [n.id for n in receivers]
-            for node, key in zip(receivers, self._keys(facts, ids, False), strict=True):
+            for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
                 index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
-            ids = [n.id for n in self.scope_by_wave]
-            for node_id, key in zip(ids, self._keys(facts, ids, False), strict=True):
-                index[key][LATER].ids.append(node_id)
-            for node_id, key in zip(self.patched, self._keys(facts, self.patched, True), strict=True):
-                index[key][PATCHED].ids.append(node_id)
+            self._add(index, LATER, self.scope_by_wave, self._keys(facts, self.scope_by_wave, False))
+            self._add(index, PATCHED, self.patched, self._keys(facts, self.patched, True))
             self.indexes[facts] = index
         return index
+
+    @staticmethod
+    def _add(index: dict[tuple[str, ...], list[_Lane]], lane: int, nodes: list[PlanNode],
+             keys: list[tuple[str, ...]]) -> None:
+        """Append `nodes` to `lane` under their keys, in order."""
+        for node, key in zip(nodes, keys, strict=True):
+            index[key][lane].ids.append(node.id)
 
     def begin_wave(self, wave: int, nodes_of: dict[int, list[PlanNode]]) -> None:
         """Wave `wave` starts: the nodes of wave - 2 have been patched and may receive as such."""
         self.current = wave
-        patched = [node.id for node in nodes_of.get(wave - 2, [])]
+        patched = nodes_of.get(wave - 2, [])
         self.patched += patched
         for facts, index in self.indexes.items():
-            for node_id, key in zip(patched, self._keys(facts, patched, True), strict=True):
-                index[key][PATCHED].ids.append(node_id)
+            self._add(index, PATCHED, patched, self._keys(facts, patched, True))
 
     def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
         if candidate == source.id or self.free[candidate] < gpus:
@@ -523,25 +529,22 @@ class _Outcome:
 
 
 def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
-           outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, int]]]) -> tuple[dict[str, Any], str]:
+           outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> tuple[dict[str, Any], str]:
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
     entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
                              "engine": workload.checkpoint_engine}
     if workload.owner:
         entry["owner"] = workload.owner
-    label = workload.name or workload.ref
     checkpointable = workload.checkpointable
     if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
-        needed = capacity.requirements(workload, node)
-        requires, depends = capacity.described(needed)
+        needed, requires, depends, home_ok = capacity.terms(workload, node)
         entry["requires"] = requires
-        home_ok = capacity.valid_at_home(needed, node)
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
         if found is not None:
             target, lane = found
-            capacity.free[target.id] -= workload.gpus
+            free = capacity.free[target.id] = capacity.free[target.id] - workload.gpus
             if lane == LATER and target.id in capacity.facts_after:
-                carried[target.id].append((workload, node.id))
+                carried[target.id].append((workload, node.name))
             if lane == CLEAN:
                 where = "outside the campaign"
             elif lane == PATCHED:
@@ -553,7 +556,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             entry["action"] = "migrate"
             entry["to"] = target.id
             entry["to_name"] = target.name
-            entry["why"] = f"{depends}; {capacity.free[target.id] + workload.gpus} GPUs free on {target.name}; {where}"
+            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}"
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
@@ -565,6 +568,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                          why=f"{needed.engine} checkpoint stays valid on {node.name} after the patch: restored there "
                              "after the reboot")
             return entry, ""
+    label = workload.name or workload.ref
     restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
     owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
@@ -647,7 +651,7 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     for node in ordered_by_wave:
         nodes_of[waves[node.id]].append(node)
     outcome = _Outcome()
-    carried: dict[int, list[tuple[PlanWorkload, int]]] = defaultdict(list)  # arrivals: (workload, from node)
+    carried: dict[int, list[tuple[PlanWorkload, str]]] = defaultdict(list)  # arrivals: (workload, from node's name)
     explained: dict[str, dict[str, Any]] = {}
     position = 0
     for wave in range(1, last_wave + 1):
@@ -668,24 +672,34 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     return result
 
 
+# Actions that keep a workload's GPUs on its own node through the patch.
+_STAYS = frozenset({"return_home", "cold_start", "finish_first"})
+
+
 def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
                capacity: Capacity, policy: Policy, outcome: _Outcome,
-               carried: dict[int, list[tuple[PlanWorkload, int]]]) -> dict[str, Any]:
+               carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
     if livepatch_only(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
         return _plan_livepatch(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
-    residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
-    residents += carried.pop(node.id, [])
-    # The node is drained: its own work leaves (what comes back home is counted again below).
-    capacity.free[node.id] = node.gpu_count
+    # The node is drained: its own work leaves, then what moved here earlier (what comes back home
+    # is counted again below).
+    free = capacity.free
+    free[node.id] = node.gpu_count
     risks: list[str] = []
     moves: list[dict[str, Any]] = []
-    for workload, came_from in residents:
+    for workload in node.workloads:
         entry, risk = _place(workload, node, capacity, policy, outcome, carried)
-        if came_from is not None:
-            entry["arrived_from"] = capacity.by_id[came_from].name
-        if entry["action"] in ("return_home", "cold_start", "finish_first"):
-            capacity.free[node.id] -= workload.gpus
+        if entry["action"] in _STAYS:
+            free[node.id] -= workload.gpus
+        if risk:
+            risks.append(risk)
+        moves.append(entry)
+    for workload, came_from in carried.pop(node.id, ()):
+        entry, risk = _place(workload, node, capacity, policy, outcome, carried)
+        entry["arrived_from"] = came_from
+        if entry["action"] in _STAYS:
+            free[node.id] -= workload.gpus
         if risk:
             risks.append(risk)
         moves.append(entry)
@@ -694,13 +708,15 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
         risks.append("no window within the planning horizon")
     elif deadline is not None and ends is not None and ends > deadline:
         risks.append(f"past deadline {_iso(deadline)}")
-    return {
+    planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
         "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
-        **({"remedy": node.remedy} if node.remedy else {}),
     }
+    if node.remedy:
+        planned["remedy"] = node.remedy
+    return planned
 
 
 def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
