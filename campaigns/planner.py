@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+import itertools
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -339,6 +340,28 @@ class _Lane:
 CLEAN, PATCHED, EXPOSED, LATER = range(4)
 
 
+# Nodes grouped by (cluster, shared facts): the cluster, the facts and the node ids in order.
+_Groups = dict[tuple[str, int], tuple[str, dict[str, str], list[int]]]
+
+
+def _add(index: dict[tuple[str, ...], list[_Lane]], lane: int, facts: tuple[str, ...], groups: _Groups,
+         nodes: list[PlanNode]) -> None:
+    """Append the grouped nodes to `lane` of the index of `facts` under their keys: each key's nodes
+    in the order of `nodes`, as appending them one by one would."""
+    by_key: dict[tuple[str, ...], list[list[int]]] = defaultdict(list)
+    for cluster, values, ids in groups.values():
+        by_key[(cluster, *[values.get(f, "") for f in facts])].append(ids)
+    position: dict[int, int] | None = None
+    for key, lists in by_key.items():
+        ids = index[key][lane].ids
+        if len(lists) == 1:
+            ids.extend(lists[0])
+        else:  # several groups share the key (the facts tell them apart, the index does not)
+            if position is None:
+                position = {node.id: i for i, node in enumerate(nodes)}
+            ids.extend(sorted(itertools.chain.from_iterable(lists), key=position.__getitem__))
+
+
 class Capacity:
     """Where moved work can land, wave by wave: free GPUs and facts (as patched or not) per node.
 
@@ -374,6 +397,7 @@ class Capacity:
         self._terms: dict[tuple[Any, ...], tuple[portability.Requirements, dict[str, object], str, bool]] = {}
         self._lanes: dict[tuple[int, str], list[_Lane]] = {}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
+        self._later: _Groups | None = None  # the scope by cluster and facts now, in scope_by_wave order
 
     def requirements(self, workload: PlanWorkload, node: PlanNode) -> portability.Requirements:
         """The workload's requirements on `node`, computed once per distinct (workload kind, node facts)."""
@@ -424,6 +448,19 @@ class Capacity:
             keys.append(key)
         return keys
 
+    def _grouped(self, nodes: list[PlanNode], patched: bool) -> _Groups:
+        """`nodes` by cluster and shared facts (see __init__), each group's ids in the order given: the
+        indexes key on those two only, so each index reads a group once instead of every node."""
+        values = self.facts_after if patched else self.facts_now
+        groups: _Groups = {}
+        for node in nodes:
+            node_values = values[node.id]
+            group = groups.get((node.cluster, id(node_values)))
+            if group is None:
+                group = groups[(node.cluster, id(node_values))] = (node.cluster, node_values, [])
+            group[2].append(node.id)
+        return groups
+
     def _index(self, facts: tuple[str, ...]) -> dict[tuple[str, ...], list[_Lane]]:
         index = self.indexes.get(facts)
         if index is None:
@@ -431,25 +468,22 @@ class Capacity:
             receivers = sorted(self.receivers, key=lambda n: n.name)
             for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
                 index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
-            self._add(index, LATER, self.scope_by_wave, self._keys(facts, self.scope_by_wave, False))
-            self._add(index, PATCHED, self.patched, self._keys(facts, self.patched, True))
+            if self._later is None:
+                self._later = self._grouped(self.scope_by_wave, False)
+            _add(index, LATER, facts, self._later, self.scope_by_wave)
+            _add(index, PATCHED, facts, self._grouped(self.patched, True), self.patched)
             self.indexes[facts] = index
         return index
-
-    @staticmethod
-    def _add(index: dict[tuple[str, ...], list[_Lane]], lane: int, nodes: list[PlanNode],
-             keys: list[tuple[str, ...]]) -> None:
-        """Append `nodes` to `lane` under their keys, in order."""
-        for node, key in zip(nodes, keys, strict=True):
-            index[key][lane].ids.append(node.id)
 
     def begin_wave(self, wave: int, nodes_of: dict[int, list[PlanNode]]) -> None:
         """Wave `wave` starts: the nodes of wave - 2 have been patched and may receive as such."""
         self.current = wave
         patched = nodes_of.get(wave - 2, [])
         self.patched += patched
-        for facts, index in self.indexes.items():
-            self._add(index, PATCHED, patched, self._keys(facts, patched, True))
+        if self.indexes:
+            groups = self._grouped(patched, True)
+            for facts, index in self.indexes.items():
+                _add(index, PATCHED, facts, groups, patched)
 
     def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
         if candidate == source.id or self.free[candidate] < gpus:
