@@ -83,7 +83,7 @@ class SweepState(ChoiceSet):
 
 def livepatch_only(target: dict[str, str] | None) -> bool:
     """Whether a node's target is a kernel livepatch and nothing else (no drain, no reboot)."""
-    return bool(target) and set(target or ()) == {LIVEPATCH}
+    return target is not None and len(target) == 1 and LIVEPATCH in target  # the planner asks per node
 
 
 class MoveState(ChoiceSet):

@@ -36,7 +36,7 @@ import functools
 import gc
 import itertools
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -560,6 +560,9 @@ class _Outcome:
     finish_first: list[dict[str, Any]] = field(default_factory=list)
     no_capacity: list[dict[str, Any]] = field(default_factory=list)
     exposed_receivers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Moves by action, counted as they are planned (the summary's figures).
+    migrations: int = 0
+    returns_home: int = 0
 
 
 def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
@@ -588,6 +591,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             else:
                 where = f"in wave {capacity.wave_of[target.id]}, moved again then"
             entry["action"] = "migrate"
+            outcome.migrations += 1
             entry["to"] = target.id
             entry["to_name"] = target.name
             entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}"
@@ -598,6 +602,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                 item["workloads"].append(workload.ref)
             return entry, ""
         if home_ok:
+            outcome.returns_home += 1
             entry.update(action="return_home", to=node.id, to_name=node.name,
                          why=f"{needed.engine} checkpoint stays valid on {node.name} after the patch: restored there "
                              "after the reboot")
@@ -695,7 +700,7 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
             position += 1
             explained[str(node.id)] = _plan_node(node, wave, position, begins, ends, capacity, policy, outcome,
                                                  carried)
-    result = _result(policy, waves, ordered_by_wave, wave_times, explained, outcome, per_cluster, per_pool, scope)
+    result = _result(policy, waves, nodes_of, wave_times, explained, outcome, per_cluster, per_pool, scope)
     canary_end = wave_times.get(1, (None, None))[1] if canary else None
     result["canary"] = {"nodes": canary, "soak_s": policy.soak_s if canary else 0,
                         "soak_until": _iso(canary_end + timedelta(seconds=policy.soak_s)) if canary_end else None}
@@ -771,25 +776,20 @@ def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, po
     }
 
 
-def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNode],
+def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[PlanNode]],
             wave_times: dict[int, tuple[datetime | None, datetime | None]], explained: dict[str, dict[str, Any]],
             outcome: _Outcome, per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None,
             scope: list[PlanNode]) -> dict[str, Any]:
     last_wave = max(waves.values(), default=0)
-    ids_of: dict[int, list[int]] = defaultdict(list)
-    for n in ordered_by_wave:
-        ids_of[waves[n.id]].append(n.id)
     wave_list = [
-        {"wave": w, "start": _iso(wave_times[w][0]), "end": _iso(wave_times[w][1]), "nodes": ids_of.get(w, [])}
+        {"wave": w, "start": _iso(wave_times[w][0]), "end": _iso(wave_times[w][1]),
+         "nodes": [n.id for n in nodes_of.get(w, [])]}
         for w in range(1, last_wave + 1)
     ]
     exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
-    # One pass over the nodes for every count of the summary.
-    actions: Counter[str] = Counter()
+    # One pass over the nodes for the counts of the summary that the moves' do not give.
     livepatch = past_deadline = 0
     for entry in explained.values():
-        for move in entry["moves"]:
-            actions[move.get("action")] += 1
         livepatch += entry.get("remedy") == "livepatch"
         past_deadline += any(r.startswith("past deadline") for r in entry["risks"])
     return {
@@ -812,7 +812,7 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
         "summary": {
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
-            "migrations": actions["migrate"], "returns_home": actions["return_home"],
+            "migrations": outcome.migrations, "returns_home": outcome.returns_home,
             "livepatch_only": livepatch,
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
