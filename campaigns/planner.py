@@ -383,8 +383,18 @@ class Capacity:
                 found = shared[key] = portability.node_facts(gpu_model, versions)
             return found
 
+        after: dict[tuple[Any, ...], dict[str, str]] = {}
+
+        def facts_after(node: PlanNode) -> dict[str, str]:
+            # The shared facts now (its GPU model and versions) and the target fix the facts after.
+            key = (id(self.facts_now[node.id]), *node.target.items())
+            found = after.get(key)
+            if found is None:
+                found = after[key] = facts_of(node.gpu_model, {**node.versions, **node.target})
+            return found
+
         self.facts_now = {n.id: facts_of(n.gpu_model, n.versions) for n in self.by_id.values()}
-        self.facts_after = {n.id: facts_of(n.gpu_model, {**n.versions, **n.target}) for n in scope}
+        self.facts_after = {n.id: facts_after(n) for n in scope}
         self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
         self.receivers = receivers
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
