@@ -37,6 +37,7 @@ import gc
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -344,22 +345,27 @@ CLEAN, PATCHED, EXPOSED, LATER = range(4)
 _Groups = dict[tuple[str, int], tuple[str, dict[str, str], list[int]]]
 
 
+def _positions(nodes: list[PlanNode]) -> Callable[[], dict[int, int]]:
+    """Each node's position in `nodes`, computed at the first call (only merges need it), then kept."""
+    @functools.cache
+    def position() -> dict[int, int]:
+        return {node.id: i for i, node in enumerate(nodes)}
+    return position
+
+
 def _add(index: dict[tuple[str, ...], list[_Lane]], lane: int, facts: tuple[str, ...], groups: _Groups,
-         nodes: list[PlanNode]) -> None:
+         position: Callable[[], dict[int, int]]) -> None:
     """Append the grouped nodes to `lane` of the index of `facts` under their keys: each key's nodes
-    in the order of `nodes`, as appending them one by one would."""
+    in the order `position` gives (theirs in the list grouped), as appending them one by one would."""
     by_key: dict[tuple[str, ...], list[list[int]]] = defaultdict(list)
     for cluster, values, ids in groups.values():
         by_key[(cluster, *[values.get(f, "") for f in facts])].append(ids)
-    position: dict[int, int] | None = None
     for key, lists in by_key.items():
         ids = index[key][lane].ids
         if len(lists) == 1:
             ids.extend(lists[0])
         else:  # several groups share the key (the facts tell them apart, the index does not)
-            if position is None:
-                position = {node.id: i for i, node in enumerate(nodes)}
-            ids.extend(sorted(itertools.chain.from_iterable(lists), key=position.__getitem__))
+            ids.extend(sorted(itertools.chain.from_iterable(lists), key=position().__getitem__))
 
 
 class Capacity:
@@ -407,7 +413,8 @@ class Capacity:
         self._terms: dict[tuple[Any, ...], tuple[portability.Requirements, dict[str, object], str, bool]] = {}
         self._lanes: dict[tuple[int, str], list[_Lane]] = {}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
-        self._later: _Groups | None = None  # the scope by cluster and facts now, in scope_by_wave order
+        # The scope by cluster and facts now, in scope_by_wave order (and the nodes' positions in it).
+        self._later: tuple[_Groups, Callable[[], dict[int, int]]] | None = None
 
     def requirements(self, workload: PlanWorkload, node: PlanNode) -> portability.Requirements:
         """The workload's requirements on `node`, computed once per distinct (workload kind, node facts)."""
@@ -479,9 +486,9 @@ class Capacity:
             for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
                 index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
             if self._later is None:
-                self._later = self._grouped(self.scope_by_wave, False)
-            _add(index, LATER, facts, self._later, self.scope_by_wave)
-            _add(index, PATCHED, facts, self._grouped(self.patched, True), self.patched)
+                self._later = (self._grouped(self.scope_by_wave, False), _positions(self.scope_by_wave))
+            _add(index, LATER, facts, *self._later)
+            _add(index, PATCHED, facts, self._grouped(self.patched, True), _positions(self.patched))
             self.indexes[facts] = index
         return index
 
@@ -491,9 +498,9 @@ class Capacity:
         patched = nodes_of.get(wave - 2, [])
         self.patched += patched
         if self.indexes:
-            groups = self._grouped(patched, True)
+            groups, position = self._grouped(patched, True), _positions(patched)
             for facts, index in self.indexes.items():
-                _add(index, PATCHED, facts, groups, patched)
+                _add(index, PATCHED, facts, groups, position)
 
     def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
         if candidate == source.id or self.free[candidate] < gpus:
