@@ -639,8 +639,11 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             reason = "its policy is a cold restart"
         if owned:
             restarter, restart = workload.owner, f"started again by its controller, {workload.owner}"
-        entry.update(action="cold_start", to=node.id, to_name=node.name, restarted_by=restarter,
-                     why=f"{reason}{owned}; stopped before the patch, {restart}")
+        entry["action"] = "cold_start"
+        entry["to"] = node.id
+        entry["to_name"] = node.name
+        entry["restarted_by"] = restarter
+        entry["why"] = f"{reason}{owned}; stopped before the patch, {restart}"
         outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"cold start of {label}"
     entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "
@@ -713,10 +716,10 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     for wave in range(1, last_wave + 1):
         capacity.begin_wave(wave, nodes_of)
         begins, ends = wave_times[wave]
+        times = (begins, ends, _iso(begins), _iso(ends))  # formatted once for the wave's nodes
         for node in nodes_of.get(wave, []):
             position += 1
-            explained[str(node.id)] = _plan_node(node, wave, position, begins, ends, capacity, policy, outcome,
-                                                 carried)
+            explained[str(node.id)] = _plan_node(node, wave, position, times, capacity, policy, outcome, carried)
     result = _result(policy, waves, nodes_of, wave_times, explained, outcome, per_cluster, per_pool, scope)
     canary_end = wave_times.get(1, (None, None))[1] if canary else None
     result["canary"] = {"nodes": canary, "soak_s": policy.soak_s if canary else 0,
@@ -732,12 +735,16 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
 _STAYS = frozenset({"return_home", "cold_start", "finish_first"})
 
 
-def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
-               capacity: Capacity, policy: Policy, outcome: _Outcome,
-               carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
+# A wave's start and end, and the two in ISO form.
+_Times = tuple[datetime | None, datetime | None, str | None, str | None]
+
+
+def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity: Capacity, policy: Policy,
+               outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
     if livepatch_only(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
-        return _plan_livepatch(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
+        return _plan_livepatch(node, [*node.workloads, *arrived], wave, position, times, policy)
+    begins, ends, start_iso, end_iso = times
     # The node is drained: its own work leaves, then what moved here earlier (what comes back home
     # is counted again below).
     free = capacity.free
@@ -766,7 +773,7 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
         risks.append(f"past deadline {_iso(deadline)}")
     planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
     }
@@ -775,15 +782,16 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
     return planned
 
 
-def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
-                    begins: datetime | None, ends: datetime | None, policy: Policy) -> dict[str, Any]:
+def _plan_livepatch(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int, times: _Times,
+                    policy: Policy) -> dict[str, Any]:
     """A node fixed by a livepatch keeps its work where it is: nothing moves, nothing is checkpointed,
     and it takes no work from others (its GPUs stay busy with its own)."""
+    _begins, ends, start_iso, end_iso = times
     deadline = node.deadline or policy.deadline
     risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
     return {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": [], "risks": risks, "steps": list(SweepState.steps_of(node.target)),
         "remedy": node.remedy or "livepatch",
