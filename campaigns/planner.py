@@ -295,20 +295,21 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
             continue
         if node.last and floor == start:
             floor = max(waves.values(), default=0) + 1
-        key = (node.cluster, node.pool)
+        cluster = node.cluster
+        key = (cluster, node.pool)
         wave = max(first_open[key], floor)
         limit_p = per_pool[key] if per_pool is not None else None
+        in_cluster, in_pool, limit = cluster_count[cluster], pool_count[key], per_cluster[cluster]
         while True:
-            grown = _grown(growth, step, max(base[node.cluster], 1), wave)
-            limit_c = per_cluster[node.cluster] if grown is None else min(per_cluster[node.cluster], grown)
-            if cluster_count[node.cluster][wave] < limit_c and (
-                    limit_p is None or pool_count[key][wave] < limit_p):
+            grown = _grown(growth, step, max(base[cluster], 1), wave)
+            limit_c = limit if grown is None else min(limit, grown)
+            if in_cluster[wave] < limit_c and (limit_p is None or in_pool[wave] < limit_p):
                 break
             wave += 1
         first_open[key] = wave
         waves[node.id] = wave
-        cluster_count[node.cluster][wave] += 1
-        pool_count[key][wave] += 1
+        in_cluster[wave] += 1
+        in_pool[wave] += 1
     return waves
 
 
