@@ -36,6 +36,7 @@ import functools
 import gc
 import itertools
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -342,6 +343,8 @@ class _Lane:
 CLEAN, PATCHED, EXPOSED, LATER = range(4)
 
 
+_GPUS = operator.attrgetter("gpus")
+
 # Nodes grouped by (cluster, shared facts): the cluster, the facts and the node ids in order.
 _Groups = dict[tuple[str, int], tuple[str, dict[str, str], list[int]]]
 
@@ -402,7 +405,7 @@ class Capacity:
 
         self.facts_now = {n.id: facts_of(n.gpu_model, n.versions) for n in self.by_id.values()}
         self.facts_after = {n.id: facts_after(n) for n in scope}
-        self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
+        self.free = {n.id: n.gpu_count - sum(map(_GPUS, n.workloads)) for n in self.by_id.values()}
         self.receivers = receivers
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
         self.patched: list[PlanNode] = []  # scope nodes patched so far, in wave order
