@@ -47,7 +47,7 @@ def _version_matches(cursor: Any, n_scope: str, n_params: list[int], r_scope: st
     gives the planner its true size, so the plans are hash joins, linear in the fleet, rather
     than every node tested against every range.
     """
-    cursor.execute(q.version_matches(n_scope, r_scope), [*n_params, *r_params])
+    cursor.execute(q.version_matches(n_scope, r_scope), [*n_params, *(r_params * 2 if r_scope else [])])
     rows = []
     scoped: set[int] = set()
     for *tuple_, range_id, advisory_id, severity, basis, scope, condition in cursor.fetchall():
@@ -175,12 +175,15 @@ def recompute(
     advisory_ids: Sequence[int] | None = None,
     now: dt.datetime | None = None,
     remediated_by: str = "",
+    fresh: Sequence[int] = (),
 ) -> RecomputeResult:
     """Bring Exposure rows in line with the inventory; None for both = the whole fleet.
 
     `remediated_by` names what changed the versions (a campaign's sweep, an inventory source); it
-    is kept on the exposures this run remediates, as their evidence. Idempotent: run twice, the
-    second run changes nothing.
+    is kept on the exposures this run remediates, as their evidence. `fresh`: advisories known to
+    have no exposure yet (created by the ingest calling): when they are the whole scope, the
+    exposures table is not searched for rows to revisit. Idempotent: run twice, the second run
+    changes nothing.
     """
     now = now or timezone.now()
     result = RecomputeResult()
@@ -196,10 +199,16 @@ def recompute(
         r_scope, r_params = _in(q.R.advisory_id, advisory_ids)
         matches, scoped = _version_matches(cursor, n_scope, n_params, r_scope, r_params)
         run = _Run(cursor, stamp, *_with_matches(matches), node_ids, advisory_ids, scoped)
-        had_rows = _had_rows(run)
-        result.opened = _insert_new(run, matches, now)
-        if result.opened > 10_000 and connection.vendor == "postgresql":
-            # The table just grew a lot: fresh statistics keep the anti-joins below hash joins.
+        had_rows = _had_rows(run, fresh)
+        new_advisories = not had_rows and advisory_ids is not None
+        if new_advisories and connection.vendor == "postgresql":
+            # New advisories' rows, committed with their exposures_at: a crash that loses this commit
+            # loses both, and the next ingest matches them again (as advisories.osmatch does).
+            cursor.execute(q.ASYNC_COMMIT)
+        result.opened = _insert_new(run, matches, now, had_rows)
+        if result.opened > 10_000 and connection.vendor == "postgresql" and not new_advisories:
+            # The table just grew a lot: fresh statistics keep the anti-joins below hash joins. New
+            # advisories' rows are a part of it, and no such step follows them (autovacuum catches up).
             cursor.execute(q.ANALYZE)
         if had_rows:
             result.reopened = _reopen(run)
@@ -215,21 +224,26 @@ def recompute(
         if node_ids is None:
             advisories.update(exposures_at=now)
         result.expired_acceptances = expire_acceptances(now)
-        result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids, rules=run.rules)
+        if had_rows:  # else every row in scope is one just inserted, with its deadline
+            result.deadlines_set = assign_deadlines(node_ids=node_ids, advisory_ids=advisory_ids, rules=run.rules)
     return result
 
 
-def _had_rows(run: _Run) -> bool:
-    """False when nothing is recorded yet in scope (a first run): the UPDATE steps have nothing to revisit."""
+def _had_rows(run: _Run, fresh: Sequence[int] = ()) -> bool:
+    """False when nothing is recorded yet in scope (a first run, or only new advisories): the
+    UPDATE steps have nothing to revisit and new rows need no check against existing ones."""
     if run.node_ids is not None:
         return True
+    if run.advisory_ids is not None and set(run.advisory_ids) <= set(fresh):
+        return False  # the exposures table has no advisory index: a search for none reads all of it
     a_scope, a_params = _in(q.E.advisory_id, run.advisory_ids)
     run.cursor.execute(q.any_exposure(a_scope), a_params)
     return run.cursor.fetchone() is not None
 
 
-def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
-    """New exposures, each with its deadline (one per range and cluster) as it is inserted."""
+def _insert_new(run: _Run, matches: list[Any], now: dt.datetime, had_rows: bool = True) -> int:
+    """New exposures, each with its deadline (one per range and cluster) as it is inserted; with
+    no row in scope yet (`had_rows` false) without a per-row search for an existing one."""
     range_ids = {row[7] for row in matches}
     if not range_ids:  # no new exposure without a matching version
         return 0
@@ -247,7 +261,7 @@ def _insert_new(run: _Run, matches: list[Any], now: dt.datetime) -> int:
     # PostgreSQL, unable to estimate the VALUES joins, would otherwise join the two small lists first
     # and carry every cluster's copy of each match through the join with the nodes (ten times the
     # rows, sorted on disk). An OFFSET keeps the subquery a unit of its own (queries.insert_new).
-    insert, defaults = q.insert_new(run.with_m, d_values, n_scope)
+    insert, defaults = q.insert_new(run.with_m, d_values, n_scope, had_rows)
     params = [*run.m_params, *d_params, run.stamp, run.stamp, *defaults, *n_params]
     # ON CONFLICT costs a speculative index probe per row (a third of a fleet-wide insert), and
     # only another recompute committing the same rows meanwhile needs it: that race makes the

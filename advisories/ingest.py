@@ -177,7 +177,7 @@ def ingest_documents(
     changed = list(dict.fromkeys(changed))  # an advisory of this batch is also one not matched yet
     if changed:
         if vendor := vendor_scope(changed):
-            recompute(advisory_ids=vendor)
+            recompute(advisory_ids=vendor, fresh=created)
         recompute_os(advisory_ids=os_scope(changed), fresh=created)
         announce_matched(changed)
     return summary
@@ -245,7 +245,7 @@ def ingest_document(doc: FetchedDocument, exposures: bool = True) -> tuple[str, 
         _save_validators(doc)
         if exposures:
             if vendor_scope([advisory.id]):
-                recompute(advisory_ids=[advisory.id])
+                recompute(advisory_ids=[advisory.id], fresh=[advisory.id] if outcome == "new" else [])
             recompute_os(advisory_ids=os_scope([advisory.id]))
             announce_matched([advisory.id])
     return outcome, advisory.id, review, integrity

@@ -96,16 +96,19 @@ def in_list(column: str, ids: Sequence[Any] | None) -> tuple[str, list[Any]]:
 
 @functools.lru_cache(maxsize=256)
 def version_matches(n_scope: str, r_scope: str) -> str:
-    """Distinct fleet versions (in scope) inside a range, with the range's terms."""
+    """Distinct fleet versions (in scope) inside a range, with the range's terms. Params: n_scope's,
+    then r_scope's (twice when it is given: the versions read are only those of its ranges'
+    components, through the component index, instead of every component of the fleet)."""
     inner = ", ".join(f"{getattr(NC if model is NodeComponent else N, name)} AS {V.bare(name)}"
                       for name, (model, _field) in _VERSION.items() if name != "facts")
+    components = f"AND {NC.component} IN (SELECT {R.component} FROM {R} WHERE 1 = 1 {r_scope})" if r_scope else ""
     return f"""
         SELECT DISTINCT {', '.join(getattr(V, name) for name in TUPLE)},
                {R.id}, {R.advisory_id}, {R.severity}, {R.basis}, {R.scope}, {R.condition}
         FROM (
             SELECT DISTINCT {inner}, {facts(N)} AS {V.bare("facts")}
             FROM {NC} JOIN {N} ON {N.id} = {NC.node_id}
-            WHERE {NC.version_key} IS NOT NULL {n_scope}
+            WHERE {NC.version_key} IS NOT NULL {n_scope} {components}
         ) v
         JOIN {R} ON {R.component} = {V.component}
         WHERE {IN_RANGE} {r_scope}
@@ -165,9 +168,10 @@ _INSERTED = ("node", "advisory", "affected_range", "component", "detected_versio
              "first_seen", "deadline", "deadline_source", "updated_at")
 
 
-def insert_new(with_m: str, d_values: str, n_scope: str) -> tuple[str, list[Any]]:
-    """New exposures (existing (node, range) rows skipped by an anti-join), each with its deadline;
-    the parameters after m's and d's: first_seen, updated_at, the defaults, then n_scope's."""
+def insert_new(with_m: str, d_values: str, n_scope: str, existing: bool = True) -> tuple[str, list[Any]]:
+    """New exposures (existing (node, range) rows skipped by an anti-join, unless `existing` is false:
+    none in scope), each with its deadline; the parameters after m's and d's: first_seen, updated_at,
+    the defaults, then n_scope's."""
     extra, defaults = default_values(Exposure, _INSERTED)
     fence = "OFFSET 0" if connection.vendor == "postgresql" else ""
     sql = f"""
@@ -178,7 +182,9 @@ def insert_new(with_m: str, d_values: str, n_scope: str) -> tuple[str, list[Any]
         FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope} {fence}) x
         JOIN d ON {pairs(D_NEW, X, ('affected_range', 'cluster'))}
         WHERE {X.gone_at} IS NULL
-          AND NOT EXISTS (SELECT 1 FROM {XE} WHERE {XE.node_id} = {X.node}
+        """
+    if existing:
+        sql += f"""  AND NOT EXISTS (SELECT 1 FROM {XE} WHERE {XE.node_id} = {X.node}
                           AND {XE.affected_range_id} = {X.affected_range})
         """
     return sql, list(defaults)
@@ -395,13 +401,16 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     match = ["driver", "570", "0570", "ubuntu", "", "", "{}", 1, 1, "high", "open"]
     with_m = with_matches(1)
     stamp = connection.ops.adapt_datetimefield_value(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
-    yield version_matches(n_scope, r_scope), [*n_params, *r_params]
+    yield version_matches(n_scope, r_scope), [*n_params, *r_params, *r_params]
+    yield version_matches("", r_scope), [*r_params, *r_params]
     yield version_matches("", ""), []
     yield any_exposure(e_scope), e_params
     yield clusters_of_nodes(in_list(NODES.id, one)[0]), one
     sql, defaults = insert_new(with_m, deadline_values(1), n_scope)
     yield sql, [*match, 1, 1, stamp, "policy", stamp, stamp, *defaults, *n_params]
     yield sql + ON_CONFLICT_SKIP, [*match, 1, 1, stamp, "policy", stamp, stamp, *defaults, *n_params]
+    sql, defaults = insert_new(with_m, deadline_values(1), "", existing=False)
+    yield sql, [*match, 1, 1, stamp, "policy", stamp, stamp, *defaults]
     yield reopen(with_m, e_scope), [*match, stamp, "remediated", *e_params]
     yield remediate(with_m, marks(["open"]), e_scope), [*match, "presumed", "withdrawn", "remediated", stamp, stamp,
                                                        "", "open", *e_params, "os_package"]

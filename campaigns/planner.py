@@ -32,8 +32,11 @@ nodes of the same clusters (possible receivers), and the policy. Output: a JSON-
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
+import itertools
 import math
+import operator
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -294,25 +297,32 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
             continue
         if node.last and floor == start:
             floor = max(waves.values(), default=0) + 1
-        key = (node.cluster, node.pool)
+        cluster = node.cluster
+        key = (cluster, node.pool)
         wave = max(first_open[key], floor)
         limit_p = per_pool[key] if per_pool is not None else None
+        in_cluster, in_pool, limit = cluster_count[cluster], pool_count[key], per_cluster[cluster]
         while True:
-            grown = _grown(growth, step, max(base[node.cluster], 1), wave)
-            limit_c = per_cluster[node.cluster] if grown is None else min(per_cluster[node.cluster], grown)
-            if cluster_count[node.cluster][wave] < limit_c and (
-                    limit_p is None or pool_count[key][wave] < limit_p):
+            grown = _grown(growth, step, max(base[cluster], 1), wave)
+            limit_c = limit if grown is None else min(limit, grown)
+            if in_cluster[wave] < limit_c and (limit_p is None or in_pool[wave] < limit_p):
                 break
             wave += 1
         first_open[key] = wave
         waves[node.id] = wave
-        cluster_count[node.cluster][wave] += 1
-        pool_count[key][wave] += 1
+        in_cluster[wave] += 1
+        in_pool[wave] += 1
     return waves
 
 
+@functools.lru_cache(maxsize=4096)
+def _iso_of(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def _iso(moment: datetime | None) -> str | None:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment else None
+    # Memoised: every node of a wave shares its times, and deadlines repeat across a fleet.
+    return _iso_of(moment) if moment else None
 
 
 class _Lane:
@@ -334,6 +344,35 @@ class _Lane:
 CLEAN, PATCHED, EXPOSED, LATER = range(4)
 
 
+_GPUS = operator.attrgetter("gpus")
+
+# Nodes grouped by (cluster, shared facts): the cluster, the facts and the node ids in order.
+_Groups = dict[tuple[str, int], tuple[str, dict[str, str], list[int]]]
+
+
+def _positions(nodes: list[PlanNode]) -> Callable[[], dict[int, int]]:
+    """Each node's position in `nodes`, computed at the first call (only merges need it), then kept."""
+    @functools.cache
+    def position() -> dict[int, int]:
+        return {node.id: i for i, node in enumerate(nodes)}
+    return position
+
+
+def _add(index: dict[tuple[str, ...], list[_Lane]], lane: int, facts: tuple[str, ...], groups: _Groups,
+         position: Callable[[], dict[int, int]]) -> None:
+    """Append the grouped nodes to `lane` of the index of `facts` under their keys: each key's nodes
+    in the order `position` gives (theirs in the list grouped), as appending them one by one would."""
+    by_key: dict[tuple[str, ...], list[list[int]]] = defaultdict(list)
+    for cluster, values, ids in groups.values():
+        by_key[(cluster, *[values.get(f, "") for f in facts])].append(ids)
+    for key, lists in by_key.items():
+        ids = index[key][lane].ids
+        if len(lists) == 1:
+            ids.extend(lists[0])
+        else:  # several groups share the key (the facts tell them apart, the index does not)
+            ids.extend(sorted(itertools.chain.from_iterable(lists), key=position().__getitem__))
+
+
 class Capacity:
     """Where moved work can land, wave by wave: free GPUs and facts (as patched or not) per node.
 
@@ -344,54 +383,129 @@ class Capacity:
     def __init__(self, scope: list[PlanNode], receivers: list[PlanNode], waves: dict[int, int]) -> None:
         self.by_id = {n.id: n for n in [*scope, *receivers]}
         self.wave_of = {n.id: OUT_OF_SCOPE for n in receivers} | waves
-        self.facts_now = {n.id: portability.node_facts(n.gpu_model, n.versions) for n in self.by_id.values()}
-        self.facts_after = {n.id: portability.node_facts(n.gpu_model, {**n.versions, **n.target})
-                            for n in scope}
-        self.free = {n.id: n.gpu_count - sum(w.gpus for w in n.workloads) for n in self.by_id.values()}
+        # Fleets repeat a few sets of facts: equal ones are one shared (read-only) dict, so the
+        # caches and indexes below key on its identity instead of hashing its contents per node.
+        shared: dict[tuple[Any, ...], dict[str, str]] = {}
+
+        def facts_of(gpu_model: str, versions: dict[str, str]) -> dict[str, str]:
+            key = (gpu_model, *versions.items())
+            found = shared.get(key)
+            if found is None:
+                found = shared[key] = portability.node_facts(gpu_model, versions)
+            return found
+
+        after: dict[tuple[Any, ...], dict[str, str]] = {}
+
+        def facts_after(node: PlanNode) -> dict[str, str]:
+            # The shared facts now (its GPU model and versions) and the target fix the facts after.
+            key = (id(self.facts_now[node.id]), *node.target.items())
+            found = after.get(key)
+            if found is None:
+                found = after[key] = facts_of(node.gpu_model, {**node.versions, **node.target})
+            return found
+
+        self.facts_now = {n.id: facts_of(n.gpu_model, n.versions) for n in self.by_id.values()}
+        self.facts_after = {n.id: facts_after(n) for n in scope}
+        self.free = {n.id: n.gpu_count - sum(map(_GPUS, n.workloads)) for n in self.by_id.values()}
         self.receivers = receivers
         self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
-        self.patched: list[int] = []  # scope nodes patched so far, in wave order
+        self.patched: list[PlanNode] = []  # scope nodes patched so far, in wave order
         self.current = 0
         self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
-        self._fact_keys = {n.id: tuple(sorted(self.facts_now[n.id].items())) for n in scope}
+        # Per distinct Requirements (by identity: they live in _needs): the plan's "requires" entry
+        # and the start of its "why", shared by every move with those requirements.
+        self._described: dict[int, tuple[dict[str, object], str]] = {}
+        self._terms: dict[tuple[Any, ...], tuple[portability.Requirements, dict[str, object], str, bool]] = {}
+        self._lanes: dict[tuple[int, str], list[_Lane]] = {}
         self.indexes: dict[tuple[str, ...], dict[tuple[str, ...], list[_Lane]]] = {}
+        # The scope by cluster and facts now, in scope_by_wave order (and the nodes' positions in it).
+        self._later: tuple[_Groups, Callable[[], dict[int, int]]] | None = None
 
     def requirements(self, workload: PlanWorkload, node: PlanNode) -> portability.Requirements:
         """The workload's requirements on `node`, computed once per distinct (workload kind, node facts)."""
-        key = (workload.cache_key(), self._fact_keys.get(node.id) or tuple(sorted(self.facts_now[node.id].items())))
+        facts = self.facts_now[node.id]
+        key = (workload.cache_key(), id(facts))  # shared facts (see __init__): identity is content
         found = self._needs.get(key)
         if found is None:
-            found = self._needs[key] = workload.requirements(self.facts_now[node.id])
+            found = self._needs[key] = workload.requirements(facts)
+        return found
+
+    def described(self, needed: portability.Requirements) -> tuple[dict[str, object], str]:
+        """The plan's `requires` for `needed` and what its checkpoint depends on, in words."""
+        found = self._described.get(id(needed))
+        if found is None:
+            facts = ", ".join(f"{k.replace('_', ' ')} {v or '(none)'}" for k, v in sorted(needed.must.items()))
+            depends = f"same {facts}" if facts else "its image needs nothing of the node"
+            found = self._described[id(needed)] = (needed.as_dict(), f"{needed.engine} checkpoint: {depends}")
+        return found
+
+    def terms(self, workload: PlanWorkload, node: PlanNode) -> tuple[
+            portability.Requirements, dict[str, object], str, bool]:
+        """The workload's requirements on `node`, their `requires` and words (described), and whether
+        its checkpoint stays valid on `node` once patched: one lookup per (workload kind, node facts
+        now and after), the facts being shared (see __init__)."""
+        after = self.facts_after[node.id]
+        key = (workload.cache_key(), id(self.facts_now[node.id]), id(after))
+        found = self._terms.get(key)
+        if found is None:
+            needed = self.requirements(workload, node)
+            found = self._terms[key] = (needed, *self.described(needed), portability.compatible(needed, after))
         return found
 
     def facts(self, node_id: int) -> dict[str, str]:
         patched = node_id in self.facts_after and self.wave_of[node_id] <= self.current - 2
         return self.facts_after[node_id] if patched else self.facts_now[node_id]
 
-    def _key(self, facts: tuple[str, ...], node_id: int, patched: bool) -> tuple[str, ...]:
-        values = (self.facts_after if patched else self.facts_now)[node_id]
-        return (self.by_id[node_id].cluster, *(values.get(f, "") for f in facts))
+    def _keys(self, facts: tuple[str, ...], nodes: list[PlanNode], patched: bool) -> list[tuple[str, ...]]:
+        """Each node's key in the index of `facts`: its cluster and its values of those facts."""
+        values = self.facts_after if patched else self.facts_now
+        known: dict[tuple[str, int], tuple[str, ...]] = {}  # per cluster and shared facts (see __init__)
+        keys = []
+        for node in nodes:
+            node_values = values[node.id]
+            key = known.get((node.cluster, id(node_values)))
+            if key is None:
+                key = known[(node.cluster, id(node_values))] = (
+                    node.cluster, *[node_values.get(f, "") for f in facts])
+            keys.append(key)
+        return keys
+
+    def _grouped(self, nodes: list[PlanNode], patched: bool) -> _Groups:
+        """`nodes` by cluster and shared facts (see __init__), each group's ids in the order given: the
+        indexes key on those two only, so each index reads a group once instead of every node."""
+        values = self.facts_after if patched else self.facts_now
+        groups: _Groups = {}
+        for node in nodes:
+            node_values = values[node.id]
+            group = groups.get((node.cluster, id(node_values)))
+            if group is None:
+                group = groups[(node.cluster, id(node_values))] = (node.cluster, node_values, [])
+            group[2].append(node.id)
+        return groups
 
     def _index(self, facts: tuple[str, ...]) -> dict[tuple[str, ...], list[_Lane]]:
         index = self.indexes.get(facts)
         if index is None:
             index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
-            for node in sorted(self.receivers, key=lambda n: n.name):
-                index[self._key(facts, node.id, False)][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
-            for node in self.scope_by_wave:
-                index[self._key(facts, node.id, False)][LATER].ids.append(node.id)
-            for node_id in self.patched:
-                index[self._key(facts, node_id, True)][PATCHED].ids.append(node_id)
+            receivers = sorted(self.receivers, key=lambda n: n.name)
+            for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
+                index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
+            if self._later is None:
+                self._later = (self._grouped(self.scope_by_wave, False), _positions(self.scope_by_wave))
+            _add(index, LATER, facts, *self._later)
+            _add(index, PATCHED, facts, self._grouped(self.patched, True), _positions(self.patched))
             self.indexes[facts] = index
         return index
 
     def begin_wave(self, wave: int, nodes_of: dict[int, list[PlanNode]]) -> None:
         """Wave `wave` starts: the nodes of wave - 2 have been patched and may receive as such."""
         self.current = wave
-        for node in nodes_of.get(wave - 2, []):
-            self.patched.append(node.id)
+        patched = nodes_of.get(wave - 2, [])
+        self.patched += patched
+        if self.indexes:
+            groups, position = self._grouped(patched, True), _positions(patched)
             for facts, index in self.indexes.items():
-                index[self._key(facts, node.id, True)][PATCHED].ids.append(node.id)
+                _add(index, PATCHED, facts, groups, position)
 
     def _fits(self, candidate: int, needed: portability.Requirements, gpus: int, source: PlanNode) -> bool:
         if candidate == source.id or self.free[candidate] < gpus:
@@ -400,10 +514,16 @@ class Capacity:
 
     def find(self, needed: portability.Requirements, gpus: int, source: PlanNode) -> tuple[PlanNode, int] | None:
         """The preferred receiver for a checkpoint, with the lane it came from."""
-        lanes = self._index(needed.facts).get((source.cluster, *(needed.must[f] for f in needed.facts)))
+        lanes = self._lanes.get((id(needed), source.cluster))
         if lanes is None:
-            return None
-        for lane_no, lane in enumerate(lanes[:LATER]):
+            lanes = self._index(needed.facts).get((source.cluster, *[needed.must[f] for f in needed.facts]))
+            if lanes is None:
+                return None
+            self._lanes[(id(needed), source.cluster)] = lanes  # an index's lanes, once there, stay the same list
+        for lane_no in (CLEAN, PATCHED, EXPOSED):
+            lane = lanes[lane_no]
+            if lane.rotor >= len(lane.ids):
+                continue  # every candidate in it was passed as full (what _scan would find again)
             found = self._scan(lane, needed, gpus, source, usable=len(lane.ids), rotate=False)
             if found is not None:
                 return found, lane_no
@@ -449,12 +569,6 @@ class Capacity:
         return None
 
 
-def _why(needed: portability.Requirements, target: PlanNode, free: int, where: str) -> str:
-    facts = ", ".join(f"{k.replace('_', ' ')} {v or '(none)'}" for k, v in sorted(needed.must.items()))
-    depends = f"same {facts}" if facts else "its image needs nothing of the node"
-    return f"{needed.engine} checkpoint: {depends}; {free} GPUs free on {target.name}; {where}"
-
-
 def _restart_text(policy: Policy, cluster: str) -> tuple[str, str]:
     who = policy.restarters.get(cluster, "")
     if who:
@@ -468,31 +582,41 @@ class _Outcome:
     finish_first: list[dict[str, Any]] = field(default_factory=list)
     no_capacity: list[dict[str, Any]] = field(default_factory=list)
     exposed_receivers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Moves by action, counted as they are planned (the summary's figures).
+    migrations: int = 0
+    returns_home: int = 0
 
 
 def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
-           outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, int]]]) -> tuple[dict[str, Any], str]:
+           outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> tuple[dict[str, Any], str]:
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
     entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
                              "engine": workload.checkpoint_engine}
     if workload.owner:
         entry["owner"] = workload.owner
-    label = workload.name or workload.ref
-    if workload.checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
-        needed = capacity.requirements(workload, node)
-        entry["requires"] = needed.as_dict()
-        home_ok = portability.compatible(needed, capacity.facts_after[node.id])
+    checkpointable = workload.checkpointable
+    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
+        needed, requires, depends, home_ok = capacity.terms(workload, node)
+        entry["requires"] = requires
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
         if found is not None:
             target, lane = found
-            capacity.free[target.id] -= workload.gpus
-            if target.id in capacity.facts_after and lane == LATER:
-                carried[target.id].append((workload, node.id))
-            where = {CLEAN: "outside the campaign", PATCHED: f"patched in wave {capacity.wave_of[target.id]}",
-                     EXPOSED: "outside the campaign, itself exposed to this campaign's advisories",
-                     LATER: f"in wave {capacity.wave_of[target.id]}, moved again then"}[lane]
-            entry.update(action="migrate", to=target.id, to_name=target.name,
-                         why=_why(needed, target, capacity.free[target.id] + workload.gpus, where))
+            free = capacity.free[target.id] = capacity.free[target.id] - workload.gpus
+            if lane == LATER and target.id in capacity.facts_after:
+                carried[target.id].append((workload, node.name))
+            if lane == CLEAN:
+                where = "outside the campaign"
+            elif lane == PATCHED:
+                where = f"patched in wave {capacity.wave_of[target.id]}"
+            elif lane == EXPOSED:
+                where = "outside the campaign, itself exposed to this campaign's advisories"
+            else:
+                where = f"in wave {capacity.wave_of[target.id]}, moved again then"
+            entry["action"] = "migrate"
+            outcome.migrations += 1
+            entry["to"] = target.id
+            entry["to_name"] = target.name
+            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}"
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
@@ -500,26 +624,31 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                 item["workloads"].append(workload.ref)
             return entry, ""
         if home_ok:
+            outcome.returns_home += 1
             entry.update(action="return_home", to=node.id, to_name=node.name,
                          why=f"{needed.engine} checkpoint stays valid on {node.name} after the patch: restored there "
                              "after the reboot")
             return entry, ""
+    label = workload.name or workload.ref
     restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
-    owned = f"; owned by {workload.owner}, never copied" if workload.owner and not workload.checkpointable else ""
+    owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
     if workload.policy == WorkloadPolicy.WAIT:
         entry.update(action="finish_first", why=f"policy waits for it to end before the node drains{owned}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
-    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not workload.checkpointable:
-        reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not workload.checkpointable else
+    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
+        reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not checkpointable else
                   "no node where its checkpoint is valid has room outside this and the next wave")
         if workload.policy == WorkloadPolicy.COLD_RESTART:
             reason = "its policy is a cold restart"
         if owned:
             restarter, restart = workload.owner, f"started again by its controller, {workload.owner}"
-        entry.update(action="cold_start", to=node.id, to_name=node.name, restarted_by=restarter,
-                     why=f"{reason}{owned}; stopped before the patch, {restart}")
+        entry["action"] = "cold_start"
+        entry["to"] = node.id
+        entry["to_name"] = node.name
+        entry["restarted_by"] = restarter
+        entry["why"] = f"{reason}{owned}; stopped before the patch, {restart}"
         outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"cold start of {label}"
     entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "
@@ -586,17 +715,17 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     for node in ordered_by_wave:
         nodes_of[waves[node.id]].append(node)
     outcome = _Outcome()
-    carried: dict[int, list[tuple[PlanWorkload, int]]] = defaultdict(list)  # arrivals: (workload, from node)
+    carried: dict[int, list[tuple[PlanWorkload, str]]] = defaultdict(list)  # arrivals: (workload, from node's name)
     explained: dict[str, dict[str, Any]] = {}
     position = 0
     for wave in range(1, last_wave + 1):
         capacity.begin_wave(wave, nodes_of)
         begins, ends = wave_times[wave]
+        times = (begins, ends, _iso(begins), _iso(ends))  # formatted once for the wave's nodes
         for node in nodes_of.get(wave, []):
             position += 1
-            explained[str(node.id)] = _plan_node(node, wave, position, begins, ends, capacity, policy, outcome,
-                                                 carried)
-    result = _result(policy, waves, ordered_by_wave, wave_times, explained, outcome, per_cluster, per_pool, scope)
+            explained[str(node.id)] = _plan_node(node, wave, position, times, capacity, policy, outcome, carried)
+    result = _result(policy, waves, nodes_of, wave_times, explained, outcome, per_cluster, per_pool, scope)
     canary_end = wave_times.get(1, (None, None))[1] if canary else None
     result["canary"] = {"nodes": canary, "soak_s": policy.soak_s if canary else 0,
                         "soak_until": _iso(canary_end + timedelta(seconds=policy.soak_s)) if canary_end else None}
@@ -607,24 +736,38 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     return result
 
 
-def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None, ends: datetime | None,
-               capacity: Capacity, policy: Policy, outcome: _Outcome,
-               carried: dict[int, list[tuple[PlanWorkload, int]]]) -> dict[str, Any]:
+# Actions that keep a workload's GPUs on its own node through the patch.
+_STAYS = frozenset({"return_home", "cold_start", "finish_first"})
+
+
+# A wave's start and end, and the two in ISO form.
+_Times = tuple[datetime | None, datetime | None, str | None, str | None]
+
+
+def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity: Capacity, policy: Policy,
+               outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
     if in_place(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
-        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, begins, ends, policy)
-    residents: list[tuple[PlanWorkload, int | None]] = [(w, None) for w in node.workloads]
-    residents += carried.pop(node.id, [])
-    # The node is drained: its own work leaves (what comes back home is counted again below).
-    capacity.free[node.id] = node.gpu_count
+        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, times, policy)
+    begins, ends, start_iso, end_iso = times
+    # The node is drained: its own work leaves, then what moved here earlier (what comes back home
+    # is counted again below).
+    free = capacity.free
+    free[node.id] = node.gpu_count
     risks: list[str] = []
     moves: list[dict[str, Any]] = []
-    for workload, came_from in residents:
+    for workload in node.workloads:
         entry, risk = _place(workload, node, capacity, policy, outcome, carried)
-        if came_from is not None:
-            entry["arrived_from"] = capacity.by_id[came_from].name
-        if entry["action"] in ("return_home", "cold_start", "finish_first"):
-            capacity.free[node.id] -= workload.gpus
+        if entry["action"] in _STAYS:
+            free[node.id] -= workload.gpus
+        if risk:
+            risks.append(risk)
+        moves.append(entry)
+    for workload, came_from in carried.pop(node.id, ()):
+        entry, risk = _place(workload, node, capacity, policy, outcome, carried)
+        entry["arrived_from"] = came_from
+        if entry["action"] in _STAYS:
+            free[node.id] -= workload.gpus
         if risk:
             risks.append(risk)
         moves.append(entry)
@@ -633,19 +776,22 @@ def _plan_node(node: PlanNode, wave: int, position: int, begins: datetime | None
         risks.append("no window within the planning horizon")
     elif deadline is not None and ends is not None and ends > deadline:
         risks.append(f"past deadline {_iso(deadline)}")
-    return {
+    planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
-        **({"remedy": node.remedy} if node.remedy else {}),
     }
+    if node.remedy:
+        planned["remedy"] = node.remedy
+    return planned
 
 
-def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int,
-                   begins: datetime | None, ends: datetime | None, policy: Policy) -> dict[str, Any]:
+def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int, times: _Times,
+                   policy: Policy) -> dict[str, Any]:
     """A node fixed in place (a livepatch, OS packages' update) keeps its work where it is: nothing
     moves, nothing is checkpointed, and it takes no work from others (its GPUs stay busy with its own)."""
+    _begins, ends, start_iso, end_iso = times
     deadline = node.deadline or policy.deadline
     risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
     why = []
@@ -657,7 +803,7 @@ def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, pos
         risks.append("processes running now keep the packages' old code until they restart")
     return {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-        "expected_start": _iso(begins), "expected_end": _iso(ends), "deadline": _iso(deadline),
+        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
         "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
         "last_group": node.last, "moves": [], "risks": risks, "steps": list(SweepState.steps_of(node.target)),
         "remedy": node.remedy or "livepatch", "in_place": True,
@@ -667,21 +813,23 @@ def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, pos
     }
 
 
-def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNode],
+def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[PlanNode]],
             wave_times: dict[int, tuple[datetime | None, datetime | None]], explained: dict[str, dict[str, Any]],
             outcome: _Outcome, per_cluster: dict[str, int], per_pool: dict[tuple[str, str], int] | None,
             scope: list[PlanNode]) -> dict[str, Any]:
     last_wave = max(waves.values(), default=0)
-    ids_of: dict[int, list[int]] = defaultdict(list)
-    for n in ordered_by_wave:
-        ids_of[waves[n.id]].append(n.id)
     wave_list = [
-        {"wave": w, "start": _iso(wave_times[w][0]), "end": _iso(wave_times[w][1]), "nodes": ids_of.get(w, [])}
+        {"wave": w, "start": _iso(wave_times[w][0]), "end": _iso(wave_times[w][1]),
+         "nodes": [n.id for n in nodes_of.get(w, [])]}
         for w in range(1, last_wave + 1)
     ]
     exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
-    count: Callable[[str], int] = lambda action: sum(  # noqa: E731 - a short local counter
-        1 for n in explained.values() for m in n["moves"] if m.get("action") == action)
+    # One pass over the nodes for the counts of the summary that the moves' do not give.
+    livepatch = packages_in_place = past_deadline = 0
+    for entry in explained.values():
+        livepatch += entry.get("remedy") == "livepatch"
+        packages_in_place += bool(entry.get("in_place")) and OS_PACKAGES in entry["target"]
+        past_deadline += any(r.startswith("past deadline") for r in entry["risks"])
     return {
         "generated_at": _iso(policy.start),
         # The limits as numbers, so execution enforces exactly what the approver read.
@@ -702,14 +850,11 @@ def _result(policy: Policy, waves: dict[int, int], ordered_by_wave: list[PlanNod
         "summary": {
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
-            "migrations": count("migrate"), "returns_home": count("return_home"),
-            "livepatch_only": sum(1 for n in explained.values() if n.get("remedy") == "livepatch"),
-            "packages_in_place": sum(1 for n in explained.values() if n.get("in_place") and OS_PACKAGES in n["target"]),
+            "migrations": outcome.migrations, "returns_home": outcome.returns_home,
+            "livepatch_only": livepatch, "packages_in_place": packages_in_place,
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
-            "past_deadline": sum(
-                1 for n in explained.values() if any(r.startswith("past deadline") for r in n["risks"])
-            ),
+            "past_deadline": past_deadline,
         },
     }
 
