@@ -71,8 +71,9 @@ class Container:
 class Kubelet:
     def __init__(self, api: KubeApiServer, node: str, folder: Path, *, agent_env: dict[str, str] | None = None,
                  runtime: str = "containerd://2.1.4", backoff_s: float = 0.5, checkpoint_enabled: bool = True,
-                 host_ip: str = "127.0.0.1", registry: str = "") -> None:
+                 host_ip: str = "127.0.0.1", registry: str = "", checkpoint_dir: Path | None = None) -> None:
         self.api, self.node, self.folder, self.registry = api, node, folder, registry
+        self.checkpoint_dir = checkpoint_dir or folder / "checkpoints"  # the node's /var/lib/kubelet/checkpoints
         self.agent_env = agent_env or {}
         self.runtime, self.backoff_s, self.checkpoint_enabled, self.host_ip = runtime, backoff_s, checkpoint_enabled, \
             host_ip
@@ -309,7 +310,7 @@ class Kubelet:
             if isinstance(saved, str):
                 return 500, f"checkpointing of {namespace}/{name}/{container_name} failed: {saved}\n"
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            archive = self.folder / "checkpoints" / f"checkpoint-{name}_{namespace}-{container_name}-{stamp}.tar"
+            archive = self.checkpoint_dir / f"checkpoint-{name}_{namespace}-{container_name}-{stamp}.tar"
             archive.parent.mkdir(parents=True, exist_ok=True)
             cspec = next(c for c in pod["spec"]["containers"] if c["name"] == container_name)
             argv = list(cspec.get("command") or []) + list(cspec.get("args") or [])
