@@ -77,15 +77,15 @@ def ref(name: str) -> NodeRef:
     return NodeRef(cluster="prod", name=name)
 
 
-def pull(registry: str, reference: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+def pull(address: str, reference: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The manifest of `reference` (host/path:tag@digest) and its layer's files, as a runtime pulls them."""
     path, _, digest = reference.partition("/")[2].partition("@")
     repository = path.rpartition(":")[0]
-    request = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{digest}",
+    request = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/{digest}",
                                      headers={"Accept": MANIFEST})
     with urllib.request.urlopen(request, timeout=10) as answer:
         manifest = json.loads(answer.read())
-    with urllib.request.urlopen(f"http://{registry}/v2/{repository}/blobs/{manifest['layers'][0]['digest']}",
+    with urllib.request.urlopen(f"http://{address}/v2/{repository}/blobs/{manifest['layers'][0]['digest']}",
                                 timeout=10) as answer:
         layer = answer.read()
     with tarfile.open(fileobj=io.BytesIO(layer)) as tar:

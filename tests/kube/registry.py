@@ -33,8 +33,8 @@ def docker_registry(root: Path) -> Iterator[str]:
     address = f"127.0.0.1:{free_port()}"
     root.mkdir(parents=True, exist_ok=True)
     config = root / "config.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
-                      f"http:\n  addr: {address}\n")
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+                      f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: {address}\n")
     log = root / "registry.log"
     with log.open("ab") as out:
         proc = subprocess.Popen([binary, "serve", str(config)], stdout=out, stderr=subprocess.STDOUT,
