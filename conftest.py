@@ -45,6 +45,7 @@ GROUPS = {
               "tests/inventory/test_slurm_sync.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/foundation/test_boot.py",
+                       "tests/executors/test_kubelet_checkpoint_image.py",
                        "tests/campaigns/test_demo_ui.py", "tests/costs/test_charts_browser.py",
                        "tests/foundation/test_ui.py", "tests/ui/test_walk_browser.py",
                        "tests/ui/test_narrow_browser.py", "tests/oidc/test_sso_browser.py",

@@ -124,6 +124,7 @@ below a campaign's ``step_timeout_s``; the deadlines span the engine's retries.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import hashlib
@@ -131,11 +132,13 @@ import itertools
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -865,9 +868,10 @@ class KubernetesExecutor(Executor):
         checkpoint_id = f"kubelet-{digest[:20]}"
         images, total = {}, 0
         for container, path in archives.items():
-            image = checkpoint_image.build(self._archive(node, path), container, {
-                "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name,
-                "io.gpusweep.checkpoint-id": checkpoint_id})
+            with self._archive(node, path) as archive:
+                image = checkpoint_image.build(archive, container, {
+                    "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name,
+                    "io.gpusweep.checkpoint-id": checkpoint_id})
             total += len(image.layer.data)
             try:
                 images[container] = registry.push(image, f"{checkpoint_id}-{container}")
@@ -897,18 +901,27 @@ class KubernetesExecutor(Executor):
             os.environ.get(str(secrets.get("registry_password", "")), "") if secrets.get("registry_password") else "",
             str(self.connection.get("checkpoint_registry_ca") or ""))
 
-    def _archive(self, node: NodeRef, path: str) -> Path:
-        """The kubelet's archive (on the node, under /var/lib/kubelet/checkpoints) as the worker reads it: under
-        ``kubelet_checkpoint_root``, each node's checkpoint folder by node name (a shared volume the nodes'
-        folders are exported to)."""
+    @contextlib.contextmanager
+    def _archive(self, node: NodeRef, path: str) -> Iterator[Path]:
+        """The kubelet's archive (on the node, in /var/lib/kubelet/checkpoints) where the worker reads it: fetched
+        from the node's agent (``GET /v1/kubelet-checkpoints/<name>``), or without agents under
+        ``kubelet_checkpoint_root``, each node's checkpoint folder by node name (a volume they are exported to)."""
+        name = Path(path).name
         root = str(self.connection.get("kubelet_checkpoint_root") or "")
+        ref = None if root else self._agent(node)
+        if ref is not None:
+            with tempfile.TemporaryDirectory(prefix="gpusweep-kubelet-") as folder:
+                target = Path(folder) / name
+                self.agents.client(ref).download(f"/v1/kubelet-checkpoints/{quote(name)}", target)
+                yield target
+            return
         if not root:
-            raise PermanentExecutorError("set connection.kubelet_checkpoint_root: the folder where the worker reads "
-                                         "each node's kubelet checkpoint archives (<root>/<node>/<archive>)")
-        found = Path(root) / node.name / Path(path).name
+            raise PermanentExecutorError(f"node {node.name} runs no agent to read its kubelet checkpoint archives: "
+                                         "set connection.kubelet_checkpoint_root (<root>/<node>/<archive>)")
+        found = Path(root) / node.name / name
         if not found.is_file():
             raise PermanentExecutorError(f"the kubelet on {node.name} wrote {path}, but the worker finds no {found}")
-        return found
+        yield found
 
     def _progress(self, pod: dict[str, Any], container: str) -> list[int]:
         """The workload's own progress marker, from its container's log: each line that the pod's

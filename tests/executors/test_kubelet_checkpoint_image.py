@@ -1,6 +1,7 @@
-"""The kubelet checkpoint path end to end (issue 27, done-when 5): the kubelet's archive becomes a checkpoint
-image, is pushed to a real registry (Debian's docker-registry, tests/kube/registry.py) and the replacement pod
-on another node pulls and restores it, its workload's counter continuing.
+"""The kubelet checkpoint path end to end (issue 27, done-when 5): the kubelet's archive, fetched through the
+node's real agent, becomes a checkpoint image, is pushed to a real registry (Debian's docker-registry,
+tests/kube/registry.py) and the replacement pod on another node pulls and restores it, its workload's counter
+continuing. The other tests read the archives under kubelet_checkpoint_root (no agents).
 
 The API server and kubelets are the stand-ins of tests/kube (no Kubernetes or container runtime runs here); the
 stand-in kubelet's dump is the workload's own saved state (the counter saves its step on SIGUSR1), where a
@@ -73,8 +74,8 @@ def steps(log: Path) -> list[int]:
     return [int(m.group(1)) for line in log.read_text().splitlines() if (m := re.match(PROGRESS, line))]
 
 
-def ref(name: str) -> NodeRef:
-    return NodeRef(cluster="prod", name=name)
+def ref(name: str, cluster: str = "prod") -> NodeRef:
+    return NodeRef(cluster=cluster, name=name)
 
 
 def pull(address: str, reference: str) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -93,15 +94,37 @@ def pull(address: str, reference: str) -> tuple[dict[str, Any], dict[str, bytes]
     return manifest, files
 
 
+@pytest.fixture
+def agents(kube: KubeApiServer, tmp_path: Path, settings: Any) -> Iterator[None]:
+    """A real node agent on n1 and n2, each serving its node's kubelet checkpoint folder."""
+    helpers = agent_helpers()
+    settings.GPUSWEEP_AGENT_FLEET_SECRET = helpers.FLEET_SECRET
+    started = []
+    try:
+        for node in ("n1", "n2"):
+            agent = helpers.AgentProcess(tmp_path, node, tmp_path / "artifacts",
+                                         kubelet_checkpoint_dir=str(tmp_path / "checkpoints" / node)).start()
+            started.append(agent)
+            kube.mutate("nodes", node, "", lambda obj, port=agent.port: obj["metadata"].setdefault(
+                "annotations", {}).update({"gpusweep.io/agent-endpoint": f"http://127.0.0.1:{port}"}))
+        yield
+    finally:
+        for agent in started:
+            agent.stop()
+
+
 def test_the_archive_moves_as_an_image_through_a_real_registry_and_the_counter_continues(
-        kube: KubeApiServer, registry: str, tmp_path: Path) -> None:
+        kube: KubeApiServer, registry: str, agents: None, tmp_path: Path) -> None:
+    """As on a real cluster: the node's agent hands over the kubelet's archive, the worker builds and pushes."""
     kubelet(kube, tmp_path, "n1")
     kubelet(kube, tmp_path, "n2", runtime="containerd://2.1.4", registry=registry)
     log = tmp_path / "counter.log"
     counter_pod(kube, log)
-    ex = kubelet_executor(kube, tmp_path, f"http://{registry}/checkpoints")
+    ex = executor(kube, agents=True, checkpoint_via="kubelet", checkpoint_image_repository=f"http://{registry}/"
+                  "checkpoints", executor_options={"restore_wait_s": 20})
 
-    taken = ex.checkpoint(ref("n1"), "ml/trainer", "criu", "gs-7-11-ck")
+    cluster = agent_helpers().CLUSTER  # the agents' identity is <cluster>/<node>
+    taken = ex.checkpoint(ref("n1", cluster), "ml/trainer", "criu", "gs-7-11-ck")
     record = json.loads(kube.get("pods", "trainer", "ml")["metadata"]["annotations"]["gpusweep.io/checkpointed"])
     image = record["images"]["main"]
     assert image.startswith(f"{registry}/checkpoints:{taken.checkpoint_id}-main@sha256:")
@@ -113,7 +136,7 @@ def test_the_archive_moves_as_an_image_through_a_real_registry_and_the_counter_c
     assert json.loads(files["spec.dump"])["annotations"]["io.kubernetes.pod.name"] == "trainer"
     assert 0 < record["progress"]["main"] <= saved
 
-    moved = ex.restore(ref("n2"), taken.checkpoint_id, "gs-7-11-restore")
+    moved = ex.restore(ref("n2", cluster), taken.checkpoint_id, "gs-7-11-restore")
     name = moved.workload_id.split("/")[1]
     new = kube.get("pods", name, "ml")
     assert new["spec"]["nodeName"] == "n2" and new["spec"]["containers"][0]["image"] == image
