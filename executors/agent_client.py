@@ -15,9 +15,11 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -78,6 +80,22 @@ class AgentClient:
 
     def get(self, path: str) -> Any:
         return self.request("GET", path)[1]
+
+    def download(self, path: str, target: Path) -> None:
+        """A file the agent serves (signed GET) into `target`, streamed."""
+        url = self.endpoint + path
+        headers = sign(self.key, self.identity, "GET", urlsplit(url).path, b"")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=self.request_timeout) as response, target.open("wb") as out:
+                shutil.copyfileobj(response, out, 1024 * 1024)
+        except urllib.error.HTTPError as exc:
+            message = f"agent {self.identity} GET {path}: HTTP {exc.code} {exc.read()[:500].decode(errors='replace')}"
+            if exc.code >= 500 or exc.code == 429:
+                raise TemporaryExecutorError(message) from exc
+            raise PermanentExecutorError(message) from exc
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
+            raise TemporaryExecutorError(f"agent {self.identity} GET {path}: {exc}") from exc
 
     def operation(self, path: str, operation_id: str, **fields: Any) -> dict[str, Any]:
         """POST a mutating call and wait for its operation to finish; return the operation's result."""

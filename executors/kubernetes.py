@@ -39,8 +39,13 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 - restore: a replacement pod, a copy of the original's spec with a required node affinity to
   the target the engine chose and ``gpusweep.io/restore-from`` naming the checkpoint; its
   container's ``gpusweep-run`` finds the pending checkpoint through its agent and resumes it
-  (CRI-O instead restores a kubelet checkpoint published as an image). Once it is Running and its
-  agent reports the checkpoint restored there, the original is evicted through the Eviction API;
+  (a kubelet checkpoint instead: each container's archive, read under ``kubelet_checkpoint_root``, is
+  built into a checkpoint image, checkpointctl's layout, and pushed to ``checkpoint_image_repository`` when
+  the checkpoint is taken; the replacement runs that image on a node whose runtime restores it, CRI-O or
+  containerd 2.x, read from ``status.nodeInfo.containerRuntimeVersion``). Once it is Running and its agent
+  reports the checkpoint restored there (kubelet path: the workload's own progress marker, the pod's
+  ``gpusweep.io/progress-pattern`` read from its container log through ``pods/log``, continued past the
+  value read before the checkpoint), the original is evicted through the Eviction API;
   a 429 (PodDisruptionBudget) is retried within ``eviction_deadline_s``, then the node fails. The
   replacement's name derives from the checkpoint, so a retry after a crash finds it instead of
   creating a second one; a restore under any other operation id is refused (a checkpoint is
@@ -108,7 +113,9 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
 ``nvidia_driver`` names), ``checkpoint_via`` (agent; kubelet needs the opt-in ClusterRole of
-deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository``; the agent
+deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository`` (``host[:port]/path``,
+``http://`` in front for a registry without TLS; ``secret_env`` keys ``registry_username`` and
+``registry_password``), ``checkpoint_registry_ca``, ``kubelet_checkpoint_root``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
 ``<scheme>://<InternalIP>:<agent_port>``. ``executor_options``: ``eviction_deadline_s`` (300),
 ``eviction_wait_s`` (10), ``restore_wait_s`` (60), ``upgrade_wait_s`` (60), ``upgrade_timeout_s``
@@ -118,19 +125,25 @@ below a campaign's ``step_timeout_s``; the deadlines span the engine's retries.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import hashlib
+import itertools
 import json
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
-from executors import portability
+from executors import checkpoint_image, portability
 from executors.base import (
     CheckpointResult,
     Executor,
@@ -178,6 +191,7 @@ CHECKPOINTED = "gpusweep.io/checkpointed"  # the checkpoint's record on the orig
 RESTORED_FROM = "gpusweep.io/restored-from"  # label on the replacement
 RESTORE_FROM = "gpusweep.io/restore-from"  # what the agent or runtime restores
 RESTORED_RECORD = "gpusweep.io/restored-checkpoint"  # the record, on the replacement
+PROGRESS_PATTERN = "gpusweep.io/progress-pattern"  # the workload's progress counter in its log (kubelet path)
 REPLACES = "gpusweep.io/replaces"
 OPERATION = "gpusweep.io/operation"
 ADOPT_LABELS = "gpusweep.io/adopt-labels"
@@ -262,6 +276,24 @@ def _labels(obj: dict[str, Any]) -> dict[str, str]:
 def _ready(obj: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def restores_checkpoints(runtime: str) -> bool:
+    """Whether a node's runtime (``status.nodeInfo.containerRuntimeVersion``) restores a container from a
+    checkpoint image: CRI-O (since 1.25), containerd from 2.0 (its CRI restore)."""
+    name, _, version = runtime.partition("://")
+    if name == "cri-o":
+        return True
+    major = re.match(r"^v?(\d+)", version)
+    return name == "containerd" and major is not None and int(major.group(1)) >= 2
+
+
+def _waiting(pod: dict[str, Any]) -> str:
+    """Why the pod's containers wait (an image pull failing, ...), as the kubelet reports it; "" when none does."""
+    found = [f"{s.get('name')}: {w.get('reason')} {w.get('message', '')}".strip()
+             for s in (pod.get("status") or {}).get("containerStatuses") or []
+             if (w := (s.get("state") or {}).get("waiting"))]
+    return f" ({'; '.join(found)})" if found else ""
 
 
 def _pod_ref(pod: dict[str, Any]) -> str:
@@ -362,6 +394,21 @@ class Kube:
 
     def kubelet(self, node: str, path: str) -> Any:
         return self.call(f"POST node {node} proxy /{path}", self.core.connect_post_node_proxy_with_path, node, path)
+
+    def pod_log(self, namespace: str, name: str, container: str, tail: int) -> str:
+        """The container's log (the API server asks the node's kubelet: ``pods/log``)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        what = f"GET pod {namespace}/{name} log of {container}"
+        try:
+            response: Any = self.core.read_namespaced_pod_log(name, namespace, container=container, tail_lines=tail,
+                                                         _preload_content=False, _request_timeout=self.timeout)
+            return bytes(response.data or b"").decode(errors="replace")
+        except ApiException as exc:
+            raise Answer(what, int(exc.status or 0), exc.body) from None
+        except (HTTPError, OSError) as exc:
+            raise TemporaryExecutorError(f"{what}: {exc}") from None
 
     def claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = self.call(f"GET persistentvolumeclaim {namespace}/{name}",
@@ -796,12 +843,17 @@ class KubernetesExecutor(Executor):
                       "requires": record.get("requires", {})}, dump=dict(record.get("dump") or {}))
 
     def _kubelet_checkpoint(self, node: NodeRef, pod: dict[str, Any]) -> dict[str, Any]:
-        """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container."""
+        """The kubelet's ContainerCheckpoint API through the node proxy, for each GPU container; each archive
+        published as a checkpoint image (``executors.checkpoint_image``) in ``checkpoint_image_repository``.
+        Nothing is marked on the pod before the push succeeded: a failed push leaves it running and listed."""
         namespace, name = _split(_pod_ref(pod))
+        registry = self._registry()
         containers = [c["name"] for c in (pod.get("spec") or {}).get("containers") or []
                       if pod_gpus({"spec": {"containers": [c]}}, GpuResources.of(self.connection))] or \
                      [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
-        archives = []
+        # Read before the checkpoint: the container keeps running (and counting) after the kubelet's dump.
+        progress = {c: values[-1] for c in containers if (values := self._progress(pod, c))}
+        archives: dict[str, str] = {}
         for container in containers:
             try:
                 answer = self.kube.kubelet(node.name, f"checkpoint/{namespace}/{name}/{container}")
@@ -815,14 +867,102 @@ class KubernetesExecutor(Executor):
                         f"the kubelet checkpoint path needs create on nodes/proxy, which gpusweep's service account "
                         f"lacks: apply the opt-in ClusterRole of deploy/kubernetes/optional/kubelet-checkpoint.yaml, "
                         f"or checkpoint through the agent (checkpoint_via: agent): {exc}") from None
+                if exc.status == 500:  # the runtime failed the dump (no CRIU, a container CRIU cannot dump)
+                    raise PermanentExecutorError(f"the runtime on {node.name} could not checkpoint {namespace}/"
+                                                 f"{name}/{container}: {exc}") from None
                 raise exc.executor_error() from None
-            archives += [str(path) for path in (answer or {}).get("items") or []]
+            for path in (answer or {}).get("items") or []:
+                archives[container] = str(path)
         if not archives:
             raise PermanentExecutorError(f"the kubelet on {node.name} returned no checkpoint archive for {namespace}/"
                                          f"{name}")
-        digest = hashlib.sha256("\n".join(archives).encode()).hexdigest()
-        return {"id": f"kubelet-{digest[:20]}", "sha256": digest, "archives": archives,
-                "containers": containers, "bytes": 0, "steps": None}
+        digest = hashlib.sha256("\n".join(archives.values()).encode()).hexdigest()
+        checkpoint_id = f"kubelet-{digest[:20]}"
+        images, total = {}, 0
+        for container, path in archives.items():
+            with self._archive(node, path) as archive:
+                image = checkpoint_image.build(archive, container, {
+                    "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name,
+                    "io.gpusweep.checkpoint-id": checkpoint_id})
+            total += len(image.layer.data)
+            try:
+                images[container] = registry.push(image, f"{checkpoint_id}-{container}")
+            except checkpoint_image.RegistryError as exc:
+                raise PermanentExecutorError(
+                    f"checkpoint image of {namespace}/{name}/{container} not published: {exc}; the pod keeps "
+                    f"running on {node.name}") from None
+        return {"id": checkpoint_id, "sha256": digest, "archives": list(archives.values()),
+                "containers": list(archives), "images": images, "progress": progress, "bytes": total, "steps": None}
+
+    def _registry(self) -> checkpoint_image.Registry:
+        """Where kubelet checkpoints are published: ``checkpoint_image_repository`` (``host[:port]/path``, with
+        ``http://`` for a registry without TLS), credentials from the cluster's ``secret_env``
+        (``registry_username``, ``registry_password``), ``checkpoint_registry_ca`` for a private CA."""
+        text = str(self.connection.get("checkpoint_image_repository") or "")
+        if not text:
+            raise PermanentExecutorError("set connection.checkpoint_image_repository: where each kubelet checkpoint "
+                                         "archive is published as an OCI image for the runtime to restore")
+        try:
+            repository = checkpoint_image.Repository.parse(text)
+        except ValueError as exc:
+            raise PermanentExecutorError(str(exc)) from None
+        secrets = dict(getattr(self.cluster, "secret_env", None) or {})
+        return checkpoint_image.Registry(
+            repository, os.environ.get(str(secrets.get("registry_username", "")), "") if secrets.get(
+                "registry_username") else "",
+            os.environ.get(str(secrets.get("registry_password", "")), "") if secrets.get("registry_password") else "",
+            str(self.connection.get("checkpoint_registry_ca") or ""))
+
+    @contextlib.contextmanager
+    def _archive(self, node: NodeRef, path: str) -> Iterator[Path]:
+        """The kubelet's archive (on the node, in /var/lib/kubelet/checkpoints) where the worker reads it: fetched
+        from the node's agent (``GET /v1/kubelet-checkpoints/<name>``), or without agents under
+        ``kubelet_checkpoint_root``, each node's checkpoint folder by node name (a volume they are exported to)."""
+        name = Path(path).name
+        root = str(self.connection.get("kubelet_checkpoint_root") or "")
+        ref = None if root else self._agent(node)
+        if ref is not None:
+            with tempfile.TemporaryDirectory(prefix="gpusweep-kubelet-") as folder:
+                target = Path(folder) / name
+                self.agents.client(ref).download(f"/v1/kubelet-checkpoints/{quote(name)}", target)
+                yield target
+            return
+        if not root:
+            raise PermanentExecutorError(f"node {node.name} runs no agent to read its kubelet checkpoint archives: "
+                                         "set connection.kubelet_checkpoint_root (<root>/<node>/<archive>)")
+        found = Path(root) / node.name / name
+        if not found.is_file():
+            raise PermanentExecutorError(f"the kubelet on {node.name} wrote {path}, but the worker finds no {found}")
+        yield found
+
+    def _progress(self, pod: dict[str, Any], container: str) -> list[int]:
+        """The workload's own progress marker, from its container's log: each line that the pod's
+        ``gpusweep.io/progress-pattern`` (a regular expression) matches gives its first group as a number.
+        [] without the annotation."""
+        pattern = _annotations(pod).get(PROGRESS_PATTERN)
+        if not pattern:
+            return []
+        try:
+            rule = re.compile(pattern)
+        except re.error as exc:
+            raise PermanentExecutorError(f"pod {_pod_ref(pod)}: {PROGRESS_PATTERN} {pattern!r}: {exc}") from None
+        text = self._call(self.kube.pod_log, *_split(_pod_ref(pod)), container, 500)
+        return [int(m.group(1)) for line in text.splitlines() if (m := rule.search(line)) and m.group(1).isdigit()]
+
+    def _progress_continued(self, pod: dict[str, Any], record: dict[str, Any]) -> bool:
+        """Whether each container restored from `record` continued its progress marker past the value read before
+        the checkpoint (False while it has logged none). A run that starts at or below it was started afresh: the
+        runtime did not restore it, which no wait mends."""
+        for container, before in (record.get("progress") or {}).items():
+            values = self._progress(pod, container)
+            if not values:
+                return False
+            if values[0] <= int(before) or any(b <= a for a, b in itertools.pairwise(values)):
+                raise PermanentExecutorError(
+                    f"pod {_pod_ref(pod)}/{container} did not continue from checkpoint {record['id']}: its progress "
+                    f"runs {values[0]}..{values[-1]}, and it had reached {before} before the checkpoint (started "
+                    "afresh, not restored)")
+        return True
 
     def stop(self, node: NodeRef, workload_id: str, operation_id: str) -> None:
         """Cold restart: the pod's controller starts it again; a pod without one is copied, unpinned; a bare
@@ -996,21 +1136,19 @@ class KubernetesExecutor(Executor):
             raise
 
     def _checkpoint_images(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
-        """Kubelet checkpoints come back through the runtime: only CRI-O restores a checkpoint image."""
+        """The replacement's containers run the checkpoint images: CRI-O and containerd 2.x restore such an image
+        (its annotation names the container); any other runtime would start it as an ordinary image, and fail."""
         runtime = str(((self._node(target.name).get("status") or {}).get("nodeInfo") or {}).get(
             "containerRuntimeVersion", ""))
-        if not runtime.startswith("cri-o://"):
+        if not restores_checkpoints(runtime):
             raise PermanentExecutorError(
-                f"node {target.name} runs {runtime or 'an unknown runtime'}, which cannot restore a kubelet checkpoint "
-                "archive: Kubernetes restores checkpoints only through CRI-O, from an OCI image built from the archive "
-                "(checkpointctl build); checkpoint this pod with the agent (criu, cuda, signal) instead")
-        repository = str(self.connection.get("checkpoint_image_repository") or "")
-        if not repository:
-            raise PermanentExecutorError("set connection.checkpoint_image_repository: where each kubelet checkpoint "
-                                         "archive is published as an OCI image for CRI-O to restore")
+                f"node {target.name} runs {runtime or 'an unknown runtime'}, which cannot restore a kubelet "
+                "checkpoint: only CRI-O and containerd 2.0 or later restore a container from a checkpoint image; "
+                "choose such a node, or checkpoint this pod with the agent (criu, cuda, signal)")
+        images = record.get("images") or {}
         for container in (pod.get("spec") or {}).get("containers") or []:
-            if container["name"] in record.get("containers", []):
-                container["image"] = f"{repository}:{record['id']}-{container['name']}"
+            if container["name"] in images:
+                container["image"] = str(images[container["name"]])
 
     def _wait_restored(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
         """Until the pod runs on `target` with the checkpoint restored in it (``restore_wait_s`` in this call)."""
@@ -1025,6 +1163,8 @@ class KubernetesExecutor(Executor):
             if phase in ("Succeeded", "Failed"):
                 raise PermanentExecutorError(f"pod {namespace}/{name} restoring {checkpoint_id} ended: {phase}")
             restored = _ready(current) and (current.get("spec") or {}).get("nodeName") == target.name
+            if restored and record.get("via") == "kubelet":
+                restored = self._progress_continued(current, record)
             if restored and record.get("via") != "kubelet":
                 state = self.agents.client(self._need_agent(target)).get(f"/v1/checkpoints/{checkpoint_id}")
                 taken_by = str((state.get("claimed") or {}).get("by") or "")
@@ -1035,8 +1175,8 @@ class KubernetesExecutor(Executor):
             if restored:
                 return
             if time.monotonic() > until:
-                raise TemporaryExecutorError(f"pod {namespace}/{name} on {target.name} is {phase}; checkpoint "
-                                             f"{checkpoint_id} not restored in it yet")
+                raise TemporaryExecutorError(f"pod {namespace}/{name} on {target.name} is {phase}{_waiting(current)}; "
+                                             f"checkpoint {checkpoint_id} not restored in it yet")
             time.sleep(self.option("poll_s", 0.5))
 
     def _hand_over(self, original: dict[str, Any], replacement: dict[str, Any]) -> None:

@@ -14,6 +14,8 @@ PACKAGES=(
   openssl
   # the fault suite restarts a Redis of its own (tests/faults)
   redis-server
+  # a real OCI registry (CNCF distribution) for the kubelet checkpoint path's images (tests/kube/registry.py)
+  docker-registry
   # Prometheus and promtool: scrape /metrics during a campaign, check and unit-test the alert rules
   prometheus
   # WeasyPrint's libraries for the auditors' PDF reports, a font, and poppler (pdftoppm, pdftotext)

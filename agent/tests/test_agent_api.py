@@ -346,3 +346,29 @@ def test_it_applies_a_livepatch_at_once_and_reports_its_version(tmp_path: Path,
         assert wrong["state"] == "failed" and "only the livepatch component" in wrong["error"]
     finally:
         a.stop()
+
+
+def test_it_serves_the_kubelets_checkpoint_archives_and_nothing_else(tmp_path: Path) -> None:
+    """Signed GET /v1/kubelet-checkpoints/<name>: a checkpoint-*.tar of kubelet_checkpoint_dir, byte for byte;
+    any other name, a path out of the folder or an unsigned call is refused."""
+    folder = tmp_path / "kubelet-checkpoints"
+    folder.mkdir()
+    archive = folder / "checkpoint-trainer_ml-main-2026-12-07T07:20:00Z.tar"
+    archive.write_bytes(os.urandom(300_000))
+    (folder / "secret.txt").write_text("not an archive")
+    (tmp_path / "checkpoint-outside.tar").write_text("outside")
+    a = AgentProcess(tmp_path, "gpu-kubelet", tmp_path / "artifacts", kubelet_checkpoint_dir=str(folder)).start()
+    try:
+        url = "/v1/kubelet-checkpoints/checkpoint-trainer_ml-main-2026-12-07T07%3A20%3A00Z.tar"
+        import urllib.request
+
+        request = urllib.request.Request(f"http://127.0.0.1:{a.port}{url}",
+                                         headers=sign(a.key, f"{CLUSTER}/gpu-kubelet", "GET", url, b""))
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert (response.status, response.read() == archive.read_bytes()) == (200, True)
+        for name in ("secret.txt", "..%2Fcheckpoint-outside.tar", "checkpoint-missing.tar"):
+            path = f"/v1/kubelet-checkpoints/{name}"
+            assert a.client.request("GET", path)[0] == 404, name
+        assert a.client.request("GET", url, signed=False)[0] == 401
+    finally:
+        a.stop()

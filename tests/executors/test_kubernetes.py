@@ -7,20 +7,20 @@ tests/campaigns/test_kubernetes_campaign.py."""
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from executors.base import NodeRef, PermanentExecutorError, TemporaryExecutorError, get_executor
-from executors.kubernetes import CHECKPOINT_ID, CHECKPOINTED, DRAINED_BY, TAINT, KubernetesExecutor
+from executors.kubernetes import CHECKPOINTED, DRAINED_BY, TAINT, KubernetesExecutor
 from inventory.models import Cluster
 from tests.helpers import wait_for
 from tests.kube.apiserver import KubeApiServer
 from tests.kube.gpu_operator import GpuOperator
 from tests.kube.kubelet import Kubelet
 from tests.kube.objects import cluster_policy, gpu_like_pods, gpu_node, gpu_pod, nvidia_driver, pdb
+from tests.kube.registry import docker_registry
 
 OP = "gs-7-11-drain"
 
@@ -31,6 +31,13 @@ def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeApiSer
     with KubeApiServer() as api:
         api.nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
         yield api
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A real registry's address (tests/kube/registry.py) for the kubelet checkpoint path's images."""
+    with docker_registry(tmp_path / "registry") as address:
+        yield address
 
 
 def executor(api: KubeApiServer, executor_options: dict[str, object] | None = None,
@@ -126,67 +133,21 @@ def _permanent(ex: KubernetesExecutor) -> bool:
     return False
 
 
-def test_the_kubelet_checkpoint_goes_through_the_node_proxy_and_only_cri_o_restores_it(
-        kube: KubeApiServer, tmp_path: Path) -> None:
-    Kubelet(kube, "n1", tmp_path / "n1")
-    Kubelet(kube, "n2", tmp_path / "n2", runtime="containerd://2.1.4")
-    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
-    owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-5d8f", "uid": "rs-1"}
-    kube.put("replicasets", {"metadata": {"namespace": "ml", "name": "trainer-5d8f"}, "spec": {
-        "replicas": 1, "selector": {"matchLabels": {"app": "trainer", "pod-template-hash": "5d8f"}}}})
-    kube.put("pods", gpu_pod("ml", "trainer-5d8f-x1", "n1", 1, owner=owner,
-                             labels={"app": "trainer", "pod-template-hash": "5d8f", "team": "vision"},
-                             annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
-    wait_for(lambda: kube.get("pods", "trainer-5d8f-x1", "ml")["status"].get("phase") == "Running", 10, 0.05)
-    ex = executor(kube, checkpoint_image_repository="registry.example/checkpoints")
-    taken = ex.checkpoint(ref("n1"), "ml/trainer-5d8f-x1", "criu", "gs-7-11-ck")
-    assert kube.happened("proxied", "POST n1 /checkpoint/ml/trainer-5d8f-x1/main")
-    assert taken.checkpoint_id.startswith("kubelet-") and taken.manifest["archives"][0].endswith(".tar")
-    assert ex.checkpoint(ref("n1"), "ml/trainer-5d8f-x1", "criu", "gs-7-11-ck") == taken
-    assert kube.get("pods", "trainer-5d8f-x1", "ml")["metadata"]["labels"][CHECKPOINT_ID] == taken.checkpoint_id
-    assert ex.list_workloads(ref("n1")) == []  # its work is leaving
-
-    with pytest.raises(PermanentExecutorError, match=r"containerd://2\.1\.4, which cannot restore"):
-        ex.restore(ref("n2"), taken.checkpoint_id, "gs-7-11-restore")
-    moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
-    namespace, name = moved.workload_id.split("/")
-    new = kube.get("pods", name, namespace)
-    assert new["spec"]["nodeName"] == "n3" and new["spec"]["containers"][0]["image"] == \
-        f"registry.example/checkpoints:{taken.checkpoint_id}-main"
-    assert new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n3"]}]}]
-    # Adopted by the ReplicaSet once it ran: its labels and owner; the original evicted after it.
-    assert new["metadata"]["labels"]["pod-template-hash"] == "5d8f" and new["metadata"]["ownerReferences"][0][
-        "uid"] == "rs-1"
-    assert wait_for(lambda: kube.get("pods", "trainer-5d8f-x1", "ml") is None, 10, 0.1)
-    created = kube.happened("created", f"ml/{name}")[0][0]
-    running = kube.happened("pod-running", f"ml/{name}")[0][0]
-    evicted = kube.happened("evicted", "ml/trainer-5d8f-x1")[0][0]
-    assert created < running < evicted
-    # Before it ran, the copy carried none of the labels the ReplicaSet selects on.
-    first = next(e for e in kube.events if e[1] == "ADDED" and e[3]["metadata"]["name"] == name)
-    assert "pod-template-hash" not in first[3]["metadata"]["labels"] and first[3]["metadata"]["labels"][
-        "team"] == "vision"
-    assert json.loads(first[3]["metadata"]["annotations"]["gpusweep.io/adopt-labels"]) == {
-        "app": "trainer", "pod-template-hash": "5d8f"}
-    # The same operation again finds the replacement instead of making a second one.
-    assert ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore") == moved
-    assert len([p for p in kube.objects("pods", "ml")]) == 1
-
-
-def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(kube: KubeApiServer,
-                                                                             tmp_path: Path) -> None:
+def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(kube: KubeApiServer, tmp_path: Path,
+                                                                             registry: str) -> None:
     """The replacement is made and pinned first, but its containers start only once the original is gone and
-    the volume can attach to the target (the kubelet stand-in holds it in ContainerCreating meanwhile)."""
-    Kubelet(kube, "n1", tmp_path / "n1")
-    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    the volume can attach to the target (the kubelet stand-in holds it in ContainerCreating meanwhile). Moved by
+    the kubelet path, its checkpoint image in a real registry (tests/kube/registry.py)."""
+    Kubelet(kube, "n1", tmp_path / "n1", checkpoint_dir=tmp_path / "checkpoints" / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1", registry=registry)
     kube.put("persistentvolumeclaims", {"metadata": {"namespace": "ml", "name": "cache"}, "spec": {
         "accessModes": ["ReadWriteOnce"]}})
     pod = gpu_pod("ml", "server", "n1", 1, annotations={"gpusweep.io/checkpoint-via": "kubelet"})
     pod["spec"]["volumes"] = [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache"}}]
     kube.put("pods", pod)
     wait_for(lambda: kube.get("pods", "server", "ml")["status"].get("phase") == "Running", 10, 0.05)
-    ex = executor(kube, checkpoint_image_repository="registry.example/checkpoints")
+    ex = executor(kube, checkpoint_image_repository=f"http://{registry}/checkpoints",
+                  kubelet_checkpoint_root=str(tmp_path / "checkpoints"))
     taken = ex.checkpoint(ref("n1"), "ml/server", "criu", "gs-7-11-ck")
     moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
     name = moved.workload_id.split("/")[1]
@@ -198,21 +159,22 @@ def test_a_pod_with_a_readwriteonce_claim_stops_before_its_replacement_starts(ku
     assert created < evicted < gone < kube.happened("container-started", f"ml/{name} n3 0")[0][0]
 
 
-def test_gpus_in_mig_slices_init_containers_and_resource_claims_are_found_and_moved(kube: KubeApiServer,
-                                                                                   tmp_path: Path) -> None:
+def test_gpus_in_mig_slices_init_containers_and_resource_claims_are_found_and_moved(
+        kube: KubeApiServer, tmp_path: Path, registry: str) -> None:
     """Done-when 4 of issue 27: neither pod asks for nvidia.com/gpu, yet each is listed with its GPUs and moved;
-    a pod with an NVIDIA resource claim is listed with the claim's devices."""
+    a pod with an NVIDIA resource claim is listed with the claim's devices. Moved by the kubelet path, their
+    checkpoint images in a real registry (tests/kube/registry.py)."""
     pods, claims = gpu_like_pods()
     kube.pods = pods
     for claim in claims:
         kube.put("resourceclaims", claim)
-    ex = executor(kube, checkpoint_via="kubelet", checkpoint_image_repository="registry.example/checkpoints",
-                  gpu_resources=["example.com/shared-gpu"])
+    ex = executor(kube, checkpoint_via="kubelet", checkpoint_image_repository=f"http://{registry}/checkpoints",
+                  kubelet_checkpoint_root=str(tmp_path / "checkpoints"), gpu_resources=["example.com/shared-gpu"])
     found = {w.id: w.gpus for w in ex.list_workloads(ref("n1"))}
     assert found == {"ml/mig-only": 1, "ml/warmup": 2, "ml/with-sidecar": 2, "ml/shared": 1, "ml/dra": 2,
                      "ml/dra-templated": 1}
-    Kubelet(kube, "n1", tmp_path / "n1")
-    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    Kubelet(kube, "n1", tmp_path / "n1", checkpoint_dir=tmp_path / "checkpoints" / "n1")
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1", registry=registry)
     for name in ("mig-only", "warmup"):
         kube.put("pods", {**kube.get("pods", name, "ml"), "status": {}})  # now run by the kubelet
     assert wait_for(lambda: all(kube.get("pods", n, "ml")["status"].get("phase") == "Running"

@@ -859,6 +859,8 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
                 return self._proxy(method, name.split(":")[0], "/" + "/".join(rest[3:]), body)
             if kind.plural == "pods" and sub == "eviction" and method == "POST":
                 return self._evict(namespace, name, query, body)
+            if kind.plural == "pods" and sub == "log" and method == "GET":
+                return self._pod_log(namespace, name, query)
             if sub and sub != "status":
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if not name:
@@ -1060,6 +1062,22 @@ def _handler(api: KubeApiServer) -> type[BaseHTTPRequestHandler]:
             dry_run = query.get("dryRun") == "All" or "All" in (options.get("dryRun") or [])
             api.evict(namespace, name, dry_run)
             self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+        def _pod_log(self, namespace: str, name: str, query: dict[str, str]) -> None:
+            """``pods/log``: as the real server, asked of the kubelet of the pod's node (its containerLogs)."""
+            pod = api.get("pods", name, namespace)
+            if pod is None:
+                raise not_found("pods", name)
+            node = (pod.get("spec") or {}).get("nodeName") or ""
+            target = api.node_proxies.get(node)
+            if target is None:
+                raise ApiError(400, "BadRequest", f"pod {name} has no running kubelet to ask for its log")
+            container = query.get("container") or ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name")
+            tail = f"?tailLines={query['tailLines']}" if query.get("tailLines") else ""
+            status, answer = target("GET", f"/containerLogs/{namespace}/{name}/{container}{tail}", b"")
+            if status != 200:
+                raise ApiError(status, "BadRequest", str(answer))
+            self._raw(200, answer.encode() if isinstance(answer, str) else bytes(answer), "text/plain")
 
         def _proxy(self, method: str, node: str, path: str, body: bytes) -> None:
             if api.get("nodes", node) is None:

@@ -13,15 +13,29 @@ is gone. Status (phase, conditions,
 containerStatuses with restart counts) is written as the kubelet reports it.
 
 The node proxy answers the ContainerCheckpoint call (``POST /checkpoint/{ns}/{pod}/{container}``)
-the way the kubelet does, ``{"items": [<archive path>]}``, writing an archive that names the
-container's process; with ``checkpoint_enabled=False`` it answers 404 as a kubelet without the
-feature does, and with ``runtime_checkpoints=False`` 500 with the CRI's Unimplemented error, as a
-kubelet with the feature over a runtime that cannot checkpoint (containerd before 1.7's CRI
-checkpoint support, for one) does.
+the way the kubelet does, ``{"items": [<archive path>]}``, writing an archive laid out as CRI-O's
+(``config.dump``, ``spec.dump``, ``checkpoint/``); with ``checkpoint_enabled=False`` it answers 404 as a
+kubelet without the feature does, and with ``runtime_checkpoints=False`` 500 with the CRI's
+Unimplemented error, as a kubelet with the feature over a runtime that cannot checkpoint does. It
+also serves ``/containerLogs/{ns}/{pod}/{container}`` (what the API server's ``pods/log`` asks), the
+current start's log.
+
+No CRIU dump of a container runs here (the process is no container), so what the runtime's dump
+would hold is the workload's own state: a container of a pod annotated ``gpusweep.io/checkpoint:
+signal`` gets ``GPUSWEEP_CHECKPOINT_DIR`` and saves its state there on SIGUSR1 (the test counter's
+protocol, tests' agent/tests/data/counter.py), which becomes the archive's ``checkpoint/``; the saved
+process then idles, where a forensic dump would leave it running. With a ``registry`` (host:port,
+plain HTTP) the stand-in pulls the images named there as a runtime does: a manifest that cannot be
+had leaves the container waiting in ErrImagePull/ImagePullBackOff; a checkpoint image (its
+``io.kubernetes.cri-o.annotations.checkpoint.name``) is restored, on a runtime that restores (CRI-O,
+containerd 2.x; others fail it with CreateContainerError), by starting the container's command with
+``GPUSWEEP_RESTORE_DIR`` at the image's ``checkpoint/``, so the workload continues from the saved state.
+Images of other registries are taken as present.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -29,12 +43,18 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from executors.checkpoint_image import CHECKPOINT_NAME, MANIFEST
+from executors.kubernetes import restores_checkpoints
 from tests.kube.apiserver import KubeApiServer, set_condition, single_node_claims
 from tests.kube.machinery import now
+
+SAVE_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -46,13 +66,17 @@ class Container:
     next_start: float = 0.0
     log: Path | None = None
     history: list[int] = field(default_factory=list)
+    waiting: tuple[str, str] | None = None  # (reason, message) while it cannot start: an image pull failing
+    state_dir: Path | None = None  # where its workload saves its state (pods checkpointed by signal)
 
 
 class Kubelet:
     def __init__(self, api: KubeApiServer, node: str, folder: Path, *, agent_env: dict[str, str] | None = None,
                  runtime: str = "containerd://2.1.4", backoff_s: float = 0.5, checkpoint_enabled: bool = True,
-                 host_ip: str = "127.0.0.1", runtime_checkpoints: bool = True) -> None:
-        self.api, self.node, self.folder = api, node, folder
+                 host_ip: str = "127.0.0.1", registry: str = "", checkpoint_dir: Path | None = None,
+                 runtime_checkpoints: bool = True) -> None:
+        self.api, self.node, self.folder, self.registry = api, node, folder, registry
+        self.checkpoint_dir = checkpoint_dir or folder / "checkpoints"  # the node's /var/lib/kubelet/checkpoints
         self.agent_env = agent_env or {}
         self.runtime, self.backoff_s, self.checkpoint_enabled, self.host_ip = runtime, backoff_s, checkpoint_enabled, \
             host_ip
@@ -107,20 +131,24 @@ class Kubelet:
         for index, cspec in enumerate(spec.get("containers") or []):
             key = (uid, cspec["name"])
             container = self.containers.get(key)
-            if container is None:
-                container = self.containers[key] = self._start(pod, cspec, 0)
+            if container is None or (container.waiting and time.monotonic() >= container.next_start):
+                container = self.containers[key] = self._start(pod, cspec, 0, container)
+            elif container.waiting:
+                pass
             elif container.proc is not None and container.proc.poll() is not None:
                 container.exit_code = container.proc.returncode
                 container.history.append(container.exit_code)
                 container.proc = None
                 container.next_start = time.monotonic() + self.backoff_s * 2 ** min(container.restarts, 4)
-            if container.proc is None and (policy == "Always" or (policy == "OnFailure" and container.exit_code)):
+            if container.proc is None and not container.waiting and (
+                    policy == "Always" or (policy == "OnFailure" and container.exit_code)):
                 if time.monotonic() >= container.next_start:
                     container = self.containers[key] = self._start(pod, cspec, container.restarts + 1, container)
             statuses.append(self._container_status(cspec, container, index, policy))
         running = all(s["ready"] for s in statuses)
         finished = all("terminated" in s["state"] for s in statuses) and policy != "Always"
-        new_phase = "Running"
+        new_phase = "Running" if any(c.proc is not None or c.history for k, c in self.containers.items()
+                                     if k[0] == uid) else "Pending"
         if finished:
             new_phase = "Succeeded" if all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses) else "Failed"
 
@@ -158,7 +186,9 @@ class Kubelet:
     def _container_status(self, cspec: dict[str, Any], container: Container, index: int,
                           policy: str) -> dict[str, Any]:
         state: dict[str, Any]
-        if container.proc is not None:
+        if container.waiting:
+            state = {"waiting": {"reason": container.waiting[0], "message": container.waiting[1]}}
+        elif container.proc is not None:
             state = {"running": {"startedAt": container.started_at}}
         elif policy == "Never" or (policy == "OnFailure" and not container.exit_code):
             state = {"terminated": {"exitCode": container.exit_code or 0, "reason": "Completed"
@@ -197,12 +227,56 @@ class Kubelet:
         argv = list(cspec.get("command") or []) + list(cspec.get("args") or []) or [
             sys.executable, "-c", "import time; time.sleep(86400)"]
         history = previous.history if previous else []
+        env = self._env(pod, cspec)
+        try:
+            restore = self._pull(cspec, folder)
+        except ImageError as exc:
+            # The kubelet's image back-off: ErrImagePull first, ImagePullBackOff while it waits to retry.
+            reason = "ImagePullBackOff" if previous is not None and previous.waiting else exc.reason
+            self.api.record("image-pull-failed", f"{meta['namespace']}/{meta['name']} {cspec.get('image', '')}")
+            return Container(proc=None, started_at="", waiting=(reason, str(exc)),
+                             next_start=time.monotonic() + self.backoff_s * 4)
+        if restore is not None:
+            env["GPUSWEEP_RESTORE_DIR"] = str(restore)
+            self.api.record("container-restored", f"{meta['namespace']}/{meta['name']} {self.node}")
+        state_dir = None
+        if (meta.get("annotations") or {}).get("gpusweep.io/checkpoint") == "signal":
+            state_dir = folder / f"state-{restarts}"
+            state_dir.mkdir(parents=True, exist_ok=True)
+            env["GPUSWEEP_CHECKPOINT_DIR"] = str(state_dir)
         with log.open("ab") as out:
-            proc = subprocess.Popen(argv, env=self._env(pod, cspec), cwd=cspec.get("workingDir") or str(folder),
+            proc = subprocess.Popen(argv, env=env, cwd=cspec.get("workingDir") or str(folder),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         self.api.record("container-started", f"{meta['namespace']}/{meta['name']} {self.node} {restarts}")
-        return Container(proc=proc, started_at=now(), restarts=restarts, log=log, history=history)
+        return Container(proc=proc, started_at=now(), restarts=restarts, log=log, history=history,
+                         state_dir=state_dir)
+
+    def _pull(self, cspec: dict[str, Any], folder: Path) -> Path | None:
+        """Pull the container's image when it is in this kubelet's registry; a checkpoint image is unpacked and
+        its ``checkpoint/`` folder returned (what the workload restores from), else None."""
+        image = str(cspec.get("image") or "")
+        host, _, rest = image.partition("/")
+        if not self.registry or host != self.registry:
+            return None
+        name, _, digest = rest.partition("@")
+        repository, _, tag = name.rpartition(":") if ":" in name else (name, "", "latest")
+        base = f"http://{self.registry}/v2/{repository}"
+        manifest = json.loads(_fetch(f"{base}/manifests/{digest or tag}", MANIFEST, image))
+        container = (manifest.get("annotations") or {}).get(CHECKPOINT_NAME)
+        if container is None:
+            return None
+        if not restores_checkpoints(self.runtime):
+            raise ImageError("CreateContainerError", f"{self.runtime} cannot restore checkpoint image {image}")
+        if container != cspec["name"]:
+            raise ImageError("CreateContainerError", f"checkpoint image {image} is of container {container}, not "
+                             f"{cspec['name']}")
+        target = folder / f"restore-{digest.replace(':', '-') or tag}"
+        for layer in manifest.get("layers") or []:
+            data = _fetch(f"{base}/blobs/{layer['digest']}", "*/*", image)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                tar.extractall(target, filter="data")
+        return target / "checkpoint"
 
     def _stop(self, container: Container, grace: float = 2.0) -> None:
         proc = container.proc
@@ -239,16 +313,76 @@ class Kubelet:
             if not self.runtime_checkpoints:
                 return 500, (f"checkpointing of {namespace}/{name}/{container_name} failed (rpc error: code = "
                              "Unimplemented desc = method CheckpointContainer not implemented)\n")
+            saved = self._save(container)
+            if isinstance(saved, str):
+                return 500, f"checkpointing of {namespace}/{name}/{container_name} failed: {saved}\n"
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            archive = self.folder / "checkpoints" / f"checkpoint-{name}_{namespace}-{container_name}-{stamp}.tar"
+            archive = self.checkpoint_dir / f"checkpoint-{name}_{namespace}-{container_name}-{stamp}.tar"
             archive.parent.mkdir(parents=True, exist_ok=True)
-            spec = self.folder / f"{archive.name}.json"
-            spec.write_text(json.dumps({"pod": f"{namespace}/{name}", "container": container_name,
-                                        "pid": container.proc.pid, "runtime": self.runtime}))
+            cspec = next(c for c in pod["spec"]["containers"] if c["name"] == container_name)
+            argv = list(cspec.get("command") or []) + list(cspec.get("args") or [])
+            dumps = {"config.dump": {"id": f"{pod['metadata']['uid']}-{container_name}", "name": container_name,
+                                     "rootfsImageName": cspec.get("image", ""), "runtime": self.runtime,
+                                     "createdTime": container.started_at},
+                     "spec.dump": {"annotations": {"io.kubernetes.pod.name": name,
+                                                   "io.kubernetes.pod.namespace": namespace,
+                                                   "io.kubernetes.container.name": container_name},
+                                   "process": {"args": argv},
+                                   "pid": container.proc.pid}}
             with tarfile.open(archive, "w") as tar:
-                tar.add(spec, arcname="spec.dump")
-            spec.unlink()
+                for arcname, content in dumps.items():
+                    data = json.dumps(content).encode()
+                    info = tarfile.TarInfo(arcname)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                info = tarfile.TarInfo("checkpoint")
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+                for state_file in saved:
+                    tar.add(state_file, arcname=f"checkpoint/{state_file.name}")
             self.checkpoints.append(archive)
-            # The kubelet's checkpoint is forensic: the container keeps running.
             return 200, {"items": [str(archive)]}
+        if parts[0] == "containerLogs" and len(parts) == 4 and method == "GET":
+            _, namespace, name, container_name = parts
+            container_name, _, query = container_name.partition("?")
+            pod = self.api.get("pods", name, namespace)
+            found = self.containers.get((pod["metadata"]["uid"], container_name)) if pod else None
+            if found is None or found.log is None:
+                return 400, f'container "{container_name}" in pod "{name}" is waiting to start\n'
+            lines = found.log.read_text(errors="replace").splitlines(keepends=True)
+            tail = int(query.partition("tailLines=")[2] or 0) if "tailLines=" in query else 0
+            return 200, "".join(lines[-tail:] if tail else lines)
         return 404, "404 page not found\n"
+
+    @staticmethod
+    def _save(container: Container) -> list[Path] | str:
+        """What the dump holds: the files the workload saved on SIGUSR1 (a pod checkpointed by signal), else
+        nothing; a reason when it did not save."""
+        if container.state_dir is None or container.proc is None:
+            return []
+        ack = container.state_dir / ".gpusweep-ack"
+        ack.unlink(missing_ok=True)
+        os.kill(container.proc.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + SAVE_TIMEOUT_S
+        while not ack.exists():
+            if time.monotonic() > deadline:
+                return f"the workload saved no state in {SAVE_TIMEOUT_S:.0f} s"
+            time.sleep(0.05)
+        return [path for path in container.state_dir.iterdir() if path.name != ".gpusweep-ack"]
+
+
+class ImageError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _fetch(url: str, accept: str, image: str) -> bytes:
+    """GET from the registry, as a runtime's pull: a missing or unreachable image is ErrImagePull."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Accept": accept}), timeout=10) as answer:
+            return bytes(answer.read())
+    except urllib.error.HTTPError as exc:
+        raise ImageError("ErrImagePull", f"failed to pull image {image!r}: {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise ImageError("ErrImagePull", f"failed to pull image {image!r}: {exc}") from None

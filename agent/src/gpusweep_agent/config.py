@@ -48,6 +48,10 @@ class AgentConfig:
     # Report the OS in heartbeats (osinfo.py: os-release, installed packages, running kernel, livepatch).
     report_os: bool = True
     criu: str = "criu"
+    # Where the node's kubelet writes its ContainerCheckpoint archives (served read-only at
+    # /v1/kubelet-checkpoints/<name> for gpusweep to build the checkpoint image); in a container, under the
+    # host root it mounts.
+    kubelet_checkpoint_dir: Path = Path("/var/lib/kubelet/checkpoints")
     # Flush a checkpoint's images to disk before it counts as taken (the node is patched and rebooted next).
     checkpoint_fsync: bool = True
     # At most this many `criu pre-dump` rounds while the workload runs, before its (short) final dump;

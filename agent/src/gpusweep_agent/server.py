@@ -31,6 +31,7 @@ POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/pat
 OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
 CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
 TRANSFER_RE = re.compile(r"^/v1/transfer/([^/]+)/(.+)$")
+KUBELET_ARCHIVE_RE = re.compile(r"^/v1/kubelet-checkpoints/([^/]+)$")
 
 
 class AgentServer(ThreadingHTTPServer):
@@ -133,6 +134,23 @@ class Handler(BaseHTTPRequestHandler):
             # sendfile(2) from the page cache to the socket (over TLS, the ssl module sends in blocks).
             self.connection.sendfile(fh, 0, size)
 
+    def _kubelet_archive(self, quoted: str) -> None:
+        """One of the kubelet's checkpoint archives (``checkpoint-*.tar`` in ``kubelet_checkpoint_dir``, nothing
+        else there or elsewhere), for gpusweep to build its checkpoint image."""
+        name = unquote(quoted)
+        folder = self.server.agent.config.kubelet_checkpoint_dir
+        path = folder / name
+        if "/" in name or not re.fullmatch(r"checkpoint-[^/]+\.tar", name) or not path.is_file():
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"no kubelet checkpoint archive {name!r} in {folder}"})
+            return
+        size = path.stat().st_size
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/x-tar")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        with path.open("rb") as fh:
+            self.connection.sendfile(fh, 0, size)
+
     def do_GET(self) -> None:
         if self._body() is None:
             return
@@ -143,6 +161,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         agent = self.server.agent
         path = self.path.split("?", 1)[0]
+        if match := KUBELET_ARCHIVE_RE.match(path):
+            self._kubelet_archive(match.group(1))
+            return
         try:
             if path == "/v1/health":
                 self._send(HTTPStatus.OK, agent.health())
