@@ -89,8 +89,9 @@ def test_rbac_is_the_least_the_executor_needs_and_the_agent_gets_none() -> None:
         ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},
         ("nvidia.com", "nvidiadrivers"): {"get", "list", "patch"},
     }
-    # Root on every node: only in the opt-in role, outside what `kubectl apply -f deploy/kubernetes/` applies.
-    assert rules("gpusweep-kubelet-checkpoint") == {("", "nodes/proxy"): {"create"}}
+    # Root on every node: only in the opt-in role, outside what `kubectl apply -f deploy/kubernetes/` applies;
+    # with it, the container logs in which a restored workload's progress marker is read.
+    assert rules("gpusweep-kubelet-checkpoint") == {("", "nodes/proxy"): {"create"}, ("", "pods/log"): {"get"}}
     assert not any(doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "gpusweep-kubelet-checkpoint"
                    for path in DEPLOY.glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc)
     subjects = [s for b in by_kind("ClusterRoleBinding").values() for s in b["subjects"]]

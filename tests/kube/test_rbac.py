@@ -31,6 +31,7 @@ from tests.kube.apiserver import KubeApiServer
 from tests.kube.kubelet import Kubelet
 from tests.kube.objects import gpu_node, gpu_pod
 from tests.kube.rbac import load_manifests
+from tests.kube.registry import docker_registry
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 KUBELET_ROLE = DEPLOY / "optional" / "kubelet-checkpoint.yaml"
@@ -127,14 +128,21 @@ def running(kube: KubeApiServer, name: str) -> bool:
     return (kube.get("pods", name, "ml") or {}).get("status", {}).get("phase") == "Running"
 
 
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    with docker_registry(tmp_path / "registry") as address:
+        yield address
+
+
 def test_the_executor_with_the_base_and_opt_in_roles_moves_a_pod_through_the_kubelet(
-        kube: KubeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With both shipped roles: checkpoint through the node proxy, restore on CRI-O, the ReplicaSet's owner
-    reference handed to the copy (the owner-reference admission checks pass), the original evicted. The
-    executor never deletes a pod (its delete right exists for that admission check only)."""
+        kube: KubeApiServer, registry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With both shipped roles: checkpoint through the node proxy, the archive pushed as an image to a real
+    registry, restore on CRI-O, the ReplicaSet's owner reference handed to the copy (the owner-reference
+    admission checks pass), the original evicted. The executor never deletes a pod (its delete right
+    exists for that admission check only)."""
     load_manifests(kube, KUBELET_ROLE)
-    Kubelet(kube, "n1", tmp_path / "n1")
-    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1")
+    Kubelet(kube, "n1", tmp_path / "n1", checkpoint_dir=tmp_path / "checkpoints" / "n1", registry=registry)
+    Kubelet(kube, "n3", tmp_path / "n3", runtime="cri-o://1.34.1", registry=registry)
     kube.put("replicasets", {"metadata": {"namespace": "ml", "name": "trainer-5d8f", "uid": "rs-1"}, "spec": {
         "replicas": 1, "selector": {"matchLabels": {"app": "trainer", "pod-template-hash": "5d8f"}}}})
     kube.put("pods", gpu_pod("ml", "trainer-5d8f-x1", "n1", 1, owner=OWNER,
@@ -142,7 +150,8 @@ def test_the_executor_with_the_base_and_opt_in_roles_moves_a_pod_through_the_kub
                              annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
     assert wait_for(lambda: running(kube, "trainer-5d8f-x1"), 10, 0.05)
     ex = executor(kube, monkeypatch, kube.service_account_token("gpusweep", "gpusweep"),
-                  checkpoint_image_repository="registry.example/checkpoints")
+                  checkpoint_image_repository=f"http://{registry}/checkpoints",
+                  kubelet_checkpoint_root=str(tmp_path / "checkpoints"))
     ref = NodeRef(cluster="prod", name="n1")
     ex.drain(ref, "gs-7-11-drain")
     taken = ex.checkpoint(ref, "ml/trainer-5d8f-x1", "criu", "gs-7-11-ck")
@@ -160,7 +169,10 @@ def test_without_the_opt_in_role_the_kubelet_path_fails_naming_nodes_proxy(
     Kubelet(kube, "n1", tmp_path / "n1")
     kube.put("pods", gpu_pod("ml", "trainer", "n1", 1, annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
     assert wait_for(lambda: running(kube, "trainer"), 10, 0.05)
-    ex = executor(kube, monkeypatch, kube.service_account_token("gpusweep", "gpusweep"))
+    # Never reached: the kubelet's answer comes before the image is pushed.
+    ex = executor(kube, monkeypatch, kube.service_account_token("gpusweep", "gpusweep"),
+                  checkpoint_image_repository="http://127.0.0.1:9/checkpoints",
+                  kubelet_checkpoint_root=str(tmp_path / "checkpoints"))
     with pytest.raises(PermanentExecutorError) as failed:
         ex.checkpoint(NodeRef(cluster="prod", name="n1"), "ml/trainer", "criu", "gs-7-11-ck")
     message = str(failed.value)
@@ -178,7 +190,10 @@ def test_an_api_500_is_permanent_a_runtime_that_cannot_checkpoint_and_a_pod_unde
     kube.put("pods", gpu_pod("ml", "trainer", "n1", 1, labels={"app": "trainer"},
                              annotations={"gpusweep.io/checkpoint-via": "kubelet"}))
     assert wait_for(lambda: running(kube, "trainer"), 10, 0.05)
-    ex = executor(kube, monkeypatch, kube.service_account_token("gpusweep", "gpusweep"))
+    # Never reached: the kubelet's answer comes before the image is pushed.
+    ex = executor(kube, monkeypatch, kube.service_account_token("gpusweep", "gpusweep"),
+                  checkpoint_image_repository="http://127.0.0.1:9/checkpoints",
+                  kubelet_checkpoint_root=str(tmp_path / "checkpoints"))
     ref = NodeRef(cluster="prod", name="n1")
     with pytest.raises(PermanentExecutorError, match=r"HTTP 500 .*CheckpointContainer not implemented"):
         ex.checkpoint(ref, "ml/trainer", "criu", "gs-7-11-ck")
