@@ -127,3 +127,25 @@ def test_a_get_of_evidence_writes_nothing_and_sealing_is_a_post(completed, make_
     assert 'id="seal"' not in viewer.get(f"/campaigns/{completed.pk}/").content.decode()
     assert trusted.post(f"/campaigns/{completed.pk}/seal/").status_code == 302
     assert EvidenceSeal.objects.count() == before[0] + 1
+
+
+def test_a_store_edited_after_the_signer_read_it_is_still_refused(completed):
+    """The signer reads the store before every signature and parses only what was appended since
+    (FolderStore.read, check_history): a line edited in place, or a forged line appended, after a
+    check that passed is still found."""
+    store = digests.FolderStore(Path(str(digests.store().folder)))  # type: ignore[attr-defined]
+    path = store.path(completed.pk)
+    honest = path.read_bytes()
+    digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))  # intact: passes, and is cached
+    first = json.loads(honest.splitlines()[0])
+    head = first["record"]["head"]
+    path.write_bytes(honest.replace(head.encode(), ("0" if head[0] != "0" else "1").encode() + head[1:].encode(), 1))
+    with pytest.raises(digests.DigestMismatch, match="store edited"):
+        digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+    last = json.loads(honest.splitlines()[-1])
+    forged = {**last, "n": last["n"] + 1, "prev": last["digest"], "digest": "f" * 64}
+    path.write_bytes(honest + digests.line_of(forged))
+    with pytest.raises(digests.DigestMismatch, match=f"digest #{forged['n']}: its hash does not match"):
+        digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+    path.write_bytes(honest)
+    digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
