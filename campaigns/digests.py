@@ -71,9 +71,10 @@ def _entries(data: bytes) -> list[dict[str, Any]]:
 
 
 # Per process: each folder store file's bytes up to its last whole line, and the digests they hold
-# (FolderStore.read), for at most _FOLDER_READ_MAX files.
+# (FolderStore.read), for at most _FOLDER_READ_MAX files (the campaigns a worker is signing for now;
+# a 10,000-node campaign's digests are a few megabytes).
 _FOLDER_READ: dict[Path, tuple[bytes, tuple[dict[str, Any], ...]]] = {}
-_FOLDER_READ_MAX = 256
+_FOLDER_READ_MAX = 16
 _FOLDER_LOCK = threading.Lock()
 # Per process: the digests of each campaign check_history last found intact (the objects read).
 _CHECKED: dict[int, tuple[dict[str, Any], ...]] = {}
