@@ -65,6 +65,12 @@ def line_of(entry: dict[str, Any]) -> bytes:
     return (verify.canonical(entry) + "\n").encode()
 
 
+def _whole_file(fd: int) -> bytes:
+    with open(fd, "rb", closefd=False) as file:
+        file.seek(0)
+        return file.read()
+
+
 def _entries(data: bytes) -> list[dict[str, Any]]:
     # The lines str.splitlines gives (as of the file read as text), blank ones skipped.
     return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
@@ -92,9 +98,19 @@ class FolderStore:
     def read(self, campaign_id: int) -> list[dict[str, Any]]:
         path = self.path(campaign_id)
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return []
+        try:
+            # Shared with other readers, never with an append: a line crossing a page boundary is
+            # otherwise seen half written (a signer then failed on JSON it could not parse).
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            data = _whole_file(fd)
+        finally:
+            os.close(fd)
+        return self._parsed(path, data)
+
+    def _parsed(self, path: Path, data: bytes) -> list[dict[str, Any]]:
         # The file is only appended to: when it still starts with the bytes read last time, only what
         # follows is parsed (a signer reads it before every signature; parsing it whole each time made
         # a campaign's signing quadratic in its nodes). Any other change is read from the start.
@@ -116,7 +132,8 @@ class FolderStore:
         fd = os.open(self.path(campaign_id), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # two workers sealing at once still make one chain
-            entry = next_entry(self.read(campaign_id), campaign_id, kind, record, signature, key_id)
+            entry = next_entry(self._parsed(self.path(campaign_id), _whole_file(fd)), campaign_id, kind, record,
+                               signature, key_id)
             os.write(fd, line_of(entry))
             os.fsync(fd)
         finally:

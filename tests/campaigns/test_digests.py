@@ -149,3 +149,30 @@ def test_a_store_edited_after_the_signer_read_it_is_still_refused(completed):
         digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
     path.write_bytes(honest)
     digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+
+
+def test_a_read_never_sees_half_of_an_append(tmp_path):
+    """A signer reads the folder store while other workers append to it (threads here, as in
+    bench/sweep.py): a line crossing a page boundary must not be read half written."""
+    import threading
+
+    store = digests.FolderStore(tmp_path)
+    record = {"campaign": 9, "head": "ab" * 32, "filler": "x" * 20_000}  # each line crosses pages
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for _ in range(200):
+                store.append(9, "node_head", record, "sig", "key")
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reads = 0
+    while not done.is_set():
+        entries = store.read(9)  # raised JSONDecodeError on a half-written line before the shared lock
+        assert [e["n"] for e in entries] == list(range(1, len(entries) + 1))
+        reads += 1
+    writer.join()
+    assert len(store.read(9)) == 200 and not verify.digest_problems(store.read(9)) and reads > 1
