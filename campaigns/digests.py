@@ -135,6 +135,9 @@ class FolderStore:
             entry = next_entry(self._parsed(self.path(campaign_id), _whole_file(fd)), campaign_id, kind, record,
                                signature, key_id)
             os.write(fd, line_of(entry))
+            # The line is in place: the next append (another node's) need not wait for the disk too.
+            # Still synced before returning; a file's fsync flushes all of it, earlier lines included.
+            fcntl.flock(fd, fcntl.LOCK_UN)
             os.fsync(fd)
         finally:
             os.close(fd)
