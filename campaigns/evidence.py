@@ -26,10 +26,11 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from campaigns import digests, signing, verify
+from campaigns import digests, queries, signing, verify
 from campaigns.choices import EvidenceKind, SweepState
 from campaigns.models import Campaign, EvidenceEvent, EvidenceSeal, NodeSweep
 from campaigns.signals import evidence_recorded
+from gpusweep.db.reads import select_rows
 
 
 def _normal(data: dict[str, Any]) -> dict[str, Any]:
@@ -133,9 +134,11 @@ def stored_head_at(campaign_id: int) -> Any:
     def head_at(chain: int | None, seq: int) -> str:
         if seq == 0:
             return ""
-        rows = (EvidenceEvent.objects.filter(campaign_id=campaign_id, sweep__isnull=True, seq=seq) if chain is None
-                else EvidenceEvent.objects.filter(campaign_id=campaign_id, sweep_id=chain, node_seq=seq))
-        return rows.values_list("hash", flat=True).first() or "<missing>"
+        # Plain SQL: the signer looks a head up before every signature it gives.
+        rows = (select_rows(EvidenceEvent, ("hash",), queries.CAMPAIGN_EVENT, [campaign_id, seq], prepared=True)
+                if chain is None else
+                select_rows(EvidenceEvent, ("hash",), queries.NODE_EVENT, [campaign_id, chain, seq], prepared=True))
+        return str((rows[0][0] if rows else None) or "<missing>")
     return head_at
 
 

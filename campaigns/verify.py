@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import itertools
 import json
 import sys
 from collections import defaultdict
@@ -249,10 +250,11 @@ def digest_of(prev: str, entry: dict[str, Any]) -> str:
     return hashlib.sha256((prev + canonical(fields)).encode()).hexdigest()
 
 
-def digest_problems(digests: list[dict[str, Any]]) -> list[str]:
-    """Problems of the digest chain itself (a line edited, removed or inserted)."""
-    problems, prev = [], ""
-    for expected, entry in enumerate(digests, start=1):
+def digest_problems(digests: list[dict[str, Any]], intact: int = 0) -> list[str]:
+    """Problems of the digest chain itself (a line edited, removed or inserted); the first `intact`
+    entries are the very ones the caller already found without a problem (not hashed again)."""
+    problems, prev = [], str(digests[intact - 1].get("digest", "")) if intact else ""
+    for expected, entry in enumerate(itertools.islice(digests, intact, None), start=intact + 1):
         if int(entry.get("n", 0)) != expected or entry.get("prev", "") != prev:
             problems.append(f"digest #{entry.get('n')}: does not follow digest #{expected - 1} (store edited)")
         if digest_of(entry.get("prev", ""), entry) != entry.get("digest"):

@@ -175,6 +175,8 @@ def record_running(node_id: int, kernel: str = "", livepatch_version: str = "", 
     when either changed. The node's OS package exposures follow on commit, remediated with
     `reference` (the campaign and sweep) as their evidence, before the agent's next report says so.
     A new kernel drops the old one's livepatch state (livepatches are per kernel)."""
+    if not kernel and not livepatch_version:
+        return False  # nothing verified to record (a driver campaign): not even a read
     current = Node.objects.filter(pk=node_id).values("running_kernel", "livepatch").first()
     if current is None:
         return False

@@ -115,6 +115,10 @@ def node_components(count: int) -> str:
             f"ON {NC.node_id} = {N.id} AND {NC.component} {which} WHERE {N.id} = %s")
 
 
+# select_rows' condition for one node: param its id.
+NODE_BY_ID = f"{NODES.id} = %s"
+
+
 def _lock(of: str) -> str:
     # Only the rows of `of` are locked (never the cluster's row: every move of the cluster would wait).
     if connection.features.has_select_for_update_of:
@@ -211,6 +215,7 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     yield set_service_state(2), ["patching", stamp, 1, 2]
     yield node_components(2), ["driver", "cuda", 1]
     yield node_components(0), [1]
+    yield f"SELECT {NODES.facts} FROM {NODES} WHERE {NODE_BY_ID}", [1]
     yield WORKLOAD_AND_TWIN, [1, "x", 1]
     yield WORKLOAD_GONE, [stamp, 1]
     yield WORKLOAD_BACK, [1, stamp, 1]

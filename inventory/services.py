@@ -850,7 +850,8 @@ def record_versions(node_id: int, versions: dict[str, str], source: str, referen
 
 def _clear_pending(node_id: int, recorded: dict[str, ParsedVersion]) -> None:
     """The campaign recorded these versions: what the agent reported of them is no longer pending."""
-    facts = Node.objects.filter(pk=node_id).values_list("facts", flat=True).first() or {}
+    # Plain SQL: every campaign step that records versions reads this.
+    facts = next(iter(select_rows(Node, ("facts",), queries.NODE_BY_ID, [node_id], prepared=True)), (None,))[0] or {}
     pending = dict((facts.get(PENDING_VERIFICATION) or {}).get("versions") or {})
     if not pending:
         return

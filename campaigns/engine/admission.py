@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from campaigns import evidence, policy
@@ -46,12 +46,10 @@ def _dispatch(campaign_id: int, now: Any) -> list[int]:
             return []
         # Aggregates only: a dispatch costs the same for 10 nodes or 10,000. The wave order is held
         # by every active sweep but one waiting for a receiver (policy.admits); it keeps its slot.
-        waves = sweeps.filter(state__in=SweepState.ACTIVE).aggregate(
-            active=Min("wave"), holding=Min("wave", filter=Q(waiting_since__isnull=True)))
-        if waves["active"] is None:
+        active, lowest = rows.waves(campaign.pk)
+        if active is None:
             _complete(campaign, sweeps, now)
             return []
-        lowest = waves["holding"]
         if lowest is None or not _window_open(campaign, now):
             return []  # (every node left waits for a receiver: none pending, nothing to admit)
         upto = _canary_gate(campaign, sweeps, now)

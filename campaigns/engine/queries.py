@@ -27,7 +27,8 @@ from inventory.choices import ServiceState
 from inventory.models import Cluster, Node, NodeComponent, Workload
 
 # Run through the prepared cursor (server-side binding on PostgreSQL), for the statement test.
-PREPARED = frozenset({"LOAD_SWEEP", "update", "update_reading_status", "insert_events_sql", "insert_moves_sql"})
+PREPARED = frozenset({"LOAD_SWEEP", "WAVES", "update", "update_reading_status", "insert_events_sql",
+                      "insert_moves_sql"})
 
 S, C, N, K = Table(NodeSweep, "s"), Table(Campaign, "c"), Table(Node, "n"), Table(Cluster, "k")
 CAMPAIGN, SWEEP, W = Table(Campaign), Table(NodeSweep), Table(Workload, "w")  # CAMPAIGN, SWEEP: by table
@@ -47,6 +48,15 @@ LOAD_SWEEP = (f"SELECT {', '.join(part.select for part in _LOADED)} FROM {S} JOI
 def load_parts() -> tuple[Any, ...]:
     """The Loaders of LOAD_SWEEP's row, in order: the sweep, its campaign, node and cluster."""
     return _LOADED
+
+
+# -- admission -----------------------------------------------------------------------------
+ACTIVE_STATES = tuple(sorted(SweepState.ACTIVE))
+# The campaign's lowest wave with an active sweep, and the lowest held by an active sweep not waiting
+# for a receiver (aggregates only: a dispatch costs the same for 10 nodes or 10,000): params campaign,
+# ACTIVE_STATES.
+WAVES = (f"SELECT MIN({SWEEPS.wave}), MIN(CASE WHEN {SWEEPS.waiting_since} IS NULL THEN {SWEEPS.wave} END) "
+         f"FROM {SWEEPS} WHERE {SWEEPS.campaign_id} = %s AND {SWEEPS.state} IN ({marks(ACTIVE_STATES)})")
 
 
 # -- conditional UPDATEs -------------------------------------------------------------------
@@ -208,6 +218,7 @@ def examples() -> Iterator[tuple[str, list[Any]]]:
     stamp = connection.ops.adapt_datetimefield_value(dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     load_parts()
     yield LOAD_SWEEP, [1]
+    yield WAVES, [1, *ACTIVE_STATES]
     fields = ("state", "lease_owner", "step_deadline")
     claim = claim_guard("draining", stamp)
     yield update(NodeSweep, fields, claim.sql, COUNT_ATTEMPT), ["draining", "w", stamp, 1, *claim.params]

@@ -39,6 +39,15 @@ def load_sweep(sweep_id: int) -> NodeSweep | None:
     return cast(NodeSweep, sweep)
 
 
+def waves(campaign_id: int) -> tuple[int | None, int | None]:
+    """The campaign's lowest wave with an active sweep and the lowest held by an active sweep not
+    waiting for a receiver (None: no such sweep), in one statement."""
+    with prepared_cursor() as cursor:
+        cursor.execute(queries.WAVES, [campaign_id, *queries.ACTIVE_STATES])
+        active, holding = cursor.fetchone()
+    return active, holding
+
+
 def _values(meta: Any, fields: dict[str, Any]) -> list[Any]:
     # A related row stands for its primary key, as in QuerySet.update().
     return [meta.get_field(name).get_db_prep_save(value.pk if isinstance(value, Model) else value, connection)

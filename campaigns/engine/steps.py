@@ -11,6 +11,7 @@ Each workload move it makes is recorded as it happens (lease.record_move).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -88,9 +89,15 @@ def _drain(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
 def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     campaign = sweep.campaign
     running = {w.id: w for w in ex.list_workloads(ref)}
-    _prepare_moves(sweep, running)
+
+    @functools.cache
+    def facts() -> dict[str, str]:
+        # The node's facts (source_facts), read at most once a step: nothing in the step changes them.
+        return source_facts(sweep)
+
+    _prepare_moves(sweep, running, facts)
     planned = rows.moves(sweep, MoveState.PLANNED)
-    _wait_first(sweep, planned, running)
+    _wait_first(sweep, planned, running, facts)
     stop_waiting(sweep, sweep.lease_owner)
     done = []
     for move in planned:
@@ -115,7 +122,8 @@ def _checkpoint(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
     return StepResult({"workloads": done})
 
 
-def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, WorkloadInfo]) -> None:
+def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, WorkloadInfo],
+                facts: Callable[[], dict[str, str]]) -> None:
     """Every wait is decided before anything on the node stops: while a workload the policy waits for
     still runs, none of its neighbours is checkpointed or stopped (each would stay frozen for the
     whole wait, however long). Past the wait limit it is moved like the others, or the node fails
@@ -129,7 +137,7 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
         for_receiver = False
         if move.policy == WorkloadPolicy.WAIT:
             why = f"waiting for {name} to finish"
-        elif _nowhere_to_go(sweep, move):
+        elif _nowhere_to_go(sweep, move, facts):
             # What the plan calls "finishes first" or "cold start": decided now, on the receivers as
             # they are, before a checkpoint freezes it for nothing.
             if campaign.cold_restart_allowed:
@@ -151,15 +159,16 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
                                        "and cold restart is not allowed")
 
 
-def _nowhere_to_go(sweep: NodeSweep, move: WorkloadMove) -> bool:
+def _nowhere_to_go(sweep: NodeSweep, move: WorkloadMove, facts: Callable[[], dict[str, str]]) -> bool:
     """A workload to checkpoint whose image no node could take now: no other node with room where it
-    is valid, and not valid on its own node after the patch (where it could be parked)."""
+    is valid, and not valid on its own node (its `facts`, source_facts) after the patch (where it
+    could be parked)."""
     engine = str(move.detail.get("engine") or CheckpointEngine.NONE)
     if move.policy != WorkloadPolicy.CHECKPOINT or not portability.rule(engine).checkpointable:
         return False
     needed = portability.from_dict(move.detail.get("requires") or {})
     if portability.compatible(needed, portability.node_facts(sweep.node.gpu_model,
-                                                             {**source_facts(sweep), **sweep.target})):
+                                                             {**facts(), **sweep.target})):
         return False
     return choose_target(sweep, move, plan_entry(sweep, _planned_moves(sweep), move).get("to")) is None
 
@@ -170,7 +179,7 @@ def _cold_start_instead(move: WorkloadMove, why: str) -> None:
     WorkloadMove.objects.filter(pk=move.pk).update(policy=move.policy, detail=move.detail)
 
 
-def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
+def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo], facts: Callable[[], dict[str, str]]) -> None:
     """One WorkloadMove per workload running on the node, with its policy and its image's needs."""
     campaign = sweep.campaign
     # Plain statements: this runs for every node, and compiling the ORM's cost more than running them.
@@ -181,7 +190,6 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
     ids = {ref: inventory_ref(sweep.node.name, ref) for ref in missing}  # the plan's and inventory's ids
     known = rows.running_workloads(sweep.node.cluster_id, list(ids.values()))
     planned = _planned_moves(sweep)
-    facts = source_facts(sweep)
     moves = []
     for ref in missing:
         info, row = running[ref], known.get(ids[ref])
@@ -189,7 +197,7 @@ def _prepare_moves(sweep: NodeSweep, running: dict[str, WorkloadInfo]) -> None:
         # back end's live view (the job's registration before a heartbeat joined it to the job's row).
         known_engine = row.checkpoint_engine if row and row.checkpoint_engine != CheckpointEngine.NONE else ""
         engine = known_engine or info.checkpoint_engine or CheckpointEngine.NONE
-        needed = requirements(info, row, engine, facts)
+        needed = requirements(info, row, engine, facts())
         gpus = info.gpus or (row.gpus if row else 0)
         moves.append(WorkloadMove(
             sweep=sweep, workload=row, workload_ref=ref, workload_name=info.name, gpus=gpus,

@@ -127,3 +127,52 @@ def test_a_get_of_evidence_writes_nothing_and_sealing_is_a_post(completed, make_
     assert 'id="seal"' not in viewer.get(f"/campaigns/{completed.pk}/").content.decode()
     assert trusted.post(f"/campaigns/{completed.pk}/seal/").status_code == 302
     assert EvidenceSeal.objects.count() == before[0] + 1
+
+
+def test_a_store_edited_after_the_signer_read_it_is_still_refused(completed):
+    """The signer reads the store before every signature and parses only what was appended since
+    (FolderStore.read, check_history): a line edited in place, or a forged line appended, after a
+    check that passed is still found."""
+    store = digests.FolderStore(Path(str(digests.store().folder)))  # type: ignore[attr-defined]
+    path = store.path(completed.pk)
+    honest = path.read_bytes()
+    digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))  # intact: passes, and is cached
+    first = json.loads(honest.splitlines()[0])
+    head = first["record"]["head"]
+    path.write_bytes(honest.replace(head.encode(), ("0" if head[0] != "0" else "1").encode() + head[1:].encode(), 1))
+    with pytest.raises(digests.DigestMismatch, match="store edited"):
+        digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+    last = json.loads(honest.splitlines()[-1])
+    forged = {**last, "n": last["n"] + 1, "prev": last["digest"], "digest": "f" * 64}
+    path.write_bytes(honest + digests.line_of(forged))
+    with pytest.raises(digests.DigestMismatch, match=f"digest #{forged['n']}: its hash does not match"):
+        digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+    path.write_bytes(honest)
+    digests.check_history(completed.pk, evidence.stored_head_at(completed.pk))
+
+
+def test_a_read_never_sees_half_of_an_append(tmp_path):
+    """A signer reads the folder store while other workers append to it (threads here, as in
+    bench/sweep.py): a line crossing a page boundary must not be read half written."""
+    import threading
+
+    store = digests.FolderStore(tmp_path)
+    record = {"campaign": 9, "head": "ab" * 32, "filler": "x" * 20_000}  # each line crosses pages
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for _ in range(200):
+                store.append(9, "node_head", record, "sig", "key")
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    reads = 0
+    while not done.is_set():
+        entries = store.read(9)  # raised JSONDecodeError on a half-written line before the shared lock
+        assert [e["n"] for e in entries] == list(range(1, len(entries) + 1))
+        reads += 1
+    writer.join()
+    assert len(store.read(9)) == 200 and not verify.digest_problems(store.read(9)) and reads > 1
