@@ -78,11 +78,34 @@ class AgentProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> AgentProcess:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "gpusweep_agent.main", "--log-level", "DEBUG"],
-                                         env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        # free_port's port is free only when it is chosen: with the test lanes side by side, another
+        # process's outgoing connection can take it first. Then the agent exits at once saying so, and
+        # starts again on another port (callers read .port after start()).
+        for _attempt in range(5):
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen([sys.executable, "-m", "gpusweep_agent.main", "--log-level", "DEBUG"],
+                                             env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            wait_for(self._answers_or_exited, 20, what=f"agent {self.node} to answer /v1/health (log {self.log})")
+            if self.proc.poll() is None or f"cannot listen on 127.0.0.1:{self.port}" not in self.log.read_text(
+                    errors="replace"):
+                break
+            self._use_port(free_port())
         wait_for(self._healthy, 20, what=f"agent {self.node} to answer /v1/health (log {self.log})")
         return self
+
+    def _answers_or_exited(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return True
+        try:
+            return self.client.request("GET", "/v1/health")[0] == 200
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
+
+    def _use_port(self, port: int) -> None:
+        self.port = port
+        self.env["GPUSWEEP_AGENT_PORT"] = str(port)
+        self.client = AgentClient(f"http://127.0.0.1:{port}", f"{CLUSTER}/{self.node}", self.key)
 
     def _healthy(self) -> bool:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]

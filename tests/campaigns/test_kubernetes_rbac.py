@@ -43,7 +43,9 @@ def another_campaign(names: list[str]) -> Campaign:
 
 def test_a_campaign_with_the_shipped_base_role_moves_by_agent_and_the_kubelet_path_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with KubeFleet(tmp_path, ["n0", "n1", "n2"]) as fleet:
+    # The kubelet path's registry is never reached: the node proxy's 403 comes first.
+    with KubeFleet(tmp_path, ["n0", "n1", "n2"],
+                   connection={"checkpoint_image_repository": "http://127.0.0.1:9/checkpoints"}) as fleet:
         api, helpers = fleet.api, fleet.helpers
         shipped = load_manifests(api, REPO / "deploy" / "kubernetes")
         assert {o["metadata"]["name"] for o in shipped if o["kind"] == "ClusterRole"} == {"gpusweep-executor"}
