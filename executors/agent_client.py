@@ -55,6 +55,11 @@ class AgentClient:
         self.operation_timeout = operation_timeout
         self.poll_interval = poll_interval
 
+    def _answered(self, what: str, code: int, detail: object) -> TemporaryExecutorError | PermanentExecutorError:
+        """An agent's error answer as the executor's error: a 5xx or 429 may pass (retry), a 4xx will not."""
+        message = f"agent {self.identity} {what}: HTTP {code} {detail}"
+        return TemporaryExecutorError(message) if code >= 500 or code == 429 else PermanentExecutorError(message)
+
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else b""
         url = self.endpoint + path
@@ -70,10 +75,7 @@ class AgentClient:
                 detail: Any = json.loads(payload or b"null")
             except ValueError:
                 detail = payload.decode(errors="replace")[:500]
-            message = f"agent {self.identity} {method} {path}: HTTP {exc.code} {detail}"
-            if exc.code >= 500 or exc.code == 429:
-                raise TemporaryExecutorError(message) from exc
-            raise PermanentExecutorError(message) from exc
+            raise self._answered(f"{method} {path}", exc.code, detail) from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
             # HTTPException: an agent restarting (a reboot) may close the connection mid-answer (IncompleteRead).
             raise TemporaryExecutorError(f"agent {self.identity} {method} {path}: {exc}") from exc
@@ -90,10 +92,7 @@ class AgentClient:
                                         timeout=self.request_timeout) as response, target.open("wb") as out:
                 shutil.copyfileobj(response, out, 1024 * 1024)
         except urllib.error.HTTPError as exc:
-            message = f"agent {self.identity} GET {path}: HTTP {exc.code} {exc.read()[:500].decode(errors='replace')}"
-            if exc.code >= 500 or exc.code == 429:
-                raise TemporaryExecutorError(message) from exc
-            raise PermanentExecutorError(message) from exc
+            raise self._answered(f"GET {path}", exc.code, exc.read()[:500].decode(errors="replace")) from exc
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
             raise TemporaryExecutorError(f"agent {self.identity} GET {path}: {exc}") from exc
 
