@@ -112,19 +112,24 @@ def test_conflicting_models_make_one_review_item_and_no_flapping(client, cluster
     assert len(model_changes(node)) == 3
 
 
-def test_a_sweep_started_between_the_two_reports_records_the_measured_model(client):
-    """The sweep's requirement is the agent's model, though the last sync declared none; the job is restored."""
+@pytest.mark.parametrize("agent_first", [True, False], ids=["heartbeat-then-sync", "sync-then-heartbeat"])
+def test_a_sweep_started_between_the_two_reports_records_the_measured_model(client, agent_first):
+    """The sweep's requirement is the agent's model, whichever source reported last (the sync declares
+    none); another sync and heartbeat while the sweep runs change nothing; the job is restored."""
     fleet, cluster = make_fleet(nodes=1, spares=1)
     Node.objects.update(gpu_model="")  # known to no source yet
     for name in ("gpu00", "spare00"):
         fleet.add_node("local", name, gpu_model=MEASURED, gpu_count=8, versions={"driver": OLD, "cuda": "12.8"})
     fleet.add_workload("local", "gpu00", "gpu00-w0", name="job-gpu00-w0", gpus=2, engine="criu", rate=1000)
-    heartbeat(client, "gpu00", count=8)
-    heartbeat(client, "spare00", count=8)
-    slurm_sync(cluster, "gpu:8", nodes=("gpu00", "spare00"))  # untyped: no model
+    steps = [lambda: [heartbeat(client, name, count=8) for name in ("gpu00", "spare00")],
+             lambda: slurm_sync(cluster, "gpu:8", nodes=("gpu00", "spare00"))]  # untyped: no model
+    for step in steps if agent_first else steps[::-1]:
+        step()
     requester, approver = user("rita", "operator"), user("alan", "approver")
     campaign = approved_campaign(requester, approver, node_selector={"names": ["gpu00"]})
     services.start(campaign.pk, requester)
+    for step in steps[::-1] if agent_first else steps:  # the other order, once the sweep has begun
+        step()
     assert drive(campaign.pk).status == CampaignStatus.COMPLETED
     [move] = WorkloadMove.objects.all()
     assert move.detail["requires"]["must"]["gpu_model"] == MEASURED
