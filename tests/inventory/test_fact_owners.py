@@ -121,8 +121,11 @@ def test_a_sweep_started_between_the_two_reports_records_the_measured_model(clie
     for name in ("gpu00", "spare00"):
         fleet.add_node("local", name, gpu_model=MEASURED, gpu_count=8, versions={"driver": OLD, "cuda": "12.8"})
     fleet.add_workload("local", "gpu00", "gpu00-w0", name="job-gpu00-w0", gpus=2, engine="criu", rate=1000)
-    steps = [lambda: [heartbeat(client, name, count=8) for name in ("gpu00", "spare00")],
-             lambda: slurm_sync(cluster, "gpu:8", nodes=("gpu00", "spare00"))]  # untyped: no model
+    def heartbeats() -> None:
+        for name in ("gpu00", "spare00"):
+            heartbeat(client, name, count=8)
+
+    steps = [heartbeats, lambda: slurm_sync(cluster, "gpu:8", nodes=("gpu00", "spare00"))]  # untyped: no model
     for step in steps if agent_first else steps[::-1]:
         step()
     requester, approver = user("rita", "operator"), user("alan", "approver")
