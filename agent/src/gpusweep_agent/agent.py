@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -26,9 +27,9 @@ from .artifacts import (
     requirement_differences,
 )
 from .config import AgentConfig
-from .engines import CheckpointEngine, EngineError, get_engine
+from .engines import CheckpointEngine, EngineError, get_engine, lazy
 from .engines.base import SECRET_WORDS
-from .engines.criu import CriuEngine, processes_mentioning
+from .engines.criu import CriuEngine, kill_tree, processes_mentioning
 from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
@@ -239,6 +240,14 @@ class Agent:
             self.operations.update(record["id"], progress={**current, **fields})
 
         leave_running = bool(params.get("leave_running"))
+        lazy_because = ""
+        if bool(params.get("lazy_pages", self.config.criu_lazy_pages)) and not leave_running:
+            # The plain criu engine only: cuda's GPU memory is not served page by page.
+            lazy_because = lazy.lazy_pages_missing(self.config.criu) if type(engine) is CriuEngine else \
+                f"the {engine_name} engine moves no pages lazily"
+            if not lazy_because:
+                assert isinstance(engine, CriuEngine)
+                return self._checkpoint_lazy(record, workload, engine, checkpoint_id, progress)
         try:
             with GrowingFileHasher(image_dir) as hasher:
                 engine_data = engine.checkpoint(workload, image_dir, leave_running, progress)
@@ -248,8 +257,93 @@ class Agent:
             self.artifacts.discard(checkpoint_id)
             alive = pid_alive(int(workload.get("pid") or 0))
             raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
+        if lazy_because:
+            engine_data["lazy_because"] = lazy_because
         return self._finish_checkpoint(record["id"], workload, engine_name, checkpoint_id, engine_data, leave_running,
                                        hasher.digests(), params.get("requires"))
+
+    # ----- lazy moves (engines/lazy.py) -----
+
+    def _checkpoint_lazy(self, record: dict[str, Any], workload: dict[str, Any], engine: CriuEngine,
+                         checkpoint_id: str, progress: Any) -> dict[str, Any]:
+        """Seal the images but the memory; CRIU serves the pages from the frozen workload until the
+        receiver has them all, then ends it (or, if the stream breaks, thaws it here: the fallback)."""
+        address = self.config.lazy_pages_address or self.config.listen
+        started = time.monotonic()
+        try:
+            engine_data, dump, log = engine.checkpoint_lazy(workload, self.artifacts.image_dir(checkpoint_id),
+                                                            address, free_port(address), progress)
+        except EngineError as exc:
+            self.artifacts.discard(checkpoint_id)
+            alive = pid_alive(int(workload.get("pid") or 0))
+            raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
+        self._make_durable(checkpoint_id, workload)
+        result = self._finish_checkpoint(record["id"], workload, "criu", checkpoint_id, engine_data, False,
+                                         requires=record["params"].get("requires"))
+        if self.workloads.get(workload["id"]) is not None:
+            self.workloads.update(workload["id"], state="serving_pages")
+        sealed = round(time.monotonic() - started, 3)
+        self._write_lazy(checkpoint_id, "source", {"state": "serving", "sealed_s": sealed})
+        threading.Thread(target=self._watch_lazy_source, args=(checkpoint_id, workload, dump, log, started),
+                         name=f"lazy-source-{checkpoint_id}", daemon=True).start()
+        return result
+
+    def _watch_lazy_source(self, checkpoint_id: str, workload: dict[str, Any], dump: Any, log: Path,
+                           started: float) -> None:
+        ended = lazy.outcome(dump, log, started)
+        pid = int(workload.get("pid") or 0)
+        if ended["state"] == "failed":
+            # CRIU thawed the workload when the stream broke: it runs on here, the receiver's copy is killed there.
+            ended["resumed_on_source"] = pid_alive(pid)
+        if self.workloads.get(workload["id"]) is not None:
+            moved = ended["state"] == "complete"
+            self.workloads.update(workload["id"], state="checkpointed" if moved else
+                                  ("running" if ended.get("resumed_on_source") else "exited"))
+        self._write_lazy(checkpoint_id, "source", ended)
+
+    def _restore_lazy(self, engine: CriuEngine, manifest: dict[str, Any], checkpoint_id: str) -> int:
+        pid, watch = engine.restore_lazy(manifest, self.artifacts.image_dir(checkpoint_id),
+                                         self.config.state_dir / "restore" / checkpoint_id)
+        self._write_lazy(checkpoint_id, "receiver", {"state": "streaming", "restored_s": round(
+            time.monotonic() - watch["started"], 3), "userfaultfds_held": len(watch["held"])})
+        threading.Thread(target=self._watch_lazy_receiver, args=(checkpoint_id, manifest, pid, watch),
+                         name=f"lazy-receiver-{checkpoint_id}", daemon=True).start()
+        return pid
+
+    def _watch_lazy_receiver(self, checkpoint_id: str, manifest: dict[str, Any], pid: int,
+                             watch: dict[str, Any]) -> None:
+        rc = watch["daemon"].wait()
+        seconds = round(time.monotonic() - watch["started"], 3)
+        arrived, expected = lazy.transferred(watch["log"])
+        complete = rc == 0 and expected > 0 and arrived == expected
+        if not complete:
+            # Its missing pages are gone with the stream: the copy here must not run on (the source's does).
+            kill_tree(pid)
+        lazy.release(watch["held"])
+        status = {"state": "complete" if complete else "failed", "pages_arrived": arrived,
+                  "pages_expected": expected, "daemon_exit": rc,
+                  ("all_pages_s" if complete else "failed_after_s"): seconds}
+        if not complete:
+            status["error"] = lazy.tail(watch["log"])
+            workload_id = str(manifest.get("workload", {}).get("id") or "")
+            if self.workloads.get(workload_id) is not None:
+                self.workloads.update(workload_id, state="exited")
+        self._write_lazy(checkpoint_id, "receiver", status)
+
+    def _write_lazy(self, checkpoint_id: str, side: str, status: dict[str, Any]) -> None:
+        path = self.config.state_dir / "lazy" / f"{checkpoint_id}.json"
+        with self._busy_lock:
+            current = read_json(path, {}) or {}
+            # Each side's record grows: what it said while streaming stays beside how it ended.
+            write_json_atomic(path, {**current, side: {**(current.get(side) or {}), **status, "at": utcnow()}})
+
+    def lazy_status(self, checkpoint_id: str) -> dict[str, Any] | None:
+        """A lazy move's progress as this node saw it (source: serving, complete or failed; receiver:
+        streaming, complete with the pages and the seconds until all arrived, or failed); None otherwise."""
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", checkpoint_id):
+            return None
+        status: dict[str, Any] | None = read_json(self.config.state_dir / "lazy" / f"{checkpoint_id}.json", None)
+        return status
 
     def _finish_checkpoint(
         self, op_id: str, workload: dict[str, Any], engine_name: str, checkpoint_id: str,
@@ -321,8 +415,11 @@ class Agent:
         workload = dict(manifest["workload"])
         try:
             engine = get_engine(manifest["engine"], self.config)
-            pid = engine.restore(manifest, self.artifacts.image_dir(checkpoint_id),
-                                 self.config.state_dir / "restore" / checkpoint_id)
+            if is_lazy(manifest) and isinstance(engine, CriuEngine):
+                pid = self._restore_lazy(engine, manifest, checkpoint_id)
+            else:
+                pid = engine.restore(manifest, self.artifacts.image_dir(checkpoint_id),
+                                     self.config.state_dir / "restore" / checkpoint_id)
         except EngineError as exc:
             self.artifacts.release(checkpoint_id)
             raise OperationError(str(exc)) from None
@@ -357,8 +454,9 @@ class Agent:
                 # An invalid checkpoint means a cold start, said out loud; the checkpoint stays for a compatible node.
                 return {"action": "start", "cold_start": True, **self._register(params), **exc.result}
             engine = get_engine(manifest["engine"], self.config)
+            # A lazy image is restored by the agent, which watches its pages arrive.
             if engine.live and params.get("restore_in_job") and isinstance(engine, CriuEngine) \
-                    and type(engine).after_restore is CriuEngine.after_restore:
+                    and type(engine).after_restore is CriuEngine.after_restore and not is_lazy(manifest):
                 try:
                     engine.check()
                     self.artifacts.claim(pending, self.config.identity)
@@ -761,6 +859,18 @@ def health_request(params: dict[str, Any]) -> HealthRequest:
     if site is not None and not (isinstance(site, list) and all(isinstance(n, str) and n for n in site)):
         raise ValueError("health_check: site_checks must be a list of names (or absent: all configured)")
     return HealthRequest(expected=dict(expected), gpu_count=count, dcgm_level=level, site_checks=site)
+
+
+def is_lazy(manifest: dict[str, Any]) -> bool:
+    """Whether the image's memory is still with its source (a lazy dump: engines/lazy.py)."""
+    return bool(((manifest.get("engine_data") or {}).get("dump") or {}).get("mode") == "lazy")
+
+
+def free_port(address: str) -> int:
+    """A port free on `address` now, for CRIU's page server (which takes a number, not a socket)."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
 
 
 def current_boot_id() -> str:

@@ -57,6 +57,11 @@ class AgentConfig:
     # At most this many `criu pre-dump` rounds while the workload runs, before its (short) final dump;
     # 0: a plain dump. Needs the kernel's dirty-memory tracking; without it the dump is plain (and says so).
     criu_pre_dumps: int = 3
+    # Move criu workloads lazily (engines/lazy.py): the receiver resumes the workload before its memory
+    # arrives, pages streamed from this node's CRIU page server on lazy_pages_address ("": `listen`) until
+    # all have gone. A checkpoint request's `lazy_pages` overrides it. Off: the whole image first.
+    criu_lazy_pages: bool = False
+    lazy_pages_address: str = ""
     signal_timeout: float = 60.0
     # name -> dotted path of a CheckpointEngine / PatchMethod / Probe class; merged over the built-ins.
     engines: dict[str, str] = field(default_factory=dict)

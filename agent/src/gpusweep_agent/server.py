@@ -182,8 +182,10 @@ class Handler(BaseHTTPRequestHandler):
             elif match := CHECKPOINT_RE.match(path):
                 try:
                     checkpoint_id = match.group(1)
+                    lazy = agent.lazy_status(checkpoint_id)
                     self._send(HTTPStatus.OK, {**agent.artifacts.manifest(checkpoint_id),
-                                               **agent.artifacts.restoration(checkpoint_id)})
+                                               **agent.artifacts.restoration(checkpoint_id),
+                                               **({"lazy": lazy} if lazy else {})})
                 except ArtifactError as exc:
                     self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
             else:

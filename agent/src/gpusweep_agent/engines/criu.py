@@ -24,6 +24,7 @@ from typing import Any
 
 from ..artifacts import fsync_tree
 from ..util import pid_alive, proc_stat
+from . import lazy
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
 
 DUMP_OK = "Dumping finished successfully"
@@ -277,6 +278,66 @@ class CriuEngine(CheckpointEngine):
                         "frozen_ms": round(final["frozen_us"] / 1000, 1) if "frozen_us" in final else None,
                         **({"plain_because": why_plain} if why_plain else {})}
         return data
+
+    def checkpoint_lazy(self, workload: dict[str, Any], image_dir: Path, address: str, port: int,
+                        progress: Progress) -> tuple[dict[str, Any], subprocess.Popen[bytes], Path]:
+        """A lazy dump (engines/lazy.py): the images but the memory contents in `image_dir`, and CRIU
+        left serving the pages from the frozen workload on `address`:`port`. Returns the engine data, the
+        running `criu dump` (it ends when every page has gone, or the stream broke) and its log."""
+        self.check()
+        pid = int(workload["pid"])
+        if not pid_alive(pid):
+            raise EngineError(f"workload {workload['id']}: process {pid} is not running")
+        data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid, "tcp_established": has_tcp_connections(pid)}
+        # CRIU writes into a folder of its own: it adds its stats after the last page, past the seal.
+        work = self.config.state_dir / "lazy" / image_dir.name
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        log = self.log_path(image_dir, "dump")
+        args = [self.config.criu, "dump", "-t", str(pid), "-D", str(work), "-o", str(log), "-v3",
+                *self._options(data), "--lazy-pages", "--address", address, "--port", str(port)]
+        started = time.monotonic()
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        progress(helper_pid=proc.pid, log=str(log), leave_running=False)
+        if not lazy.wait_for_line(proc, log, lazy.SERVING):
+            proc.kill()
+            proc.wait()
+            raise EngineError(f"criu dump --lazy-pages of pid {pid} failed (exit {proc.returncode}): {tail(log)}")
+        lazy.copy_images(work, image_dir)
+        data["dump"] = {"mode": "lazy", "rounds": [{"round": 1, "kind": "dump", "folder": ".", "lazy": True,
+                                                    "seconds": round(time.monotonic() - started, 3)}],
+                        "parents": {}, "frozen_ms": None, "page_server": {"address": address, "port": port}}
+        return data, proc, log
+
+    def restore_lazy(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> tuple[int, dict[str, Any]]:
+        """Restore a lazy dump: CRIU's lazy-pages daemon connected to the source's page server, then
+        `criu restore --lazy-pages`. Returns the pid and what the agent watches until every page arrived:
+        the daemon, its log, the userfaultfds held for it and when the restore began."""
+        self.check()
+        server = (manifest.get("engine_data") or {}).get("dump", {}).get("page_server") or {}
+        args, pidfile = self.restore_args(manifest, image_dir, work_dir)
+        daemon_log = self.log_path(image_dir, "lazy-pages")
+        socket_path = work_dir / "lazy-pages.socket"
+        socket_path.unlink(missing_ok=True)
+        started = time.monotonic()
+        daemon = subprocess.Popen(
+            [self.config.criu, "lazy-pages", "--page-server", "--address", str(server.get("address")),
+             "--port", str(server.get("port")), "-D", str(image_dir), "-W", str(work_dir), "-o", str(daemon_log),
+             "-v4"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        lazy.wait_for_socket(daemon, socket_path, daemon_log)
+        log = self.log_path(image_dir, "restore")
+        rc = subprocess.run([*args, "--lazy-pages"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, timeout=600, check=False).returncode
+        if rc != 0 or not pidfile.is_file():
+            daemon.kill()
+            daemon.wait()
+            raise EngineError(f"criu restore --lazy-pages failed (exit {rc}): {tail(log)} | lazy-pages: "
+                              f"{lazy.tail(daemon_log)}")
+        pid = int(pidfile.read_text().strip())
+        held = lazy.hold_userfaultfds(daemon.pid)
+        return pid, {"daemon": daemon, "log": daemon_log, "held": held, "started": started}
 
     def _dump(self, pid: int, image_dir: Path, data: dict[str, Any], leave_running: bool, progress: Progress,
               parent: str) -> tuple[bool, int, Path, float]:

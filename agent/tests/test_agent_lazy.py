@@ -1,0 +1,147 @@
+"""Lazy moves through real agents and real CRIU (engines/lazy.py): the receiver resumes the workload
+before its memory arrives, the pages stream from the source's CRIU page server, and the source's frozen
+copy goes only once every page has arrived; a stream cut mid-way ends in the defined fallback.
+
+Both agents run on this one host, so the workload runs in a PID namespace of its own (`unshare --pid`):
+the source's frozen copy and the restored one exist at once for as long as the pages stream, and CRIU
+restores a process under its own pid (on two nodes no namespace is needed). The images travel between
+two stores through the agents' share and fetch, hash-checked, as between two nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_helpers import COUNTER, CRIU_HINT, AgentProcess, criu_usable, kill_pid, steps, wait_for, wait_steps
+from gpusweep_agent.engines.criu import processes_mentioning
+from gpusweep_agent.engines.lazy import lazy_pages_missing
+from gpusweep_agent.transfer import image_digest
+from gpusweep_agent.util import pid_alive
+
+from conftest import need
+
+pytestmark = pytest.mark.criu
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[tuple[AgentProcess, AgentProcess]]:
+    need(criu_usable(), CRIU_HINT)
+    missing = lazy_pages_missing("criu")
+    need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
+    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a").start()
+    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b").start()
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def start_in_pid_namespace(log: Path, megabytes: int) -> tuple[subprocess.Popen[bytes], int]:
+    """The counter as the first process of a new PID namespace (and its own session); its pid here."""
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "setsid", sys.executable, str(COUNTER), str(log),
+                             str(megabytes)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    pid = int(wait_for(lambda: children.read_text().split(), 10, what="the counter in its namespace")[0])
+    return proc, pid
+
+
+def move_lazily(a: AgentProcess, b: AgentProcess, workload: str, pid: int) -> tuple[dict[str, Any], int]:
+    """Register, checkpoint lazily on a, fetch the images to b (hash-checked), restore there; (manifest, new pid)."""
+    assert a.client.call("/v1/workloads", f"reg-{workload}", workload_id=workload, pid=pid)["state"] == "succeeded"
+    op = a.client.call("/v1/checkpoint", f"ck-{workload}", workload_id=workload, lazy_pages=True)
+    assert op["state"] == "succeeded", op
+    manifest = op["result"]["manifest"]
+    checkpoint_id = op["result"]["checkpoint_id"]
+    share = a.client.call("/v1/share", f"share-{workload}", checkpoint_id=checkpoint_id, to=b.node)
+    fetched = b.client.call("/v1/fetch", f"fetch-{workload}", checkpoint_id=checkpoint_id,
+                            source=f"http://127.0.0.1:{a.port}", token=share["result"]["token"],
+                            sha256=image_digest(manifest))
+    assert fetched["state"] == "succeeded", fetched
+    restored = b.client.call("/v1/restore", f"rs-{workload}", checkpoint_id=checkpoint_id)
+    assert restored["state"] == "succeeded", restored
+    return manifest, int(restored["result"]["pid"])
+
+
+def lazy_side(agent: AgentProcess, checkpoint_id: str, side: str) -> dict[str, Any]:
+    return dict((agent.client.get(f"/v1/checkpoints/{checkpoint_id}").get("lazy") or {}).get(side) or {})
+
+
+def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page_arrived(agents, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, b = agents
+    log = tmp_path / "counter.log"
+    proc, pid = start_in_pid_namespace(log, megabytes=64)
+    new_pid = 0
+    try:
+        wait_steps(log, 20)
+        manifest, new_pid = move_lazily(a, b, "lazy-counter", pid)
+        checkpoint_id = manifest["checkpoint_id"]
+        dump = manifest["engine_data"]["dump"]
+        assert dump["mode"] == "lazy" and dump["page_server"]["port"] > 0, dump
+        # The memory is not in the image: 64 MiB of counter state stayed with the source.
+        assert manifest["total_bytes"] < 16 * 1024 * 1024, manifest["total_bytes"]
+
+        at_restore = len(steps(log))
+        after = wait_steps(log, at_restore + 30)
+        assert after == list(range(1, len(after) + 1)), "the counter reset, skipped or repeated a step"
+        receiver = wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") in ("complete", "failed")
+                            and lazy_side(b, checkpoint_id, "receiver"), 30, what="every page to arrive")
+        assert receiver["state"] == "complete", receiver
+        assert receiver["pages_arrived"] == receiver["pages_expected"] > 64 * 256, receiver
+        assert receiver["all_pages_s"] > 0 and receiver["userfaultfds_held"] >= 1
+        source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in ("complete", "failed")
+                          and lazy_side(a, checkpoint_id, "source"), 30, what="the source's page server to end")
+        assert source["state"] == "complete", source
+        # The source's copy went only after the receiver had every page, and then it went.
+        assert source["at"] >= receiver["at"]
+        wait_for(lambda: not pid_alive(pid), 10, what="the source's frozen copy to go")
+        assert pid_alive(new_pid)
+        final = wait_steps(log, len(after) + 20)
+        assert final == list(range(1, len(final) + 1))  # steps() also asserts every memory check said ok
+        assert next(w for w in b.client.get("/v1/workloads")["workloads"]
+                    if w["id"] == "lazy-counter")["state"] == "running"
+    finally:
+        kill_pid(new_pid)
+        kill_pid(pid)
+        proc.wait(10)
+
+
+def test_a_source_killed_mid_stream_kills_the_restored_copy(agents, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, b = agents
+    log = tmp_path / "counter.log"
+    # Enough memory that the background stream is still running when the source goes.
+    proc, pid = start_in_pid_namespace(log, megabytes=400)
+    new_pid = 0
+    try:
+        wait_steps(log, 20, timeout=60)
+        manifest, new_pid = move_lazily(a, b, "lazy-cut", pid)
+        checkpoint_id = manifest["checkpoint_id"]
+        # The source's page server (its `criu dump`) dies mid-stream, as with its node.
+        servers = [p for p in processes_mentioning("--lazy-pages") if b"dump" in
+                   Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+        assert servers, "the source's page server ended before the test could cut it"
+        for server in servers:
+            os.kill(server, signal.SIGKILL)
+        receiver = wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") in ("complete", "failed")
+                            and lazy_side(b, checkpoint_id, "receiver"), 30, what="the receiver to see the cut")
+        assert receiver["state"] == "failed", receiver
+        assert receiver["pages_arrived"] < receiver["pages_expected"] or receiver["daemon_exit"] != 0, receiver
+        # Its missing pages are gone: the restored copy is killed, never left running on empty pages.
+        wait_for(lambda: not pid_alive(new_pid), 10, what="the restored copy to be killed")
+        assert next(w for w in b.client.get("/v1/workloads")["workloads"]
+                    if w["id"] == "lazy-cut")["state"] == "exited"
+        assert all(line.split()[1] == "ok" for line in log.read_text().splitlines())
+        source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state"), 30, what="the source's record")
+        assert source == "failed"
+    finally:
+        kill_pid(new_pid)
+        kill_pid(pid)
+        proc.wait(10)
+        time.sleep(0)
