@@ -20,6 +20,14 @@ criu_ok() {
   criu check >/dev/null 2>&1
 }
 
+# Lazy moves (agent/src/gpusweep_agent/engines/lazy.py): CRIU's page server widens its pipes to
+# 4 MiB; without CAP_SYS_RESOURCE (containers, this project's VMs) the kernel refuses above
+# fs.pipe-max-size (1 MiB by default) and the first page fails ("page-pipe: tee: 65536: Operation
+# not permitted"). Raised here, as root, every run.
+if [ "$(id -u)" -eq 0 ] && [ "$(cat /proc/sys/fs/pipe-max-size 2>/dev/null || echo 0)" -lt 4194304 ]; then
+  echo 4194304 > /proc/sys/fs/pipe-max-size || echo "build-criu.sh: could not raise fs.pipe-max-size; lazy moves will dump plainly" >&2
+fi
+
 if criu_ok; then
   echo "criu: $(criu --version | head -1) already installed and 'criu check' passes"
   exit 0

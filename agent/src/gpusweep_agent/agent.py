@@ -324,7 +324,7 @@ class Agent:
                   "pages_expected": expected, "daemon_exit": rc,
                   ("all_pages_s" if complete else "failed_after_s"): seconds}
         if not complete:
-            status["error"] = lazy.tail(watch["log"])
+            status["error"] = lazy.log_tail(watch["log"])
             workload_id = str(manifest.get("workload", {}).get("id") or "")
             if self.workloads.get(workload_id) is not None:
                 self.workloads.update(workload_id, state="exited")

@@ -91,3 +91,13 @@ def start_command(workload: dict[str, Any], extra_env: dict[str, str], log_path:
             command, cwd=workload.get("cwd") or "/", env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
+
+
+def log_tail(path: Path, lines: int = 5) -> str:
+    """The lines of a helper's log that say what went wrong (its last lines if none does), joined."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    errors = [line for line in text if "Error" in line or "error" in line]
+    return " | ".join((errors or text)[-lines:])

@@ -25,7 +25,7 @@ from typing import Any
 from ..artifacts import fsync_tree
 from ..util import pid_alive, proc_stat
 from . import lazy
-from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress
+from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress, log_tail
 
 DUMP_OK = "Dumping finished successfully"
 # A pre-dump round that wrote fewer pages than this (16 MiB) leaves the final dump little to do.
@@ -258,7 +258,7 @@ class CriuEngine(CheckpointEngine):
                                           rounds[-1]["folder"] if rounds else "")
         if not ok and rounds and pid_alive(pid) and not stopped(pid):
             # CRIU thaws a workload whose dump failed: try once more without the pre-dumps, recorded as such.
-            why_plain = f"criu dump on the pre-dumps failed (exit {rc}): {tail(log)}"
+            why_plain = f"criu dump on the pre-dumps failed (exit {rc}): {log_tail(log)}"
             rounds = []
             for entry in image_dir.iterdir():
                 if entry.is_dir() and not entry.is_symlink():
@@ -270,7 +270,7 @@ class CriuEngine(CheckpointEngine):
             kill_tree(pid)
         self.after_dump(pid, leave_running, ok)
         if not ok:
-            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {tail(log)}")
+            raise EngineError(f"criu dump of pid {pid} failed (exit {rc}): {log_tail(log)}")
         final: dict[str, Any] = {"round": len(rounds) + 1, "kind": "dump", "folder": ".",
                                  "seconds": seconds, **dump_stats(image_dir)}
         data["dump"] = {"mode": "pre-dump" if rounds else "plain", "rounds": [*rounds, final],
@@ -303,7 +303,7 @@ class CriuEngine(CheckpointEngine):
         if not lazy.wait_for_line(proc, log, lazy.SERVING):
             proc.kill()
             proc.wait()
-            raise EngineError(f"criu dump --lazy-pages of pid {pid} failed (exit {proc.returncode}): {tail(log)}")
+            raise EngineError(f"criu dump --lazy-pages of pid {pid} failed (exit {proc.returncode}): {log_tail(log)}")
         lazy.copy_images(work, image_dir)
         data["dump"] = {"mode": "lazy", "rounds": [{"round": 1, "kind": "dump", "folder": ".", "lazy": True,
                                                     "seconds": round(time.monotonic() - started, 3)}],
@@ -333,8 +333,8 @@ class CriuEngine(CheckpointEngine):
         if rc != 0 or not pidfile.is_file():
             daemon.kill()
             daemon.wait()
-            raise EngineError(f"criu restore --lazy-pages failed (exit {rc}): {tail(log)} | lazy-pages: "
-                              f"{lazy.tail(daemon_log)}")
+            raise EngineError(f"criu restore --lazy-pages failed (exit {rc}): {log_tail(log)} | lazy-pages: "
+                              f"{log_tail(daemon_log)}")
         pid = int(pidfile.read_text().strip())
         held = lazy.hold_userfaultfds(daemon.pid)
         return pid, {"daemon": daemon, "log": daemon_log, "held": held, "started": started}
@@ -395,7 +395,7 @@ class CriuEngine(CheckpointEngine):
                 # A pre-dump leaves the workload running whatever happens: drop the rounds, dump plainly.
                 for done in (*rounds, {"folder": folder}):
                     shutil.rmtree(image_dir / done["folder"], ignore_errors=True)
-                return [], f"criu pre-dump round {number} failed (exit {proc.returncode}): {tail(log)}"
+                return [], f"criu pre-dump round {number} failed (exit {proc.returncode}): {log_tail(log)}"
             stats = dump_stats(image_dir / folder)
             if self.config.checkpoint_fsync:
                 fsync_tree(image_dir / folder)  # while the workload runs, not in its pause
@@ -456,7 +456,7 @@ class CriuEngine(CheckpointEngine):
             old = engine_data.get("pid")
             if old and pid_alive(int(old)):
                 hint = f" (pid {old} is in use on this node; CRIU restores a process under its own pid)"
-            raise EngineError(f"criu restore failed (exit {rc}){hint}: {tail(log)}")
+            raise EngineError(f"criu restore failed (exit {rc}){hint}: {log_tail(log)}")
         pid = int(pidfile.read_text().strip())
         self.after_restore(pid, engine_data)
         return pid
@@ -473,12 +473,3 @@ def processes_mentioning(word: str) -> list[int]:
             if word.encode() in argv:
                 found.append(int(entry.name))
     return found
-
-
-def tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    errors = [line for line in text if "Error" in line or "error" in line]
-    return " | ".join((errors or text)[-lines:])

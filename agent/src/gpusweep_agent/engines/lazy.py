@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..util import pid_alive
-from .base import EngineError
+from .base import EngineError, log_tail
 
 SERVING = "Starting page server"
 SERVED = "Lazy pages transfer finished successfully"
@@ -143,17 +143,8 @@ def wait_for_socket(daemon: subprocess.Popen[bytes], socket_path: Path, log: Pat
     deadline = time.monotonic() + timeout
     while not socket_path.exists():
         if daemon.poll() is not None or time.monotonic() > deadline:
-            raise EngineError(f"criu lazy-pages did not start (exit {daemon.poll()}): {tail(log)}")
+            raise EngineError(f"criu lazy-pages did not start (exit {daemon.poll()}): {log_tail(log)}")
         time.sleep(0.002)
-
-
-def tail(path: Path, lines: int = 5) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    errors = [line for line in text if "Error" in line]
-    return " | ".join((errors or text)[-lines:])
 
 
 def outcome(proc: subprocess.Popen[bytes], log: Path, started: float) -> dict[str, Any]:
@@ -162,7 +153,7 @@ def outcome(proc: subprocess.Popen[bytes], log: Path, started: float) -> dict[st
     text = log.read_text(errors="replace") if log.is_file() else ""
     ok = rc == 0 and SERVED in text
     return {"state": "complete" if ok else "failed", "exit": rc, "serving_s": round(time.monotonic() - started, 3),
-            **({} if ok else {"error": tail(log)})}
+            **({} if ok else {"error": log_tail(log)})}
 
 
 def kill_if_alive(pid: int) -> None:
