@@ -277,7 +277,8 @@ class Agent:
             self.artifacts.discard(checkpoint_id)
             alive = pid_alive(int(workload.get("pid") or 0))
             raise OperationError(str(exc), {"workload_state": "running" if alive else "exited"}) from None
-        self._make_durable(checkpoint_id, workload)
+        # Not fsynced: without its pages, which live only in the source's frozen process, the image
+        # cannot outlive this node's CRIU, so a flush would only lengthen the pause.
         result = self._finish_checkpoint(record["id"], workload, "criu", checkpoint_id, engine_data, False,
                                          requires=record["params"].get("requires"))
         if self.workloads.get(workload["id"]) is not None:

@@ -307,7 +307,8 @@ class CriuEngine(CheckpointEngine):
         lazy.copy_images(work, image_dir)
         data["dump"] = {"mode": "lazy", "rounds": [{"round": 1, "kind": "dump", "folder": ".", "lazy": True,
                                                     "seconds": round(time.monotonic() - started, 3)}],
-                        "parents": {}, "frozen_ms": None, "page_server": {"address": address, "port": port}}
+                        "parents": {}, "frozen_ms": lazy.frozen_ms(log),
+                        "page_server": {"address": address, "port": port}}
         return data, proc, log
 
     def restore_lazy(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> tuple[int, dict[str, Any]]:

@@ -87,6 +87,23 @@ def wait_for_line(proc: subprocess.Popen[bytes], log: Path, line: str, timeout: 
     return False
 
 
+def frozen_ms(log: Path) -> float | None:
+    """How long the workload had been frozen when CRIU began to serve its pages: from the first task
+    CRIU seized to "Starting page server", by the time stamps of CRIU's own log (None if unreadable)."""
+    seized = serving = None
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        if (seized is None and "Seized task" in line) or SERVING in line:
+            try:
+                stamp = float(line[1:line.index(")")])
+            except ValueError:
+                continue
+            if SERVING in line:
+                serving = stamp
+            else:
+                seized = stamp
+    return round((serving - seized) * 1000, 1) if seized is not None and serving is not None else None
+
+
 def copy_images(work: Path, image_dir: Path) -> None:
     """The images CRIU has written when it starts serving pages: everything but its closing stats."""
     image_dir.mkdir(parents=True, exist_ok=True)
