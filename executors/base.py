@@ -172,14 +172,17 @@ class CheckpointResult:
 
 def dump_summary(engine_data: dict[str, Any]) -> dict[str, Any]:
     """What the evidence keeps of the agent's account of a criu dump (gpusweep_agent/engines/criu.py): plain or
-    with pre-dumps (and why plain), each round's seconds and pages written, and how long CRIU kept it frozen."""
+    with pre-dumps or lazy (and why plain), each round's seconds and pages written, and how long CRIU kept it frozen."""
     dump = engine_data.get("dump")
     if not isinstance(dump, dict):
         return {}
     rounds = [{k: r[k] for k in ("round", "kind", "seconds", "pages_written", "frozen_us") if k in r}
               for r in dump.get("rounds") or [] if isinstance(r, dict)]
     summary = {"mode": dump.get("mode"), "rounds": rounds, "frozen_ms": dump.get("frozen_ms")}
-    return {**summary, "plain_because": dump["plain_because"]} if dump.get("plain_because") else summary
+    # Why a lazy move asked of the agent (criu_lazy_pages) became a whole-image one (engines/lazy.py).
+    said = {k: v for k, v in (("plain_because", dump.get("plain_because")),
+                              ("lazy_because", engine_data.get("lazy_because"))) if v}
+    return {**summary, **said}
 
 
 @dataclass(frozen=True)
