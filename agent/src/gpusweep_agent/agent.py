@@ -181,6 +181,8 @@ class Agent:
                 raise ValueError(str(exc)) from None
         if kind == "checkpoint" and not isinstance(params.get("requires", {}), dict):
             raise ValueError("checkpoint: requires must be an object")
+        if kind == "checkpoint" and not isinstance(params.get("lazy_pages", False), bool):
+            raise ValueError("checkpoint: lazy_pages must be true or false")
         if kind == "maintenance" and not isinstance(params["enabled"], bool):
             raise ValueError("maintenance: enabled must be true or false")
         if kind == "maintenance" and not all(isinstance(params.get(k, ""), str) for k in ("owner", "reason")):
