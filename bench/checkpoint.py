@@ -271,7 +271,7 @@ def pause_trial(root: Path, number: int, mib: int, dirty: float, mode: str) -> d
             for _ in range(mib // 64 + 1):
                 fh.write(block)
         (root / "ballast.bin").unlink()
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
         done = source.client.wait(source.client.submit("/v1/checkpoint", f"ck-{workload}", workload_id=workload,
                                                        **request), interval=0.01)
         t1 = time.perf_counter()
@@ -280,7 +280,7 @@ def pause_trial(root: Path, number: int, mib: int, dirty: float, mode: str) -> d
         checkpoint_id = done["result"]["checkpoint_id"]
         back = target.client.wait(target.client.submit("/v1/restore", f"rs-{workload}", checkpoint_id=checkpoint_id),
                                   interval=0.01)
-        t2 = time.perf_counter()
+        t2, w2 = time.perf_counter(), time.time()
         if back["state"] != "succeeded":
             raise SystemExit(f"restore failed: {back.get('error')}")
         restored = int(back["result"]["pid"])
@@ -294,7 +294,10 @@ def pause_trial(root: Path, number: int, mib: int, dirty: float, mode: str) -> d
             time.sleep(0.05)
         times = stamps(log)
         dump = done["result"]["manifest"]["engine_data"]["dump"]
-        return {"pause": max(b - a for a, b in itertools.pairwise(times)), "checkpoint call": t1 - t0,
+        gap, before = max((b - a, a) for a, b in itertools.pairwise(times))
+        # Where the pause lies: its start after the checkpoint call began, its end after the restore returned.
+        where = (before - w0, before + gap - w2)
+        return {"pause": gap, "where": where, "checkpoint call": t1 - t0,
                 "restore call": t2 - t1, "image bytes": done["result"]["manifest"]["total_bytes"], "dump": dump,
                 "lazy": lazy}
     finally:
@@ -327,7 +330,9 @@ def pause_main(args: argparse.Namespace) -> int:
                             + (f": {lazy.get('error')}; the pause is the source's resumption, not a move)"
                                if lazy.get("state") != "complete" else ")")
                             if lazy else "")
-                print(f"trial {number}, {mode}: pause {result['pause']:.3f} s (checkpoint call "
+                print(f"trial {number}, {mode}: pause {result['pause']:.3f} s, from {result['where'][0]:+.3f} s after "
+                      f"the checkpoint call began to {result['where'][1]:+.3f} s after the restore call returned "
+                      f"(checkpoint call "
                       f"{result['checkpoint call']:.3f} s, restore call {result['restore call']:.3f} s, image "
                       f"{result['image bytes'] / 2**20:.1f} MiB); agent recorded {dump['mode']}: {rounds}; CRIU "
                       f"frozen {dump['frozen_ms']} ms{streamed}"
