@@ -87,6 +87,9 @@ def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page
         # The memory is not in the image: 64 MiB of counter state stayed with the source.
         assert manifest["total_bytes"] < 16 * 1024 * 1024, manifest["total_bytes"]
 
+        # The source's frozen copy outlives the stream: gone now means no longer streaming afterwards.
+        source_alive = pid_alive(pid)
+        assert source_alive or lazy_side(b, checkpoint_id, "receiver").get("state") != "streaming"
         at_restore = len(steps(log))
         after = wait_steps(log, at_restore + 30)
         assert after == list(range(1, len(after) + 1)), "the counter reset, skipped or repeated a step"
