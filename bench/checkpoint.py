@@ -46,7 +46,7 @@ restored one exist at once on this one host). Target: a pause of 1 s or less.
 Needs root and CRIU 4 (scripts/build-criu.sh).
 
     sudo .venv/bin/python bench/checkpoint.py [--mib 1024] [--trials 15] [--dir /var/tmp]
-    sudo .venv/bin/python bench/checkpoint.py --pause [--mib 1024] [--trials 3] [--dirty 0.05]
+    sudo .venv/bin/python bench/checkpoint.py --pause [--mib 1024] [--trials 3] [--dirty 0.05] [--rows with,plain,lazy]
 """
 
 from __future__ import annotations
