@@ -340,6 +340,52 @@ def restore_in_job(client: AgentClient, result: dict[str, Any], workload_id: str
     return code
 
 
+def hold_restored(wait_s: float = 3600.0) -> int:
+    """The replacement container's pid 1 while the agent restores the workload into the container: it
+    waits (at most `wait_s`) for the restored tree to appear in the container's PID namespace, stays while
+    any of it lives, and exits once none is left, so the container ends when its workload ends (and, being
+    the namespace's init, takes the workload with it when the runtime stops the container). CRIU's restored
+    tree is reparented to the agent (CRIU is the agent's child), not to this process, so it is watched,
+    not waited for; children of its own are reaped. Returns the last reaped child's status, else 0."""
+    become_subreaper()
+    deadline = time.monotonic() + wait_s
+    seen, code = False, 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+        if pid:
+            code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            continue
+        if _others_in_namespace():
+            seen = True
+        elif seen:
+            return code
+        elif time.monotonic() > deadline:
+            return 75
+        time.sleep(0.2)
+
+
+def _others_in_namespace(highest: int = 32768) -> bool:
+    """Whether any process but this one lives in this PID namespace: /proc when it is this namespace's,
+    else a probe of each pid (a container without /proc)."""
+    me = os.getpid()
+    if os.path.exists(f"/proc/{me}") and os.path.samefile("/proc/self", f"/proc/{me}"):
+        return any(entry.isdigit() and int(entry) != me for entry in os.listdir("/proc"))
+    for pid in range(1, highest):
+        if pid == me:
+            continue
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
+    return False
+
+
 def _kill(pid: int, on_requeue: Any = None) -> None:
     """The job is ending: the restored payload goes with it; if it was gone already (checkpointed), this is
     the requeue, and `on_requeue` keeps the job's output."""
