@@ -35,6 +35,10 @@ payload is checkpointed; the requeued job's wrapper puts that copy back in front
 run printed (unless the file still begins with it: the site appended) and the job's writes go on
 at the end.
 
+``gpusweep-run --hold`` is a replacement pod's placeholder (the Kubernetes executor sets it as the command of
+the container a criu or cuda checkpoint is restored into): the container's pid 1 waits for the agent to
+restore the workload into the container and ends when it ends (``hold_restored``).
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -206,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the command as pid 1 of a new pid namespace (restores never collide)")
     parser.add_argument("--no-pid-namespace", action="store_true",
                         help="under Slurm: exec the command instead of staying as its parent")
+    parser.add_argument("--hold", action="store_true",
+                        help="a replacement container's placeholder: wait for the agent to restore the workload "
+                             "into this container (at most GPUSWEEP_HOLD_WAIT_S, 3600 s) and end with it")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.hold:
+        return hold_restored(float(os.environ.get("GPUSWEEP_HOLD_WAIT_S") or 3600))
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: gpusweep-run [options] -- CMD ...")
