@@ -6,7 +6,7 @@ in its own session, with its environment resolved as the kubelet does (``value``
 container without a command, whose image would run here, is a process that sleeps),
 plus the node agent's settings (``agent_env``: in a cluster the agent DaemonSet hands them to pods
 through its hostPath). Each start gets a container id (64 hex digits, the status's ``containerID``) and,
-as root where cgroup v2 is mounted, a cgroup named after it (``gpusweep-kubelet/<runtime>-<id>``) that the
+as root, a cgroup named after it (``gpusweep-kubelet/<runtime>-<id>``, ``container_cgroup``) that the
 process starts in, so the node's agent finds the container by that id as on a real node; what is left in it
 when the container ends (a process restored into it) goes with it. The namespaces and root stay the host's
 (agent/tests/test_agent_container_restore.py builds real ones). Each start writes its own log file (like
@@ -57,6 +57,7 @@ from typing import Any
 
 from executors.checkpoint_image import CHECKPOINT_NAME, MANIFEST
 from executors.kubernetes import restores_checkpoints
+from tests.helpers import cgroup_base, cgroups_writable
 from tests.kube.apiserver import KubeApiServer, set_condition, single_node_claims
 from tests.kube.machinery import now
 
@@ -388,20 +389,18 @@ class Kubelet:
 
 
 def container_cgroup(name: str) -> Path | None:
-    """A cgroup for one container, named after its id as containerd names one (``<runtime>-<id>``), in the
-    cgroup v2 hierarchy (the unified one of a hybrid host), under ``gpusweep-kubelet``: what lets the node's
-    agent find a container by the id the pod's status names. None where none can be made (not root, no
-    cgroup2 mounted): the container then runs in the kubelet's own."""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        before, _, after = line.partition(" - ")
-        if after.split(" ", 1)[0] == "cgroup2":
-            cgroup = Path(before.split()[4]) / "gpusweep-kubelet" / name
-            try:
-                cgroup.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                return None
-            return cgroup
-    return None
+    """A cgroup for one container, named after its id as containerd names one (``<runtime>-<id>``), under
+    ``gpusweep-kubelet`` in the hierarchy tests make cgroups in (``tests.helpers.cgroup_base``: the unified
+    one on a cgroup v2 host, v1's pids on others): what lets the node's agent find a container by the id the
+    pod's status names. None where none can be made (not root): the container then runs in the kubelet's."""
+    if not cgroups_writable()[0]:
+        return None
+    cgroup = cgroup_base() / "gpusweep-kubelet" / name
+    try:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return cgroup
 
 
 def remove_cgroup(cgroup: Path | None) -> None:
