@@ -51,7 +51,7 @@ GROUPS = {
     "demo": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_slurm_campaign_vs_simulator.py",
              "tests/executors/test_kubelet_checkpoint_image.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
-                       "agent/tests/test_agent_lazy.py",
+                       "agent/tests/test_agent_lazy.py", "agent/tests/test_agent_container_restore.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_kubernetes_rbac.py",
                        "tests/foundation/test_boot.py",
                        "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",

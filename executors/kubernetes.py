@@ -37,8 +37,13 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   requirements, which a restore checks against the target's facts). The agent gets the same rule
   applied to its own facts, since it checks a restore against what it reads itself.
 - restore: a replacement pod, a copy of the original's spec with a required node affinity to
-  the target the engine chose and ``gpusweep.io/restore-from`` naming the checkpoint; its
-  container's ``gpusweep-run`` finds the pending checkpoint through its agent and resumes it
+  the target the engine chose and ``gpusweep.io/restore-from`` naming the checkpoint. A signal
+  checkpoint: its container's ``gpusweep-run`` finds the pending checkpoint through its agent and resumes
+  it. A criu or cuda checkpoint is restored INTO the replacement's container: the workload's container
+  (the one running ``gpusweep-run``, else the first GPU container) runs a placeholder instead of its
+  command (``gpusweep-run --hold``, or the pod's ``gpusweep.io/restore-placeholder``, a JSON list), named
+  by ``gpusweep.io/restore-into``; once it runs, the target's agent is told its ``containerID`` from the
+  pod's status and restores the tree into that container's root, namespaces and cgroups (docs/kubernetes.md)
   (a kubelet checkpoint instead: each container's archive, read under ``kubelet_checkpoint_root``, is
   built into a checkpoint image, checkpointctl's layout, and pushed to ``checkpoint_image_repository`` when
   the checkpoint is taken; the replacement runs that image on a node whose runtime restores it, CRI-O or
@@ -179,6 +184,7 @@ from inventory.sources.kubernetes import (
 )
 
 DRIVER_MANAGEMENT = ("agent", "gpu-operator")
+INTO_CONTAINER_ENGINES = ("criu", "cuda")  # process images: restored into the replacement's container
 TAINT = "gpusweep.io/maintenance"
 CAMPAIGN = "gpusweep.io/campaign"
 DRAINED_BY = "gpusweep.io/drained-by"
@@ -191,6 +197,8 @@ CHECKPOINTED = "gpusweep.io/checkpointed"  # the checkpoint's record on the orig
 RESTORED_FROM = "gpusweep.io/restored-from"  # label on the replacement
 RESTORE_FROM = "gpusweep.io/restore-from"  # what the agent or runtime restores
 RESTORED_RECORD = "gpusweep.io/restored-checkpoint"  # the record, on the replacement
+RESTORE_INTO = "gpusweep.io/restore-into"  # the replacement's container the agent restores into
+RESTORE_PLACEHOLDER = "gpusweep.io/restore-placeholder"  # the site's placeholder command (JSON list)
 PROGRESS_PATTERN = "gpusweep.io/progress-pattern"  # the workload's progress counter in its log (kubelet path)
 REPLACES = "gpusweep.io/replaces"
 OPERATION = "gpusweep.io/operation"
@@ -1043,7 +1051,7 @@ class KubernetesExecutor(Executor):
             self._hand_over(original, replacement)
             self._evict(original)
             original = None
-        self._wait_restored(replacement, record, target)
+        self._wait_restored(replacement, record, target, operation_id)
         if original is not None:
             self._hand_over(original, replacement)
             self._evict(original)
@@ -1101,7 +1109,7 @@ class KubernetesExecutor(Executor):
         spec.pop("ephemeralContainers", None)  # debugging containers: never set on create (a 422)
         kept_labels = {k: v for k, v in _labels(pod).items() if k != CHECKPOINT_ID}
         kept_notes = {k: v for k, v in _annotations(pod).items()
-                      if k not in (CHECKPOINTED, EVICTION_BLOCKED, DELETION_COST, MIRROR)}
+                      if k not in (CHECKPOINTED, EVICTION_BLOCKED, DELETION_COST, MIRROR, RESTORE_INTO)}
         return {"apiVersion": "v1", "kind": "Pod", "spec": spec, "metadata": {
             "name": name, "namespace": meta.get("namespace", "default"), "labels": {**kept_labels, **labels},
             "annotations": {**kept_notes, **annotations}}}
@@ -1126,6 +1134,8 @@ class KubernetesExecutor(Executor):
             _meta(pod)["annotations"][ADOPT_LABELS] = json.dumps(held, sort_keys=True)
         if record.get("via") == "kubelet":
             self._checkpoint_images(pod, record, target)
+        elif record.get("engine") in INTO_CONTAINER_ENGINES:
+            self._hold_for_restore(pod)
         try:
             created: dict[str, Any] = self._call(self.kube.create_pod, namespace, pod)
             return created
@@ -1134,6 +1144,51 @@ class KubernetesExecutor(Executor):
             if existing is not None and _labels(existing).get(RESTORED_FROM) == checkpoint_id:
                 return existing  # a concurrent attempt created it
             raise
+
+    def _hold_for_restore(self, pod: dict[str, Any]) -> None:
+        """The replacement's workload container runs a placeholder, so the agent can restore the checkpointed
+        tree into it (its root, namespaces and cgroups) and the pod stays up with it: ``gpusweep-run --hold``
+        with the original's own wrapper, or the pod's ``gpusweep.io/restore-placeholder``."""
+        containers = (pod.get("spec") or {}).get("containers") or []
+        wrapped = [c for c in containers if any(Path(str(part)).name == "gpusweep-run"
+                                                for part in (c.get("command") or []) + (c.get("args") or []))]
+        gpu = [c for c in containers if pod_gpus({"spec": {"containers": [c]}}, GpuResources.of(self.connection))]
+        chosen = (wrapped or gpu or containers or [None])[0]
+        if chosen is None:
+            raise PermanentExecutorError(f"pod {_pod_ref(pod)} has no container to restore into")
+        notes = _annotations(pod)
+        if notes.get(RESTORE_PLACEHOLDER):
+            try:
+                placeholder = json.loads(notes[RESTORE_PLACEHOLDER])
+            except ValueError:
+                placeholder = None
+            if not isinstance(placeholder, list) or not placeholder or not all(isinstance(p, str) for p in placeholder):
+                raise PermanentExecutorError(f"pod {_pod_ref(pod)}: {RESTORE_PLACEHOLDER} must be a JSON list of "
+                                             f"strings, not {notes[RESTORE_PLACEHOLDER]!r}")
+        else:
+            wrapper = next((str(part) for part in (chosen.get("command") or []) + (chosen.get("args") or [])
+                            if Path(str(part)).name == "gpusweep-run"), "")
+            if not wrapper:
+                raise PermanentExecutorError(
+                    f"pod {_pod_ref(pod)}: container {chosen['name']} runs no gpusweep-run, so its replacement has no "
+                    f"placeholder to restore the checkpoint into: set {RESTORE_PLACEHOLDER} (a JSON list, a command "
+                    "of its image that waits, e.g. [\"gpusweep-run\", \"--hold\"]) or checkpoint it by signal")
+            placeholder = [wrapper, "--hold"]
+        chosen["command"] = placeholder
+        chosen.pop("args", None)
+        _meta(pod)["annotations"][RESTORE_INTO] = str(chosen["name"])
+
+    def _restore_into(self, pod: dict[str, Any], container: str, record: dict[str, Any], target: NodeRef,
+                      operation_id: str) -> None:
+        """Once the replacement's placeholder runs, tell the target's agent to restore the checkpoint into that
+        container (its ``containerID``); an operation id of its own, so a retry finds the same restore."""
+        status: dict[str, Any] = next((s for s in (pod.get("status") or {}).get("containerStatuses") or []
+                       if s.get("name") == container), {})
+        if not status.get("containerID") or "running" not in (status.get("state") or {}):
+            return
+        self.agents.client(self._need_agent(target)).operation(
+            "/v1/restore", f"{operation_id}.into"[-128:].lstrip(".-_:"), checkpoint_id=str(record["id"]),
+            container_id=str(status["containerID"]))
 
     def _checkpoint_images(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
         """The replacement's containers run the checkpoint images: CRI-O and containerd 2.x restore such an image
@@ -1150,7 +1205,8 @@ class KubernetesExecutor(Executor):
             if container["name"] in images:
                 container["image"] = str(images[container["name"]])
 
-    def _wait_restored(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef) -> None:
+    def _wait_restored(self, pod: dict[str, Any], record: dict[str, Any], target: NodeRef,
+                       operation_id: str = "") -> None:
         """Until the pod runs on `target` with the checkpoint restored in it (``restore_wait_s`` in this call)."""
         namespace, name = _split(_pod_ref(pod))
         checkpoint_id = str(record["id"])
@@ -1162,6 +1218,11 @@ class KubernetesExecutor(Executor):
             phase = (current.get("status") or {}).get("phase", "Pending")
             if phase in ("Succeeded", "Failed"):
                 raise PermanentExecutorError(f"pod {namespace}/{name} restoring {checkpoint_id} ended: {phase}")
+            into = _annotations(current).get(RESTORE_INTO)
+            if into and record.get("via") != "kubelet" and (current.get("spec") or {}).get("nodeName") == target.name:
+                # Before Ready: the pod's readiness probes may need the workload the restore brings back.
+                self._restore_into(current, into, record, target, operation_id or _annotations(current).get(
+                    OPERATION, ""))
             restored = _ready(current) and (current.get("spec") or {}).get("nodeName") == target.name
             if restored and record.get("via") == "kubelet":
                 restored = self._progress_continued(current, record)

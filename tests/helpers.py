@@ -98,14 +98,14 @@ def throwaway_database_url(url: str, tmp_path: Path, label: str) -> Iterator[str
 HOLDER = REPO / "tests" / "gpu_holder.py"  # `python gpu_holder.py DEVICE COMMAND...`: COMMAND holding a stand-in GPU
 
 
-def _cgroup_base() -> Path:
+def cgroup_base() -> Path:
     """Where a test may make cgroups: the unified hierarchy on a cgroup v2 host, else v1's pids hierarchy."""
     root = Path("/sys/fs/cgroup")
     return root if (root / "cgroup.controllers").exists() else root / "pids"
 
 
 def cgroups_writable() -> tuple[bool, str]:
-    base = _cgroup_base()
+    base = cgroup_base()
     if os.geteuid() != 0 or not (base / "cgroup.procs").exists() or not os.access(base, os.W_OK):
         return False, f"making cgroups needs root and a writable {base}"
     return True, ""
@@ -116,7 +116,7 @@ def in_cgroup(pid: int, path: str) -> Iterator[str]:
     """Move `pid` into the cgroup `path` (e.g. kubelet's /kubepods/besteffort/pod<uid>/<container> or
     slurmstepd's /slurm/uid_0/job_<id>/step_batch) as a kubelet or slurmstepd would; its /proc/<pid>/cgroup
     then names it, which is how the node agent maps a GPU user to its pod or job. Removed afterwards."""
-    base = _cgroup_base()
+    base = cgroup_base()
     folder = base / path.strip("/")
     folder.mkdir(parents=True, exist_ok=True)
     try:

@@ -102,6 +102,17 @@ def test_a_campaign_moves_each_pod_to_a_compatible_node_where_its_counter_goes_o
         ran = fleet.api.happened("pod-running", move.new_workload_ref)[0][0]
         evicted = fleet.api.happened("evicted", ref)[0][0]
         assert ran < evicted and fleet.api.get("pods", ref.split("/")[1], "ml") is None
+    # The CRIU pod was restored INTO its replacement's container: the replacement runs the placeholder, and the
+    # restored process is in the cgroup of the container the pod's status names (the test kubelet's containers
+    # share the host's namespaces; agent/tests/test_agent_container_restore.py checks real ones).
+    move = moves["ml/trainer-b"]
+    replacement = fleet.api.get("pods", move.new_workload_ref.split("/")[1], "ml")
+    assert replacement["spec"]["containers"][0]["command"][1:] == ["--hold"]
+    assert replacement["metadata"]["annotations"]["gpusweep.io/restore-into"] == "main"
+    container_id = replacement["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+    restored_pid = fleet.agents[move.target_node.name].client.request(
+        "GET", f"/v1/checkpoints/{move.checkpoint_id}")[1]["restored"]["pid"]
+    assert container_id in Path(f"/proc/{restored_pid}/cgroup").read_text()
     for log in logs.values():
         at_end = len(helpers.steps(log))
         after = helpers.wait_steps(log, at_end + 5)

@@ -5,7 +5,12 @@ in its own session, with its environment resolved as the kubelet does (``value``
 ``valueFrom.fieldRef`` for the pod's name, namespace, uid, node name, labels and annotations; a
 container without a command, whose image would run here, is a process that sleeps),
 plus the node agent's settings (``agent_env``: in a cluster the agent DaemonSet hands them to pods
-through its hostPath). Each start writes its own log file (like ``/var/log/pods/.../<n>.log``), a
+through its hostPath). Each start gets a container id (64 hex digits, the status's ``containerID``) and,
+as root, a cgroup named after it (``gpusweep-kubelet/<runtime>-<id>``, ``container_cgroup``) that the
+process starts in, so the node's agent finds the container by that id as on a real node; what is left in it
+when the container ends (a process restored into it) goes with it. The namespaces and root stay the host's
+(agent/tests/test_agent_container_restore.py builds real ones). Each start writes its own log file (like
+``/var/log/pods/.../<n>.log``), a
 container that exits is restarted after a back-off under ``restartPolicy`` Always/OnFailure, a
 pod being deleted has its processes stopped and is then removed. A pod whose ReadWriteOnce claim is
 still used by a pod on another node waits in ContainerCreating (the Multi-Attach error) until that pod
@@ -45,12 +50,14 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from executors.checkpoint_image import CHECKPOINT_NAME, MANIFEST
 from executors.kubernetes import restores_checkpoints
+from tests.helpers import cgroup_base, cgroups_writable
 from tests.kube.apiserver import KubeApiServer, set_condition, single_node_claims
 from tests.kube.machinery import now
 
@@ -68,6 +75,8 @@ class Container:
     history: list[int] = field(default_factory=list)
     waiting: tuple[str, str] | None = None  # (reason, message) while it cannot start: an image pull failing
     state_dir: Path | None = None  # where its workload saves its state (pods checkpointed by signal)
+    id: str = ""  # the runtime's container id (64 hex digits), in its containerID and its cgroup's name
+    cgroup: Path | None = None  # the cgroup its processes run in, named after the id as containerd names it
 
 
 class Kubelet:
@@ -136,6 +145,7 @@ class Kubelet:
             elif container.waiting:
                 pass
             elif container.proc is not None and container.proc.poll() is not None:
+                remove_cgroup(container.cgroup)  # the container's end takes what ran in it
                 container.exit_code = container.proc.returncode
                 container.history.append(container.exit_code)
                 container.proc = None
@@ -198,7 +208,7 @@ class Kubelet:
                                  f"{cspec['name']} (exit code {container.exit_code})"}}
         return {"name": cspec["name"], "image": cspec.get("image", ""), "imageID": "", "ready": container.proc is not
                 None, "started": container.proc is not None, "restartCount": container.restarts, "state": state,
-                "containerID": f"{self.runtime.split(':')[0]}://{index}-{container.started_at}"}
+                "containerID": f"{self.runtime.split(':')[0]}://{container.id or index}"}
 
     def _env(self, pod: dict[str, Any], cspec: dict[str, Any]) -> dict[str, str]:
         env = {**self.agent_env}
@@ -244,13 +254,20 @@ class Kubelet:
             state_dir = folder / f"state-{restarts}"
             state_dir.mkdir(parents=True, exist_ok=True)
             env["GPUSWEEP_CHECKPOINT_DIR"] = str(state_dir)
+        container_id = uuid.uuid4().hex + uuid.uuid4().hex
+        cgroup = container_cgroup(f"{self.runtime.split(':')[0]}-{container_id}")
+
+        def enter() -> None:
+            if cgroup is not None:
+                (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
         with log.open("ab") as out:
             proc = subprocess.Popen(argv, env=env, cwd=cspec.get("workingDir") or str(folder),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=enter)
         self.api.record("container-started", f"{meta['namespace']}/{meta['name']} {self.node} {restarts}")
         return Container(proc=proc, started_at=now(), restarts=restarts, log=log, history=history,
-                         state_dir=state_dir)
+                         state_dir=state_dir, id=container_id, cgroup=cgroup)
 
     def _pull(self, cspec: dict[str, Any], folder: Path) -> Path | None:
         """Pull the container's image when it is in this kubelet's registry; a checkpoint image is unpacked and
@@ -280,16 +297,16 @@ class Kubelet:
 
     def _stop(self, container: Container, grace: float = 2.0) -> None:
         proc = container.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=min(grace, 5.0))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=min(grace, 5.0))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        remove_cgroup(container.cgroup)
 
     def stop(self) -> None:
         for container in self.containers.values():
@@ -369,6 +386,41 @@ class Kubelet:
                 return f"the workload saved no state in {SAVE_TIMEOUT_S:.0f} s"
             time.sleep(0.05)
         return [path for path in container.state_dir.iterdir() if path.name != ".gpusweep-ack"]
+
+
+def container_cgroup(name: str) -> Path | None:
+    """A cgroup for one container, named after its id as containerd names one (``<runtime>-<id>``), under
+    ``gpusweep-kubelet`` in the hierarchy tests make cgroups in (``tests.helpers.cgroup_base``: the unified
+    one on a cgroup v2 host, v1's pids on others): what lets the node's agent find a container by the id the
+    pod's status names. None where none can be made (not root): the container then runs in the kubelet's."""
+    if not cgroups_writable()[0]:
+        return None
+    cgroup = cgroup_base() / "gpusweep-kubelet" / name
+    try:
+        cgroup.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return cgroup
+
+
+def remove_cgroup(cgroup: Path | None) -> None:
+    """Stop what is left in a container's cgroup (a process restored into it) and remove it, as a runtime does."""
+    if cgroup is None or not cgroup.is_dir():
+        return
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            cgroup.rmdir()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
 
 class ImageError(Exception):

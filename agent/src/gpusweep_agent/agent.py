@@ -29,7 +29,7 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine, lazy
 from .engines.base import SECRET_WORDS
-from .engines.criu import CriuEngine, kill_tree, processes_mentioning
+from .engines.criu import CriuEngine, container_process, kill_tree, ns_pid, processes_mentioning
 from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
@@ -407,10 +407,14 @@ class Agent:
         if self.maintenance:
             raise OperationError(f"{self.config.identity} is in maintenance and admits no workloads")
         checkpoint_id = str(record["params"]["checkpoint_id"])
+        try:
+            into = container_process(record["params"])
+        except EngineError as exc:
+            raise OperationError(str(exc)) from None
         manifest = self._verify_for_restore(checkpoint_id)
-        return self._restore(manifest, checkpoint_id)
+        return self._restore(manifest, checkpoint_id, into)
 
-    def _restore(self, manifest: dict[str, Any], checkpoint_id: str) -> dict[str, Any]:
+    def _restore(self, manifest: dict[str, Any], checkpoint_id: str, into: int | None = None) -> dict[str, Any]:
         try:
             self.artifacts.claim(checkpoint_id, self.config.identity)
         except ArtifactError as exc:
@@ -418,8 +422,15 @@ class Agent:
         workload = dict(manifest["workload"])
         try:
             engine = get_engine(manifest["engine"], self.config)
+            if into is not None and is_lazy(manifest):
+                raise EngineError("a lazy image restores on the agent's host only, not into a container")
             if is_lazy(manifest) and isinstance(engine, CriuEngine):
                 pid = self._restore_lazy(engine, manifest, checkpoint_id)
+            elif into is not None:
+                if not isinstance(engine, CriuEngine):
+                    raise EngineError(f"the {manifest['engine']} engine restores into no container (criu and cuda do)")
+                pid = engine.restore(manifest, self.artifacts.image_dir(checkpoint_id),
+                                     self.config.state_dir / "restore" / checkpoint_id, into=into)
             else:
                 pid = engine.restore(manifest, self.artifacts.image_dir(checkpoint_id),
                                      self.config.state_dir / "restore" / checkpoint_id)
@@ -431,6 +442,9 @@ class Agent:
         self.artifacts.mark_restored(checkpoint_id, {"by": self.config.identity, "at": utcnow(), "pid": pid})
         answer = {"workload_id": workload["id"], "pid": pid, "checkpoint_id": checkpoint_id,
                   "cold_start": manifest["engine"] == "none"}
+        if into is not None:
+            # The container's own numbering: what its pid 1 (gpusweep-run, hold_restored) waits on.
+            answer.update(container_pid=into, pid_in_container=ns_pid(pid))
         steps = saved_steps(manifest)
         return answer if steps is None or manifest["engine"] == "none" else {**answer, "steps": steps}
 

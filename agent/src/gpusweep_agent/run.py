@@ -35,6 +35,10 @@ payload is checkpointed; the requeued job's wrapper puts that copy back in front
 run printed (unless the file still begins with it: the site appended) and the job's writes go on
 at the end.
 
+``gpusweep-run --hold`` is a replacement pod's placeholder (the Kubernetes executor sets it as the command of
+the container a criu or cuda checkpoint is restored into): the container's pid 1 waits for the agent to
+restore the workload into the container and ends when it ends (``hold_restored``).
+
 The agent is found and authenticated through the same settings as the agent itself
 (``GPUSWEEP_AGENT_CONFIG`` or ``GPUSWEEP_AGENT_*``: endpoint, cluster, node, key or key_file).
 """
@@ -206,8 +210,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the command as pid 1 of a new pid namespace (restores never collide)")
     parser.add_argument("--no-pid-namespace", action="store_true",
                         help="under Slurm: exec the command instead of staying as its parent")
+    parser.add_argument("--hold", action="store_true",
+                        help="a replacement container's placeholder: wait for the agent to restore the workload "
+                             "into this container (at most GPUSWEEP_HOLD_WAIT_S, 3600 s) and end with it")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.hold:
+        return hold_restored(float(os.environ.get("GPUSWEEP_HOLD_WAIT_S") or 3600))
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command: gpusweep-run [options] -- CMD ...")
@@ -338,6 +347,52 @@ def restore_in_job(client: AgentClient, result: dict[str, Any], workload_id: str
             keep_output(env["SLURM_JOB_ID"], env)
         time.sleep(float(env.get("GPUSWEEP_REQUEUE_WAIT_S") or 3600))
     return code
+
+
+def hold_restored(wait_s: float = 3600.0) -> int:
+    """The replacement container's pid 1 while the agent restores the workload into the container: it
+    waits (at most `wait_s`) for the restored tree to appear in the container's PID namespace, stays while
+    any of it lives, and exits once none is left, so the container ends when its workload ends (and, being
+    the namespace's init, takes the workload with it when the runtime stops the container). CRIU's restored
+    tree is reparented to the agent (CRIU is the agent's child), not to this process, so it is watched,
+    not waited for; children of its own are reaped. Returns the last reaped child's status, else 0."""
+    become_subreaper()
+    deadline = time.monotonic() + wait_s
+    seen, code = False, 0
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pid = 0
+        if pid:
+            code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            continue
+        if _others_in_namespace():
+            seen = True
+        elif seen:
+            return code
+        elif time.monotonic() > deadline:
+            return 75
+        time.sleep(0.2)
+
+
+def _others_in_namespace(highest: int = 32768) -> bool:
+    """Whether any process but this one lives in this PID namespace: /proc when it is this namespace's,
+    else a probe of each pid (a container without /proc)."""
+    me = os.getpid()
+    if os.path.exists(f"/proc/{me}") and os.path.samefile("/proc/self", f"/proc/{me}"):
+        return any(entry.isdigit() and int(entry) != me for entry in os.listdir("/proc"))
+    for pid in range(1, highest):
+        if pid == me:
+            continue
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
+    return False
 
 
 def _kill(pid: int, on_requeue: Any = None) -> None:

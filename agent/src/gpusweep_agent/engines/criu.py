@@ -181,6 +181,86 @@ def kill_tree(pid: int) -> None:
             continue
 
 
+# Keys naming the container's namespaces in the image (``--external`` on dump, ``--inherit-fd`` on restore).
+NET_KEY, PID_KEY = "gpusweep-netns", "gpusweep-pidns"
+CLONE_NEWPID = 0x20000000
+
+
+def _ns(pid: int | str, kind: str) -> int:
+    return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+
+
+def container_of(pid: int) -> dict[str, Any]:
+    """How `pid` sits in a container, as the dump must record it ({} for a process in the agent's own
+    network, PID and mount namespaces: a host process, as on a node without containers).
+
+    A container's network namespace is the pod's, and its PID namespace the container's: both stay
+    behind, so the image names them as external (``--external net[...]``, ``pid[...]``) and a restore
+    puts the process back into the replacement container's. A process that is pid 1 of its own PID
+    namespace (``gpusweep-run --pid-namespace``) carries that namespace in the image instead. The mount,
+    UTS and IPC namespaces are dumped (CRIU can name no other as external) and joined or rebuilt on the
+    container's root at the restore."""
+    found: dict[str, Any] = {}
+    for kind in ("net", "pid", "mnt"):
+        if _ns(pid, kind) != _ns("self", kind):
+            found[kind] = _ns(pid, kind)
+    if not found:
+        return {}
+    nspid = [line.split()[1:] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+             if line.startswith("NSpid:")]
+    # pid 1 of its own namespace: CRIU dumps that namespace with it (it cannot be external).
+    if "pid" in found and nspid and nspid[0][-1] == "1":
+        found["pid_init"] = True
+    return found
+
+
+def container_root(pid: int) -> str:
+    """The host path of the root `pid` sees, for ``criu restore --root`` (CRIU bind-mounts it, which the
+    kernel refuses from another mount namespace, so /proc/<pid>/root will not do): the mount on this host
+    of the same filesystem and folder, as containerd and CRI-O mount a container's rootfs; /proc/<pid>/root
+    when none is found."""
+    def mounts(path: str) -> list[tuple[str, str, str]]:
+        # (major:minor, root within the filesystem, mount point)
+        return [(f[2], f[3], f[4]) for f in (line.split() for line in Path(path).read_text().splitlines())]
+
+    mine = [m for m in mounts(f"/proc/{pid}/mountinfo") if m[2] == "/"]
+    if mine:
+        device, root, _ = mine[-1]
+        best = ""
+        for other_device, other_root, point in mounts("/proc/self/mountinfo"):
+            if other_device != device or not (root == other_root or root.startswith(other_root.rstrip("/") + "/")):
+                continue
+            candidate = os.path.normpath(point + "/" + root[len(other_root):])
+            if other_root == root:
+                return candidate
+            best = best or candidate
+        if best:
+            return best
+    return f"/proc/{pid}/root"
+
+
+def enter_cgroups(pid: int) -> None:
+    """Move the calling process into every cgroup `pid` is in (each hierarchy the host mounts, v1 and v2),
+    so the processes it forks start there (CRIU's restored tree, with ``--manage-cgroups=ignore``)."""
+    mounts: dict[str, str] = {}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fstype, _, options = after.split(" ", 2)
+        point = before.split()[4]
+        if fstype == "cgroup2":
+            mounts.setdefault("", point)
+        elif fstype == "cgroup":
+            for option in options.split(","):
+                mounts.setdefault(option, point)
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        mounted = mounts.get(controllers.split(",")[0])
+        if mounted is None:
+            continue
+        with open(os.path.join(mounted, path.lstrip("/"), "cgroup.procs"), "w") as fh:
+            fh.write(str(os.getpid()))
+
+
 def has_tcp_connections(pid: int) -> bool:
     """Whether any process in `pid`'s tree holds a TCP socket that is connected (or closing).
 
@@ -251,6 +331,9 @@ class CriuEngine(CheckpointEngine):
         if not pid_alive(pid):
             raise EngineError(f"workload {workload['id']}: process {pid} is not running")
         data: dict[str, Any] = {"shell_job": has_tty(pid), "pid": pid, "tcp_established": has_tcp_connections(pid)}
+        container = container_of(pid)
+        if container:
+            data["container"] = container
         data.update(self.before_dump(pid, progress))
         image_dir.mkdir(parents=True, exist_ok=True)
         rounds, why_plain = self._pre_dumps(pid, image_dir, data, progress)
@@ -365,8 +448,16 @@ class CriuEngine(CheckpointEngine):
         return ok, rc, log, round(time.monotonic() - started, 3)
 
     def _options(self, data: dict[str, Any]) -> list[str]:
+        container = data.get("container") or {}
+        externals = []
+        if "net" in container:
+            # The pod's network namespace stays with the pod; the image names it, and --network-lock
+            # nftables locks it without the iptables tools a node may lack.
+            externals += ["--external", f"net[{container['net']}]:{NET_KEY}", "--network-lock", "nftables"]
+        if "pid" in container and not container.get("pid_init"):
+            externals += ["--external", f"pid[{container['pid']}]:{PID_KEY}"]
         return [*self.common_options, *(["--shell-job"] if data["shell_job"] else []),
-                *(["--tcp-established"] if data["tcp_established"] else [])]
+                *(["--tcp-established"] if data["tcp_established"] else []), *externals]
 
     def _pre_dumps(self, pid: int, image_dir: Path, data: dict[str, Any],
                    progress: Progress) -> tuple[list[dict[str, Any]], str]:
@@ -445,13 +536,26 @@ class CriuEngine(CheckpointEngine):
             args.append("--tcp-established")
         return args, pidfile
 
-    def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path) -> int:
+    def restore(self, manifest: dict[str, Any], image_dir: Path, work_dir: Path, into: int | None = None) -> int:
+        """`criu restore` of the image; with `into` (the host pid of a container's process: the replacement
+        pod's container) into that container: its root, namespaces and cgroups (``into_container``)."""
         self.check()
         engine_data = manifest.get("engine_data", {})
         args, pidfile = self.restore_args(manifest, image_dir, work_dir)
         log = self.log_path(image_dir, "restore")
-        rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            timeout=600, check=False).returncode
+        fds: list[int] = []
+        try:
+            if into is not None:
+                extra, fds = into_container(engine_data, into)
+                args += extra
+            rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                timeout=600, check=False, pass_fds=fds,
+                                preexec_fn=(lambda: enter_cgroups(into)) if into is not None else None).returncode
+        except OSError as exc:  # the container is gone, or its cgroups cannot be entered
+            raise EngineError(f"cannot restore into the container of pid {into}: {exc}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
         if rc != 0 or not pidfile.is_file():
             hint = ""
             old = engine_data.get("pid")
@@ -461,6 +565,90 @@ class CriuEngine(CheckpointEngine):
         pid = int(pidfile.read_text().strip())
         self.after_restore(pid, engine_data)
         return pid
+
+
+def into_container(engine_data: dict[str, Any], target: int) -> tuple[list[str], list[int]]:
+    """The `criu restore` options that put the image's tree into the container whose process is `target`
+    (host pid), and the descriptors they name (open, for the caller to pass and close).
+
+    - root: an image with its own mount namespace (dumped in a container) gets a new one built on the
+      container's root filesystem (``--root``, its host path: ``container_root``); CRIU cannot join a
+      mount namespace while it restores one. An image without one joins the container's (``--join-ns mnt``).
+    - network: the pod's namespace, external in the image, is the container's (``--inherit-fd``), else joined.
+    - UTS and IPC: joined (``--join-ns``); an image that carries its own (dumped in a container) writes its
+      hostname and IPC objects into them, so the replacement pod's hostname becomes the original's.
+    - PID: external in the image (the workload was not pid 1 of its namespace), the container's
+      (``--inherit-fd``; CRIU's ``--join-ns`` has no pid) under the same pid, which must be free there; an
+      image holding its own PID namespace (``gpusweep-run --pid-namespace``) gets a new one, not nested in
+      the container's (the kernel creates no PID namespace for a process that joined another: CRIU would
+      have to fork in between).
+    - cgroups: CRIU runs in the container's cgroups and leaves them alone (``--manage-cgroups=ignore``), so
+      every restored process starts in them (``enter_cgroups``)."""
+    container = engine_data.get("container") or {}
+    args = ["--manage-cgroups=ignore"]
+    fds: list[int] = []
+    if "mnt" in container:
+        args += ["--root", container_root(target)]
+    else:
+        args += ["--join-ns", f"mnt:/proc/{target}/ns/mnt"]
+    try:
+        if "net" in container:
+            fds.append(os.open(f"/proc/{target}/ns/net", os.O_RDONLY))
+            args += ["--inherit-fd", f"fd[{fds[-1]}]:{NET_KEY}", "--network-lock", "nftables"]
+        else:
+            args += ["--join-ns", f"net:/proc/{target}/ns/net"]
+        if "pid" in container and not container.get("pid_init"):
+            fds.append(os.open(f"/proc/{target}/ns/pid", os.O_RDONLY))
+            args += ["--inherit-fd", f"fd[{fds[-1]}]:{PID_KEY}"]
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    args += ["--join-ns", f"uts:/proc/{target}/ns/uts", "--join-ns", f"ipc:/proc/{target}/ns/ipc"]
+    return args, fds
+
+
+def container_process(params: dict[str, Any]) -> int | None:
+    """The host pid of the container a restore goes into: ``container_pid`` (the container's pid as its
+    runtime reports it, e.g. ``crictl inspect``'s ``info.pid``), or ``container_id`` (the pod status's
+    ``containerID``, ``containerd://<id>``), found through the cgroups: the process in the container's
+    cgroup that is pid 1 of its PID namespace. None when neither is given (a restore beside, as a host
+    process). Raises EngineError when the container cannot be found."""
+    if params.get("container_pid") not in (None, ""):
+        pid = int(params["container_pid"])
+        if not pid_alive(pid):
+            raise EngineError(f"container process {pid} is not running")
+        return pid
+    wanted = str(params.get("container_id") or "").split("://")[-1]
+    if not wanted:
+        return None
+    if not re.fullmatch(r"[0-9a-f]{12,64}", wanted):
+        raise EngineError(f"container id {wanted!r} is not a runtime's container id")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if wanted in (entry / "cgroup").read_text():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    for pid in sorted(found):
+        try:
+            if ns_pid(pid) == 1:
+                return pid
+        except OSError:
+            continue
+    if found:
+        return min(found)
+    raise EngineError(f"no process of container {wanted} on this node (its cgroup names none)")
+
+
+def ns_pid(pid: int) -> int:
+    """`pid` as its own PID namespace numbers it (the last of /proc/<pid>/status NSpid)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return pid
 
 
 def processes_mentioning(word: str) -> list[int]:
