@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0014_package_versions_of_installonly_rpms'),
+        ("inventory", "0014_package_versions_of_installonly_rpms"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='workload',
-            name='placement',
+            model_name="workload",
+            name="placement",
             field=models.JSONField(blank=True, db_default={}, default=dict),
         ),
     ]
