@@ -47,10 +47,11 @@ can attach: a topology label (``topology.kubernetes.io/zone`` and ``/region``, t
 ``failure-domain.beta.kubernetes.io`` ones, every ``topology.*`` key a CSI driver sets, such as
 ``topology.gke.io/zone``, and ``connection.topology_labels``) becomes a fact the pod's checkpoint needs
 of its receiver, valued as on the pod's node (so a regional volume keeps its pod in the zone it runs in);
-nodes report those labels as facts (components named by the label key). A local volume, or one keyed by
-``kubernetes.io/hostname``, a node's name or a label gpusweep does not read, pins the pod to its node: it
-never moves (``portability.PINNED``). The workload's ``placement`` says so for the plan. Listing volumes
-needs get and list on persistentvolumes and storageclasses (deploy/kubernetes/rbac.yaml).
+nodes report those labels as facts (components named by ``topology_fact``: ``topology_kubernetes_io_zone``).
+A local volume, or one keyed by ``kubernetes.io/hostname``, a node's name or a label gpusweep does not
+read, pins the pod to its node: it never moves (``portability.PINNED``). The workload's ``placement``
+says so for the plan. Listing volumes needs get and list on persistentvolumes and storageclasses
+(deploy/kubernetes/rbac.yaml).
 ``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,10 +297,16 @@ def _joined(labels: dict[str, str], prefix: str, parts: tuple[str, ...]) -> str:
     return ".".join(values) if values and all(values) else ""
 
 
+def topology_fact(key: str) -> str:
+    """The node fact (a component name: a lower-case identifier) that topology label `key` is kept as:
+    ``topology.kubernetes.io/zone`` is ``topology_kubernetes_io_zone``."""
+    return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
+
+
 def is_topology_label(key: str, extra: tuple[str, ...] = ()) -> bool:
     """Whether node label `key` is a fact of where volumes attach (a zone, a region, a CSI driver's topology key,
-    one of the site's `extra`): one a node component can hold (NodeComponent's 63 characters)."""
-    return (key in TOPOLOGY_LABELS or key.startswith("topology.") or key in extra) and len(key) <= 63
+    one of the site's `extra`), one a node component can hold (a name of 63 characters at most)."""
+    return (key in TOPOLOGY_LABELS or key.startswith("topology.") or key in extra) and len(topology_fact(key)) <= 63
 
 
 def topology_labels(connection: dict[str, Any] | None) -> tuple[str, ...]:
@@ -332,7 +340,7 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None,
     if info.get("osImage"):
         components["os"] = str(info["osImage"])
     # A zone is no version, but the one portability rule matches node components: so it covers volumes too.
-    components.update({k: v for k, v in labels.items() if v and is_topology_label(k, topology)})
+    components.update({topology_fact(k): v for k, v in labels.items() if v and is_topology_label(k, topology)})
     capacity = status.get("capacity") or {}
     count_text = labels.get("nvidia.com/gpu.count") or capacity.get(GPU_RESOURCE) or "0"
     try:
@@ -607,6 +615,8 @@ def pod_placement(pod: dict[str, Any], node_labels: dict[str, str], claim: Calla
                 requires[key] = here  # a regional volume: the zone its pod runs in now
             elif len(set(values)) == 1:
                 requires[key] = values[0]
+    # Facts by their node fact names (the notes say the labels).
+    facts = {topology_fact(k): v for k, v in requires.items()}
     notes = []
     if pinned:
         notes.append(f"cannot move: {pinned}")
@@ -619,7 +629,7 @@ def pod_placement(pod: dict[str, Any], node_labels: dict[str, str], claim: Calla
     if connection is not None and kubelet_unverified(pod, connection):
         notes.append(f"not checkpointed: no progress marker ({PROGRESS_PATTERN}), which the site requires "
                      "(require_progress_marker)" if marker_required(connection) else NO_PROGRESS_MARKER)
-    return Placement(requires=requires, stop_first=tuple(stop_first), pinned=pinned, notes=tuple(notes))
+    return Placement(requires=facts, stop_first=tuple(stop_first), pinned=pinned, notes=tuple(notes))
 
 
 def checkpoint_via(pod: dict[str, Any], connection: dict[str, Any] | None) -> str:
