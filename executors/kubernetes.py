@@ -925,17 +925,18 @@ class KubernetesExecutor(Executor):
         checkpoint_id = f"kubelet-{digest[:20]}"
         images, total = {}, 0
         for container, path in archives.items():
+            # Pushed while the archive's file is there: its layer is read from it in chunks, never held whole.
             with self._archive(node, path) as archive:
                 image = checkpoint_image.build(archive, container, {
                     "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name,
                     "io.gpusweep.checkpoint-id": checkpoint_id})
-            total += len(image.layer.data)
-            try:
-                images[container] = registry.push(image, f"{checkpoint_id}-{container}")
-            except checkpoint_image.RegistryError as exc:
-                raise PermanentExecutorError(
-                    f"checkpoint image of {namespace}/{name}/{container} not published: {exc}; the pod keeps "
-                    f"running on {node.name}") from None
+                total += image.layer.size
+                try:
+                    images[container] = registry.push(image, f"{checkpoint_id}-{container}")
+                except checkpoint_image.RegistryError as exc:
+                    raise PermanentExecutorError(
+                        f"checkpoint image of {namespace}/{name}/{container} not published: {exc}; the pod keeps "
+                        f"running on {node.name}") from None
         return {"id": checkpoint_id, "sha256": digest, "archives": list(archives.values()),
                 "containers": list(archives), "images": images, "progress": progress, "bytes": total, "steps": None}
 
