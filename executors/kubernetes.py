@@ -76,6 +76,10 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   A pod with a ReadWriteOnce (or ReadWriteOncePod) claim cannot share its volume with its
   replacement: the replacement is created and pinned first (and adopted, for a ReplicaSet), then the
   original is evicted, and the replacement's containers start once the volume has moved to the target.
+  Its volumes' node affinity (``inventory.sources.kubernetes.pod_placement``) adds their topology (a zone)
+  to the checkpoint's requirements, so the engine's receiver and the restore's check keep it where its
+  volumes attach; a pod pinned to its node (a local volume) is never checkpointed (a permanent error, which
+  the engine never meets: no node holds ``portability.PINNED``, so it waits for or cold-starts the pod).
   The copied spec never carries ``ephemeralContainers`` (the API refuses them on create).
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
@@ -113,7 +117,10 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
 ``nvidia_driver`` names), ``checkpoint_via`` (agent; kubelet needs the opt-in ClusterRole of
-deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository`` (``host[:port]/path``,
+deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``require_progress_marker`` (a kubelet-path pod without
+``gpusweep.io/progress-pattern`` is not checkpointed, and its restore not counted; without it such a restore is
+reported unverified), ``topology_labels`` (node labels besides the well-known zone and region and every
+``topology.*`` key that a volume's node affinity may name), ``checkpoint_image_repository`` (``host[:port]/path``,
 ``http://`` in front for a registry without TLS; ``secret_env`` keys ``registry_username`` and
 ``registry_password``), ``checkpoint_registry_ca``, ``kubelet_checkpoint_root``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else

@@ -16,6 +16,10 @@ which loads them from deploy/kubernetes). Validation answers as a real server's:
 changing an immutable field (``spec.nodeName`` among them), 415 on a strategic merge patch of a custom
 resource; deletion follows owner references (background, foreground, orphan: ``GarbageCollector``).
 
+PersistentVolumes and StorageClasses (storage.k8s.io/v1) are served as stored, printed as a real server prints
+them, and the scheduler places a pod only where its bound volumes' required node affinity (an unbound
+WaitForFirstConsumer claim's class ``allowedTopologies``) admits the node, with the real "volume node affinity
+conflict" reason.
 Controllers run in one background loop (``controllers``): the scheduler in this module, the
 kubelets of ``tests/kube/kubelet.py`` and the GPU Operator stand-in of ``tests/kube/gpu_operator.py``.
 Everything that happened is in ``history`` (time, what, detail) so a test can check the order.
