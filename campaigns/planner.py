@@ -641,8 +641,9 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     # A pinned workload is never checkpointed for nothing: waited for, or cold-started where the campaign allows it.
     if workload.policy == WorkloadPolicy.WAIT or (pinned and workload.policy == WorkloadPolicy.CHECKPOINT
                                                   and not policy.cold_restart_allowed):
-        waits = "policy waits" if workload.policy == WorkloadPolicy.WAIT else "it is waited"
-        entry.update(action="finish_first", why=f"{waits} for it to end before the node drains{owned}{notes}")
+        waits = ("policy waits for it to end before the node drains" if workload.policy == WorkloadPolicy.WAIT else
+                 "the node waits for it to end before it drains")
+        entry.update(action="finish_first", why=f"{waits}{owned}{notes}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
     if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
