@@ -696,21 +696,20 @@ def snapshot_from_kubernetes(source: KubernetesSource, connection: dict[str, Any
     nodes = [node_from_kubernetes(node, pool_label, topology_labels(connection)) for node in listed]
     gpu = GpuResources.of(connection, source.resource_claims())
     pods = source.pods()
-    workloads = [w for w in (workload_from_pod(pod, gpu, connection) for pod in pods) if w is not None]
-    if any(_uses_claims(p) for p in pods):  # volumes read only where a GPU pod has a claim
+    found = [(w, pod) for pod in pods if (w := workload_from_pod(pod, gpu, connection)) is not None]
+    claimed = [(w, pod) for w, pod in found if _uses_claims(pod)]
+    if claimed:  # volumes read only where a GPU pod has a claim
         labels = {str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {}).get("labels") or {}
                   for n in listed}
         claims = {(str(c["metadata"].get("namespace")), str(c["metadata"]["name"])): c
                   for c in source.persistent_volume_claims()}
         volumes = {str(v["metadata"]["name"]): v for v in source.persistent_volumes()}
         classes = {str(c["metadata"]["name"]): c for c in source.storage_classes()}
-        by_ref = {f"{(p.get('metadata') or {}).get('namespace', 'default')}/{(p.get('metadata') or {}).get('name')}": p
-                  for p in pods}
-        for workload in workloads:
-            pod = by_ref[workload.scheduler_id]
+        for workload, pod in claimed:
             placement = pod_placement(pod, labels.get(str(workload.node), {}), lambda ns, n: claims.get((ns, n)),
                                       volumes.get, classes.get, connection)
             workload.placement = placement.as_dict()
+    workloads = [w for w, _pod in found]
     return Snapshot(
         nodes=nodes,
         workloads=workloads,
