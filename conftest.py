@@ -53,7 +53,7 @@ GROUPS = {
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "agent/tests/test_agent_lazy.py", "agent/tests/test_agent_container_restore.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_kubernetes_rbac.py",
-                       "tests/foundation/test_boot.py",
+                       "tests/campaigns/test_kubernetes_volumes.py", "tests/foundation/test_boot.py",
                        "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
                        "tests/ui/test_walk_browser.py", "tests/oidc/test_sso_browser.py",
                        "tests/ui/test_wizard_browser.py"),

@@ -74,6 +74,8 @@ class PlanWorkload:
     requires: tuple[tuple[str, str], ...] = ()
     # The controller that would start it again (inventory Workload.owner), "" for none.
     owner: str = ""
+    # How it moves, in its scheduler's words (Workload.placement's notes: stop-first, a zone, pinned).
+    notes: tuple[str, ...] = ()
 
     @property
     def checkpointable(self) -> bool:
@@ -595,7 +597,10 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     if workload.owner:
         entry["owner"] = workload.owner
     checkpointable = workload.checkpointable
-    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
+    # Its scheduler's words on how it moves, after the plan's own (a zone, stop-first, pinned, unverified).
+    notes = "".join(f"; {n}" for n in workload.notes)
+    pinned = dict(workload.requires).get(portability.PINNED, "")
+    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT and not pinned:
         needed, requires, depends, home_ok = capacity.terms(workload, node)
         entry["requires"] = requires
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
@@ -616,7 +621,7 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             outcome.migrations += 1
             entry["to"] = target.id
             entry["to_name"] = target.name
-            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}"
+            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}{notes}"
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
@@ -627,18 +632,23 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
             outcome.returns_home += 1
             entry.update(action="return_home", to=node.id, to_name=node.name,
                          why=f"{needed.engine} checkpoint stays valid on {node.name} after the patch: restored there "
-                             "after the reboot")
+                             f"after the reboot{notes}")
             return entry, ""
     label = workload.name or workload.ref
     restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
     owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
-    if workload.policy == WorkloadPolicy.WAIT:
-        entry.update(action="finish_first", why=f"policy waits for it to end before the node drains{owned}")
+    # A pinned workload is never checkpointed for nothing: waited for, or cold-started where the campaign allows it.
+    if workload.policy == WorkloadPolicy.WAIT or (pinned and workload.policy == WorkloadPolicy.CHECKPOINT
+                                                  and not policy.cold_restart_allowed):
+        waits = ("policy waits for it to end before the node drains" if workload.policy == WorkloadPolicy.WAIT else
+                 "the node waits for it to end before it drains")
+        entry.update(action="finish_first", why=f"{waits}{owned}{notes}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
     if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
         reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not checkpointable else
+                  "it cannot move" if pinned else
                   "no node where its checkpoint is valid has room outside this and the next wave")
         if workload.policy == WorkloadPolicy.COLD_RESTART:
             reason = "its policy is a cold restart"
@@ -648,12 +658,12 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
         entry["to"] = node.id
         entry["to_name"] = node.name
         entry["restarted_by"] = restarter
-        entry["why"] = f"{reason}{owned}; stopped before the patch, {restart}"
+        entry["why"] = f"{reason}{owned}; stopped before the patch, {restart}{notes}"
         outcome.cold_starts.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"cold start of {label}"
     entry.update(action="blocked", why="no node where its checkpoint is valid has enough free GPUs, and cold "
                                        "restart is not allowed: the node waits for it to end (up to the wait "
-                                       "limit) and fails if it does not")
+                                       f"limit) and fails if it does not{notes}")
     outcome.no_capacity.append({"node": node.id, "node_name": node.name, **entry})
     return entry, f"no capacity for {label}"
 

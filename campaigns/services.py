@@ -42,6 +42,7 @@ from campaigns.planner import (
 )
 from campaigns.planner import plan as run_planner
 from campaigns.queue import enqueue
+from executors import portability
 from executors.base import (
     BARE_PROCESS,
     Executor,
@@ -388,7 +389,9 @@ def _plan_node(campaign: Campaign, node: Node, target: dict[str, str], deadline:
             policy=policy.workload_policy(campaign, w.scheduler_id, w.name, w.policy),
             checkpoint_engine=w.checkpoint_engine, inference_engine=w.engine, engine_version=w.engine_version,
             model_name=w.model_name, model_version=w.model_version,
-            requires=tuple(sorted((str(k), str(v)) for k, v in (w.requires or {}).items())), owner=w.owner,
+            requires=tuple(sorted({**{str(k): str(v) for k, v in (w.requires or {}).items()},
+                                   **portability.placement_requires(w.placement)}.items())),
+            owner=w.owner, notes=tuple(str(n) for n in (w.placement or {}).get("notes") or ()),
         )
         for w in node.workloads.all() if w.gone_at is None
     )

@@ -190,6 +190,8 @@ class RestoreResult:
     workload_id: str
     node: str
     steps: int | None = None
+    # Why the back end could not see the workload's state come back ("" when it did): the evidence says so.
+    unverified: str = ""
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,15 @@ annotation naming the container, which is how the runtime tells a checkpoint ima
 (CRI-O reads ``io.kubernetes.cri-o.annotations.checkpoint.name``, containerd 2.x and checkpointctl
 ``org.criu.checkpoint.container.name``; both are set).
 
-The push is the OCI distribution API (v1.1): a blob upload (``POST /v2/<name>/blobs/uploads/`` then ``PUT
-<location>?digest=``) for the layer and the config unless the registry has them (``HEAD``), then ``PUT
-/v2/<name>/manifests/<tag>``. Credentials: basic auth, or a registry token service's bearer token (the
-``WWW-Authenticate: Bearer realm=...`` challenge, as Docker Hub, Harbor and distribution's token auth answer).
+The layer is the archive's file as it lies on the worker's disk (fetched from the node's agent into a
+temporary file, or under ``kubelet_checkpoint_root``): its digest is computed reading it in chunks, and it
+is uploaded in chunks, so a checkpoint of many GiB never sits in the worker's memory (``CHUNK``, 8 MiB,
+bounds it). The push is the OCI distribution API (v1.1): a chunked blob upload (``POST
+/v2/<name>/blobs/uploads/``, a ``PATCH <location>`` per chunk with its ``Content-Range``, each answer's
+``Location`` the next, then ``PUT <location>?digest=``) for the layer and the config unless the registry
+has them (``HEAD``), then ``PUT /v2/<name>/manifests/<tag>``. Credentials: basic auth, or a registry token
+service's bearer token (the ``WWW-Authenticate: Bearer realm=...`` challenge, as Docker Hub, Harbor and
+distribution's token auth answer).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ CRIU_CONTAINER_NAME = "org.criu.checkpoint.container.name"  # containerd 2.x, ch
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 CONFIG = "application/vnd.oci.image.config.v1+json"
 LAYER = "application/vnd.oci.image.layer.v1.tar"
+CHUNK = 8 * 1024 * 1024  # what of a layer is in memory at once: read, hashed, uploaded
 
 
 class RegistryError(Exception):
@@ -42,15 +49,38 @@ class RegistryError(Exception):
 
 @dataclass(frozen=True)
 class Blob:
-    media_type: str
-    data: bytes
+    """A blob of the image: small ones (config, manifest) in memory, the layer in its file (`path`)."""
 
-    @property
-    def digest(self) -> str:
-        return f"sha256:{hashlib.sha256(self.data).hexdigest()}"
+    media_type: str
+    digest: str
+    size: int
+    data: bytes = b""
+    path: Path | None = None
+
+    @classmethod
+    def of(cls, media_type: str, data: bytes) -> Blob:
+        return cls(media_type, f"sha256:{hashlib.sha256(data).hexdigest()}", len(data), data)
+
+    @classmethod
+    def of_file(cls, media_type: str, path: Path, chunk: int = CHUNK) -> Blob:
+        """The file's blob, its digest computed one chunk at a time."""
+        digest, size = hashlib.sha256(), 0
+        with path.open("rb") as source:
+            while part := source.read(chunk):
+                digest.update(part)
+                size += len(part)
+        return cls(media_type, f"sha256:{digest.hexdigest()}", size, path=path)
+
+    def chunks(self, chunk: int = CHUNK) -> Iterator[bytes]:
+        if self.path is None:
+            yield from (self.data[at:at + chunk] for at in range(0, self.size, chunk))
+            return
+        with self.path.open("rb") as source:
+            while part := source.read(chunk):
+                yield part
 
     def descriptor(self) -> dict[str, Any]:
-        return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data)}
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
 
 
 @dataclass(frozen=True)
@@ -60,19 +90,21 @@ class CheckpointImage:
     manifest: Blob
 
 
-def build(archive: Path, container: str, annotations: dict[str, str] | None = None) -> CheckpointImage:
-    """The OCI image of the kubelet's `archive` of `container`."""
-    layer = Blob(LAYER, archive.read_bytes())
+def build(archive: Path, container: str, annotations: dict[str, str] | None = None,
+          chunk: int = CHUNK) -> CheckpointImage:
+    """The OCI image of the kubelet's `archive` of `container`; its layer is the archive's file, read when pushed
+    (so the file must stay until then)."""
+    layer = Blob.of_file(LAYER, archive, chunk)
     created = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     notes = {CHECKPOINT_NAME: container, CRIU_CONTAINER_NAME: container,
              "org.opencontainers.image.created": created, **(annotations or {})}
-    config = Blob(CONFIG, json.dumps({
+    config = Blob.of(CONFIG, json.dumps({
         "created": created, "architecture": "amd64", "os": "linux",
         "config": {"Labels": notes},
         "rootfs": {"type": "layers", "diff_ids": [layer.digest]},  # uncompressed: the layer is its own diff
         "history": [{"created": created, "created_by": f"gpusweep: kubelet checkpoint archive {archive.name}"}],
     }, sort_keys=True).encode())
-    manifest = Blob(MANIFEST, json.dumps({
+    manifest = Blob.of(MANIFEST, json.dumps({
         "schemaVersion": 2, "mediaType": MANIFEST, "config": config.descriptor(), "layers": [layer.descriptor()],
         "annotations": notes}, sort_keys=True).encode())
     return CheckpointImage(layer=layer, config=config, manifest=manifest)
@@ -104,8 +136,9 @@ class Repository:
 
 class Registry:
     def __init__(self, repository: Repository, username: str = "", password: str = "", ca_file: str = "",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, chunk: int = CHUNK) -> None:
         self.repository, self.username, self.password, self.timeout = repository, username, password, timeout
+        self.chunk = chunk
         self.context = ssl.create_default_context(cafile=ca_file or None) if repository.scheme == "https" else None
         self.token = ""
 
@@ -159,9 +192,20 @@ class Registry:
         location = headers.get("Location") or headers.get("location") or ""
         if status != 202 or not location:
             raise RegistryError(f"registry {self.repository.host} refused an upload: HTTP {status} {body[:300]!r}")
+        at = 0
+        for part in blob.chunks(self.chunk):
+            # Each answer's Location is where the next chunk goes (its upload state may ride in the query).
+            url = urllib.parse.urljoin(self._url(""), location)
+            status, headers, body = self._request("PATCH", url, part, {
+                "Content-Type": "application/octet-stream", "Content-Range": f"{at}-{at + len(part) - 1}"})
+            location = headers.get("Location") or headers.get("location") or location
+            if status != 202:
+                raise RegistryError(f"registry {self.repository.host} refused bytes {at}-{at + len(part) - 1} of "
+                                    f"blob {blob.digest}: HTTP {status} {body[:300]!r}")
+            at += len(part)
         url = urllib.parse.urljoin(self._url(""), location)
         url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": blob.digest})
-        status, _, body = self._request("PUT", url, blob.data, {"Content-Type": "application/octet-stream"})
+        status, _, body = self._request("PUT", url, b"", {"Content-Type": "application/octet-stream"})
         if status != 201:
             raise RegistryError(f"registry {self.repository.host} refused blob {blob.digest}: HTTP {status} "
                                 f"{body[:300]!r}")

@@ -81,6 +81,10 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
   A pod with a ReadWriteOnce (or ReadWriteOncePod) claim cannot share its volume with its
   replacement: the replacement is created and pinned first (and adopted, for a ReplicaSet), then the
   original is evicted, and the replacement's containers start once the volume has moved to the target.
+  Its volumes' node affinity (``inventory.sources.kubernetes.pod_placement``) adds their topology (a zone)
+  to the checkpoint's requirements, so the engine's receiver and the restore's check keep it where its
+  volumes attach; a pod pinned to its node (a local volume) is never checkpointed (a permanent error, which
+  the engine never meets: no node holds ``portability.PINNED``, so it waits for or cold-starts the pod).
   The copied spec never carries ``ephemeralContainers`` (the API refuses them on create).
 
   A restore on the pod's own node (the engine unwinding a failed node) is the original itself:
@@ -118,7 +122,10 @@ retry reads what the first attempt did and undo removes only gpusweep's own mark
 Settings: ``connection`` keys ``driver_management``, ``gpu_resources``, ``agents`` (false: no agent on the nodes),
 ``agent_port`` (17100), ``agent_scheme`` (http), ``gpu_operator`` (``cluster_policy``,
 ``nvidia_driver`` names), ``checkpoint_via`` (agent; kubelet needs the opt-in ClusterRole of
-deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``checkpoint_image_repository`` (``host[:port]/path``,
+deploy/kubernetes/optional/kubelet-checkpoint.yaml), ``require_progress_marker`` (a kubelet-path pod without
+``gpusweep.io/progress-pattern`` is not checkpointed, and its restore not counted; without it such a restore is
+reported unverified), ``topology_labels`` (node labels besides the well-known zone and region and every
+``topology.*`` key that a volume's node affinity may name), ``checkpoint_image_repository`` (``host[:port]/path``,
 ``http://`` in front for a registry without TLS; ``secret_env`` keys ``registry_username`` and
 ``registry_password``), ``checkpoint_registry_ca``, ``kubelet_checkpoint_root``; the agent
 endpoint is the inventory's, else the node annotation ``gpusweep.io/agent-endpoint``, else
@@ -173,14 +180,21 @@ from executors.base import (
 from executors.local import LocalExecutor
 from inventory.sources.kubernetes import (
     DRA_API,
+    NO_PROGRESS_MARKER,
+    PROGRESS_PATTERN,
     GpuResources,
     KubernetesError,
+    Placement,
     api_client_for,
+    checkpoint_via,
+    marker_required,
     never_copied,
     node_from_kubernetes,
     pod_checkpoint_engine,
     pod_controller,
     pod_gpus,
+    pod_placement,
+    topology_labels,
 )
 
 DRIVER_MANAGEMENT = ("agent", "gpu-operator")
@@ -191,7 +205,6 @@ DRAINED_BY = "gpusweep.io/drained-by"
 CORDONED_BEFORE = "gpusweep.io/cordoned-before"
 AGENT_ENDPOINT = "gpusweep.io/agent-endpoint"
 WORKLOAD_ID = "gpusweep.io/workload-id"
-CHECKPOINT_VIA = "gpusweep.io/checkpoint-via"
 CHECKPOINT_ID = "gpusweep.io/checkpoint-id"  # label on the original
 CHECKPOINTED = "gpusweep.io/checkpointed"  # the checkpoint's record on the original
 RESTORED_FROM = "gpusweep.io/restored-from"  # label on the replacement
@@ -199,7 +212,6 @@ RESTORE_FROM = "gpusweep.io/restore-from"  # what the agent or runtime restores
 RESTORED_RECORD = "gpusweep.io/restored-checkpoint"  # the record, on the replacement
 RESTORE_INTO = "gpusweep.io/restore-into"  # the replacement's container the agent restores into
 RESTORE_PLACEHOLDER = "gpusweep.io/restore-placeholder"  # the site's placeholder command (JSON list)
-PROGRESS_PATTERN = "gpusweep.io/progress-pattern"  # the workload's progress counter in its log (kubelet path)
 REPLACES = "gpusweep.io/replaces"
 OPERATION = "gpusweep.io/operation"
 ADOPT_LABELS = "gpusweep.io/adopt-labels"
@@ -251,6 +263,11 @@ def _declared(pod: dict[str, Any]) -> dict[str, str]:
         raise PermanentExecutorError(f"pod {_pod_ref(pod)}: annotation gpusweep.io/requires is not a JSON object: "
                                      f"{text[:200]!r}")
     return {str(k): str(v) for k, v in value.items()}
+
+
+def _claimed(pod: dict[str, Any]) -> bool:
+    return any(v.get("persistentVolumeClaim") or v.get("ephemeral") for v in (pod.get("spec") or {}).get("volumes")
+               or [])
 
 
 def _stays(pod: dict[str, Any]) -> str:
@@ -337,6 +354,7 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.storage = client.StorageV1Api(api_client)
         self.timeout = timeout
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, missing_ok: bool = False,
@@ -433,6 +451,16 @@ class Kube:
         self.call(f"PATCH persistentvolumeclaim {namespace}/{name}",
                   self.core.patch_namespaced_persistent_volume_claim, name, namespace, patch, missing_ok=True,
                   content_type="application/merge-patch+json")
+
+    def persistent_volume(self, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET persistentvolume {name}", self.core.read_persistent_volume,
+                                                  name, missing_ok=True)
+        return result
+
+    def storage_class(self, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.call(f"GET storageclass {name}", self.storage.read_storage_class, name,
+                                                  missing_ok=True)
+        return result
 
     def replica_set(self, namespace: str, name: str) -> dict[str, Any] | None:
         result: dict[str, Any] | None = self.call(f"GET replicaset {namespace}/{name}",
@@ -585,7 +613,7 @@ class KubernetesExecutor(Executor):
         """(the versions as gpusweep reads them, what GPU feature discovery and the kubelet report, what the
         agent reports). The agent installed host drivers itself; the operator's containerized driver shows in
         GFD's labels first."""
-        labels = dict(node_from_kubernetes(obj).components)
+        labels = dict(node_from_kubernetes(obj, None, topology_labels(self.connection)).components)
         ref = self._agent(node, obj)
         agent = self.agents.facts(ref) if ref is not None else {}
         return ({**labels, **agent} if self.mode == "agent" else {**agent, **labels}), labels, agent
@@ -618,6 +646,17 @@ class KubernetesExecutor(Executor):
         obj = self._node(node.name)
         return portability.node_facts(node_from_kubernetes(obj).gpu_model or node.gpu_model,
                                       self._observed(node, obj)[0])
+
+    def _placement(self, pod: dict[str, Any], node: dict[str, Any] | None = None) -> Placement:
+        """Where the pod's volumes let it go (inventory.sources.kubernetes.pod_placement), read live; `node` is
+        its node's object when the caller has it."""
+        if not _claimed(pod):
+            return pod_placement(pod, {}, lambda ns, n: None, lambda n: None, lambda n: None, self.connection)
+        on = str((pod.get("spec") or {}).get("nodeName") or "")
+        labels = _labels(node if node is not None else (self._call(self.kube.node, on) or {}) if on else {})
+        return pod_placement(pod, labels, lambda ns, n: self._call(self.kube.claim, ns, n),
+                             lambda n: self._call(self.kube.persistent_volume, n),
+                             lambda n: self._call(self.kube.storage_class, n), self.connection)
 
     def _gpu(self, pods: list[dict[str, Any]]) -> GpuResources:
         """What counts as a GPU here (the site's resource names); NVIDIA's resource claims read only when one of
@@ -652,16 +691,19 @@ class KubernetesExecutor(Executor):
             pods.append(pod)
         gpu = self._gpu(pods)
         users = self._held_by(node, pods, gpu)
+        obj = self._node(node.name) if any(_claimed(p) for p in pods) else None
         for pod in pods:
             meta, notes = _meta(pod), _annotations(pod)
+            placement = self._placement(pod, obj)
             info = as_gpu_workload(WorkloadInfo(
                 id=_pod_ref(pod), name=meta["name"], gpus=pod_gpus(pod, gpu),
-                checkpoint_engine=pod_checkpoint_engine(pod),
+                checkpoint_engine=pod_checkpoint_engine(pod, self.connection),
                 fingerprint={"engine": notes.get("gpusweep.io/engine", ""),
                              "engine_version": notes.get("gpusweep.io/engine-version", ""),
                              "model_name": notes.get("gpusweep.io/model", ""),
                              "model_version": notes.get("gpusweep.io/model-version", "")},
-                requires=_declared(pod),
+                # Its volumes' topology, or PINNED: the one portability rule keeps it where they attach.
+                requires={**_declared(pod), **portability.placement_requires(placement.as_dict())},
             ), users, "k8s_pod", str(meta.get("uid", "")), self._workload_id(pod))
             if info is not None:  # a pod that neither requests nor holds a GPU is no GPU workload
                 found.append(info)
@@ -793,15 +835,19 @@ class KubernetesExecutor(Executor):
         if why and kind != "StatefulSet":
             raise PermanentExecutorError(f"pod {workload_id} is never copied: {why}; it is waited for, or its "
                                          "controller starts it again after a cold restart (policy cold_restart)")
-        claims = self._single_node_claims(pod)
-        via = _annotations(pod).get(CHECKPOINT_VIA) or str(self.connection.get("checkpoint_via", "agent"))
+        placement = self._placement(pod)
+        if placement.pinned:  # never checkpointed for nothing: the engine waits for it or cold-starts it
+            raise PermanentExecutorError(f"pod {workload_id} cannot move: {placement.pinned}")
+        claims = list(placement.stop_first)
+        via = checkpoint_via(pod, self.connection)
         if kind == "StatefulSet" and via == "kubelet":
             raise PermanentExecutorError(f"pod {workload_id} belongs to a StatefulSet, whose new pod runs its own "
                                          "image: checkpoint it with the agent (criu, cuda, signal), not the kubelet")
         self._evict(pod, dry_run=True)  # a budget that forbids the move holds the node before anything changes
         gpus = self._pod_gpus(node, pod)
         if requires is None:
-            requires = self._requirements(pod, engine, self._portability_facts(node), gpus).as_dict()
+            requires = self._requirements(pod, engine, self._portability_facts(node), gpus,
+                                          portability.placement_requires(placement.as_dict())).as_dict()
         if via == "kubelet":
             taken = self._kubelet_checkpoint(node, pod)
         else:
@@ -830,15 +876,15 @@ class KubernetesExecutor(Executor):
 
     @staticmethod
     def _requirements(pod: dict[str, Any], engine: str, facts: dict[str, str],
-                      gpus: int) -> portability.Requirements:
+                      gpus: int, volumes: dict[str, str] | None = None) -> portability.Requirements:
         """The portability rule for this pod's image, from its annotations, on a node with `facts`, holding
-        `gpus` (requested, or found by the agent)."""
+        `gpus` (requested, or found by the agent); with `volumes`, where its volumes attach."""
         notes = _annotations(pod)
         return portability.requirements(
             engine, facts, gpus=gpus, inference_engine=notes.get("gpusweep.io/engine", ""),
             engine_version=notes.get("gpusweep.io/engine-version", ""), model_name=notes.get("gpusweep.io/model", ""),
             model_version=notes.get("gpusweep.io/model-version", ""),
-            requires=_declared(pod))
+            requires={**_declared(pod), **(volumes or {})})
 
     @staticmethod
     def _result(record: dict[str, Any], workload_id: str) -> CheckpointResult:
@@ -861,6 +907,12 @@ class KubernetesExecutor(Executor):
                      [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
         # Read before the checkpoint: the container keeps running (and counting) after the kubelet's dump.
         progress = {c: values[-1] for c in containers if (values := self._progress(pod, c))}
+        if not progress and marker_required(self.connection):
+            # Nothing is dumped: a restore whose state coming back cannot be seen is one the site refuses.
+            raise PermanentExecutorError(
+                f"pod {namespace}/{name} has no progress marker ({PROGRESS_PATTERN} naming a counter its log shows), "
+                "and this cluster requires one to verify a kubelet restore (connection.require_progress_marker): "
+                "it is not checkpointed")
         archives: dict[str, str] = {}
         for container in containers:
             try:
@@ -888,17 +940,18 @@ class KubernetesExecutor(Executor):
         checkpoint_id = f"kubelet-{digest[:20]}"
         images, total = {}, 0
         for container, path in archives.items():
+            # Pushed while the archive's file is there: its layer is read from it in chunks, never held whole.
             with self._archive(node, path) as archive:
                 image = checkpoint_image.build(archive, container, {
                     "io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name,
                     "io.gpusweep.checkpoint-id": checkpoint_id})
-            total += len(image.layer.data)
-            try:
-                images[container] = registry.push(image, f"{checkpoint_id}-{container}")
-            except checkpoint_image.RegistryError as exc:
-                raise PermanentExecutorError(
-                    f"checkpoint image of {namespace}/{name}/{container} not published: {exc}; the pod keeps "
-                    f"running on {node.name}") from None
+                total += image.layer.size
+                try:
+                    images[container] = registry.push(image, f"{checkpoint_id}-{container}")
+                except checkpoint_image.RegistryError as exc:
+                    raise PermanentExecutorError(
+                        f"checkpoint image of {namespace}/{name}/{container} not published: {exc}; the pod keeps "
+                        f"running on {node.name}") from None
         return {"id": checkpoint_id, "sha256": digest, "archives": list(archives.values()),
                 "containers": list(archives), "images": images, "progress": progress, "bytes": total, "steps": None}
 
@@ -1026,6 +1079,11 @@ class KubernetesExecutor(Executor):
         if wrong:
             report = ", ".join(f"{k}: {want!r} != {got!r}" for k, (want, got) in sorted(wrong.items()))
             raise PermanentExecutorError(f"checkpoint {checkpoint_id} cannot be restored on {target.name}: {report}")
+        unverified = NO_PROGRESS_MARKER if record.get("via") == "kubelet" and not record.get("progress") else ""
+        if unverified and marker_required(self.connection):
+            raise PermanentExecutorError(
+                f"checkpoint {checkpoint_id} of {record.get('pod')} has no progress marker to verify its restore by, "
+                "and this cluster requires one (connection.require_progress_marker): not restored")
         if replacement is None and original is not None and (original.get("spec") or {}).get("nodeName") == \
                 target.name:
             # Home again (the engine unwinding): the original's container restarts and restores its checkpoint.
@@ -1035,7 +1093,7 @@ class KubernetesExecutor(Executor):
                 "labels": {CHECKPOINT_ID: None, RESTORED_FROM: checkpoint_id},
                 "annotations": {CHECKPOINTED: None, EVICTION_BLOCKED: None, OPERATION: operation_id,
                                 RESTORED_RECORD: json.dumps(record, sort_keys=True)}}})
-            return RestoreResult(workload_id=_pod_ref(original), node=target.identity)
+            return RestoreResult(workload_id=_pod_ref(original), node=target.identity, unverified=unverified)
         if replacement is None and record.get("controller") == "StatefulSet":
             return self._restore_by_controller(original, record, target, operation_id)
         if replacement is None:
@@ -1055,19 +1113,7 @@ class KubernetesExecutor(Executor):
         if original is not None:
             self._hand_over(original, replacement)
             self._evict(original)
-        return RestoreResult(workload_id=_pod_ref(replacement), node=target.identity)
-
-    def _single_node_claims(self, pod: dict[str, Any]) -> list[str]:
-        """The pod's claims whose volume attaches to one node at a time (ReadWriteOnce, ReadWriteOncePod): its
-        replacement's containers can start only once the original is gone."""
-        namespace = str(_meta(pod).get("namespace", "default"))
-        found = []
-        for volume in (pod.get("spec") or {}).get("volumes") or []:
-            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
-            claim = self._call(self.kube.claim, namespace, name) if name else None
-            if {"ReadWriteOnce", "ReadWriteOncePod"} & set(((claim or {}).get("spec") or {}).get("accessModes") or []):
-                found.append(str(name))
-        return found
+        return RestoreResult(workload_id=_pod_ref(replacement), node=target.identity, unverified=unverified)
 
     def _restore_by_controller(self, original: dict[str, Any] | None, record: dict[str, Any], target: NodeRef,
                                operation_id: str) -> RestoreResult:

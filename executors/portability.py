@@ -12,6 +12,11 @@ node when every fact the image depends on is the same there as where it was take
   workload may declare more (``requires``).
 - ``none``: not checkpointable: the workload finishes first or cold-starts.
 
+Where a workload's volumes attach is part of the same rule: its scheduler's ``placement``
+(inventory.sources.kubernetes.Placement) adds the topology facts its receiver must share (a zone:
+nodes report their topology labels as facts), and a workload pinned to its node (a local volume)
+requires ``PINNED``, a fact no node has: it never moves, and is waited for or cold-started.
+
 A new engine is one ``EngineRule`` and a ``register`` call. Facts are plain strings keyed by
 ``gpu_model`` or a component name; a fact the source node lacks must be absent on the target too
 (an empty string stands for "absent").
@@ -25,6 +30,8 @@ from dataclasses import dataclass, field
 from inventory.choices import CheckpointEngine
 
 GPU_MODEL = "gpu_model"
+# Required by a workload that cannot leave its node (its value says why): no node's facts hold it.
+PINNED = "pinned"
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,17 @@ def requirements(engine: str, source: Mapping[str, str], *, gpus: int = 0, infer
     for name, value in (requires or {}).items():
         must[str(name)] = str(value)
     return Requirements(engine=chosen.name, must=must, if_reported=if_reported)
+
+
+def placement_requires(placement: Mapping[str, object] | None) -> dict[str, str]:
+    """The facts a workload's ``placement`` (Workload.placement) adds to its requirements: its volumes'
+    topology, and ``PINNED`` (why) when it cannot leave its node."""
+    placement = placement or {}
+    facts = placement.get("requires")
+    found = {str(k): str(v) for k, v in facts.items()} if isinstance(facts, dict) else {}
+    if placement.get("pinned"):
+        found[PINNED] = str(placement["pinned"])
+    return found
 
 
 def mismatches(needed: Requirements, target: Mapping[str, str]) -> dict[str, tuple[str, str]]:

@@ -29,7 +29,8 @@ SLURM_PREFIX = "slurm-"
 
 # The fields a scheduler's sync owns on its workloads; a registration never writes them on a row the
 # scheduler reported (its node, GPUs, user, state, times and controller are the scheduler's word).
-SCHEDULER_FIELDS = frozenset({"node_id", "name", "user", "state", "gpus", "started_at", "time_limit", "uid", "owner"})
+SCHEDULER_FIELDS = frozenset({"node_id", "name", "user", "state", "gpus", "started_at", "time_limit", "uid", "owner",
+                              "placement"})
 # The fields a registration owns: what only the payload's wrapper knows. A scheduler's empty value
 # ("", "none", {}) never overwrites them (a Slurm job says nothing of its checkpoint engine).
 AGENT_FIELDS = frozenset({"checkpoint_engine", "engine", "engine_version", "model_name", "model_version", "requires"})

@@ -202,6 +202,9 @@ class Workload(models.Model):
     model_version = models.CharField(max_length=100, blank=True)
     # Facts its checkpoint needs of a restore target beyond its engine's ({"gpu_model": "H100"}).
     requires = models.JSONField(default=dict, blank=True)
+    # How its volumes let it move, as its scheduler reads them (inventory.sources.kubernetes.Placement):
+    # {"requires": {topology fact: value}, "pinned": why it never leaves its node, "notes": [the plan's words]}.
+    placement = models.JSONField(default=dict, blank=True, db_default={})
     last_seen = models.DateTimeField(null=True, blank=True)
     gone_at = models.DateTimeField(null=True, blank=True)
 

@@ -80,6 +80,7 @@ WORKLOAD_FIELDS = (
     "model_version",
     "requires",
     "uid",
+    "placement",
 )
 
 
@@ -126,6 +127,8 @@ class ObservedWorkload:
     model_name: str = ""
     model_version: str = ""
     requires: dict[str, str] = field(default_factory=dict)
+    # How its volumes let it move, as its scheduler reads them (Workload.placement).
+    placement: dict[str, Any] = field(default_factory=dict)
     # The controller that would start it again (Workload.owner), and the policy that controller's semantics
     # imply, given to a new row only: a policy set later by the workload's owner is never overwritten.
     owner: str = ""

@@ -141,9 +141,13 @@ def _wait_first(sweep: NodeSweep, moves: list[WorkloadMove], running: dict[str, 
             # What the plan calls "finishes first" or "cold start": decided now, on the receivers as
             # they are, before a checkpoint freezes it for nothing.
             if campaign.cold_restart_allowed:
-                _cold_start_instead(move, f"no node where its checkpoint would be valid has {move.gpus} free GPUs")
+                pinned = (move.detail.get("requires") or {}).get("must", {}).get(portability.PINNED)
+                _cold_start_instead(move, f"it cannot move: {pinned}" if pinned else
+                                    f"no node where its checkpoint would be valid has {move.gpus} free GPUs")
                 continue
-            why = (f"no node where the checkpoint of {name} would be valid has {move.gpus} free GPUs: "
+            pinned = (move.detail.get("requires") or {}).get("must", {}).get(portability.PINNED)
+            why = (f"{name} cannot move ({pinned}): waiting for it to finish" if pinned else
+                   f"no node where the checkpoint of {name} would be valid has {move.gpus} free GPUs: "
                    "waiting for it to finish")
             # For a receiver alone unless a workload the policy waits for runs on (one earlier in
             # `moves` would have raised already; a later one is only looked at, nothing else).
@@ -328,7 +332,8 @@ def _migrate(sweep: NodeSweep, ex: Executor, ref: NodeRef) -> StepResult:
         after = seen.steps if seen.steps is not None else result.steps
         entry = {"workload": move.workload_name or move.workload_ref, "from": sweep.node.name, "to": target.name,
                  "checkpoint_id": move.checkpoint_id, "new_id": result.workload_id, "resumed": True,
-                 "steps_before": move.steps_before, "steps_after": after, "as_planned": as_planned}
+                 "steps_before": move.steps_before, "steps_after": after, "as_planned": as_planned,
+                 **({"unverified": result.unverified} if result.unverified else {})}
         record_move(sweep, sweep.lease_owner, move, EvidenceKind.RESTORED, entry, state=MoveState.RESTORED,
                     new_workload_ref=result.workload_id, steps_after=after, inventory_to=target,
                     detail={**move.detail, "planned_target": entry_of_plan.get("to"), "as_planned": as_planned})

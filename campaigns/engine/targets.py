@@ -34,7 +34,9 @@ def requirements(info: WorkloadInfo | None, row: Workload | None, engine: str,
     def pick(name: str, own: str) -> str:
         return str(reported.get(name) or own or "")
 
-    declared = {**(row.requires if row else {}), **(info.requires if info is not None else {})}
+    # Its volumes' placement (the inventory's, and the back end's live view) is declared the same way.
+    declared = {**(row.requires if row else {}), **portability.placement_requires(row.placement if row else None),
+                **(info.requires if info is not None else {})}
     needed = portability.requirements(
         engine, facts, gpus=(info.gpus if info is not None and info.gpus else (row.gpus if row else 0)),
         inference_engine=pick("engine", row.engine if row else ""),

@@ -39,6 +39,19 @@ counts as not checkpointable (``never_copied``, ``pod_checkpoint_engine``); its 
 workload's ``owner``, and a Job's, a known training or serving controller's (PyTorchJob, JobSet,
 RayCluster, LeaderWorkerSet ...) or an unknown controller's pod is created with the policy wait
 (``owner_policy``).
+Volumes (``pod_placement``): a claim whose volume attaches to one node at a time (ReadWriteOnce,
+ReadWriteOncePod) makes the pod move stop-first (the original leaves before its replacement starts); a
+bound PersistentVolume's ``spec.nodeAffinity.required`` (an unbound claim's StorageClass
+``allowedTopologies`` with ``volumeBindingMode: WaitForFirstConsumer``) names the node labels where it
+can attach: a topology label (``topology.kubernetes.io/zone`` and ``/region``, the deprecated
+``failure-domain.beta.kubernetes.io`` ones, every ``topology.*`` key a CSI driver sets, such as
+``topology.gke.io/zone``, and ``connection.topology_labels``) becomes a fact the pod's checkpoint needs
+of its receiver, valued as on the pod's node (so a regional volume keeps its pod in the zone it runs in);
+nodes report those labels as facts (components named by ``topology_fact``: ``topology_kubernetes_io_zone``).
+A local volume, or one keyed by ``kubernetes.io/hostname``, a node's name or a label gpusweep does not
+read, pins the pod to its node: it never moves (``portability.PINNED``). The workload's ``placement``
+says so for the plan. Listing volumes needs get and list on persistentvolumes and storageclasses
+(deploy/kubernetes/rbac.yaml).
 ``api_client_for`` is the one construction of the client, shared with the Kubernetes executor.
 """
 
@@ -47,6 +60,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,6 +76,18 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # the device plugin's time-slicing rename (renameByDefault)
 MIG_PREFIX = "nvidia.com/mig-"
 DRA_API = ("resource.k8s.io", "v1")
+STORAGE_API = ("storage.k8s.io", "v1")
+# Node labels that are facts of where a volume attaches (with every ``topology.*`` key and the site's
+# ``connection.topology_labels``); a node's name pins a volume to it.
+TOPOLOGY_LABELS = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region",
+                   "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region")
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+SINGLE_NODE_MODES = frozenset({"ReadWriteOnce", "ReadWriteOncePod"})
+# Pod annotations of the kubelet checkpoint path (executors/kubernetes.py): how a pod is checkpointed, and its
+# progress marker in its log, which shows a restore continued its work.
+CHECKPOINT_VIA = "gpusweep.io/checkpoint-via"
+PROGRESS_PATTERN = "gpusweep.io/progress-pattern"
+NO_PROGRESS_MARKER = "restore unverified: no progress marker"
 # NVIDIA's DRA driver (k8s-dra-driver-gpu): its driver name and device classes (gpu.nvidia.com, mig.nvidia.com).
 DRA_GPU_DRIVERS = ("gpu.nvidia.com", "mig.nvidia.com")
 POOL_LABELS = (
@@ -84,6 +111,12 @@ class KubernetesSource(Protocol):
     def pods(self) -> list[dict[str, Any]]: ...
 
     def resource_claims(self) -> list[dict[str, Any]]: ...
+
+    def persistent_volume_claims(self) -> list[dict[str, Any]]: ...
+
+    def persistent_volumes(self) -> list[dict[str, Any]]: ...
+
+    def storage_classes(self) -> list[dict[str, Any]]: ...
 
 
 class ApiKubernetesSource:
@@ -123,6 +156,18 @@ class ApiKubernetesSource:
     def pods(self) -> list[dict[str, Any]]:
         return self._list("/api/v1/pods?fieldSelector=status.phase=Running", self.api.list_pod_for_all_namespaces,
                           field_selector="status.phase=Running")
+
+    def persistent_volume_claims(self) -> list[dict[str, Any]]:
+        return self._list("/api/v1/persistentvolumeclaims", self.api.list_persistent_volume_claim_for_all_namespaces)
+
+    def persistent_volumes(self) -> list[dict[str, Any]]:
+        return self._list("/api/v1/persistentvolumes", self.api.list_persistent_volume)
+
+    def storage_classes(self) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        storage = client.StorageV1Api(self.api.api_client)
+        return self._list(f"/apis/{STORAGE_API[0]}/{STORAGE_API[1]}/storageclasses", storage.list_storage_class)
 
     def resource_claims(self) -> list[dict[str, Any]]:
         """Dynamic resource allocation's claims ([] where the cluster does not serve resource.k8s.io/v1)."""
@@ -252,7 +297,27 @@ def _joined(labels: dict[str, str], prefix: str, parts: tuple[str, ...]) -> str:
     return ".".join(values) if values and all(values) else ""
 
 
-def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) -> ObservedNode:
+def topology_fact(key: str) -> str:
+    """The node fact (a component name: a lower-case identifier) that topology label `key` is kept as:
+    ``topology.kubernetes.io/zone`` is ``topology_kubernetes_io_zone``."""
+    return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
+
+
+def is_topology_label(key: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether node label `key` is a fact of where volumes attach (a zone, a region, a CSI driver's topology key,
+    one of the site's `extra`), one a node component can hold (a name of 63 characters at most)."""
+    return (key in TOPOLOGY_LABELS or key.startswith("topology.") or key in extra) and len(topology_fact(key)) <= 63
+
+
+def topology_labels(connection: dict[str, Any] | None) -> tuple[str, ...]:
+    """The site's own topology labels (``connection.topology_labels``), besides the well-known ones."""
+    return tuple(str(k) for k in (connection or {}).get("topology_labels") or ())
+
+
+def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None,
+                         topology: tuple[str, ...] = ()) -> ObservedNode:
+    """The node as the inventory keeps it; its topology labels (``is_topology_label``, with the site's
+    `topology`) are facts named by their key, which a receiver must share with a volume's node affinity."""
     meta = node.get("metadata") or {}
     spec = node.get("spec") or {}
     status = node.get("status") or {}
@@ -274,6 +339,8 @@ def node_from_kubernetes(node: dict[str, Any], pool_label: str | None = None) ->
         components["kernel"] = str(info["kernelVersion"])
     if info.get("osImage"):
         components["os"] = str(info["osImage"])
+    # A zone is no version, but the one portability rule matches node components: so it covers volumes too.
+    components.update({topology_fact(k): v for k, v in labels.items() if v and is_topology_label(k, topology)})
     capacity = status.get("capacity") or {}
     count_text = labels.get("nvidia.com/gpu.count") or capacity.get(GPU_RESOURCE) or "0"
     try:
@@ -446,18 +513,151 @@ def owner_policy(pod: dict[str, Any]) -> str:
     return str(WorkloadPolicy.WAIT)
 
 
-def pod_checkpoint_engine(pod: dict[str, Any]) -> str:
+def pod_checkpoint_engine(pod: dict[str, Any], connection: dict[str, Any] | None = None) -> str:
     """How a pod's state can be saved: its ``gpusweep.io/checkpoint`` annotation, except that a pod
     gpusweep never copies (``never_copied``) is not checkpointed: its controller starts it again. A
     StatefulSet's pod is the exception: its controller starts it again under its name and claims, and
-    the new pod's agent restores the checkpoint into it."""
+    the new pod's agent restores the checkpoint into it. Where the site requires a progress marker
+    (``marker_required``), a kubelet-path pod without one is not checkpointed either."""
     if never_copied(pod) and (pod_controller(pod) or {}).get("kind") != "StatefulSet":
+        return str(CheckpointEngine.NONE)
+    if marker_required(connection) and kubelet_unverified(pod, connection):
         return str(CheckpointEngine.NONE)
     engine = ((pod.get("metadata") or {}).get("annotations") or {}).get("gpusweep.io/checkpoint", "")
     return str(engine) if engine in CheckpointEngine.values() else str(CheckpointEngine.NONE)
 
 
-def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> ObservedWorkload | None:
+Lookup = Callable[[str], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a pod's volumes let it move: the topology facts a receiver must share with its node (``requires``),
+    the claims that attach to one node at a time (it moves stop-first), why it cannot leave its node at all
+    (``pinned``, "" when it can), and the plan's words for each (``notes``)."""
+
+    requires: dict[str, str] = field(default_factory=dict)
+    stop_first: tuple[str, ...] = ()
+    pinned: str = ""
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """As the inventory keeps it (``Workload.placement``; executors.portability.placement_requires reads it)."""
+        return {k: v for k, v in (("requires", dict(self.requires)), ("pinned", self.pinned),
+                                  ("notes", list(self.notes))) if v}
+
+
+def _volume_keys(volume: dict[str, Any]) -> tuple[list[str], str]:
+    """(the node label keys a PersistentVolume's required node affinity names, the node it names by name or ""):
+    a local volume names its node by ``kubernetes.io/hostname``."""
+    required = (((volume.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {})
+    keys, node = [], ""
+    for term in required.get("nodeSelectorTerms") or []:
+        for expr in term.get("matchExpressions") or []:
+            if expr.get("key") == HOSTNAME_LABEL:
+                node = node or str((expr.get("values") or [""])[0])
+            elif expr.get("key"):
+                keys.append(str(expr["key"]))
+        for expr in term.get("matchFields") or []:
+            if expr.get("key") == "metadata.name":
+                node = node or str((expr.get("values") or [""])[0])
+    return keys, node
+
+
+def _class_keys(storage_class: dict[str, Any]) -> dict[str, list[str]]:
+    """key -> allowed values of a WaitForFirstConsumer StorageClass's ``allowedTopologies`` ({} for Immediate)."""
+    if storage_class.get("volumeBindingMode") != "WaitForFirstConsumer":
+        return {}
+    allowed: dict[str, list[str]] = {}
+    for term in storage_class.get("allowedTopologies") or []:
+        for expr in term.get("matchLabelExpressions") or []:
+            allowed.setdefault(str(expr.get("key", "")), []).extend(str(v) for v in expr.get("values") or [])
+    return allowed
+
+
+def pod_placement(pod: dict[str, Any], node_labels: dict[str, str], claim: Callable[[str, str], Any],
+                  volume: Lookup, storage_class: Lookup, connection: dict[str, Any] | None = None) -> Placement:
+    """Where the pod's volumes let it go (module docstring: Volumes), read through `claim` (namespace, name),
+    `volume` and `storage_class` (name -> object or None); `node_labels` are its node's. With `connection`, also
+    whether its kubelet-path restore can be verified (``NO_PROGRESS_MARKER``)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    namespace, node = str(meta.get("namespace", "default")), str(spec.get("nodeName") or "")
+    extra = topology_labels(connection)
+    requires: dict[str, str] = {}
+    stop_first: list[str] = []
+    pinned = ""
+    for item in spec.get("volumes") or []:
+        name = (item.get("persistentVolumeClaim") or {}).get("claimName") or (
+            f"{meta.get('name')}-{item.get('name')}" if item.get("ephemeral") else "")
+        found = claim(namespace, str(name)) if name else None
+        if not found:
+            continue
+        claim_spec = found.get("spec") or {}
+        if SINGLE_NODE_MODES & set(claim_spec.get("accessModes") or []):
+            stop_first.append(str(name))
+        bound = volume(str(claim_spec["volumeName"])) if claim_spec.get("volumeName") else None
+        if bound is not None:
+            keys, on = _volume_keys(bound)
+            local = (bound.get("spec") or {}).get("local")
+            if on or local:
+                pinned = pinned or (f"volume of claim {name} (PersistentVolume {claim_spec['volumeName']}"
+                                    f"{', a local volume' if local else ''}) is pinned to node {on or node}")
+            wanted: dict[str, list[str]] = {k: [] for k in keys}
+        else:
+            wanted = _class_keys(storage_class(str(claim_spec.get("storageClassName") or "")) or {}) if \
+                claim_spec.get("storageClassName") else {}
+        for key, values in wanted.items():
+            here = node_labels.get(key, "")
+            if not is_topology_label(key, extra):
+                pinned = pinned or (f"volume of claim {name} attaches by node label {key}, which gpusweep does not "
+                                    "read as a fact (connection.topology_labels)")
+            elif here and (not values or here in values):
+                requires[key] = here  # a regional volume: the zone its pod runs in now
+            elif len(set(values)) == 1:
+                requires[key] = values[0]
+    # Facts by their node fact names (the notes say the labels).
+    facts = {topology_fact(k): v for k, v in requires.items()}
+    notes = []
+    if pinned:
+        notes.append(f"cannot move: {pinned}")
+    elif stop_first:
+        where = ", ".join(f"{k} {v}" for k, v in sorted(requires.items()))
+        notes.append(f"moves stop-first{f', to {where}' if where else ''}: "
+                     f"{', '.join(stop_first)} attach{'es' if len(stop_first) == 1 else ''} to one node at a time")
+    elif requires:
+        notes.append(f"moves to {', '.join(f'{k} {v}' for k, v in sorted(requires.items()))}, where its volumes attach")
+    if connection is not None and kubelet_unverified(pod, connection):
+        notes.append(f"not checkpointed: no progress marker ({PROGRESS_PATTERN}), which the site requires "
+                     "(require_progress_marker)" if marker_required(connection) else NO_PROGRESS_MARKER)
+    return Placement(requires=facts, stop_first=tuple(stop_first), pinned=pinned, notes=tuple(notes))
+
+
+def checkpoint_via(pod: dict[str, Any], connection: dict[str, Any] | None) -> str:
+    """How the pod is checkpointed: its ``gpusweep.io/checkpoint-via`` annotation, else the cluster's
+    ``connection.checkpoint_via`` (agent by default), "agent" or "kubelet"."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(notes.get(CHECKPOINT_VIA) or (connection or {}).get("checkpoint_via") or "agent")
+
+
+def kubelet_unverified(pod: dict[str, Any], connection: dict[str, Any] | None) -> bool:
+    """Whether a kubelet-path restore of the pod could not be verified: it has no progress marker
+    (``gpusweep.io/progress-pattern``), so its restore counts once the replacement is Ready."""
+    notes = (pod.get("metadata") or {}).get("annotations") or {}
+    return checkpoint_via(pod, connection) == "kubelet" and not notes.get(PROGRESS_PATTERN)
+
+
+def marker_required(connection: dict[str, Any] | None) -> bool:
+    """``connection.require_progress_marker``: a kubelet-path pod without a progress marker is not checkpointed."""
+    return bool((connection or {}).get("require_progress_marker"))
+
+
+def _uses_claims(pod: dict[str, Any]) -> bool:
+    return any(v.get("persistentVolumeClaim") or v.get("ephemeral") for v in (pod.get("spec") or {}).get("volumes")
+               or [])
+
+
+def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None,
+                      connection: dict[str, Any] | None = None) -> ObservedWorkload | None:
     gpus = pod_gpus(pod, gpu)
     if not gpus:
         return None
@@ -478,8 +678,10 @@ def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> O
         gpus=gpus,
         started_at=dt.datetime.fromisoformat(started.replace("Z", "+00:00")) if started else None,
         time_limit=dt.timedelta(seconds=int(deadline)) if deadline else None,
-        checkpoint_engine=pod_checkpoint_engine(pod),
+        checkpoint_engine=pod_checkpoint_engine(pod, connection),
         owner=pod_owner(pod),
+        # Without volumes: the kubelet path's note alone (snapshot_from_kubernetes reads the volumes).
+        placement=pod_placement(pod, {}, lambda ns, n: None, lambda n: None, lambda n: None, connection).as_dict(),
         default_policy=owner_policy(pod),
         engine=str(notes.get("gpusweep.io/engine", ""))[:100],
         engine_version=str(notes.get("gpusweep.io/engine-version", ""))[:100],
@@ -490,9 +692,24 @@ def workload_from_pod(pod: dict[str, Any], gpu: GpuResources | None = None) -> O
 
 def snapshot_from_kubernetes(source: KubernetesSource, connection: dict[str, Any] | None = None) -> Snapshot:
     pool_label = (connection or {}).get("pool_label")
-    nodes = [node_from_kubernetes(node, pool_label) for node in source.nodes()]
+    listed = source.nodes()
+    nodes = [node_from_kubernetes(node, pool_label, topology_labels(connection)) for node in listed]
     gpu = GpuResources.of(connection, source.resource_claims())
-    workloads = [w for w in (workload_from_pod(pod, gpu) for pod in source.pods()) if w is not None]
+    pods = source.pods()
+    found = [(w, pod) for pod in pods if (w := workload_from_pod(pod, gpu, connection)) is not None]
+    claimed = [(w, pod) for w, pod in found if _uses_claims(pod)]
+    if claimed:  # volumes read only where a GPU pod has a claim
+        labels = {str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {}).get("labels") or {}
+                  for n in listed}
+        claims = {(str(c["metadata"].get("namespace")), str(c["metadata"]["name"])): c
+                  for c in source.persistent_volume_claims()}
+        volumes = {str(v["metadata"]["name"]): v for v in source.persistent_volumes()}
+        classes = {str(c["metadata"]["name"]): c for c in source.storage_classes()}
+        for workload, pod in claimed:
+            placement = pod_placement(pod, labels.get(str(workload.node), {}), lambda ns, n: claims.get((ns, n)),
+                                      volumes.get, classes.get, connection)
+            workload.placement = placement.as_dict()
+    workloads = [w for w, _pod in found]
     return Snapshot(
         nodes=nodes,
         workloads=workloads,

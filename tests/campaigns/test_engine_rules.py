@@ -239,3 +239,21 @@ def test_an_abort_leaves_someone_elses_hold_in_place(people):
     snapshot = fleet.snapshot()["nodes"]
     assert snapshot["local/gpu00"]["holds"] == {"admin": "bad fan"}
     assert not any(n["maintenance"] for n in snapshot.values()), "no mark of gpusweep's is left"
+
+
+def test_a_restore_the_back_end_could_not_verify_is_said_so_in_the_evidence(people, monkeypatch):
+    """Issue 27: a back end that saw the workload run but not its state come back (the Kubernetes kubelet path
+    without a progress marker) says why; the engine writes it into the restored event as it is."""
+    from dataclasses import replace
+
+    from executors.memory import MemoryExecutor
+
+    real = MemoryExecutor.restore
+    monkeypatch.setattr(MemoryExecutor, "restore", lambda self, *args: replace(
+        real(self, *args), unverified="restore unverified: no progress marker"))
+    make_fleet(nodes=1, spares=1)
+    campaign = approved_campaign(*people)
+    services.start(campaign.pk, people[0])
+    assert drive(campaign.pk).status == CampaignStatus.COMPLETED
+    restored = EvidenceEvent.objects.filter(campaign=campaign, kind=EvidenceKind.RESTORED)
+    assert restored and all(e.data["unverified"] == "restore unverified: no progress marker" for e in restored)

@@ -10,11 +10,14 @@ runtime's CRIU would dump the container's memory, and its restore starts the com
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import os
 import re
 import sys
 import tarfile
+import tracemalloc
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +25,11 @@ from typing import Any
 
 import pytest
 
+from executors import checkpoint_image
 from executors.base import NodeRef, PermanentExecutorError
 from executors.checkpoint_image import CHECKPOINT_NAME, CRIU_CONTAINER_NAME, MANIFEST
 from executors.kubernetes import CHECKPOINT_ID, KubernetesExecutor
+from inventory.sources.kubernetes import NO_PROGRESS_MARKER
 from tests.executors.test_kubernetes import executor
 from tests.helpers import free_port, wait_for
 from tests.kube.apiserver import KubeApiServer
@@ -59,12 +64,13 @@ def kubelet_executor(api: KubeApiServer, root: Path, repository: str) -> Kuberne
                     kubelet_checkpoint_root=str(root / "checkpoints"), executor_options={"restore_wait_s": 20})
 
 
-def counter_pod(api: KubeApiServer, log: Path, **kwargs: Any) -> dict[str, Any]:
-    """A pod whose container runs the test counter, printing each step, checkpointed by the kubelet."""
+def counter_pod(api: KubeApiServer, log: Path, marker: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """A pod whose container runs the test counter, printing each step, checkpointed by the kubelet (with
+    `marker`, its progress pattern annotated)."""
     command = [sys.executable, str(agent_helpers().COUNTER), str(log), "1", "0.05"]
     pod = gpu_pod("ml", "trainer", "n1", 1, command=command, env={"COUNTER_STDOUT": "1"}, annotations={
         "gpusweep.io/checkpoint-via": "kubelet", "gpusweep.io/checkpoint": "signal",
-        "gpusweep.io/progress-pattern": PROGRESS}, **kwargs)
+        **({"gpusweep.io/progress-pattern": PROGRESS} if marker else {})}, **kwargs)
     api.put("pods", pod)
     assert wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 10, 20, 0.1), "the counter runs"
     return pod
@@ -225,3 +231,88 @@ def test_a_missing_image_waits_in_image_pull_back_off(kube: KubeApiServer, regis
     status = kube.get("pods", "ghost", "ml")["status"]
     assert status["phase"] == "Pending" and not kube.happened("container-started", "ml/ghost")
     assert "404" in status["containerStatuses"][0]["state"]["waiting"]["message"]
+
+
+def test_a_large_archive_is_hashed_and_pushed_in_chunks_in_bounded_memory(
+        registry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint of many GiB must never sit in the worker's memory: a 4 MiB archive (a stand-in for one, at
+    a 256 KiB chunk) is hashed and uploaded one chunk at a time (one PATCH per chunk, with its Content-Range),
+    Python's allocations peaking below a quarter of it; the registry serves back the very bytes."""
+    archive, chunk = tmp_path / "checkpoint-trainer_ml-main-2026.tar", 256 * 1024
+    pages = tmp_path / "pages-1.img"
+    with pages.open("wb") as out:
+        for _ in range(16):
+            out.write(os.urandom(chunk))
+    with tarfile.open(archive, "w") as tar:
+        for name, data in (("config.dump", b"{}"), ("spec.dump", b'{"annotations": {}}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        tar.add(pages, "checkpoint/pages-1.img")
+    pages.unlink()
+    size = archive.stat().st_size
+    assert size > 16 * chunk
+    ranges: list[str] = []
+    real = checkpoint_image.Registry._request
+
+    def seen(self: checkpoint_image.Registry, method: str, url: str, data: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        if method == "PATCH":
+            ranges.append((headers or {})["Content-Range"])
+        return real(self, method, url, data, headers)
+
+    monkeypatch.setattr(checkpoint_image.Registry, "_request", seen)
+    pushing = checkpoint_image.Registry(checkpoint_image.Repository.parse(f"http://{registry}/checkpoints"),
+                                        chunk=chunk)
+    tracemalloc.start()
+    try:
+        image = checkpoint_image.build(archive, "main", chunk=chunk)
+        reference = pushing.push(image, "kubelet-big-main")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, f"{peak} bytes allocated at the peak for a {size}-byte archive"
+    # The layer's chunks, back to back, then the config's one.
+    parts = (size + chunk - 1) // chunk
+    assert ranges[:parts] == [f"{at}-{min(at + chunk, size) - 1}" for at in range(0, size, chunk)]
+    assert ranges[parts:] == [f"0-{image.config.size - 1}"]
+    digest = f"sha256:{hashlib.sha256(archive.read_bytes()).hexdigest()}"
+    assert image.layer.descriptor() == {"mediaType": checkpoint_image.LAYER, "digest": digest, "size": size}
+    # Read back through the registry, as a runtime pulls it: the manifest by digest, the layer's bytes.
+    manifest_digest = reference.rpartition("@")[2]
+    request = urllib.request.Request(f"http://{registry}/v2/checkpoints/manifests/{manifest_digest}",
+                                     headers={"Accept": MANIFEST})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert json.loads(answer.read())["layers"][0]["digest"] == digest
+    served = hashlib.sha256()
+    with urllib.request.urlopen(f"http://{registry}/v2/checkpoints/blobs/{digest}", timeout=10) as answer:
+        while part := answer.read(chunk):
+            served.update(part)
+    assert f"sha256:{served.hexdigest()}" == digest
+
+
+def test_without_a_progress_marker_the_restore_says_unverified_and_a_site_may_require_one(
+        kube: KubeApiServer, registry: str, tmp_path: Path) -> None:
+    """Ready alone proves no state came back: without ``gpusweep.io/progress-pattern`` the restore is reported
+    "restore unverified: no progress marker" (the engine's evidence carries it); with the connection setting
+    ``require_progress_marker`` such a pod is not checkpointable (listed with engine none), its checkpoint is
+    refused before the kubelet dumps anything, and a checkpoint taken before the setting is not restored."""
+    kubelet(kube, tmp_path, "n1")
+    kubelet(kube, tmp_path, "n3", runtime="cri-o://1.34.1", registry=registry)
+    log = tmp_path / "counter.log"
+    counter_pod(kube, log, marker=False)
+    ex = kubelet_executor(kube, tmp_path, f"http://{registry}/checkpoints")
+    strict = executor(kube, checkpoint_via="kubelet", checkpoint_image_repository=f"http://{registry}/checkpoints",
+                      kubelet_checkpoint_root=str(tmp_path / "checkpoints"), require_progress_marker=True)
+    assert [(w.id, w.checkpoint_engine) for w in strict.list_workloads(ref("n1"))] == [("ml/trainer", "none")]
+    with pytest.raises(PermanentExecutorError, match=r"has no progress marker .* requires one .* not checkpointed"):
+        strict.checkpoint(ref("n1"), "ml/trainer", "signal", "gs-7-11-ck")
+    assert not kube.happened("proxied") and CHECKPOINT_ID not in kube.get("pods", "trainer", "ml")["metadata"]["labels"]
+
+    taken = ex.checkpoint(ref("n1"), "ml/trainer", "signal", "gs-7-11-ck")
+    with pytest.raises(PermanentExecutorError, match="no progress marker to verify its restore by"):
+        strict.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
+    assert [p["metadata"]["name"] for p in kube.objects("pods", "ml")] == ["trainer"]  # nothing made for n3
+    moved = ex.restore(ref("n3"), taken.checkpoint_id, "gs-7-11-restore")
+    assert moved.unverified == NO_PROGRESS_MARKER == "restore unverified: no progress marker"
+    assert kube.get("pods", moved.workload_id.split("/")[1], "ml")["spec"]["nodeName"] == "n3"

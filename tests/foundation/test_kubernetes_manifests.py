@@ -84,6 +84,7 @@ def test_rbac_is_the_least_the_executor_needs_and_the_agent_gets_none() -> None:
         ("", "nodes"): {"get", "list", "watch", "patch"},
         ("", "pods"): {"get", "list", "create", "patch", "delete"}, ("", "pods/eviction"): {"create"},
         ("", "persistentvolumeclaims"): {"get", "list", "patch"}, ("apps", "replicasets"): {"get"},
+        ("", "persistentvolumes"): {"get", "list"}, ("storage.k8s.io", "storageclasses"): {"get", "list"},
         ("apps", "replicasets/finalizers"): {"update"},
         ("resource.k8s.io", "resourceclaims"): {"list"},
         ("nvidia.com", "clusterpolicies"): {"get", "list", "patch"},

@@ -16,6 +16,10 @@ which loads them from deploy/kubernetes). Validation answers as a real server's:
 changing an immutable field (``spec.nodeName`` among them), 415 on a strategic merge patch of a custom
 resource; deletion follows owner references (background, foreground, orphan: ``GarbageCollector``).
 
+PersistentVolumes and StorageClasses (storage.k8s.io/v1) are served as stored, printed as a real server prints
+them, and the scheduler places a pod only where its bound volumes' required node affinity (an unbound
+WaitForFirstConsumer claim's class ``allowedTopologies``) admits the node, with the real "volume node affinity
+conflict" reason.
 Controllers run in one background loop (``controllers``): the scheduler in this module, the
 kubelets of ``tests/kube/kubelet.py`` and the GPU Operator stand-in of ``tests/kube/gpu_operator.py``.
 Everything that happened is in ``history`` (time, what, detail) so a test can check the order.
@@ -89,6 +93,8 @@ KINDS = [
     Kind("", "v1", "nodes", "Node", False, ("no",)),
     Kind("", "v1", "pods", "Pod", True, ("po",), ("all",)),
     Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",)),
+    Kind("", "v1", "persistentvolumes", "PersistentVolume", False, ("pv",)),
+    Kind("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, ("sc",)),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ("pdb",)),
     Kind("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("all",)),
     Kind("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("all",)),
@@ -653,6 +659,8 @@ class Scheduler:
         terms = required.get("nodeSelectorTerms") or []
         if terms and not any(_term_matches(t, node) for t in terms):
             return "node(s) didn't match Pod's node affinity/selector"
+        if not self.volumes_attach(pod, node):
+            return "node(s) had volume node affinity conflict"
         capacity = int(((node.get("status") or {}).get("allocatable") or (node.get("status") or {}).get(
             "capacity") or {}).get("nvidia.com/gpu") or 0)
         used = sum(gpu_request(p) for p in pods if (p.get("spec") or {}).get("nodeName") == node["metadata"]["name"]
@@ -660,6 +668,31 @@ class Scheduler:
         if gpu_request(pod) > capacity - used:
             return "Insufficient nvidia.com/gpu"
         return ""
+
+    def volumes_attach(self, pod: dict[str, Any], node: dict[str, Any]) -> bool:
+        """The VolumeBinding plugin: each bound claim's PersistentVolume's required node affinity admits the
+        node; an unbound claim of a WaitForFirstConsumer StorageClass needs the node within its
+        allowedTopologies (the volume is provisioned there)."""
+        namespace = pod["metadata"].get("namespace", "default")
+        labels = node["metadata"].get("labels") or {}
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            claim = self.api.get("persistentvolumeclaims", name, namespace) if name else None
+            spec = (claim or {}).get("spec") or {}
+            if spec.get("volumeName"):
+                bound = self.api.get("persistentvolumes", spec["volumeName"]) or {}
+                terms = ((((bound.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}).get(
+                    "nodeSelectorTerms") or [])
+                if terms and not any(_term_matches(t, node) for t in terms):
+                    return False
+            elif spec.get("storageClassName"):
+                storage = self.api.get("storageclasses", spec["storageClassName"]) or {}
+                allowed = storage.get("allowedTopologies") or []
+                if storage.get("volumeBindingMode") == "WaitForFirstConsumer" and allowed and not any(
+                        all(labels.get(e["key"]) in (e.get("values") or []) for e in t.get("matchLabelExpressions")
+                            or []) for t in allowed):
+                    return False
+        return True
 
     def tick(self) -> None:
         with self.api.lock:

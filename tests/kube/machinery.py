@@ -317,7 +317,32 @@ def _pod_cells(pod: dict[str, Any]) -> list[Any]:
             spec.get("nodeName") or "<none>", "<none>", "<none>"]
 
 
+_MODES = {"ReadWriteOnce": "RWO", "ReadOnlyMany": "ROX", "ReadWriteMany": "RWX", "ReadWriteOncePod": "RWOP"}
+
+
+def _volume_cells(volume: dict[str, Any]) -> list[Any]:
+    spec, status = volume.get("spec") or {}, volume.get("status") or {}
+    ref = spec.get("claimRef") or {}
+    return [volume["metadata"]["name"], (spec.get("capacity") or {}).get("storage", ""),
+            ",".join(_MODES.get(m, m) for m in spec.get("accessModes") or []),
+            spec.get("persistentVolumeReclaimPolicy", "Retain"), status.get("phase", "Available"),
+            f"{ref['namespace']}/{ref['name']}" if ref.get("name") else "", spec.get("storageClassName", ""),
+            spec.get("volumeAttributesClassName") or "<unset>", status.get("reason", ""),
+            age(volume["metadata"].get("creationTimestamp")), spec.get("volumeMode", "Filesystem")]
+
+
+def _class_cells(storage_class: dict[str, Any]) -> list[Any]:
+    return [storage_class["metadata"]["name"], storage_class.get("provisioner", ""),
+            storage_class.get("reclaimPolicy", "Delete"), storage_class.get("volumeBindingMode", "Immediate"),
+            bool(storage_class.get("allowVolumeExpansion", False)),
+            age(storage_class["metadata"].get("creationTimestamp"))]
+
+
 _COLUMNS = {
+    "persistentvolumes": (["Name", "Capacity", "Access Modes", "Reclaim Policy", "Status", "Claim", "StorageClass",
+                           "VolumeAttributesClass", "Reason", "Age", "VolumeMode"], [0] * 10 + [1], _volume_cells),
+    "storageclasses": (["Name", "Provisioner", "ReclaimPolicy", "VolumeBindingMode", "AllowVolumeExpansion", "Age"],
+                       [0] * 6, _class_cells),
     "nodes": (["Name", "Status", "Roles", "Age", "Version", "Internal-IP", "External-IP", "OS-Image",
                "Kernel-Version", "Container-Runtime"], [0, 0, 0, 0, 0, 1, 1, 1, 1, 1], _node_cells),
     "pods": (["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node", "Nominated Node", "Readiness Gates"],

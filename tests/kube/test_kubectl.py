@@ -121,3 +121,35 @@ def test_kubectl_waits_on_a_watch(kubectl) -> None:
         waiting.kill()
     assert waiting.returncode == 0, err
     assert out.strip() == "node/n2 condition met"
+
+
+def test_kubectl_reads_volumes_storage_classes_and_zones_as_from_a_real_server(kubectl) -> None:
+    """Issue 27, item 6: what gpusweep reads to place a pod with a volume, as kubectl shows it."""
+    api, run = kubectl
+    zone = "topology.kubernetes.io/zone"
+    api.mutate("nodes", "n1", "", lambda n: n["metadata"]["labels"].update({zone: "us-central1-a"}))
+    api.put("storageclasses", {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                               "metadata": {"name": "zonal"}, "provisioner": "pd.csi.storage.gke.io",
+                               "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+                               "allowVolumeExpansion": True})
+    api.put("persistentvolumes", {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-web"},
+                                  "spec": {"capacity": {"storage": "100Gi"}, "accessModes": ["ReadWriteOnce"],
+                                           "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "zonal",
+                                           "claimRef": {"namespace": "ml", "name": "data-web"},
+                                           "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                                               {"key": zone, "operator": "In", "values": ["us-central1-a"]}]}]}}},
+                                  "status": {"phase": "Bound"}})
+    resources = run("api-resources", "-o", "name").stdout.split()
+    assert {"persistentvolumes", "storageclasses.storage.k8s.io"} <= set(resources)
+    volumes = [" ".join(line.split()) for line in run("get", "pv").stdout.splitlines()]
+    assert volumes[0] == ("NAME CAPACITY ACCESS MODES RECLAIM POLICY STATUS CLAIM STORAGECLASS VOLUMEATTRIBUTESCLASS "
+                          "REASON AGE")
+    assert volumes[1].startswith("pv-web 100Gi RWO Retain Bound ml/data-web zonal <unset>")
+    classes = [" ".join(line.split()) for line in run("get", "sc").stdout.splitlines()]
+    assert classes[0] == "NAME PROVISIONER RECLAIMPOLICY VOLUMEBINDINGMODE ALLOWVOLUMEEXPANSION AGE"
+    assert classes[1].startswith("zonal pd.csi.storage.gke.io Delete WaitForFirstConsumer true")
+    nodes = [line.split() for line in run("get", "nodes", "-L", zone).stdout.splitlines()]
+    assert nodes[0][-1] == "ZONE" and nodes[1][0] == "n1" and nodes[1][-1] == "us-central1-a"
+    affinity = run("get", "pv", "pv-web", "-o",
+                   "jsonpath={.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}")
+    assert affinity.stdout == "us-central1-a"
