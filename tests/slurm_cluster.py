@@ -196,9 +196,6 @@ class SlurmCluster:
             *([] if self.accounting else ["JobCompType=jobcomp/none"]),
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
-            # Start a batch job as soon as it is submitted or its node frees up (Slurm's default lets up to
-            # 3 s pass first, to batch scheduling on busy sites): each job start in the tests took ~3 s, now ~1.
-            "SchedulerParameters=batch_sched_delay=0",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ReturnToService=2",
