@@ -344,7 +344,7 @@ class SlurmCluster:
         self._ctld = self._spawn("slurmctld", "-D", "-c", "-i", "-f", str(self.conf))
         for name in self.nodes:
             self.start_slurmd(name)
-        if not wait_for(self._all_idle, 60, interval=0.25):
+        if not wait_for(self._all_idle, 60, interval=1):
             self.stop()
             raise RuntimeError(f"Slurm test cluster did not come up; logs in {self.root}:\n{self.logs()}")
         return self
@@ -371,7 +371,7 @@ class SlurmCluster:
         if self._ctld is not None:
             self._terminate(self._ctld)
         self._ctld = self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
-        wait_for(lambda: self.run("sinfo", "-h", timeout=10, check=False).strip() != "", 30, interval=0.25)
+        wait_for(lambda: self.run("sinfo", "-h", timeout=10, check=False).strip() != "", 30, interval=1)
 
     @staticmethod
     def _terminate(proc: subprocess.Popen[bytes]) -> None:
@@ -485,7 +485,7 @@ class SlurmCluster:
             states = dict(line.split() for line in out.splitlines() if line.strip())
             return all(states.get(job) == "RUNNING" for job in job_ids)
 
-        return bool(wait_for(running, timeout, interval=0.25))
+        return bool(wait_for(running, timeout, interval=1))
 
     def wait_ended(self, job_id: str, timeout: float = 60) -> bool:
         """True once the job no longer holds its node (gone from squeue, or in a final state)."""
