@@ -48,7 +48,8 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # only. `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
 # bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
-    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py"),
+    "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py",
+              "tests/campaigns/test_kubernetes_volumes.py"),
     "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_accounting.py",
                        "tests/ui/test_narrow_browser.py"),
     "demo": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_slurm_campaign_vs_simulator.py",
@@ -56,7 +57,7 @@ GROUPS = {
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "agent/tests/test_agent_lazy.py", "agent/tests/test_agent_container_restore.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_kubernetes_rbac.py",
-                       "tests/campaigns/test_kubernetes_volumes.py", "tests/foundation/test_boot.py",
+                       "tests/foundation/test_boot.py",
                        "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
                        "tests/ui/test_walk_browser.py", "tests/oidc/test_sso_browser.py",
                        "tests/ui/test_wizard_browser.py", "tests/campaigns/test_slurm_untyped_campaign.py"),
