@@ -49,7 +49,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TARGET_P95_MS = 200.0
+TARGET_P95_MS = 200.0  # issue 16; issue 33's done-when 2 asks 300 ms with writes flowing (--with-writes)
+TARGET_WRITES_P95_MS = 300.0
 ALL_REQUESTS = {
     "node list": "/api/v1/inventory/nodes/?limit=100",
     "exposures (filtered, sorted)": "/api/v1/advisories/exposures/?state=open&severity=critical&cluster=bench-3"
@@ -237,6 +238,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="short heartbeats and a stepping campaign in the background (a writer process)")
     parser.add_argument("--heartbeat-rate", type=float, default=200.0, help="with --with-writes: heartbeats per second")
     parser.add_argument("--campaign-nodes", type=int, default=100, help="with --with-writes: the campaign's nodes")
+    parser.add_argument("--stale-s", type=int, default=0,
+                        help="GPUSWEEP_ANSWER_STALE_S for the server: cached answers served up to this many seconds "
+                        "after a write while one request recomputes them (gpusweep.responses; 0: every write shows "
+                        "at the next request)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (test_<name>) and reuse it next time instead of building it again")
     args = parser.parse_args(argv)
@@ -324,7 +329,8 @@ def main() -> int:
 
         port = free_port()
         url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
-        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
+        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600",
+               "GPUSWEEP_ANSWER_STALE_S": str(args.stale_s)}
         if args.with_writes:  # the agents' fleet secret, and their counters in Redis where there is one
             from bench.api_writer import SECRET
 
@@ -383,7 +389,8 @@ def main() -> int:
                   f"{args.worker_class} workers x {args.threads} threads) on {os.cpu_count()} CPUs, load average "
                   f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; cache "
                   f"{args.cache_url or 'per process (no answer cache)'}"
-                  f"{'; with writes (' + str(args.heartbeat_rate) + ' heartbeats/s, a campaign)' if writer else ''}")
+                  f"{'; with writes (' + str(args.heartbeat_rate) + ' heartbeats/s, a campaign)' if writer else ''}"
+                  f"{'; answers up to ' + str(args.stale_s) + ' s stale' if args.stale_s else ''}")
             answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
             rates[kind] = answered / wall
             print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
@@ -397,12 +404,13 @@ def main() -> int:
                     ok = False
                     continue
                 p95 = percentile(times, 0.95)
-                verdict = "PASS" if p95 <= TARGET_P95_MS and not failed else "FAIL"
+                target = TARGET_WRITES_P95_MS if writer else TARGET_P95_MS
+                verdict = "PASS" if p95 <= target and not failed else "FAIL"
                 ok &= verdict == "PASS"
                 print(f"{name}: {len(times)} requests ({len(times) / wall:.1f}/s), p50 {statistics.median(times):.0f} "
                       f"ms, p95 {p95:.0f} ms, p99 {percentile(times, 0.99):.0f} ms, max {max(times):.0f} ms, "
                       f"errors {len(failed)}{' ' + str(sorted(set(failed))[:3]) if failed else ''} "
-                      f"(target p95 <= {TARGET_P95_MS:.0f} ms, no errors): {verdict}")
+                      f"(target p95 <= {target:.0f} ms, no errors): {verdict}")
         if len(rates) == 2:
             print(f"keep-alive clients' rate / http.client's: {rates['aiohttp'] / rates['http.client']:.2f} "
                   "(target >= 0.80)")

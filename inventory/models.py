@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from gpusweep import datagen
 from inventory.choices import (
     ChangeAction,
     ChangeSource,
@@ -145,6 +146,13 @@ class Node(models.Model):
 
     def component_versions(self) -> dict[str, str]:
         return {c.component: c.version for c in self.components.all()}
+
+
+# The node table's writes apart from its liveness columns (gpusweep.datagen.part): a heartbeat
+# flush or a scheduler sync's last_seen leaves it as it was, so a cached list that shows none of
+# these columns (the exposure list) is not invalidated by a fleet's heartbeats.
+NODE_LIVENESS = ("last_seen", "heartbeat_at", "heartbeat_counter", "heartbeat_digest")
+NODE_FACTS = datagen.part(Node._meta.db_table, "facts", without=NODE_LIVENESS)
 
 
 class NodeComponent(models.Model):

@@ -288,7 +288,8 @@ def test_a_rolled_back_write_raises_nothing_and_a_writing_transaction_reads_unca
 
 
 def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
-    """Each cached list names the tables it reads; a new join the list does not declare fails here."""
+    """Each cached list names the tables it reads; a new join the list does not declare fails here,
+    and so does a list reading a column left out of a part it declares (datagen.part)."""
     import re
 
     from advisories.api import ExposureViewSet
@@ -301,9 +302,14 @@ def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
         settings.GPUSWEEP_RESPONSE_CACHE_S = 0
         with CaptureQueriesContext(connection) as queries:
             assert client.get(url).status_code == 200
-        tables = {t for q in queries.captured_queries for t in read.findall(q["sql"])  # but authentication's
-                  if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]}
-        assert tables <= set(view.cache_tables), tables - set(view.cache_tables)
+        listed = [q["sql"] for q in queries.captured_queries  # but authentication's
+                  if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]]
+        tables = {t for sql in listed for t in read.findall(sql)}
+        declared = {datagen.table_of(name) for name in view.cache_tables}
+        assert tables <= declared, tables - declared
+        for name in view.cache_tables:
+            for column in datagen.left_out(name):
+                assert not any(f'"{datagen.table_of(name)}"."{column}"' in sql for sql in listed), (view, column)
 
 
 def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, settings, caplog):
@@ -527,3 +533,112 @@ def test_threads_that_miss_one_answer_compute_it_once(fleet, monkeypatch):
         thread.join()
     assert [status for status, _body in answers] == [200] * 6 and len({body for _status, body in answers}) == 1
     assert len(built) == 1
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["written-at-once", "flushed-from-redis"])
+def test_a_heartbeat_keeps_the_exposure_answer_and_a_fact_of_a_node_invalidates_it(fleet, settings, batched):
+    """A short heartbeat writes only the node's liveness columns (last_seen, heartbeat_at, its
+    counter), which the exposure list does not show: its answer stays cached (datagen.part), while
+    the node list, which shows last_seen, shows it at the next request. A campaign's write of a
+    node (its service state) counts for both."""
+    from inventory import heartbeats, services
+    from inventory.choices import ChangeSource, ServiceState
+
+    settings.GPUSWEEP_HEARTBEAT_REDIS_URL = settings.CELERY_BROKER_URL if batched else ""
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    node = fleet["nodes"][0]
+    exposures, _ran = _get(client, EXPOSURES)
+    _get(client, NODES)
+    assert _get(client, EXPOSURES) == (exposures, 0)
+    seen = timezone.now().replace(microsecond=0) + dt.timedelta(minutes=5)
+    heartbeats.record_short(node.pk, time.time_ns() // 1000, 0, seen)  # above any counter kept in Redis
+    heartbeats.flush()
+    assert _last_seen(node.pk) == seen  # the heartbeat reached the database
+    assert _get(client, EXPOSURES) == (exposures, 0)
+    assert _get(client, NODES)[1] > 0
+    shown = next(r["last_seen"] for r in client.get(NODES).json()["results"] if r["id"] == node.pk)
+    assert dt.datetime.fromisoformat(shown.replace("Z", "+00:00")) == seen
+    services.set_service_state([node.pk], ServiceState.DRAINING, ChangeSource.CAMPAIGN)
+    again, ran = _get(client, EXPOSURES)
+    assert ran > 0 and again == exposures  # recomputed (the rows it shows are the same)
+    assert _get(client, NODES)[1] > 0
+
+
+def _last_seen(node_id: int) -> dt.datetime | None:
+    from inventory.models import Node
+
+    return Node.objects.values_list("last_seen", flat=True).get(pk=node_id)
+
+
+def test_a_part_counts_the_columns_its_table_has_after_a_migration(fleet):
+    """A part's trigger names the other columns of its table: a column added later counts once
+    ensure() has run (after every migrate), and the triggers dropped before every migrate leave a
+    migration free to drop a column they name."""
+    from inventory.models import NODE_FACTS
+
+    watched = [NODE_FACTS, "inventory_node"]
+
+    def raised(sql: str) -> set[str]:
+        before = datagen.current(watched)
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+        after = datagen.current(watched)
+        assert before is not None and after is not None
+        return {name for name, old, new in zip(watched, before.values, after.values, strict=False) if new != old}
+
+    assert raised("UPDATE inventory_node SET last_seen = heartbeat_at, heartbeat_counter = 3") == {"inventory_node"}
+    assert raised("UPDATE inventory_node SET pool = 'p'") == {NODE_FACTS, "inventory_node"}
+    assert raised("DELETE FROM inventory_node WHERE id < 0") == (
+        {NODE_FACTS, "inventory_node"} if connection.vendor == "postgresql" else set())  # SQLite: per row
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE inventory_node ADD COLUMN later_fact integer")
+    try:
+        datagen.ensure(connection)
+        assert raised("UPDATE inventory_node SET later_fact = 1") == {NODE_FACTS, "inventory_node"}
+    finally:
+        datagen.drop_parts(connection)
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE inventory_node DROP COLUMN later_fact")
+        datagen.ensure(connection)
+    assert raised("UPDATE inventory_node SET pool = 'q'") == {NODE_FACTS, "inventory_node"}
+
+
+def test_a_stale_answer_is_served_within_the_bound_while_one_request_refreshes_it(fleet, settings, monkeypatch):
+    """GPUSWEEP_ANSWER_STALE_S = 10: after a write the kept answer is still served (with its Age)
+    until it is 5 s old, then the first request recomputes it while the others (another process
+    holding the refresh marker, here) are served the kept one; past 10 s it is never served."""
+    from gpusweep import responses
+    from inventory.models import Node
+
+    settings.GPUSWEEP_ANSWER_STALE_S = 10
+    clock = [time.time()]
+    monkeypatch.setattr(responses, "_clock", lambda: clock[0])
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    node = fleet["nodes"][0]
+
+    def pool() -> tuple[str, int, str | None]:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(NODES)
+        ran = [q for q in queries.captured_queries if "accounts_apitoken" not in q["sql"]
+               and "auth_group" not in q["sql"]]
+        row = next(r for r in response.json()["results"] if r["id"] == node.pk)
+        return row["pool"], len(ran), response.headers.get("Age")
+
+    assert pool()[:2] != ("", 0)
+    started = time.time()  # just after the answer's computation began
+    Node.objects.filter(pk=node.pk).update(pool="written")
+    clock[0] = started + 3
+    assert pool() == ("", 0, "3")  # stale, within the first half of the bound
+    clock[0] = started + 7
+    with monkeypatch.context() as held:  # another request holds the refresh marker
+        held.setattr(responses.cache, "add", lambda *args, **kwargs: False)
+        assert pool() == ("", 0, "7")
+    shown, ran, age = pool()  # this one takes the marker and recomputes
+    assert shown == "written" and ran > 0 and age is None
+    Node.objects.filter(pk=node.pk).update(pool="later")
+    clock[0] = time.time() + 10.5  # the answer just kept is past the bound
+    shown, ran, age = pool()
+    assert shown == "later" and ran > 0 and age is None
+    settings.GPUSWEEP_ANSWER_STALE_S = 0  # the default: the next request shows a write
+    Node.objects.filter(pk=node.pk).update(pool="at-once")
+    assert pool()[0] == "at-once"
