@@ -250,6 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cache_url = ""
     if args.threads <= 0:
         args.threads = 8 if args.worker_class == "gthread" else 1
+    if args.stale_s < 0:
+        parser.error("--stale-s is 0 (every write shows at the next request) or more")
     if args.with_writes and (args.heartbeat_rate <= 0 or args.campaign_nodes < 1):
         parser.error("--with-writes needs a positive --heartbeat-rate and --campaign-nodes")
     return args
