@@ -15,17 +15,17 @@ table's generation is the sum of its rows, which every commit raises and no roll
 first write of a backend folds the rows of backends gone into its own (the sum unchanged). SQLite
 has one writer at a time and row triggers only: one row per table.
 
-A part (`part()`) is a table's writes apart from some columns, with a generation of its own: a
-statement that writes only those columns (a heartbeat flush's last_seen, heartbeat_at and
-counter) leaves it where it was, any other write of the table (an INSERT, a DELETE, an UPDATE
-naming another column, TRUNCATE) raises it with the table's. A list that shows none of those
-columns declares the part instead of the table (the exposure list: `inventory.models.NODE_FACTS`),
-and a fleet's heartbeats no longer invalidate it. The database still does the counting (a second
-trigger, `UPDATE OF` the other columns), so it holds for psql too; an UPDATE that names a column
-counts even when it leaves the value as it was (as for whole tables). Those triggers name
-columns, which a migration altering or dropping one must be free to do: they are dropped before
-every migrate and made again after it, with the columns the table has then (ALL is raised after
-it, so nothing computed during the migration outlives it).
+A part (`part()`) is the writes of some columns of a table, with a generation of its own: any
+INSERT, DELETE or TRUNCATE of the table, and an UPDATE naming one of those columns, raise it with
+the table's; an UPDATE of other columns only (a heartbeat flush's last_seen, heartbeat_at and
+counter, a campaign step's service_state) leaves it where it was. A list that reads only those
+columns of the table declares the part instead of the table (the exposure list reads a node's id,
+name and cluster: `inventory.models.NODE_IDENTITY`), and a fleet's heartbeats and campaign steps
+no longer invalidate it. The database still does the counting (a second trigger, `UPDATE OF`
+those columns), so it holds for psql too; an UPDATE naming a column counts even when it leaves
+the value as it was (as for whole tables). Those triggers name columns, which a migration must
+be free to alter or drop: they are dropped before every migrate and made again after it (ALL is
+raised after it, so nothing computed during the migration outlives it).
 
 Reading the generations and the answer's rows in two statements is safe in this order: a write
 committing between them lands in the rows but not in the generations read, so the answer is
@@ -69,22 +69,22 @@ SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redi
 @dataclass(frozen=True)
 class Part:
     table: str
-    without: frozenset[str]  # the columns whose writes alone do not raise it
+    columns: frozenset[str]  # the columns whose UPDATE raises it (INSERT, DELETE, TRUNCATE always do)
     tag: str  # names its trigger (and its per-transaction mark on PostgreSQL)
 
 
 _PARTS: dict[str, Part] = {}
 
 
-def part(table: str, name: str, without: Iterable[str]) -> str:
-    """Declare the part `name` of `table`: its writes apart from `without` (module doc); returns
-    the generation's name, `table:name`, for a view's `cache_tables`. Declare it at import time of
-    a models module, so that every migrate (which loads them all) makes its trigger."""
+def part(table: str, name: str, columns: Iterable[str]) -> str:
+    """Declare the part `name` of `table`: its rows coming and going, and the writes of `columns`
+    (module doc); returns the generation's name, `table:name`, for a view's `cache_tables`. Declare
+    it at import time of a models module, so that every migrate (which loads them all) makes its
+    trigger."""
     full = f"{table}:{name}"
-    columns = frozenset(without)
-    found = _PARTS.setdefault(full, Part(table, columns, name))
-    if found != Part(table, columns, name) or not name.isidentifier():
-        raise ValueError(f"part {full} declared twice differently, or its name is not an identifier")
+    declared = Part(table, frozenset(columns), name)
+    if _PARTS.setdefault(full, declared) != declared or not name.isidentifier() or not declared.columns:
+        raise ValueError(f"part {full}: declared twice differently, no columns, or a name that is no identifier")
     return full
 
 
@@ -94,10 +94,10 @@ def table_of(name: str) -> str:
     return found.table if found is not None else name
 
 
-def left_out(name: str) -> frozenset[str]:
-    """The columns whose writes alone leave the generation `name` as it was (none for a table)."""
+def columns_of(name: str) -> frozenset[str] | None:
+    """The columns a part counts the writes of (None for a whole table: all of them)."""
     found = _PARTS.get(name)
-    return found.without if found is not None else frozenset()
+    return found.columns if found is not None else None
 
 
 def enabled() -> bool:
@@ -347,21 +347,20 @@ def _triggers(connection: BaseDatabaseWrapper, cursor: Any, tables: list[str]) -
 
 
 def _part_triggers(connection: BaseDatabaseWrapper, cursor: Any, parts: dict[str, Part]) -> None:
-    """Each part's triggers, made afresh with the columns its table has now (drop_parts)."""
+    """Each part's triggers, made afresh (drop_parts)."""
     q = connection.ops.quote_name
     for name, found in parts.items():
-        columns = [c.name for c in connection.introspection.get_table_description(cursor, found.table)
-                   if c.name not in found.without]
+        columns = ", ".join(q(c) for c in sorted(found.columns))
         if connection.vendor == "postgresql":
             trigger = q(_part_trigger(found))
             cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON {q(found.table)}")
-            cursor.execute(f"CREATE TRIGGER {trigger} AFTER INSERT OR DELETE OR TRUNCATE OR UPDATE OF "
-                           f"{', '.join(q(c) for c in columns)} ON {q(found.table)} FOR EACH STATEMENT "
+            cursor.execute(f"CREATE TRIGGER {trigger} AFTER INSERT OR DELETE OR TRUNCATE OR UPDATE OF {columns} "
+                           f"ON {q(found.table)} FOR EACH STATEMENT "
                            f"EXECUTE FUNCTION {q(f'{TABLE}_bump')}({_literal(name)}, {_literal(found.tag)})")
             continue
         literal = name.replace("'", "''")
         for event in _EVENTS:
-            on = f"UPDATE OF {', '.join(q(c) for c in columns)}" if event == "UPDATE" else event
+            on = f"UPDATE OF {columns}" if event == "UPDATE" else event
             trigger = q(_part_trigger(found, event))
             cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
             cursor.execute(f"CREATE TRIGGER {trigger} AFTER {on} ON {q(found.table)} BEGIN UPDATE {q(TABLE)} "

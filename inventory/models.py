@@ -148,11 +148,11 @@ class Node(models.Model):
         return {c.component: c.version for c in self.components.all()}
 
 
-# The node table's writes apart from its liveness columns (gpusweep.datagen.part): a heartbeat
-# flush or a scheduler sync's last_seen leaves it as it was, so a cached list that shows none of
-# these columns (the exposure list) is not invalidated by a fleet's heartbeats.
-NODE_LIVENESS = ("last_seen", "heartbeat_at", "heartbeat_counter", "heartbeat_digest")
-NODE_FACTS = datagen.part(Node._meta.db_table, "facts", without=NODE_LIVENESS)
+# The nodes coming and going, and the writes of their identity (gpusweep.datagen.part): what a list
+# showing a node only by its id, name and cluster reads of them (the exposure list). A heartbeat
+# (last_seen, its counter), a scheduler sync's last_seen or a campaign step's service_state leaves
+# it as it was, so such a list's cached answer outlives them.
+NODE_IDENTITY = datagen.part(Node._meta.db_table, "identity", columns=("id", "name", "cluster_id"))
 
 
 class NodeComponent(models.Model):
