@@ -40,6 +40,7 @@ from gpusweep.narrow import NarrowListMixin, Times
 from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
+from inventory.models import NODE_IDENTITY
 
 # --- serializers ---------------------------------------------------------------------------
 
@@ -397,7 +398,8 @@ class ExposureViewSet(CachedListMixin, NarrowListMixin, viewsets.ReadOnlyModelVi
     queryset = Exposure.objects.select_related(
         "node__cluster", "advisory", "affected_range", "risk_approver").prefetch_related("affected_range__cves")
     # Every table the list (its filters, ordering, search and serializer) reads (gpusweep.responses).
-    cache_tables = ("advisories_exposure", "inventory_node", "inventory_cluster", "advisories_advisory",
+    # Of the nodes only their identity (id, name, cluster): heartbeats and campaign steps leave it cached.
+    cache_tables = ("advisories_exposure", NODE_IDENTITY, "inventory_cluster", "advisories_advisory",
                     "advisories_affectedrange", "advisories_affectedrange_cves", "advisories_cve", "auth_user")
     # `overdue` compares with the clock: which rows match changes as deadlines pass.
     cache_uncacheable_params = ("overdue",)

@@ -22,7 +22,8 @@ Options for the paths users feel (issue 33):
   uncached list path that every first request after a write takes.
 - `--client`: `http.client` (threads of this process, as before), `aiohttp` (keep-alive clients:
   one aiohttp session per client holding its connection, all in one event loop, as ticketing
-  integrations run), or `both` (one phase each on the same server, the ratio printed).
+  integrations run), or `both` (on the same server, four phases of half `--seconds` in the order
+  http.client, aiohttp, aiohttp, http.client, the ratio of the rates printed).
 - `--with-writes`: a separate writer process sends short agent heartbeats at `--heartbeat-rate` per
   second (2,000 agents of the fleet, primed with one full heartbeat each before the clients start)
   and keeps a `--campaign-nodes` campaign stepping (the memory executor, the engine's tasks on
@@ -49,7 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-TARGET_P95_MS = 200.0
+TARGET_P95_MS = 200.0  # issue 16; issue 33's done-when 2 asks 300 ms with writes flowing (--with-writes)
+TARGET_WRITES_P95_MS = 300.0
 ALL_REQUESTS = {
     "node list": "/api/v1/inventory/nodes/?limit=100",
     "exposures (filtered, sorted)": "/api/v1/advisories/exposures/?state=open&severity=critical&cluster=bench-3"
@@ -232,11 +234,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "redis://127.0.0.1:6379/10: the shared cache of the fleet-wide figures and the API answers")
     parser.add_argument("--no-cache", action="store_true", help="no answer cache, whatever --cache-url says")
     parser.add_argument("--client", default="http.client", choices=(*CLIENTS, "both"),
-                        help="http.client threads, aiohttp keep-alive clients, or both (one phase each)")
+                        help="http.client threads, aiohttp keep-alive clients, or both (phases A B B A)")
     parser.add_argument("--with-writes", action="store_true",
                         help="short heartbeats and a stepping campaign in the background (a writer process)")
     parser.add_argument("--heartbeat-rate", type=float, default=200.0, help="with --with-writes: heartbeats per second")
     parser.add_argument("--campaign-nodes", type=int, default=100, help="with --with-writes: the campaign's nodes")
+    parser.add_argument("--stale-s", type=int, default=0,
+                        help="GPUSWEEP_ANSWER_STALE_S for the server: cached answers served up to this many seconds "
+                        "after a write while one request recomputes them (gpusweep.responses; 0: every write shows "
+                        "at the next request)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the database (test_<name>) and reuse it next time instead of building it again")
     args = parser.parse_args(argv)
@@ -244,6 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cache_url = ""
     if args.threads <= 0:
         args.threads = 8 if args.worker_class == "gthread" else 1
+    if args.stale_s < 0:
+        parser.error("--stale-s is 0 (every write shows at the next request) or more")
     if args.with_writes and (args.heartbeat_rate <= 0 or args.campaign_nodes < 1):
         parser.error("--with-writes needs a positive --heartbeat-rate and --campaign-nodes")
     return args
@@ -324,7 +332,8 @@ def main() -> int:
 
         port = free_port()
         url = args.database_url.rsplit("/", 1)[0] + f"/{bench_db}"
-        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600"}
+        env = {**os.environ, "DATABASE_URL": url, "DB_CONN_MAX_AGE": "600",
+               "GPUSWEEP_ANSWER_STALE_S": str(args.stale_s)}
         if args.with_writes:  # the agents' fleet secret, and their counters in Redis where there is one
             from bench.api_writer import SECRET
 
@@ -358,12 +367,15 @@ def main() -> int:
 
             pid = int(redis.Redis.from_url(args.cache_url).info("server")["process_id"])
             cache_server = [pid] if Path(f"/proc/{pid}/stat").exists() else []
-        kinds = list(CLIENTS) if args.client == "both" else [args.client]
+        # Both kinds: four half phases in the order A B B A, so a drift of the machine's load (or the
+        # writer's campaign starting) weighs on both alike; each kind's rate is over its two phases.
+        kinds = [*CLIENTS, *reversed(CLIENTS)] if args.client == "both" else [args.client]
+        phase_s = args.seconds / 2 if args.client == "both" else args.seconds
         writer = None
         if args.with_writes:
-            writer = start_writer(args, url, port, Path(tmp.name), len(kinds) * (args.seconds + 5) + 10)
+            writer = start_writer(args, url, port, Path(tmp.name), len(kinds) * (phase_s + 5) + 10)
         ok = True
-        rates: dict[str, float] = {}
+        served: dict[str, list[float]] = {}  # kind -> [requests, seconds]
         for kind in kinds:
             results: dict[str, list[float]] = {name: [] for name in REQUESTS}
             errors: dict[str, list[str]] = {name: [] for name in REQUESTS}
@@ -373,7 +385,7 @@ def main() -> int:
             server_cpu, db_cpu, own_cpu = cpu_seconds(servers), cpu_seconds(backends), time.process_time()
             cache_cpu = cpu_seconds(cache_server)
             began = time.perf_counter()
-            run_clients(kind, args.clients, port, headers, args.seconds, results, errors)
+            run_clients(kind, args.clients, port, headers, phase_s, results, errors)
             wall = time.perf_counter() - began
             own_cpu = time.process_time() - own_cpu
             server_cpu, db_cpu = cpu_seconds(servers) - server_cpu, cpu_seconds(backends) - db_cpu
@@ -383,9 +395,12 @@ def main() -> int:
                   f"{args.worker_class} workers x {args.threads} threads) on {os.cpu_count()} CPUs, load average "
                   f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; cache "
                   f"{args.cache_url or 'per process (no answer cache)'}"
-                  f"{'; with writes (' + str(args.heartbeat_rate) + ' heartbeats/s, a campaign)' if writer else ''}")
+                  f"{'; with writes (' + str(args.heartbeat_rate) + ' heartbeats/s, a campaign)' if writer else ''}"
+                  f"{'; answers up to ' + str(args.stale_s) + ' s stale' if args.stale_s else ''}")
             answered = sum(len(v) + len(errors[k]) for k, v in results.items()) or 1
-            rates[kind] = answered / wall
+            served.setdefault(kind, [0.0, 0.0])
+            served[kind][0] += answered
+            served[kind][1] += wall
             print(f"CPU per request: gunicorn {1000 * server_cpu / answered:.2f} ms, PostgreSQL backends "
                   f"{1000 * db_cpu / answered:.2f} ms, the Redis server (all its users) "
                   f"{1000 * cache_cpu / answered:.2f} ms, clients {1000 * own_cpu / answered:.2f} ms; "
@@ -397,15 +412,18 @@ def main() -> int:
                     ok = False
                     continue
                 p95 = percentile(times, 0.95)
-                verdict = "PASS" if p95 <= TARGET_P95_MS and not failed else "FAIL"
+                target = TARGET_WRITES_P95_MS if writer else TARGET_P95_MS
+                verdict = "PASS" if p95 <= target and not failed else "FAIL"
                 ok &= verdict == "PASS"
                 print(f"{name}: {len(times)} requests ({len(times) / wall:.1f}/s), p50 {statistics.median(times):.0f} "
                       f"ms, p95 {p95:.0f} ms, p99 {percentile(times, 0.99):.0f} ms, max {max(times):.0f} ms, "
                       f"errors {len(failed)}{' ' + str(sorted(set(failed))[:3]) if failed else ''} "
-                      f"(target p95 <= {TARGET_P95_MS:.0f} ms, no errors): {verdict}")
+                      f"(target p95 <= {target:.0f} ms, no errors): {verdict}")
+        rates = {kind: n / seconds for kind, (n, seconds) in served.items()}
         if len(rates) == 2:
             print(f"keep-alive clients' rate / http.client's: {rates['aiohttp'] / rates['http.client']:.2f} "
-                  "(target >= 0.80)")
+                  f"({rates['aiohttp']:.1f} / {rates['http.client']:.1f} requests/s over two phases each; "
+                  "target >= 0.80)")
             ok &= rates["aiohttp"] >= 0.8 * rates["http.client"]
         if writer is not None:
             print(finish_writer(writer))

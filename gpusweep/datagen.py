@@ -15,6 +15,18 @@ table's generation is the sum of its rows, which every commit raises and no roll
 first write of a backend folds the rows of backends gone into its own (the sum unchanged). SQLite
 has one writer at a time and row triggers only: one row per table.
 
+A part (`part()`) is the writes of some columns of a table, with a generation of its own: any
+INSERT, DELETE or TRUNCATE of the table, and an UPDATE naming one of those columns, raise it with
+the table's; an UPDATE of other columns only (a heartbeat flush's last_seen, heartbeat_at and
+counter, a campaign step's service_state) leaves it where it was. A list that reads only those
+columns of the table declares the part instead of the table (the exposure list reads a node's id,
+name and cluster: `inventory.models.NODE_IDENTITY`), and a fleet's heartbeats and campaign steps
+no longer invalidate it. The database still does the counting (a second trigger, `UPDATE OF`
+those columns), so it holds for psql too; an UPDATE naming a column counts even when it leaves
+the value as it was (as for whole tables). Those triggers name columns, which a migration must
+be free to alter or drop: they are dropped before every migrate and made again after it (ALL is
+raised after it, so nothing computed during the migration outlives it).
+
 Reading the generations and the answer's rows in two statements is safe in this order: a write
 committing between them lands in the rows but not in the generations read, so the answer is
 kept under generations that its own write has already left behind. A transaction that has
@@ -39,7 +51,7 @@ from django.conf import settings
 from django.core.signals import request_finished, request_started
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_migrate, pre_migrate
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +64,40 @@ _IDENTITY = ""  # the row holding the database's identity (no table has an empty
 SHARED_BACKENDS = ("gpusweep.cache.RedisCache", "django.core.cache.backends.redis.RedisCache",
                    "django.core.cache.backends.memcached.PyMemcacheCache",
                    "django.core.cache.backends.memcached.PyLibMCCache")
+
+
+@dataclass(frozen=True)
+class Part:
+    table: str
+    columns: frozenset[str]  # the columns whose UPDATE raises it (INSERT, DELETE, TRUNCATE always do)
+    tag: str  # names its trigger (and its per-transaction mark on PostgreSQL)
+
+
+_PARTS: dict[str, Part] = {}
+
+
+def part(table: str, name: str, columns: Iterable[str]) -> str:
+    """Declare the part `name` of `table`: its rows coming and going, and the writes of `columns`
+    (module doc); returns the generation's name, `table:name`, for a view's `cache_tables`. Declare
+    it at import time of a models module, so that every migrate (which loads them all) makes its
+    trigger."""
+    full = f"{table}:{name}"
+    declared = Part(table, frozenset(columns), name)
+    if _PARTS.setdefault(full, declared) != declared or not name.isidentifier() or not declared.columns:
+        raise ValueError(f"part {full}: declared twice differently, no columns, or a name that is no identifier")
+    return full
+
+
+def table_of(name: str) -> str:
+    """The table a generation's name counts the writes of (a part's table, or the name itself)."""
+    found = _PARTS.get(name)
+    return found.table if found is not None else name
+
+
+def columns_of(name: str) -> frozenset[str] | None:
+    """The columns a part counts the writes of (None for a whole table: all of them)."""
+    found = _PARTS.get(name)
+    return found.columns if found is not None else None
 
 
 def enabled() -> bool:
@@ -190,6 +236,7 @@ def scope(connection: BaseDatabaseWrapper | None = None) -> str:
 def install() -> None:
     """Keep the generation triggers on every table after each migrate and flush, and the
     generations a request reads for the rest of it (AppConfig.ready)."""
+    pre_migrate.connect(_before_migrate, dispatch_uid="gpusweep.datagen.parts")
     post_migrate.connect(_after_migrate, dispatch_uid="gpusweep.datagen.ensure")
     request_started.connect(_begin_request, dispatch_uid="gpusweep.datagen.begin")
     request_finished.connect(_end_request, dispatch_uid="gpusweep.datagen.end")
@@ -198,6 +245,30 @@ def install() -> None:
 def _after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
     if getattr(sender, "name", None) == "gpusweep":  # once per migrate, after every app's tables exist
         ensure(connections[using])
+
+
+def _before_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    if getattr(sender, "name", None) == "gpusweep":  # once per migrate, before any app's migration
+        drop_parts(connections[using])
+
+
+def drop_parts(connection: BaseDatabaseWrapper) -> None:
+    """Drop the parts' triggers (they name columns a migration may alter); ensure() makes them again."""
+    tables = set(connection.introspection.table_names(include_views=False))
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        for found in _PARTS.values():
+            if found.table not in tables:
+                continue
+            if connection.vendor == "postgresql":
+                cursor.execute(f"DROP TRIGGER IF EXISTS {q(_part_trigger(found))} ON {q(found.table)}")
+            else:
+                for event in _EVENTS:
+                    cursor.execute(f"DROP TRIGGER IF EXISTS {q(_part_trigger(found, event))}")
+
+
+def _part_trigger(found: Part, event: str = "") -> str:
+    return f"{TABLE}_{found.tag}_{event.lower()}_{found.table}" if event else f"{TABLE}_{found.tag}"
 
 
 def ensure(connection: BaseDatabaseWrapper) -> None:
@@ -212,9 +283,11 @@ def ensure(connection: BaseDatabaseWrapper) -> None:
         # Counters start from the clock, never below a value an older answer may be stored under
         # (should the table ever be emptied); the identity is random.
         start = time.time_ns()
+        parts = {name: found for name, found in _PARTS.items() if found.table in tables}
         cursor.executemany(f"INSERT INTO {q} ({NAME}, backend, n) VALUES (%s, 0, %s) ON CONFLICT DO NOTHING",
-                           [(_IDENTITY, secrets.randbits(62)), (ALL, start)] + [(t, start) for t in tables])
+                           [(_IDENTITY, secrets.randbits(62)), (ALL, start)] + [(t, start) for t in [*tables, *parts]])
         _triggers(connection, cursor, tables)
+        _part_triggers(connection, cursor, parts)
         cursor.execute(f"UPDATE {q} SET n = n + 1 WHERE {NAME} = %s AND backend = 0", [ALL])
 
 
@@ -224,7 +297,8 @@ def ensure(connection: BaseDatabaseWrapper) -> None:
 _PG_FUNCTION = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    mark text := 'gpusweep.wrote_' || TG_RELID;
+    gen text := COALESCE(TG_ARGV[0], TG_TABLE_NAME);  -- a part's triggers name it, with its tag
+    mark text := 'gpusweep.wrote_' || TG_RELID || COALESCE('_' || TG_ARGV[1], '');
     me integer := pg_backend_pid();
     fresh boolean;
 BEGIN
@@ -232,18 +306,18 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM set_config(mark, '1', true);
-    INSERT INTO {table} AS g ({name_column}, backend, n) VALUES (TG_TABLE_NAME, me, 1)
+    INSERT INTO {table} AS g ({name_column}, backend, n) VALUES (gen, me, 1)
         ON CONFLICT ({name_column}, backend) DO UPDATE SET n = g.n + 1
         RETURNING xmax = 0 INTO fresh;
     IF fresh THEN
         WITH gone AS (
             DELETE FROM {table} WHERE ctid IN (
-                SELECT ctid FROM {table} WHERE {name_column} = TG_TABLE_NAME AND backend NOT IN (0, me)
+                SELECT ctid FROM {table} WHERE {name_column} = gen AND backend NOT IN (0, me)
                     AND backend NOT IN (SELECT a.pid FROM pg_stat_activity a)
                 FOR UPDATE SKIP LOCKED)
             RETURNING n)
         UPDATE {table} SET n = n + (SELECT COALESCE(SUM(gone.n), 0) FROM gone)
-            WHERE {name_column} = TG_TABLE_NAME AND backend = me;
+            WHERE {name_column} = gen AND backend = me;
     END IF;
     RETURN NULL;
 END $$"""
@@ -270,3 +344,29 @@ def _triggers(connection: BaseDatabaseWrapper, cursor: Any, tables: list[str]) -
             cursor.execute(f"CREATE TRIGGER IF NOT EXISTS {q(f'{TABLE}_{event.lower()}_{table}')} AFTER {event} "
                            f"ON {q(table)} BEGIN UPDATE {q(TABLE)} SET n = n + 1 "
                            f"WHERE {q(NAME)} = '{literal}' AND backend = 0; END")
+
+
+def _part_triggers(connection: BaseDatabaseWrapper, cursor: Any, parts: dict[str, Part]) -> None:
+    """Each part's triggers, made afresh (drop_parts)."""
+    q = connection.ops.quote_name
+    for name, found in parts.items():
+        columns = ", ".join(q(c) for c in sorted(found.columns))
+        if connection.vendor == "postgresql":
+            trigger = q(_part_trigger(found))
+            cursor.execute(f"DROP TRIGGER IF EXISTS {trigger} ON {q(found.table)}")
+            cursor.execute(f"CREATE TRIGGER {trigger} AFTER INSERT OR DELETE OR TRUNCATE OR UPDATE OF {columns} "
+                           f"ON {q(found.table)} FOR EACH STATEMENT "
+                           f"EXECUTE FUNCTION {q(f'{TABLE}_bump')}({_literal(name)}, {_literal(found.tag)})")
+            continue
+        literal = name.replace("'", "''")
+        for event in _EVENTS:
+            on = f"UPDATE OF {columns}" if event == "UPDATE" else event
+            trigger = q(_part_trigger(found, event))
+            cursor.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+            cursor.execute(f"CREATE TRIGGER {trigger} AFTER {on} ON {q(found.table)} BEGIN UPDATE {q(TABLE)} "
+                           f"SET n = n + 1 WHERE {q(NAME)} = '{literal}' AND backend = 0; END")
+
+
+def _literal(text: str) -> str:
+    """A trigger's argument: a string literal (CREATE TRIGGER takes no parameters)."""
+    return "'" + text.replace("'", "''") + "'"

@@ -25,8 +25,21 @@ FLIGHT_WAIT_S and computes itself.
 
 The database counts every write, whoever makes it (psql included), so an answer is never
 served after a write of a table it read; GPUSWEEP_RESPONSE_CACHE_S bounds its life in the cache
-(memory, not correctness). 0 turns the cache off, and so does a cache that is not shared by every
-process (gpusweep.datagen.enabled).
+(memory, not correctness).
+
+Bounded staleness, opt in (GPUSWEEP_ANSWER_STALE_S = S, 0 by default): a fleet writes its node and
+exposure tables several times a second (campaign steps, heartbeat flushes, syncs), and with the
+rule above every such write sends the next reader of each list through the uncached path. With S
+> 0 an answer whose tables were written since is still served while it is younger than S seconds
+(its age counted from the moment its computation began, before it read its generations): a write
+shows in every list within S seconds, not at the next request. The first request that finds it
+older than S/2 recomputes it (one request for all processes: a marker added to the shared cache)
+while the others are served the kept one; past S it is never served. A stale answer carries an
+`Age` header (its age in whole seconds). Authentication and roles are untouched by it: a revoked
+token or a role taken away count at the next request as before.
+
+GPUSWEEP_RESPONSE_CACHE_S = 0 turns the cache off, and so does a cache that is not shared by
+every process (gpusweep.datagen.enabled).
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ import datetime as dt
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -93,8 +107,34 @@ def flight(key: str) -> Iterator[None]:
 
 
 class _Store:
-    def __init__(self, key: str, generations: datagen.Generations, started: dt.datetime) -> None:
+    def __init__(self, key: str, generations: datagen.Generations, started: dt.datetime,
+                 refreshing: bool = False) -> None:
         self.key, self.generations, self.started = key, generations, started
+        self.refreshing = refreshing  # this request holds the stale answer's refresh marker
+
+
+def _clock() -> float:
+    """Seconds since the epoch (a function, so tests can move time)."""
+    return time.time()
+
+
+def _stale_servable(key: str, entry: Any) -> bool | None:
+    """For a kept answer whose generations are not the current ones: True to serve it, None when
+    this request is to recompute it holding the refresh marker, False to compute as on a miss
+    (module doc: bounded staleness)."""
+    bound = float(settings.GPUSWEEP_ANSWER_STALE_S)
+    if bound <= 0 or entry is None or len(entry) < 4:
+        return False
+    age = _clock() - float(entry[3])
+    if age > bound:
+        return False
+    if age <= bound / 2:
+        return True
+    try:  # one refresher for every process: the first to add the marker
+        mine = cache.add(key + ":refresh", 1, timeout=max(1, int(bound)))
+    except datagen.CACHE_ERRORS:
+        return False
+    return None if mine else True
 
 
 def _key(request: Request, view_name: str, scope: str) -> str:
@@ -139,7 +179,15 @@ class CachedListMixin:
         except datagen.CACHE_ERRORS:
             log.warning("cache unreachable: answering %s uncached", request.path, exc_info=True)
             return super().list(request, *args, **kwargs)  # type: ignore[misc]
-        if entry is None or entry[0] != generations.values:
+        refreshing = False
+        if entry is not None and entry[0] != generations.values:
+            servable = _stale_servable(key, entry)
+            if servable:
+                hit = self._hit(entry)
+                hit["Age"] = str(max(0, int(_clock() - float(entry[3]))))
+                return cast(Response, hit)
+            refreshing = servable is None
+        if not refreshing and (entry is None or entry[0] != generations.values):
             # A miss: wait for a thread of this process computing the same answer (released by
             # dispatch, once finalize_response has kept it), then look again.
             lock = _board(key)
@@ -149,12 +197,16 @@ class CachedListMixin:
             except datagen.CACHE_ERRORS:
                 entry = None
         if entry is not None and entry[0] == generations.values:
-            hit = HttpResponse(entry[1], status=200)
-            for name, value in entry[2]:
-                hit[name] = value
-            return cast(Response, hit)  # DRF takes any HttpResponse from a handler (no rendering)
-        self._cache_store = _Store(key, generations, started)
+            return cast(Response, self._hit(entry))  # DRF takes any HttpResponse from a handler (no rendering)
+        self._cache_store = _Store(key, generations, started, refreshing)
         return super().list(request, *args, **kwargs)  # type: ignore[misc]
+
+    @staticmethod
+    def _hit(entry: Any) -> HttpResponse:
+        hit = HttpResponse(entry[1], status=200)
+        for name, value in entry[2]:
+            hit[name] = value
+        return hit
 
     def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -172,6 +224,16 @@ class CachedListMixin:
     def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
         store, self._cache_store = self._cache_store, None
+        try:
+            return self._keep(request, response, store)
+        finally:
+            if store is not None and store.refreshing:
+                try:  # the next request past S/2 may refresh it again
+                    cache.delete(store.key + ":refresh")
+                except datagen.CACHE_ERRORS:
+                    pass
+
+    def _keep(self, request: Request, response: Response, store: _Store | None) -> Response:
         if store is None or not isinstance(response, Response) or response.status_code != 200:
             return response
         ttl = float(settings.GPUSWEEP_RESPONSE_CACHE_S)
@@ -183,7 +245,8 @@ class CachedListMixin:
         if ttl >= 1:
             headers = [(name, response[name]) for name in KEPT_HEADERS if response.has_header(name)]
             try:
-                cache.set(store.key, (store.generations.values, response.content, headers), timeout=int(ttl))
+                cache.set(store.key, (store.generations.values, response.content, headers, store.started.timestamp()),
+                          timeout=int(ttl))
             except datagen.CACHE_ERRORS:
                 log.warning("cache unreachable: %s not kept", request.path, exc_info=True)
         return response

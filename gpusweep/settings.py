@@ -213,6 +213,10 @@ SESSION_ENGINE = "gpusweep.sessions"
 # The longest an answer is kept in the cache (its memory; a write of any kind invalidates it at
 # the next request). 0 turns the answer cache off.
 GPUSWEEP_RESPONSE_CACHE_S = env_int("GPUSWEEP_RESPONSE_CACHE_S", 300, minimum=0)
+# Bounded staleness of cached list answers (gpusweep.responses): 0, the default, shows every write
+# at the next request; S > 0 serves an answer written over for up to S seconds while one request
+# recomputes it (fleets whose campaigns and heartbeats write the listed tables every second).
+GPUSWEEP_ANSWER_STALE_S = env_int("GPUSWEEP_ANSWER_STALE_S", 0, minimum=0)
 
 # --- Celery ---------------------------------------------------------------------------
 CELERY_BROKER_URL = env_url(

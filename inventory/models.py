@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from gpusweep import datagen
 from inventory.choices import (
     ChangeAction,
     ChangeSource,
@@ -145,6 +146,13 @@ class Node(models.Model):
 
     def component_versions(self) -> dict[str, str]:
         return {c.component: c.version for c in self.components.all()}
+
+
+# The nodes coming and going, and the writes of their identity (gpusweep.datagen.part): what a list
+# showing a node only by its id, name and cluster reads of them (the exposure list). A heartbeat
+# (last_seen, its counter), a scheduler sync's last_seen or a campaign step's service_state leaves
+# it as it was, so such a list's cached answer outlives them.
+NODE_IDENTITY = datagen.part(Node._meta.db_table, "identity", columns=("id", "name", "cluster_id"))
 
 
 class NodeComponent(models.Model):

@@ -288,7 +288,8 @@ def test_a_rolled_back_write_raises_nothing_and_a_writing_transaction_reads_unca
 
 
 def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
-    """Each cached list names the tables it reads; a new join the list does not declare fails here."""
+    """Each cached list names the tables it reads; a new join the list does not declare fails here,
+    and so does a list reading a column beyond those of a part it declares (datagen.part)."""
     import re
 
     from advisories.api import ExposureViewSet
@@ -301,9 +302,18 @@ def test_the_declared_tables_cover_every_table_a_list_reads(fleet, settings):
         settings.GPUSWEEP_RESPONSE_CACHE_S = 0
         with CaptureQueriesContext(connection) as queries:
             assert client.get(url).status_code == 200
-        tables = {t for q in queries.captured_queries for t in read.findall(q["sql"])  # but authentication's
-                  if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]}
-        assert tables <= set(view.cache_tables), tables - set(view.cache_tables)
+        listed = [q["sql"] for q in queries.captured_queries  # but authentication's
+                  if "accounts_apitoken" not in q["sql"] and "auth_group" not in q["sql"]]
+        tables = {t for sql in listed for t in read.findall(sql)}
+        declared = {datagen.table_of(name) for name in view.cache_tables}
+        assert tables <= declared, tables - declared
+        for name in view.cache_tables:
+            counted = datagen.columns_of(name)
+            if counted is None:
+                continue
+            column = re.compile(rf'"{datagen.table_of(name)}"\."(\w+)"')
+            read_columns = {c for sql in listed for c in column.findall(sql)}
+            assert read_columns <= counted, (view, read_columns - counted)
 
 
 def test_an_unreachable_cache_answers_uncached_and_writes_still_commit(fleet, settings, caplog):
@@ -527,3 +537,119 @@ def test_threads_that_miss_one_answer_compute_it_once(fleet, monkeypatch):
         thread.join()
     assert [status for status, _body in answers] == [200] * 6 and len({body for _status, body in answers}) == 1
     assert len(built) == 1
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["written-at-once", "flushed-from-redis"])
+def test_heartbeats_and_campaign_steps_keep_the_exposure_answer_and_a_node_renamed_does_not(fleet, settings,
+                                                                                            batched):
+    """The exposure list reads of a node only its id, name and cluster (datagen.part NODE_IDENTITY).
+    A short heartbeat (last_seen, heartbeat_at, its counter) and a campaign step's service state
+    leave its answer cached, while the node list, which shows both, shows each at the next request;
+    a node renamed (psql, here) counts for both."""
+    from inventory import heartbeats, services
+    from inventory.choices import ChangeSource, ServiceState
+
+    settings.GPUSWEEP_HEARTBEAT_REDIS_URL = settings.CELERY_BROKER_URL if batched else ""
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    node = fleet["nodes"][0]
+    exposures, _ran = _get(client, EXPOSURES)
+    _get(client, NODES)
+    assert _get(client, EXPOSURES) == (exposures, 0)
+
+    def shown(field: str) -> str:
+        return next(r[field] for r in client.get(NODES).json()["results"] if r["id"] == node.pk)
+
+    seen = timezone.now().replace(microsecond=0) + dt.timedelta(minutes=5)
+    heartbeats.record_short(node.pk, time.time_ns() // 1000, 0, seen)  # above any counter kept in Redis
+    heartbeats.flush()
+    assert _get(client, EXPOSURES) == (exposures, 0)
+    assert _get(client, NODES)[1] > 0
+    assert dt.datetime.fromisoformat(shown("last_seen").replace("Z", "+00:00")) == seen
+    services.set_service_state([node.pk], ServiceState.DRAINING, ChangeSource.CAMPAIGN)
+    assert _get(client, EXPOSURES) == (exposures, 0)
+    assert shown("service_state") == ServiceState.DRAINING
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE inventory_node SET name = 'renamed01' WHERE id = %s", [node.pk])
+    body, ran = _get(client, EXPOSURES)
+    assert ran > 0 and b"renamed01" in body
+    assert shown("name") == "renamed01"
+
+
+def test_a_part_counts_its_columns_and_rows_coming_and_going_only(fleet):
+    """A part's trigger names its columns: an UPDATE of others (a column a migration adds later
+    among them) leaves it, rows inserted or deleted raise it; the triggers dropped before every
+    migrate and made again after it (datagen.drop_parts, ensure) count as before."""
+    from inventory.models import NODE_IDENTITY, Node
+
+    watched = [NODE_IDENTITY, "inventory_node"]
+
+    def raised(sql: str, params: list[object] | None = None) -> set[str]:
+        before = datagen.current(watched)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        after = datagen.current(watched)
+        assert before is not None and after is not None
+        return {name for name, old, new in zip(watched, before.values, after.values, strict=False) if new != old}
+
+    node = fleet["nodes"][0]
+    assert raised("UPDATE inventory_node SET last_seen = heartbeat_at, heartbeat_counter = 3, service_state = "
+                  "'draining', pool = 'p'") == {"inventory_node"}
+    assert raised("UPDATE inventory_node SET cluster_id = cluster_id") == {NODE_IDENTITY, "inventory_node"}
+    before = datagen.current(watched)
+    new = Node.objects.create(cluster=fleet["cluster"], name="new")
+    after = datagen.current(watched)
+    assert before is not None and after is not None
+    assert all(a != b for a, b in zip(before.values[:2], after.values[:2], strict=True))  # not ALL, the last
+    assert raised("DELETE FROM inventory_node WHERE id = %s", [new.pk]) == {NODE_IDENTITY, "inventory_node"}
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE inventory_node ADD COLUMN later_fact integer")
+    try:
+        datagen.drop_parts(connection)
+        datagen.ensure(connection)
+        assert raised("UPDATE inventory_node SET later_fact = 1") == {"inventory_node"}
+        assert raised("UPDATE inventory_node SET name = name WHERE id = %s", [node.pk]) == {NODE_IDENTITY,
+                                                                                            "inventory_node"}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE inventory_node DROP COLUMN later_fact")
+
+
+def test_a_stale_answer_is_served_within_the_bound_while_one_request_refreshes_it(fleet, settings, monkeypatch):
+    """GPUSWEEP_ANSWER_STALE_S = 10: after a write the kept answer is still served (with its Age)
+    until it is 5 s old, then the first request recomputes it while the others (another process
+    holding the refresh marker, here) are served the kept one; past 10 s it is never served."""
+    from gpusweep import responses
+    from inventory.models import Node
+
+    settings.GPUSWEEP_ANSWER_STALE_S = 10
+    clock = [time.time()]
+    monkeypatch.setattr(responses, "_clock", lambda: clock[0])
+    client, _ = _token_client(_user("viewer", Role.VIEWER))
+    node = fleet["nodes"][0]
+
+    def pool() -> tuple[str, int, str | None]:
+        with CaptureQueriesContext(connection) as queries:
+            response = client.get(NODES)
+        ran = [q for q in queries.captured_queries if "accounts_apitoken" not in q["sql"]
+               and "auth_group" not in q["sql"]]
+        row = next(r for r in response.json()["results"] if r["id"] == node.pk)
+        return row["pool"], len(ran), response.headers.get("Age")
+
+    assert pool()[:2] != ("", 0)
+    started = time.time()  # just after the answer's computation began
+    Node.objects.filter(pk=node.pk).update(pool="written")
+    clock[0] = started + 3
+    assert pool() == ("", 0, "3")  # stale, within the first half of the bound
+    clock[0] = started + 7
+    with monkeypatch.context() as held:  # another request holds the refresh marker
+        held.setattr(responses.cache, "add", lambda *args, **kwargs: False)
+        assert pool() == ("", 0, "7")
+    shown, ran, age = pool()  # this one takes the marker and recomputes
+    assert shown == "written" and ran > 0 and age is None
+    Node.objects.filter(pk=node.pk).update(pool="later")
+    clock[0] = time.time() + 10.5  # the answer just kept is past the bound
+    shown, ran, age = pool()
+    assert shown == "later" and ran > 0 and age is None
+    settings.GPUSWEEP_ANSWER_STALE_S = 0  # the default: the next request shows a write
+    Node.objects.filter(pk=node.pk).update(pool="at-once")
+    assert pool()[0] == "at-once"

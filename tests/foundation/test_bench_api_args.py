@@ -33,3 +33,10 @@ def test_clients_and_writes():
     for wrong in (["--client", "curl"], ["--with-writes", "--heartbeat-rate", "0"]):
         with pytest.raises(SystemExit):
             parse_args(wrong)
+
+
+def test_stale_answers_are_opt_in_as_in_the_settings():
+    assert parse_args([]).stale_s == 0
+    assert parse_args(["--stale-s", "5"]).stale_s == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--stale-s", "-1"])
