@@ -27,6 +27,8 @@ from django.db.models import Exists, OuterRef, Q
 from advisories.choices import ExposureState
 from advisories.models import AffectedRange, Exposure, public_id
 from advisories.osv import OS_PACKAGE
+from gpusweep.narrow import among
+from gpusweep.responses import cached
 
 NVIDIA, DISTRIBUTION = "nvidia", "distribution"
 SOURCES = [(NVIDIA, "NVIDIA bulletins"), (DISTRIBUTION, "Distribution advisories (OSV)")]
@@ -85,7 +87,8 @@ def merged() -> Q:
     through = AffectedRange.cves.through
     named = Exposure.objects.filter(node_id=OuterRef(OuterRef("node_id")), component=OS_PACKAGE,
                                     affected_range__cves=OuterRef("cve_id"))
-    if not AffectedRange.objects.filter(component=OS_PACKAGE).exists():
+    if not cached("findings:os-ranges", (AffectedRange._meta.db_table,),
+                  lambda: (AffectedRange.objects.filter(component=OS_PACKAGE).exists(), None)):
         return Q(pk__in=[])  # no distribution advisory: nothing is merged (and the list pays nothing)
     uncovered = through.objects.filter(affectedrange_id=OuterRef("affected_range_id")).exclude(Exists(named))
     # The nodes with distribution exposures as one set (a hashed semi-join), then the CVEs row by row.
@@ -97,7 +100,8 @@ def joined(node_ids: Iterable[int]) -> dict[tuple[int, str], Finding]:
     """(node, CVE) -> its finding, for those of the nodes that have distribution exposures (only there
     do two sources meet; a fleet with none costs one query)."""
     ids = list(node_ids)
-    packaged = set(Exposure.objects.filter(node_id__in=ids, component=OS_PACKAGE).values_list("node_id", flat=True))
+    packaged = set(Exposure.objects.filter(among("node_id", ids), component=OS_PACKAGE).order_by().values_list(
+        "node_id", flat=True))
     return {(f.node_id, f.cve_id): f for f in findings(packaged)} if packaged else {}
 
 
