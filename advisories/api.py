@@ -36,7 +36,7 @@ from advisories.models import public_id as advisory_public_id
 from advisories.osv import OS_PACKAGE
 from advisories.vex import vex_document
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, MultipleChoiceFilter, parse_bool
-from gpusweep.narrow import NarrowListMixin, Times
+from gpusweep.narrow import NarrowListMixin, Times, among
 from gpusweep.responses import CachedListMixin
 from gpusweep.roles import Role
 from gpusweep.routers import ApiRouter
@@ -364,7 +364,7 @@ def exposure_rows(ids: list[int]) -> list[dict[str, Any]]:
     """ExposureSerializer's rows for these exposures, in this order, from narrow reads (gpusweep.narrow)."""
     times = Times()
     columns = [f"{name}_" if name in EXPOSURE_TIMES else name for name in EXPOSURE_COLUMNS]
-    rows = Exposure.objects.filter(pk__in=ids).annotate(
+    rows = Exposure.objects.filter(among("id", ids)).order_by().annotate(
         **{f"{name}_": times.column(name) for name in EXPOSURE_TIMES},
         late=Q(state__in=LATE_STATES, deadline__lt=timezone.now()))
     raw = [dict(zip((*EXPOSURE_COLUMNS, "late"), values, strict=True)) for values in rows.values_list(*columns, "late")]

@@ -27,6 +27,8 @@ from django.db.models import Exists, OuterRef, Q
 from advisories.choices import ExposureState
 from advisories.models import AffectedRange, Exposure, public_id
 from advisories.osv import OS_PACKAGE
+from gpusweep.narrow import among
+from gpusweep.responses import cached
 
 NVIDIA, DISTRIBUTION = "nvidia", "distribution"
 SOURCES = [(NVIDIA, "NVIDIA bulletins"), (DISTRIBUTION, "Distribution advisories (OSV)")]
@@ -79,13 +81,21 @@ def source_q(source: str) -> Q:
     return Q(component=OS_PACKAGE) if source == DISTRIBUTION else ~Q(component=OS_PACKAGE)
 
 
+def any_distribution_range() -> bool:
+    """Whether any distribution advisory has a range: without one there is no distribution
+    exposure (each is matched from such a range), so no two sources meet. Kept per generation of
+    the ranges' table (gpusweep.responses.cached): the lists ask on every request."""
+    return cached("findings:os-ranges", (AffectedRange._meta.db_table,),
+                  lambda: (AffectedRange.objects.filter(component=OS_PACKAGE).exists(), None))
+
+
 def merged() -> Q:
     """NVIDIA rows shown within a distribution row: the node has a distribution exposure naming each
     of the row's CVEs (its driver is the distribution's package, whose version decides)."""
     through = AffectedRange.cves.through
     named = Exposure.objects.filter(node_id=OuterRef(OuterRef("node_id")), component=OS_PACKAGE,
                                     affected_range__cves=OuterRef("cve_id"))
-    if not AffectedRange.objects.filter(component=OS_PACKAGE).exists():
+    if not any_distribution_range():
         return Q(pk__in=[])  # no distribution advisory: nothing is merged (and the list pays nothing)
     uncovered = through.objects.filter(affectedrange_id=OuterRef("affected_range_id")).exclude(Exists(named))
     # The nodes with distribution exposures as one set (a hashed semi-join), then the CVEs row by row.
@@ -95,9 +105,12 @@ def merged() -> Q:
 
 def joined(node_ids: Iterable[int]) -> dict[tuple[int, str], Finding]:
     """(node, CVE) -> its finding, for those of the nodes that have distribution exposures (only there
-    do two sources meet; a fleet with none costs one query)."""
+    do two sources meet; a fleet with none costs one query, one with no distribution advisory none)."""
     ids = list(node_ids)
-    packaged = set(Exposure.objects.filter(node_id__in=ids, component=OS_PACKAGE).values_list("node_id", flat=True))
+    if not ids or not any_distribution_range():
+        return {}
+    packaged = set(Exposure.objects.filter(among("node_id", ids), component=OS_PACKAGE).order_by().values_list(
+        "node_id", flat=True))
     return {(f.node_id, f.cve_id): f for f in findings(packaged)} if packaged else {}
 
 

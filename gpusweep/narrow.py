@@ -15,8 +15,9 @@ import builtins
 import datetime as dt
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.models import F, TextField
+from django.db.models import F, Lookup, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 from rest_framework.request import Request
@@ -56,6 +57,30 @@ class Times:
             value = timezone.make_aware(value, self.zone)
         text = value.astimezone(self.zone).isoformat()
         return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+class AnyOf(Lookup):
+    """`column = ANY(%s)` with the ids as one array parameter (PostgreSQL), where `pk__in=ids` makes
+    Django prepare every value and psycopg parse a statement with 100 placeholders that it does not
+    keep (about 1 ms of a page's CPU per list); other databases get the IN list. Used as an
+    expression: `filter(among("node_id", ids))`."""
+
+    lookup_name = "any_of"
+    prepare_rhs = False
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        lhs, lhs_params = self.process_lhs(compiler, connection)
+        ids = [int(i) for i in self.rhs]
+        if not ids:
+            raise EmptyResultSet
+        if connection.vendor == "postgresql":
+            return f"{lhs} = ANY(%s)", [*lhs_params, ids]
+        return f"{lhs} IN ({', '.join(['%s'] * len(ids))})", [*lhs_params, *ids]
+
+
+def among(column: str, ids: Any) -> AnyOf:
+    """The rows whose integer `column` is one of `ids` (AnyOf)."""
+    return AnyOf(F(column), list(ids))
 
 
 class NarrowListMixin:

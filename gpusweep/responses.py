@@ -48,8 +48,10 @@ import builtins
 import datetime as dt
 import hashlib
 import logging
+import pickle
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -254,14 +256,17 @@ class CachedListMixin:
 
 def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.datetime | None]]) -> T:
     """`compute()`'s value, kept under the generations of `tables` (all it reads) until one of them
-    is written or the moment `compute` returns with it (None: no such moment) passes."""
+    is written or the moment `compute` returns with it (None: no such moment) passes: in the shared
+    cache, or without one in this process's memory."""
     ttl: int = settings.GPUSWEEP_RESPONSE_CACHE_S
-    if ttl <= 0 or not datagen.enabled():
+    if ttl <= 0:
         return compute()[0]
     generations = datagen.current(tables)  # before compute() reads anything
     if generations is None:
         return compute()[0]
     key = f"gpusweep:value:{generations.scope}:{name}"
+    if not datagen.enabled():  # no shared cache: this process's memory, under the same generations
+        return _kept_here(key, generations, compute, ttl)
     try:
         entry = cache.get(key)
     except datagen.CACHE_ERRORS:
@@ -271,6 +276,45 @@ def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.d
         return cast(T, entry[1])
     with flight(key):
         return _compute_and_keep(key, name, generations, compute, ttl)
+
+
+# Values kept in this process's memory where there is no shared cache (a token's check, with the
+# cache off, issue 33). Pickled, so every caller gets its own copy (a token's user becomes the
+# request's user), as from the shared cache; kept under the generations read from the database on
+# this request, which every process's writes raise (and psql's): as correct as the shared cache.
+_KEPT_HERE = 1024  # values; the oldest goes first
+_here: OrderedDict[str, tuple[tuple[int, ...], bytes, dt.datetime | None, float]] = OrderedDict()
+_here_lock = threading.Lock()
+
+
+def _here_get(key: str, generations: datagen.Generations) -> tuple[bool, Any]:
+    with _here_lock:
+        entry = _here.get(key)
+    if (entry is None or entry[0] != generations.values or entry[3] <= time.monotonic()
+            or (entry[2] is not None and entry[2] <= timezone.now())):
+        return False, None
+    return True, pickle.loads(entry[1])
+
+
+def _kept_here(key: str, generations: datagen.Generations, compute: Callable[[], tuple[T, dt.datetime | None]],
+               ttl: int) -> T:
+    found, value = _here_get(key, generations)
+    if found:
+        return cast(T, value)
+    with flight(key):
+        found, value = _here_get(key, generations)  # another thread may have kept it meanwhile
+        if found:
+            return cast(T, value)
+        computed, until = compute()
+        life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
+        if life >= 1:
+            kept = (generations.values, pickle.dumps(computed, pickle.HIGHEST_PROTOCOL), until, time.monotonic() + life)
+            with _here_lock:
+                _here[key] = kept
+                _here.move_to_end(key)
+                while len(_here) > _KEPT_HERE:
+                    _here.popitem(last=False)
+        return computed
 
 
 def _compute_and_keep(key: str, name: str, generations: datagen.Generations,

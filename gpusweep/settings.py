@@ -266,6 +266,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["gpusweep.roles.RolePermission"],
+    # DRF's JSON written by orjson (gpusweep/renderers.py); the browsable API as DRF has it.
+    "DEFAULT_RENDERER_CLASSES": ["gpusweep.renderers.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     # Bounded input everywhere (gpusweep/parsers.py, filters.py, pagination.py) and one error
     # format for every error (gpusweep/errors.py).
     "DEFAULT_PARSER_CLASSES": [

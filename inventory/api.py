@@ -23,7 +23,7 @@ from rest_framework.response import Response
 
 from gpusweep import registry, secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
-from gpusweep.narrow import NarrowListMixin, Times
+from gpusweep.narrow import NarrowListMixin, Times, among
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
@@ -258,14 +258,14 @@ def node_rows(ids: list[int]) -> list[dict[str, Any]]:
     times = Times()
     components: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
     for node_id, component, version, branch, flagged, source, updated in NodeComponent.objects.filter(
-            node_id__in=ids).order_by("node_id", "component").annotate(
+            among("node_id", ids)).order_by("node_id", "component").annotate(
             unknown=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
             "node_id", "component", "version", "branch", "unknown", "source", "updated"):
         components[node_id].append({"component": component, "version": version, "branch": branch,
                                     "flagged": flagged, "source": source, "updated_at": times.write(updated)})
     found = {}
     columns = [f"{name}_" if name in NODE_TIMES else name for name in NODE_COLUMNS]
-    for values in Node.objects.filter(pk__in=ids).annotate(
+    for values in Node.objects.filter(among("id", ids)).order_by().annotate(
             **{f"{name}_": times.column(name) for name in NODE_TIMES}).values_list(*columns):
         row = dict(zip(NODE_COLUMNS, values, strict=True))
         row["cluster"] = row.pop("cluster_id")

@@ -122,3 +122,42 @@ def test_web_exports_take_a_token_and_other_pages_do_not(seeded, make_user):
     assert client.get("/campaigns/", **auth).status_code == 401
     assert client.get("/advisories/exposures/?format=csv").status_code == 302
     assert client.get("/advisories/exposures/?format=csv", HTTP_AUTHORIZATION="Bearer gst_wrong").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)  # generations rise on commit
+def test_without_a_shared_cache_a_token_is_read_once_per_generation_and_a_change_counts_at_once(make_user):
+    """No GPUSWEEP_CACHE_URL (the default): the token's check is kept in the process's memory under
+    the generations read on each request, so a second request reads no token row, and a revocation
+    in SQL, a role taken away or a user deactivated (writes of the tables it read) count at the next
+    request (issue 24 item 4, issue 33)."""
+    from django.contrib.auth.models import Group
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from gpusweep import datagen
+
+    assert not datagen.enabled()  # the per-process path, not the shared cache
+    vera = make_user("vera", "viewer")
+    token, key = services.issue(vera, "jira")
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {key}"}
+    client = Client()
+    assert client.get(NODES, **auth).status_code == 200  # reads the token and stamps its last use
+    assert client.get(NODES, **auth).status_code == 200  # reads it again: the stamp was a write
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(NODES, **auth).status_code == 200
+    assert not [q for q in queries.captured_queries if ApiToken._meta.db_table in q["sql"]]
+
+    vera.groups.remove(Group.objects.get(name="viewer"))
+    assert client.get(NODES, **auth).status_code == 403
+    vera.groups.add(Group.objects.get(name="viewer"))
+    assert client.get(NODES, **auth).status_code == 200
+    type(vera).objects.filter(pk=vera.pk).update(is_active=False)
+    assert client.get(NODES, **auth).status_code == 401
+    type(vera).objects.filter(pk=vera.pk).update(is_active=True)
+    assert client.get(NODES, **auth).status_code == 200
+    q = connection.ops.quote_name
+    table, revoked, pk = q(ApiToken._meta.db_table), q(ApiToken._meta.get_field("revoked_at").column), q(
+        ApiToken._meta.pk.column)
+    with connection.cursor() as cursor:  # as psql would: no gpusweep code runs
+        cursor.execute(f"UPDATE {table} SET {revoked} = %s WHERE {pk} = %s", [timezone.now(), token.pk])
+    assert client.get(NODES, **auth).status_code == 401
