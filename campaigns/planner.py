@@ -58,6 +58,11 @@ class PlanError(ValueError):
     """The campaign's policy cannot be planned (bad limit, bad window); the message names the field."""
 
 
+@functools.cache
+def _checkpointable(engine: str) -> bool:
+    return portability.rule(engine).checkpointable  # an unknown engine raises (and is not cached)
+
+
 @dataclass(frozen=True)
 class PlanWorkload:
     ref: str
@@ -77,7 +82,7 @@ class PlanWorkload:
 
     @property
     def checkpointable(self) -> bool:
-        return portability.rule(self.checkpoint_engine).checkpointable
+        return _checkpointable(self.checkpoint_engine)
 
     def requirements(self, facts: dict[str, str]) -> portability.Requirements:
         return portability.requirements(
@@ -444,12 +449,15 @@ class Capacity:
         """The workload's requirements on `node`, their `requires` and words (described), and whether
         its checkpoint stays valid on `node` once patched: one lookup per (workload kind, node facts
         now and after), the facts being shared (see __init__)."""
-        after = self.facts_after[node.id]
-        key = (workload.cache_key(), id(self.facts_now[node.id]), id(after))
+        node_id = node.id
+        key = (workload.checkpoint_engine, workload.gpus > 0, workload.inference_engine, workload.engine_version,
+               workload.model_name, workload.model_version, workload.requires,  # workload.cache_key()
+               id(self.facts_now[node_id]), id(self.facts_after[node_id]))
         found = self._terms.get(key)
         if found is None:
             needed = self.requirements(workload, node)
-            found = self._terms[key] = (needed, *self.described(needed), portability.compatible(needed, after))
+            found = self._terms[key] = (needed, *self.described(needed),
+                                        portability.compatible(needed, self.facts_after[node_id]))
         return found
 
     def facts(self, node_id: int) -> dict[str, str]:
@@ -520,11 +528,23 @@ class Capacity:
             if lanes is None:
                 return None
             self._lanes[(id(needed), source.cluster)] = lanes  # an index's lanes, once there, stay the same list
+        free = self.free
         for lane_no in (CLEAN, PATCHED, EXPOSED):
             lane = lanes[lane_no]
-            if lane.rotor >= len(lane.ids):
-                continue  # every candidate in it was passed as full (what _scan would find again)
-            found = self._scan(lane, needed, gpus, source, usable=len(lane.ids), rotate=False)
+            ids, rotor = lane.ids, lane.rotor
+            usable = len(ids)
+            while rotor < usable and free[ids[rotor]] <= 0:  # passed as full once and for all (as _scan does)
+                rotor += 1
+            lane.rotor = rotor
+            if rotor >= usable:
+                continue
+            # Most moves take the lane's first candidate with room: tried here before a scan (which
+            # would try it first, too).
+            candidate = ids[rotor]
+            if (candidate != source.id and free[candidate] >= gpus
+                    and not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))):
+                return self.by_id[candidate], lane_no
+            found = self._scan(lane, needed, gpus, source, usable=usable, rotate=False)
             if found is not None:
                 return found, lane_no
         later = lanes[LATER]
@@ -582,41 +602,49 @@ class _Outcome:
     finish_first: list[dict[str, Any]] = field(default_factory=list)
     no_capacity: list[dict[str, Any]] = field(default_factory=list)
     exposed_receivers: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Moves by action, counted as they are planned (the summary's figures).
+    # Moves by action and nodes by what the summary counts, counted as they are planned.
     migrations: int = 0
     returns_home: int = 0
+    livepatch: int = 0  # nodes whose remedy is a livepatch
+    packages_in_place: int = 0
+    past_deadline: int = 0
+
+
+# The workload policies as plain strings (read per workload).
+_CHECKPOINT, _WAIT, _COLD_RESTART = WorkloadPolicy.CHECKPOINT, WorkloadPolicy.WAIT, WorkloadPolicy.COLD_RESTART
 
 
 def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
            outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> tuple[dict[str, Any], str]:
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
-    entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
-                             "engine": workload.checkpoint_engine}
-    if workload.owner:
-        entry["owner"] = workload.owner
-    checkpointable = workload.checkpointable
-    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT:
+    gpus, engine, owner = workload.gpus, workload.checkpoint_engine, workload.owner
+    entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine}
+    if owner:
+        entry["owner"] = owner
+    checkpointable = _checkpointable(engine)
+    if checkpointable and workload.policy == _CHECKPOINT:
         needed, requires, depends, home_ok = capacity.terms(workload, node)
         entry["requires"] = requires
-        found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
+        found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, gpus, node)
         if found is not None:
             target, lane = found
-            free = capacity.free[target.id] = capacity.free[target.id] - workload.gpus
-            if lane == LATER and target.id in capacity.facts_after:
-                carried[target.id].append((workload, node.name))
+            target_id = target.id
+            free = capacity.free[target_id] = capacity.free[target_id] - gpus
             if lane == CLEAN:
                 where = "outside the campaign"
             elif lane == PATCHED:
-                where = f"patched in wave {capacity.wave_of[target.id]}"
+                where = f"patched in wave {capacity.wave_of[target_id]}"
             elif lane == EXPOSED:
                 where = "outside the campaign, itself exposed to this campaign's advisories"
             else:
-                where = f"in wave {capacity.wave_of[target.id]}, moved again then"
+                where = f"in wave {capacity.wave_of[target_id]}, moved again then"
+                if target_id in capacity.facts_after:
+                    carried[target_id].append((workload, node.name))
             entry["action"] = "migrate"
             outcome.migrations += 1
-            entry["to"] = target.id
+            entry["to"] = target_id
             entry["to_name"] = target.name
-            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}"
+            entry["why"] = f"{depends}; {free + gpus} GPUs free on {target.name}; {where}"
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
@@ -633,14 +661,14 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
     restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
     owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
-    if workload.policy == WorkloadPolicy.WAIT:
+    if workload.policy == _WAIT:
         entry.update(action="finish_first", why=f"policy waits for it to end before the node drains{owned}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
-    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
+    if workload.policy == _COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
         reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not checkpointable else
                   "no node where its checkpoint is valid has room outside this and the next wave")
-        if workload.policy == WorkloadPolicy.COLD_RESTART:
+        if workload.policy == _COLD_RESTART:
             reason = "its policy is a cold restart"
         if owned:
             restarter, restart = workload.owner, f"started again by its controller, {workload.owner}"
@@ -710,9 +738,8 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     capacity = Capacity(scope, receivers, waves)
     last_wave = max(waves.values(), default=0)
     wave_times = _wave_times(policy, last_wave, bool(canary))
-    ordered_by_wave = sorted(ordered, key=lambda n: waves[n.id])  # stable: urgency order within a wave
-    nodes_of: dict[int, list[PlanNode]] = defaultdict(list)
-    for node in ordered_by_wave:
+    nodes_of: dict[int, list[PlanNode]] = defaultdict(list)  # each wave's nodes in urgency order
+    for node in ordered:
         nodes_of[waves[node.id]].append(node)
     outcome = _Outcome()
     carried: dict[int, list[tuple[PlanWorkload, str]]] = defaultdict(list)  # arrivals: (workload, from node's name)
@@ -736,6 +763,9 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     return result
 
 
+# The steps of a node that is drained (not fixed in place).
+_DRAINED_STEPS = SweepState.steps_of(None)
+
 # Actions that keep a workload's GPUs on its own node through the patch.
 _STAYS = frozenset({"return_home", "cold_start", "finish_first"})
 
@@ -748,52 +778,61 @@ def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity
                outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
     if in_place(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
-        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, times, policy)
+        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, times, policy, outcome)
     begins, ends, start_iso, end_iso = times
     # The node is drained: its own work leaves, then what moved here earlier (what comes back home
     # is counted again below).
     free = capacity.free
-    free[node.id] = node.gpu_count
+    node_id = node.id
+    free[node_id] = node.gpu_count
     risks: list[str] = []
     moves: list[dict[str, Any]] = []
     for workload in node.workloads:
         entry, risk = _place(workload, node, capacity, policy, outcome, carried)
         if entry["action"] in _STAYS:
-            free[node.id] -= workload.gpus
+            free[node_id] -= workload.gpus
         if risk:
             risks.append(risk)
         moves.append(entry)
-    for workload, came_from in carried.pop(node.id, ()):
-        entry, risk = _place(workload, node, capacity, policy, outcome, carried)
-        entry["arrived_from"] = came_from
-        if entry["action"] in _STAYS:
-            free[node.id] -= workload.gpus
-        if risk:
-            risks.append(risk)
-        moves.append(entry)
+    arrived = carried.pop(node_id, None)
+    if arrived:
+        for workload, came_from in arrived:
+            entry, risk = _place(workload, node, capacity, policy, outcome, carried)
+            entry["arrived_from"] = came_from
+            if entry["action"] in _STAYS:
+                free[node_id] -= workload.gpus
+            if risk:
+                risks.append(risk)
+            moves.append(entry)
     deadline = node.deadline or policy.deadline
     if begins is None:
         risks.append("no window within the planning horizon")
     elif deadline is not None and ends is not None and ends > deadline:
         risks.append(f"past deadline {_iso(deadline)}")
+        outcome.past_deadline += 1
+    target, versions = node.target, node.versions
     planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
         "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
-        "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
-        "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
+        "target": target, "versions": {c: versions.get(c, "") for c in target},
+        "last_group": node.last, "moves": moves, "risks": risks, "steps": list(_DRAINED_STEPS),
     }
     if node.remedy:
         planned["remedy"] = node.remedy
+        outcome.livepatch += node.remedy == "livepatch"
     return planned
 
 
 def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int, times: _Times,
-                   policy: Policy) -> dict[str, Any]:
+                   policy: Policy, outcome: _Outcome) -> dict[str, Any]:
     """A node fixed in place (a livepatch, OS packages' update) keeps its work where it is: nothing
     moves, nothing is checkpointed, and it takes no work from others (its GPUs stay busy with its own)."""
     _begins, ends, start_iso, end_iso = times
     deadline = node.deadline or policy.deadline
     risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
+    outcome.past_deadline += bool(risks)
+    outcome.livepatch += (node.remedy or "livepatch") == "livepatch"
+    outcome.packages_in_place += OS_PACKAGES in node.target
     why = []
     if LIVEPATCH in node.target:
         why.append("a livepatch fixes the running kernel")
@@ -824,12 +863,6 @@ def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[Plan
         for w in range(1, last_wave + 1)
     ]
     exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
-    # One pass over the nodes for the counts of the summary that the moves' do not give.
-    livepatch = packages_in_place = past_deadline = 0
-    for entry in explained.values():
-        livepatch += entry.get("remedy") == "livepatch"
-        packages_in_place += bool(entry.get("in_place")) and OS_PACKAGES in entry["target"]
-        past_deadline += any(r.startswith("past deadline") for r in entry["risks"])
     return {
         "generated_at": _iso(policy.start),
         # The limits as numbers, so execution enforces exactly what the approver read.
@@ -851,10 +884,10 @@ def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[Plan
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
             "migrations": outcome.migrations, "returns_home": outcome.returns_home,
-            "livepatch_only": livepatch, "packages_in_place": packages_in_place,
+            "livepatch_only": outcome.livepatch, "packages_in_place": outcome.packages_in_place,
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
-            "past_deadline": past_deadline,
+            "past_deadline": outcome.past_deadline,
         },
     }
 
