@@ -297,6 +297,7 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
     start = 2 if chosen else 1
     first_open: dict[tuple[str, str], int] = defaultdict(lambda: start)
     floor = start
+    grows = _grown(growth, step, 1, 1) is not None  # "fixed": the limits alone
     for node in nodes:
         if node.id in chosen:
             continue
@@ -308,8 +309,7 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
         limit_p = per_pool[key] if per_pool is not None else None
         in_cluster, in_pool, limit = cluster_count[cluster], pool_count[key], per_cluster[cluster]
         while True:
-            grown = _grown(growth, step, max(base[cluster], 1), wave)
-            limit_c = limit if grown is None else min(limit, grown)
+            limit_c = min(limit, _grown(growth, step, max(base[cluster], 1), wave) or 0) if grows else limit
             if in_cluster[wave] < limit_c and (limit_p is None or in_pool[wave] < limit_p):
                 break
             wave += 1
@@ -552,6 +552,13 @@ class Capacity:
             later.waves = [-self.wave_of[i] for i in later.ids]
         # Far enough ahead: waves after the next (a prefix, the lane being sorted latest first).
         usable = bisect.bisect_left(later.waves, -(self.current + 1))
+        if usable:  # the candidate at the rotor first, as in the preference lanes
+            index = later.rotor % usable
+            candidate = later.ids[index]
+            if (0 < free[candidate] and candidate != source.id and free[candidate] >= gpus
+                    and not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))):
+                later.rotor = index + 1
+                return self.by_id[candidate], LATER
         found = self._scan(later, needed, gpus, source, usable=usable, rotate=True)
         return (found, LATER) if found is not None else None
 
@@ -618,13 +625,10 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
            outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> tuple[dict[str, Any], str]:
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
     gpus, engine, owner = workload.gpus, workload.checkpoint_engine, workload.owner
-    entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine}
-    if owner:
-        entry["owner"] = owner
     checkpointable = _checkpointable(engine)
-    if checkpointable and workload.policy == _CHECKPOINT:
+    checkpoints = checkpointable and workload.policy == _CHECKPOINT
+    if checkpoints:
         needed, requires, depends, home_ok = capacity.terms(workload, node)
-        entry["requires"] = requires
         found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, gpus, node)
         if found is not None:
             target, lane = found
@@ -640,17 +644,26 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                 where = f"in wave {capacity.wave_of[target_id]}, moved again then"
                 if target_id in capacity.facts_after:
                     carried[target_id].append((workload, node.name))
-            entry["action"] = "migrate"
             outcome.migrations += 1
-            entry["to"] = target_id
-            entry["to_name"] = target.name
-            entry["why"] = f"{depends}; {free + gpus} GPUs free on {target.name}; {where}"
+            why = f"{depends}; {free + gpus} GPUs free on {target.name}; {where}"
+            # Built whole (the common entry: one allocation, no growing), the keys in the order of the others.
+            entry: dict[str, Any] = (
+                {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine, "owner": owner,
+                 "requires": requires, "action": "migrate", "to": target_id, "to_name": target.name, "why": why}
+                if owner else
+                {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine,
+                 "requires": requires, "action": "migrate", "to": target_id, "to_name": target.name, "why": why})
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
                     "advisories": list(target.exposed_to), "workloads": []})
                 item["workloads"].append(workload.ref)
             return entry, ""
+    entry = {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine}
+    if owner:
+        entry["owner"] = owner
+    if checkpoints:
+        entry["requires"] = requires
         if home_ok:
             outcome.returns_home += 1
             entry.update(action="return_home", to=node.id, to_name=node.name,
