@@ -743,8 +743,11 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
 
 
 def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> dict[str, Any]:
-    ordered = sorted(scope, key=lambda n: (n.last, n.deadline or policy.deadline or FAR, n.cluster, n.pool, n.name,
-                                           n.id))
+    # Urgency first (keys built in one comprehension and sorted as tuples: no call per node; the
+    # index keeps ties in the scope's order, as a stable sort by key would).
+    default = policy.deadline or FAR
+    keyed = sorted([(n.last, n.deadline or default, n.cluster, n.pool, n.name, n.id, i) for i, n in enumerate(scope)])
+    ordered = [scope[k[-1]] for k in keyed]
     per_cluster, per_pool = _limits(scope, receivers, policy)
     canary = canary_nodes([n for n in ordered if not n.last], policy.canary)
     waves = assign_waves(ordered, per_cluster, per_pool, canary, policy.growth, policy.growth_step)
@@ -824,10 +827,13 @@ def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity
         risks.append(f"past deadline {_iso(deadline)}")
         outcome.past_deadline += 1
     target, versions = node.target, node.versions
+    shown = {}  # the versions now of what the target changes (a loop: cheaper than a comprehension for 1 or 2)
+    for component in target:
+        shown[component] = versions.get(component, "")
     planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
         "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
-        "target": target, "versions": {c: versions.get(c, "") for c in target},
+        "target": target, "versions": shown,
         "last_group": node.last, "moves": moves, "risks": risks, "steps": list(_DRAINED_STEPS),
     }
     if node.remedy:
