@@ -413,7 +413,11 @@ class Capacity:
         self.facts_after = {n.id: facts_after(n) for n in scope}
         self.free = {n.id: n.gpu_count - sum(map(_GPUS, n.workloads)) for n in self.by_id.values()}
         self.receivers = receivers
-        self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
+        # Latest wave first, by name within a wave (bucketed by wave: each bucket sorted on names alone).
+        by_wave: dict[int, list[PlanNode]] = defaultdict(list)
+        for node in scope:
+            by_wave[waves[node.id]].append(node)
+        self.scope_by_wave = [n for w in sorted(by_wave, reverse=True) for n in sorted(by_wave[w], key=_NAME)]
         self.patched: list[PlanNode] = []  # scope nodes patched so far, in wave order
         self.current = 0
         self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
@@ -495,7 +499,7 @@ class Capacity:
         index = self.indexes.get(facts)
         if index is None:
             index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
-            receivers = sorted(self.receivers, key=lambda n: n.name)
+            receivers = sorted(self.receivers, key=_NAME)
             for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
                 index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
             if self._later is None:
@@ -742,12 +746,23 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
             gc.enable()
 
 
+def _urgency_order(scope: list[PlanNode], default: datetime) -> list[PlanNode]:
+    """`scope` sorted by (last, deadline or `default`, cluster, pool, name, id): one stable sort per
+    key, the least significant first (the same order as one sort on the tuple, ties in the scope's
+    order; each pass compares single values, cheaper than tuples, and ids and names come nearly sorted)."""
+    ordered = sorted(scope, key=_ID)
+    for key in (_NAME, _POOL, _CLUSTER):
+        ordered.sort(key=key)
+    ordered.sort(key=lambda n: n.deadline or default)
+    ordered.sort(key=_LAST)
+    return ordered
+
+
+_ID, _NAME, _POOL, _CLUSTER, _LAST = (operator.attrgetter(a) for a in ("id", "name", "pool", "cluster", "last"))
+
+
 def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> dict[str, Any]:
-    # Urgency first (keys built in one comprehension and sorted as tuples: no call per node; the
-    # index keeps ties in the scope's order, as a stable sort by key would).
-    default = policy.deadline or FAR
-    keyed = sorted([(n.last, n.deadline or default, n.cluster, n.pool, n.name, n.id, i) for i, n in enumerate(scope)])
-    ordered = [scope[k[-1]] for k in keyed]
+    ordered = _urgency_order(scope, policy.deadline or FAR)
     per_cluster, per_pool = _limits(scope, receivers, policy)
     canary = canary_nodes([n for n in ordered if not n.last], policy.canary)
     waves = assign_waves(ordered, per_cluster, per_pool, canary, policy.growth, policy.growth_step)
