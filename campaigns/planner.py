@@ -825,9 +825,9 @@ def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity
         if risk:
             risks.append(risk)
         moves.append(entry)
-    arrived = carried.pop(node_id, None)
-    if arrived:
-        for workload, came_from in arrived:
+    arrivals = carried.pop(node_id, None)
+    if arrivals:
+        for workload, came_from in arrivals:
             entry, risk = _place(workload, node, capacity, policy, outcome, carried)
             entry["arrived_from"] = came_from
             if entry["action"] in _STAYS:
