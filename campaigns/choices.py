@@ -88,7 +88,7 @@ IN_PLACE = frozenset({LIVEPATCH, OS_PACKAGES})
 def in_place(target: dict[str, str] | None) -> bool:
     """Whether a node's target is a kernel livepatch or an OS packages' update and nothing else (no
     drain, no reboot)."""
-    return bool(target) and set(target or ()) <= IN_PLACE
+    return bool(target) and IN_PLACE.issuperset(target or ())
 
 
 class MoveState(ChoiceSet):

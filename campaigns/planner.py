@@ -37,7 +37,7 @@ import gc
 import itertools
 import math
 import operator
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -56,6 +56,11 @@ HOME, MOVE = "home", "move"
 
 class PlanError(ValueError):
     """The campaign's policy cannot be planned (bad limit, bad window); the message names the field."""
+
+
+@functools.cache
+def _checkpointable(engine: str) -> bool:
+    return portability.rule(engine).checkpointable  # an unknown engine raises (and is not cached)
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ class PlanWorkload:
 
     @property
     def checkpointable(self) -> bool:
-        return portability.rule(self.checkpoint_engine).checkpointable
+        return _checkpointable(self.checkpoint_engine)
 
     def requirements(self, facts: dict[str, str]) -> portability.Requirements:
         return portability.requirements(
@@ -294,6 +299,7 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
     start = 2 if chosen else 1
     first_open: dict[tuple[str, str], int] = defaultdict(lambda: start)
     floor = start
+    grows = _grown(growth, step, 1, 1) is not None  # "fixed": the limits alone
     for node in nodes:
         if node.id in chosen:
             continue
@@ -305,8 +311,7 @@ def assign_waves(nodes: list[PlanNode], per_cluster: dict[str, int], per_pool: d
         limit_p = per_pool[key] if per_pool is not None else None
         in_cluster, in_pool, limit = cluster_count[cluster], pool_count[key], per_cluster[cluster]
         while True:
-            grown = _grown(growth, step, max(base[cluster], 1), wave)
-            limit_c = limit if grown is None else min(limit, grown)
+            limit_c = min(limit, _grown(growth, step, max(base[cluster], 1), wave) or 0) if grows else limit
             if in_cluster[wave] < limit_c and (limit_p is None or in_pool[wave] < limit_p):
                 break
             wave += 1
@@ -383,8 +388,9 @@ class Capacity:
     """
 
     def __init__(self, scope: list[PlanNode], receivers: list[PlanNode], waves: dict[int, int]) -> None:
-        self.by_id = {n.id: n for n in [*scope, *receivers]}
-        self.wave_of = {n.id: OUT_OF_SCOPE for n in receivers} | waves
+        every = [*scope, *receivers]
+        self.by_id = dict(zip(map(_ID, every), every, strict=True))
+        self.wave_of = dict.fromkeys(map(_ID, receivers), OUT_OF_SCOPE) | waves
         # Fleets repeat a few sets of facts: equal ones are one shared (read-only) dict, so the
         # caches and indexes below key on its identity instead of hashing its contents per node.
         shared: dict[tuple[Any, ...], dict[str, str]] = {}
@@ -410,7 +416,11 @@ class Capacity:
         self.facts_after = {n.id: facts_after(n) for n in scope}
         self.free = {n.id: n.gpu_count - sum(map(_GPUS, n.workloads)) for n in self.by_id.values()}
         self.receivers = receivers
-        self.scope_by_wave = sorted(scope, key=lambda n: (-waves[n.id], n.name))
+        # Latest wave first, by name within a wave (bucketed by wave: each bucket sorted on names alone).
+        by_wave: dict[int, list[PlanNode]] = defaultdict(list)
+        for node in scope:
+            by_wave[waves[node.id]].append(node)
+        self.scope_by_wave = [n for w in sorted(by_wave, reverse=True) for n in sorted(by_wave[w], key=_NAME)]
         self.patched: list[PlanNode] = []  # scope nodes patched so far, in wave order
         self.current = 0
         self._needs: dict[tuple[Any, ...], portability.Requirements] = {}
@@ -446,12 +456,15 @@ class Capacity:
         """The workload's requirements on `node`, their `requires` and words (described), and whether
         its checkpoint stays valid on `node` once patched: one lookup per (workload kind, node facts
         now and after), the facts being shared (see __init__)."""
-        after = self.facts_after[node.id]
-        key = (workload.cache_key(), id(self.facts_now[node.id]), id(after))
+        node_id = node.id
+        key = (workload.checkpoint_engine, workload.gpus > 0, workload.inference_engine, workload.engine_version,
+               workload.model_name, workload.model_version, workload.requires,  # workload.cache_key()
+               id(self.facts_now[node_id]), id(self.facts_after[node_id]))
         found = self._terms.get(key)
         if found is None:
             needed = self.requirements(workload, node)
-            found = self._terms[key] = (needed, *self.described(needed), portability.compatible(needed, after))
+            found = self._terms[key] = (needed, *self.described(needed),
+                                        portability.compatible(needed, self.facts_after[node_id]))
         return found
 
     def facts(self, node_id: int) -> dict[str, str]:
@@ -489,7 +502,7 @@ class Capacity:
         index = self.indexes.get(facts)
         if index is None:
             index = defaultdict(lambda: [_Lane(), _Lane(), _Lane(), _Lane()])
-            receivers = sorted(self.receivers, key=lambda n: n.name)
+            receivers = sorted(self.receivers, key=_NAME)
             for node, key in zip(receivers, self._keys(facts, receivers, False), strict=True):
                 index[key][EXPOSED if node.exposed_to else CLEAN].ids.append(node.id)
             if self._later is None:
@@ -522,11 +535,23 @@ class Capacity:
             if lanes is None:
                 return None
             self._lanes[(id(needed), source.cluster)] = lanes  # an index's lanes, once there, stay the same list
+        free = self.free
         for lane_no in (CLEAN, PATCHED, EXPOSED):
             lane = lanes[lane_no]
-            if lane.rotor >= len(lane.ids):
-                continue  # every candidate in it was passed as full (what _scan would find again)
-            found = self._scan(lane, needed, gpus, source, usable=len(lane.ids), rotate=False)
+            ids, rotor = lane.ids, lane.rotor
+            usable = len(ids)
+            while rotor < usable and free[ids[rotor]] <= 0:  # passed as full once and for all (as _scan does)
+                rotor += 1
+            lane.rotor = rotor
+            if rotor >= usable:
+                continue
+            # Most moves take the lane's first candidate with room: tried here before a scan (which
+            # would try it first, too).
+            candidate = ids[rotor]
+            if (candidate != source.id and free[candidate] >= gpus
+                    and not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))):
+                return self.by_id[candidate], lane_no
+            found = self._scan(lane, needed, gpus, source, usable=usable, rotate=False)
             if found is not None:
                 return found, lane_no
         later = lanes[LATER]
@@ -534,6 +559,13 @@ class Capacity:
             later.waves = [-self.wave_of[i] for i in later.ids]
         # Far enough ahead: waves after the next (a prefix, the lane being sorted latest first).
         usable = bisect.bisect_left(later.waves, -(self.current + 1))
+        if usable:  # the candidate at the rotor first, as in the preference lanes
+            index = later.rotor % usable
+            candidate = later.ids[index]
+            if (0 < free[candidate] and candidate != source.id and free[candidate] >= gpus
+                    and not (needed.if_reported and portability.mismatches(needed, self.facts(candidate)))):
+                later.rotor = index + 1
+                return self.by_id[candidate], LATER
         found = self._scan(later, needed, gpus, source, usable=usable, rotate=True)
         return (found, LATER) if found is not None else None
 
@@ -584,50 +616,64 @@ class _Outcome:
     finish_first: list[dict[str, Any]] = field(default_factory=list)
     no_capacity: list[dict[str, Any]] = field(default_factory=list)
     exposed_receivers: dict[int, dict[str, Any]] = field(default_factory=dict)
-    # Moves by action, counted as they are planned (the summary's figures).
+    # Moves by action and nodes by what the summary counts, counted as they are planned.
     migrations: int = 0
     returns_home: int = 0
+    livepatch: int = 0  # nodes whose remedy is a livepatch
+    packages_in_place: int = 0
+    past_deadline: int = 0
+
+
+# The workload policies as plain strings (read per workload).
+_CHECKPOINT, _WAIT, _COLD_RESTART = WorkloadPolicy.CHECKPOINT, WorkloadPolicy.WAIT, WorkloadPolicy.COLD_RESTART
 
 
 def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: Policy,
            outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> tuple[dict[str, Any], str]:
     """Decide one workload's way off `node`; returns its plan entry and the risk it adds ("" for none)."""
-    entry: dict[str, Any] = {"workload": workload.ref, "name": workload.name, "gpus": workload.gpus,
-                             "engine": workload.checkpoint_engine}
-    if workload.owner:
-        entry["owner"] = workload.owner
-    checkpointable = workload.checkpointable
+    gpus, engine, owner = workload.gpus, workload.checkpoint_engine, workload.owner
+    checkpointable = _checkpointable(engine)
     # Its scheduler's words on how it moves, after the plan's own (a zone, stop-first, pinned, unverified).
-    notes = "".join(f"; {n}" for n in workload.notes)
-    pinned = dict(workload.requires).get(portability.PINNED, "")
-    if checkpointable and workload.policy == WorkloadPolicy.CHECKPOINT and not pinned:
+    notes = "".join(f"; {n}" for n in workload.notes) if workload.notes else ""
+    pinned = dict(workload.requires).get(portability.PINNED, "") if workload.requires else ""
+    checkpoints = checkpointable and workload.policy == _CHECKPOINT and not pinned
+    if checkpoints:
         needed, requires, depends, home_ok = capacity.terms(workload, node)
-        entry["requires"] = requires
-        found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, workload.gpus, node)
+        found = None if (policy.placement == HOME and home_ok) else capacity.find(needed, gpus, node)
         if found is not None:
             target, lane = found
-            free = capacity.free[target.id] = capacity.free[target.id] - workload.gpus
-            if lane == LATER and target.id in capacity.facts_after:
-                carried[target.id].append((workload, node.name))
+            target_id = target.id
+            free = capacity.free[target_id] = capacity.free[target_id] - gpus
             if lane == CLEAN:
                 where = "outside the campaign"
             elif lane == PATCHED:
-                where = f"patched in wave {capacity.wave_of[target.id]}"
+                where = f"patched in wave {capacity.wave_of[target_id]}"
             elif lane == EXPOSED:
                 where = "outside the campaign, itself exposed to this campaign's advisories"
             else:
-                where = f"in wave {capacity.wave_of[target.id]}, moved again then"
-            entry["action"] = "migrate"
+                where = f"in wave {capacity.wave_of[target_id]}, moved again then"
+                if target_id in capacity.facts_after:
+                    carried[target_id].append((workload, node.name))
             outcome.migrations += 1
-            entry["to"] = target.id
-            entry["to_name"] = target.name
-            entry["why"] = f"{depends}; {free + workload.gpus} GPUs free on {target.name}; {where}{notes}"
+            why = f"{depends}; {free + gpus} GPUs free on {target.name}; {where}{notes}"
+            # Built whole (the common entry: one allocation, no growing), the keys in the order of the others.
+            entry: dict[str, Any] = (
+                {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine, "owner": owner,
+                 "requires": requires, "action": "migrate", "to": target_id, "to_name": target.name, "why": why}
+                if owner else
+                {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine,
+                 "requires": requires, "action": "migrate", "to": target_id, "to_name": target.name, "why": why})
             if lane == EXPOSED:
                 item = outcome.exposed_receivers.setdefault(target.id, {
                     "node": target.id, "name": target.name, "cluster": target.cluster,
                     "advisories": list(target.exposed_to), "workloads": []})
                 item["workloads"].append(workload.ref)
             return entry, ""
+    entry = {"workload": workload.ref, "name": workload.name, "gpus": gpus, "engine": engine}
+    if owner:
+        entry["owner"] = owner
+    if checkpoints:
+        entry["requires"] = requires
         if home_ok:
             outcome.returns_home += 1
             entry.update(action="return_home", to=node.id, to_name=node.name,
@@ -635,23 +681,22 @@ def _place(workload: PlanWorkload, node: PlanNode, capacity: Capacity, policy: P
                              f"after the reboot{notes}")
             return entry, ""
     label = workload.name or workload.ref
-    restarter, restart = _restart_text(policy, node.cluster)
     # A workload with a controller other than the one gpusweep copies into is never copied: the plan says whose.
     owned = f"; owned by {workload.owner}, never copied" if workload.owner and not checkpointable else ""
     # A pinned workload is never checkpointed for nothing: waited for, or cold-started where the campaign allows it.
-    if workload.policy == WorkloadPolicy.WAIT or (pinned and workload.policy == WorkloadPolicy.CHECKPOINT
-                                                  and not policy.cold_restart_allowed):
-        waits = ("policy waits for it to end before the node drains" if workload.policy == WorkloadPolicy.WAIT else
+    if workload.policy == _WAIT or (pinned and workload.policy == _CHECKPOINT and not policy.cold_restart_allowed):
+        waits = ("policy waits for it to end before the node drains" if workload.policy == _WAIT else
                  "the node waits for it to end before it drains")
         entry.update(action="finish_first", why=f"{waits}{owned}{notes}")
         outcome.finish_first.append({"node": node.id, "node_name": node.name, **entry})
         return entry, f"waits for {label} to finish"
-    if workload.policy == WorkloadPolicy.COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
+    if workload.policy == _COLD_RESTART or policy.cold_restart_allowed or not checkpointable:
         reason = (f"it cannot be checkpointed ({workload.checkpoint_engine})" if not checkpointable else
                   "it cannot move" if pinned else
                   "no node where its checkpoint is valid has room outside this and the next wave")
-        if workload.policy == WorkloadPolicy.COLD_RESTART:
+        if workload.policy == _COLD_RESTART:
             reason = "its policy is a cold restart"
+        restarter, restart = _restart_text(policy, node.cluster)
         if owned:
             restarter, restart = workload.owner, f"started again by its controller, {workload.owner}"
         entry["action"] = "cold_start"
@@ -685,11 +730,10 @@ def _wave_times(policy: Policy, last_wave: int, soak_after_first: bool) -> dict[
 
 def _limits(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> tuple[
         dict[str, int], dict[tuple[str, str], int] | None]:
-    cluster_sizes: dict[str, int] = defaultdict(int)
-    pool_sizes: dict[tuple[str, str], int] = defaultdict(int)
-    for node in [*scope, *receivers]:
-        cluster_sizes[node.cluster] += 1
-        pool_sizes[(node.cluster, node.pool)] += 1
+    every = [*scope, *receivers]
+    # Counted in C (Counter over attribute getters), in order of first appearance as a loop would.
+    cluster_sizes = Counter(map(_CLUSTER, every))
+    pool_sizes = Counter(zip(map(_CLUSTER, every), map(_POOL, every), strict=True))
     per_cluster = {c: parse_limit(policy.per_cluster, size, "parallelism_per_cluster")
                    for c, size in cluster_sizes.items()}
     per_pool = ({p: parse_limit(policy.per_pool, size, "parallelism_per_pool") for p, size in pool_sizes.items()}
@@ -711,18 +755,31 @@ def plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> di
             gc.enable()
 
 
+def _urgency_order(scope: list[PlanNode], default: datetime) -> list[PlanNode]:
+    """`scope` sorted by (last, deadline or `default`, cluster, pool, name, id): one stable sort per
+    key, the least significant first (the same order as one sort on the tuple, ties in the scope's
+    order; each pass compares single values, cheaper than tuples, and ids and names come nearly sorted)."""
+    ordered = sorted(scope, key=_ID)
+    for key in (_NAME, _POOL, _CLUSTER):
+        ordered.sort(key=key)
+    ordered.sort(key=lambda n: n.deadline or default)
+    ordered.sort(key=_LAST)
+    return ordered
+
+
+_ID, _NAME, _POOL, _CLUSTER, _LAST = (operator.attrgetter(a) for a in ("id", "name", "pool", "cluster", "last"))
+
+
 def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> dict[str, Any]:
-    ordered = sorted(scope, key=lambda n: (n.last, n.deadline or policy.deadline or FAR, n.cluster, n.pool, n.name,
-                                           n.id))
+    ordered = _urgency_order(scope, policy.deadline or FAR)
     per_cluster, per_pool = _limits(scope, receivers, policy)
     canary = canary_nodes([n for n in ordered if not n.last], policy.canary)
     waves = assign_waves(ordered, per_cluster, per_pool, canary, policy.growth, policy.growth_step)
     capacity = Capacity(scope, receivers, waves)
     last_wave = max(waves.values(), default=0)
     wave_times = _wave_times(policy, last_wave, bool(canary))
-    ordered_by_wave = sorted(ordered, key=lambda n: waves[n.id])  # stable: urgency order within a wave
-    nodes_of: dict[int, list[PlanNode]] = defaultdict(list)
-    for node in ordered_by_wave:
+    nodes_of: dict[int, list[PlanNode]] = defaultdict(list)  # each wave's nodes in urgency order
+    for node in ordered:
         nodes_of[waves[node.id]].append(node)
     outcome = _Outcome()
     carried: dict[int, list[tuple[PlanWorkload, str]]] = defaultdict(list)  # arrivals: (workload, from node's name)
@@ -746,6 +803,9 @@ def _plan(scope: list[PlanNode], receivers: list[PlanNode], policy: Policy) -> d
     return result
 
 
+# The steps of a node that is drained (not fixed in place).
+_DRAINED_STEPS = SweepState.steps_of(None)
+
 # Actions that keep a workload's GPUs on its own node through the patch.
 _STAYS = frozenset({"return_home", "cold_start", "finish_first"})
 
@@ -758,52 +818,64 @@ def _plan_node(node: PlanNode, wave: int, position: int, times: _Times, capacity
                outcome: _Outcome, carried: dict[int, list[tuple[PlanWorkload, str]]]) -> dict[str, Any]:
     if in_place(node.target):
         arrived = [w for w, _from in carried.pop(node.id, [])]  # moved here earlier: they stay too
-        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, times, policy)
+        return _plan_in_place(node, [*node.workloads, *arrived], wave, position, times, policy, outcome)
     begins, ends, start_iso, end_iso = times
     # The node is drained: its own work leaves, then what moved here earlier (what comes back home
     # is counted again below).
     free = capacity.free
-    free[node.id] = node.gpu_count
+    node_id = node.id
+    free[node_id] = node.gpu_count
     risks: list[str] = []
     moves: list[dict[str, Any]] = []
     for workload in node.workloads:
         entry, risk = _place(workload, node, capacity, policy, outcome, carried)
         if entry["action"] in _STAYS:
-            free[node.id] -= workload.gpus
+            free[node_id] -= workload.gpus
         if risk:
             risks.append(risk)
         moves.append(entry)
-    for workload, came_from in carried.pop(node.id, ()):
-        entry, risk = _place(workload, node, capacity, policy, outcome, carried)
-        entry["arrived_from"] = came_from
-        if entry["action"] in _STAYS:
-            free[node.id] -= workload.gpus
-        if risk:
-            risks.append(risk)
-        moves.append(entry)
+    arrivals = carried.pop(node_id, None)
+    if arrivals:
+        for workload, came_from in arrivals:
+            entry, risk = _place(workload, node, capacity, policy, outcome, carried)
+            entry["arrived_from"] = came_from
+            if entry["action"] in _STAYS:
+                free[node_id] -= workload.gpus
+            if risk:
+                risks.append(risk)
+            moves.append(entry)
     deadline = node.deadline or policy.deadline
     if begins is None:
         risks.append("no window within the planning horizon")
     elif deadline is not None and ends is not None and ends > deadline:
         risks.append(f"past deadline {_iso(deadline)}")
+        outcome.past_deadline += 1
+    target, versions = node.target, node.versions
+    shown = {}  # the versions now of what the target changes (a loop: cheaper than a comprehension for 1 or 2)
+    for component in target:
+        shown[component] = versions.get(component, "")
     planned: dict[str, Any] = {
         "name": node.name, "cluster": node.cluster, "pool": node.pool, "wave": wave, "position": position,
-        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso(deadline),
-        "target": node.target, "versions": {c: node.versions.get(c, "") for c in node.target},
-        "last_group": node.last, "moves": moves, "risks": risks, "steps": list(SweepState.steps_of(node.target)),
+        "expected_start": start_iso, "expected_end": end_iso, "deadline": _iso_of(deadline) if deadline else None,
+        "target": target, "versions": shown,
+        "last_group": node.last, "moves": moves, "risks": risks, "steps": list(_DRAINED_STEPS),
     }
     if node.remedy:
         planned["remedy"] = node.remedy
+        outcome.livepatch += node.remedy == "livepatch"
     return planned
 
 
 def _plan_in_place(node: PlanNode, workloads: list[PlanWorkload], wave: int, position: int, times: _Times,
-                   policy: Policy) -> dict[str, Any]:
+                   policy: Policy, outcome: _Outcome) -> dict[str, Any]:
     """A node fixed in place (a livepatch, OS packages' update) keeps its work where it is: nothing
     moves, nothing is checkpointed, and it takes no work from others (its GPUs stay busy with its own)."""
     _begins, ends, start_iso, end_iso = times
     deadline = node.deadline or policy.deadline
     risks = [f"past deadline {_iso(deadline)}"] if deadline and ends and ends > deadline else []
+    outcome.past_deadline += bool(risks)
+    outcome.livepatch += (node.remedy or "livepatch") == "livepatch"
+    outcome.packages_in_place += OS_PACKAGES in node.target
     why = []
     if LIVEPATCH in node.target:
         why.append("a livepatch fixes the running kernel")
@@ -834,12 +906,6 @@ def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[Plan
         for w in range(1, last_wave + 1)
     ]
     exposed = sorted(outcome.exposed_receivers.values(), key=lambda r: r["name"])
-    # One pass over the nodes for the counts of the summary that the moves' do not give.
-    livepatch = packages_in_place = past_deadline = 0
-    for entry in explained.values():
-        livepatch += entry.get("remedy") == "livepatch"
-        packages_in_place += bool(entry.get("in_place")) and OS_PACKAGES in entry["target"]
-        past_deadline += any(r.startswith("past deadline") for r in entry["risks"])
     return {
         "generated_at": _iso(policy.start),
         # The limits as numbers, so execution enforces exactly what the approver read.
@@ -861,10 +927,10 @@ def _result(policy: Policy, waves: dict[int, int], nodes_of: dict[int, list[Plan
             "nodes": len(scope), "waves": last_wave,
             "expected_end": wave_list[-1]["end"] if wave_list else None,
             "migrations": outcome.migrations, "returns_home": outcome.returns_home,
-            "livepatch_only": livepatch, "packages_in_place": packages_in_place,
+            "livepatch_only": outcome.livepatch, "packages_in_place": outcome.packages_in_place,
             "cold_starts": len(outcome.cold_starts), "finish_first": len(outcome.finish_first),
             "no_capacity": len(outcome.no_capacity), "exposed_receivers": len(exposed),
-            "past_deadline": past_deadline,
+            "past_deadline": outcome.past_deadline,
         },
     }
 
