@@ -28,14 +28,12 @@ import argparse
 import math
 import os
 import queue
-import random
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def bench_planner(count: int) -> float:
-    from campaigns.planner import PlanNode, PlanWorkload, Policy, parse_windows, plan
+    from bench.planner_hash import bench_fleet  # the one definition of the bench fleet (planner_hash hashes its plan)
+    from campaigns.planner import plan
 
-    rng = random.Random(7)
-    start = datetime(2026, 12, 1, tzinfo=UTC)
-    nodes = [
-        PlanNode(
-            id=i, name=f"n{i:05d}", cluster=f"c{i % 4}", pool=f"p{i % 20}", gpu_model="H100", gpu_count=8,
-            versions={"driver": "570.86.15" if i % 3 else "535.183.01", "cuda": "12.8"},
-            workloads=tuple(PlanWorkload(ref=f"w{i}-{j}", gpus=2, checkpoint_engine=("cuda", "signal")[j % 2])
-                            for j in range(2)),
-            target={"driver": "570.195.03" if i % 3 else "535.247.01"},
-            deadline=start + timedelta(days=rng.randint(5, 60)),
-        )
-        for i in range(count)
-    ]
-    receivers = [PlanNode(id=count + i, name=f"r{i}", cluster=f"c{i % 4}", pool="spare", gpu_model="H100",
-                          gpu_count=8, versions={"driver": "570.86.15", "cuda": "12.8"}) for i in range(count // 20)]
-    policy = Policy(start=start, per_cluster="5%", per_pool="20%", cold_restart_allowed=True,
-                    windows=parse_windows([{"days": [0, 1, 2, 3, 4], "start": "22:00", "end": "06:00",
-                                            "tz": "Europe/Berlin"}]))
+    nodes, receivers, policy = bench_fleet(count)
     began = time.perf_counter()
     result = plan(nodes, receivers, policy)
     elapsed = time.perf_counter() - began

@@ -29,8 +29,6 @@ import datetime as dt
 import decimal
 import hashlib
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +42,7 @@ from rest_framework.request import Request
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 from gpusweep import datagen
+from gpusweep.bounded import BoundedMap
 from gpusweep.responses import flight
 from gpusweep.roles import user_roles
 
@@ -56,8 +55,7 @@ PAGE_PARAMS = frozenset({"limit", "offset", CURSOR, "ordering", "format"})
 _KEPT_COUNTS = 4096  # per process; the oldest goes first
 
 log = logging.getLogger(__name__)
-_counts: OrderedDict[str, int] = OrderedDict()
-_counts_lock = threading.Lock()  # gthread workers: threads share it
+_counts: BoundedMap[str, int] = BoundedMap(_KEPT_COUNTS)  # gthread workers: threads share it
 
 
 def _bounded(request: Request, name: str, low: int, high: int, default: int) -> int:
@@ -106,17 +104,12 @@ def list_count(queryset: QuerySet[Any], request: Request, view: Any) -> int:
                     cache.set(key, found, timeout=settings.GPUSWEEP_RESPONSE_CACHE_S)
                 except datagen.CACHE_ERRORS:
                     log.warning("cache unreachable: count of %s not kept", request.path, exc_info=True)
-        with _counts_lock:
-            _counts[key] = found
-            _counts.move_to_end(key)
-            while len(_counts) > _KEPT_COUNTS:
-                _counts.popitem(last=False)
+        _counts.put(key, found)
     return found
 
 
 def _kept(key: str) -> int | None:
-    with _counts_lock:
-        return _counts.get(key)
+    return _counts.get(key)
 
 
 def _ordering(queryset: QuerySet[Any]) -> list[str]:

@@ -51,7 +51,6 @@ import logging
 import pickle
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar, cast
@@ -64,6 +63,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gpusweep import datagen
+from gpusweep.bounded import BoundedMap
 from gpusweep.roles import user_roles
 
 # Headers of the rendered answer that a hit repeats (the middleware after the view adds the rest).
@@ -283,13 +283,11 @@ def cached(name: str, tables: Sequence[str], compute: Callable[[], tuple[T, dt.d
 # request's user), as from the shared cache; kept under the generations read from the database on
 # this request, which every process's writes raise (and psql's): as correct as the shared cache.
 _KEPT_HERE = 1024  # values; the oldest goes first
-_here: OrderedDict[str, tuple[tuple[int, ...], bytes, dt.datetime | None, float]] = OrderedDict()
-_here_lock = threading.Lock()
+_here: BoundedMap[str, tuple[tuple[int, ...], bytes, dt.datetime | None, float]] = BoundedMap(_KEPT_HERE)
 
 
 def _here_get(key: str, generations: datagen.Generations) -> tuple[bool, Any]:
-    with _here_lock:
-        entry = _here.get(key)
+    entry = _here.get(key)
     if (entry is None or entry[0] != generations.values or entry[3] <= time.monotonic()
             or (entry[2] is not None and entry[2] <= timezone.now())):
         return False, None
@@ -309,11 +307,7 @@ def _kept_here(key: str, generations: datagen.Generations, compute: Callable[[],
         life = ttl if until is None else min(ttl, (until - timezone.now()).total_seconds())
         if life >= 1:
             kept = (generations.values, pickle.dumps(computed, pickle.HIGHEST_PROTOCOL), until, time.monotonic() + life)
-            with _here_lock:
-                _here[key] = kept
-                _here.move_to_end(key)
-                while len(_here) > _KEPT_HERE:
-                    _here.popitem(last=False)
+            _here.put(key, kept)
         return computed
 
 
