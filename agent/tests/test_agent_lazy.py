@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import COUNTER, CRIU_HINT, AgentProcess, criu_usable, kill_pid, steps, wait_for, wait_steps
+from gpusweep_agent.engines import lazy
 from gpusweep_agent.engines.criu import processes_mentioning
 from gpusweep_agent.engines.lazy import lazy_pages_missing
 from gpusweep_agent.transfer import image_digest
@@ -67,6 +68,14 @@ def move_lazily(a: AgentProcess, b: AgentProcess, workload: str, pid: int) -> tu
     restored = b.client.call("/v1/restore", f"rs-{workload}", checkpoint_id=checkpoint_id)
     assert restored["state"] == "succeeded", restored
     return manifest, int(restored["result"]["pid"])
+
+
+def stream_ended(helper: int) -> bool:
+    """Whether a stopped lazy helper (the source's dump or the receiver's daemon) had already moved every
+    page, read from the log it names after -o."""
+    argv = Path(f"/proc/{helper}/cmdline").read_bytes().split(b"\0")
+    text = Path(argv[argv.index(b"-o") + 1].decode()).read_text(errors="replace")
+    return lazy.SERVED in text or (lazy.TRANSFERRED_RE.search(text) is not None)
 
 
 def lazy_side(agent: AgentProcess, checkpoint_id: str, side: str) -> dict[str, Any]:
@@ -118,22 +127,41 @@ def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page
 @pytest.mark.parametrize("cut", ["source page server", "receiver daemon"])
 def test_a_stream_cut_mid_way_kills_the_restored_copy_and_resumes_the_source(agents, tmp_path, cut) -> None:  # type: ignore[no-untyped-def]
     a, b = agents
-    log = tmp_path / "counter.log"
-    # Enough memory that the background stream is still running when it is cut.
-    proc, pid = start_in_pid_namespace(log, megabytes=400)
-    new_pid = 0
-    try:
+    # Enough memory that the background stream is usually still running when it is cut. The cut must
+    # come mid-stream: the helper is stopped first and its log read; a stream that had already ended
+    # (a quiet machine moves 400 MB in under a second) is let finish, both sides must then agree it is
+    # complete, and the move is made again with a new counter, up to three times.
+    for attempt in range(3):
+        log = tmp_path / f"counter-{attempt}.log"
+        proc, pid = start_in_pid_namespace(log, megabytes=400)
+        new_pid = 0
         wait_steps(log, 20, timeout=60)
-        workload = f"lazy-cut-{cut.split()[0]}"
+        workload = f"lazy-cut-{cut.split()[0]}-{attempt}"
         manifest, new_pid = move_lazily(a, b, workload, pid)
         checkpoint_id = manifest["checkpoint_id"]
         # The source's `criu dump` (its page server) or the receiver's lazy-pages daemon dies mid-stream.
         word, role = (b"dump", "--lazy-pages") if cut == "source page server" else (b"lazy-pages", "--page-server")
         helpers = [p for p in processes_mentioning(role)
                    if word in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
-        assert helpers, f"the {cut} ended before the test could cut it"
+        for helper in helpers:
+            os.kill(helper, signal.SIGSTOP)
+        if helpers and not any(stream_ended(helper) for helper in helpers):
+            break
+        for helper in helpers:
+            os.kill(helper, signal.SIGCONT)
+        # Ended before the cut: both sides must agree it is complete, and the restored copy runs on.
+        wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") == "complete", 30,  # noqa: B023
+                 what="an ended stream to complete on the receiver")
+        assert pid_alive(new_pid)
+        kill_pid(new_pid)
+        kill_pid(pid)
+        proc.wait(10)
+    else:
+        pytest.fail(f"the {cut} ended before the test could cut it, three times")
+    try:
         for helper in helpers:
             os.kill(helper, signal.SIGKILL)
+            os.kill(helper, signal.SIGCONT)
         receiver = wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") in ("complete", "failed")
                             and lazy_side(b, checkpoint_id, "receiver"), 30, what="the receiver to see the cut")
         assert receiver["state"] == "failed", receiver
