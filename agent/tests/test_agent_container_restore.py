@@ -115,7 +115,7 @@ def test_a_checkpoint_of_a_containers_workload_is_restored_into_the_replacement_
 
     restored = agent_b.client.call("/v1/restore", "rs-ctr", checkpoint_id=taken["result"]["checkpoint_id"],
                                    container_id=f"containerd://{target_id}")
-    assert restored["state"] == "succeeded", restored
+    assert restored["state"] == "succeeded", f"{restored}"
     pid = int(restored["result"]["pid"])
     assert restored["result"]["container_pid"] == target.pid
     # Into the container's own PID namespace, under the pid it had (the placeholder is pid 1 there).
