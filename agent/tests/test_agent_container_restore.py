@@ -11,12 +11,12 @@ checks from outside: the restored process's namespaces are the target container'
 /proc/<pid>/ns/*), its cgroups are the container's, its root is the container's root (a file only that root
 has), and its counter went on without a reset.
 
-It runs twice: with the restoring agent on the node, and with it as the DaemonSet runs it (hostPID, privileged,
-``host_exec``/``host_root`` set), in a mount namespace of its own that lacks the target's root mount and a
-cgroup namespace of its own where the target's cgroups are ``/../...`` and its /sys/fs/cgroup is its own
-subtree (``containers.agent_container``), the target container in a cgroup namespace of its own as containerd
-makes one under cgroup v2. Stand-in there: "the node" is this test's process (``host_root`` names it), not pid
-1, which a sandbox may not let the test reach; the dumping agent runs on the node.
+It runs twice: with both agents on the node, and with both as the DaemonSet runs them (hostPID, privileged,
+``host_exec``/``host_root`` set), each in a mount namespace of its own that lacks the containers' root mounts
+and a cgroup namespace of its own where the containers' cgroups are ``/../...`` and its /sys/fs/cgroup is its
+own subtree (``containers.agent_container``), both containers in cgroup namespaces of their own as containerd
+makes them under cgroup v2. Stand-in there: "the node" is this test's process (``host_root`` names it), not
+pid 1, which a sandbox may not let the test reach.
 
 Stand-in: the counter's log is in each container's own root, so the test copies it from the source's root
 to the target's between the checkpoint and the restore, as a pod's volume would move with it (CRIU reopens
@@ -47,26 +47,28 @@ pytestmark = pytest.mark.criu
 def two_containers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         tuple[AgentProcess, AgentProcess, containers.Container, containers.Container, str]]:
     """Two agents, a source container running the counter and a target container holding the placeholder.
-    ``agent-in-a-container``: the restoring agent runs as the DaemonSet's container runs it
-    (``containers.agent_container``: its own mount and cgroup namespaces, its own cgroup subtree mounted, hostPID),
-    with ``host_exec``/``host_root`` naming this test's process as the node (the sandbox's pid 1 may not be
-    reachable), and the target container in a cgroup namespace of its own, as containerd makes one under cgroup v2.
+    ``agent-in-a-container``: both agents run as the DaemonSet's container runs one (``containers.agent_container``:
+    their own mount and cgroup namespaces, their own cgroup subtree mounted, hostPID), with ``host_exec`` and
+    ``host_root`` naming this test's process as the node (the sandbox's pid 1 may not be reachable), and both
+    containers in cgroup namespaces of their own, as containerd makes them under cgroup v2.
     """
     need(criu_usable() and shutil.which("unshare") is not None, CRIU_HINT + " (and util-linux's unshare)")
     in_container = request.param == "agent-in-a-container"
     store = tmp_path / "artifacts"
-    agent_a = AgentProcess(tmp_path, "gpu-a", store).start()
-    wrap, agent_cgroups = containers.agent_container(tmp_path, "gpu-b") if in_container else ([], [])
+    wrap_a, cgroups_a = containers.agent_container(tmp_path, "gpu-a") if in_container else ([], [])
+    wrap_b, cgroups_b = containers.agent_container(tmp_path, "gpu-b") if in_container else ([], [])
     settings = {"host_exec": f"nsenter -t {os.getpid()} -m -u -i -n -p --",
                 "host_root": f"/proc/{os.getpid()}/root"} if in_container else {}
-    agent_b = AgentProcess(tmp_path, "gpu-b", store, wrap=wrap, **settings)
+    agent_a = AgentProcess(tmp_path, "gpu-a", store, wrap=wrap_a, **settings).start()
+    agent_b = AgentProcess(tmp_path, "gpu-b", store, wrap=wrap_b, **settings)
     started: list[containers.Container] = []
     target_id = uuid.uuid4().hex + uuid.uuid4().hex
     try:
         agent_b.start()
         # Containers start after the agents: their root mounts are not in a containerized agent's mount table.
         started.append(containers.start(tmp_path / "ctr-a", "a", "workload",
-                                        [sys.executable, str(COUNTER), "/counter.log", "1"]))
+                                        [sys.executable, str(COUNTER), "/counter.log", "1"],
+                                        cgroup_namespace=in_container))
         # The placeholder waits 4 s for the restore; it must stay while the restored workload runs.
         started.append(containers.start(tmp_path / "ctr-b", "b", "placeholder", ["4"],
                                         cgroup_name=f"cri-containerd-{target_id}.scope",
@@ -77,7 +79,7 @@ def two_containers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
             container.stop()
         agent_a.stop()
         agent_b.stop()
-        containers.remove_cgroups(agent_cgroups)
+        containers.remove_cgroups(cgroups_a + cgroups_b)
 
 
 def namespaces(pid: int) -> dict[str, int]:
@@ -106,7 +108,7 @@ def test_a_checkpoint_of_a_containers_workload_is_restored_into_the_replacement_
     assert registered["state"] == "succeeded", registered
 
     taken = agent_a.client.call("/v1/checkpoint", "ck-ctr", workload_id="ml.trainer")
-    assert taken["state"] == "succeeded", taken
+    assert taken["state"] == "succeeded", f"{taken}"
     # What the restore needs is in the image's record: the pod's network and the container's PID namespace.
     container = taken["result"]["manifest"]["engine_data"]["container"]
     assert {"net", "pid", "mnt"} <= set(container) and not container.get("pid_init"), container

@@ -461,7 +461,7 @@ class CriuEngine(CheckpointEngine):
                 *self._options(data), "--lazy-pages", "--address", address, "--port", str(port)]
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._in_host_cgroups())
         progress(helper_pid=proc.pid, log=str(log), leave_running=False)
         if not lazy.wait_for_line(proc, log, lazy.SERVING):
             proc.kill()
@@ -521,11 +521,17 @@ class CriuEngine(CheckpointEngine):
         # fails and thaws the process), and the log says which.
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._in_host_cgroups())
         progress(helper_pid=proc.pid, log=str(log), leave_running=leave_running)
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
         return ok, rc, log, round(time.monotonic() - started, 3)
+
+    def _in_host_cgroups(self) -> Callable[[], None] | None:
+        """For an agent in a container: CRIU's dump runs in the node's cgroup namespace, where it reads the
+        workload's cgroups as full paths (in the agent's own, /../.. paths CRIU refuses). None on the node."""
+        host = host_pid(self.config)
+        return None if host is None else functools.partial(_setns, f"/proc/{host}/ns/cgroup", CLONE_NEWCGROUP)
 
     def _options(self, data: dict[str, Any]) -> list[str]:
         container = data.get("container") or {}
@@ -561,7 +567,8 @@ class CriuEngine(CheckpointEngine):
                 args += ["--prev-images-dir", f"../{rounds[-1]['folder']}"]
             started = time.monotonic()
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=self._in_host_cgroups())
             progress(helper_pid=proc.pid, log=str(log), leave_running=True)
             if proc.wait() != 0:
                 # A pre-dump leaves the workload running whatever happens: drop the rounds, dump plainly.
