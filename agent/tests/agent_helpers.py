@@ -58,8 +58,10 @@ class AgentProcess:
     """A real `gpusweep-agent` process with its own port, state folder and static facts file."""
 
     def __init__(self, root: Path, node: str, artifacts: Path, facts: dict[str, Any] | None = None,
-                 **settings: str) -> None:
+                 wrap: list[str] | None = None, **settings: str) -> None:
         self.node = node
+        # A command prefix the agent runs behind (containers.agent_container: as in a DaemonSet's container).
+        self.wrap = list(wrap or [])
         self.port = free_port()
         self.state = root / f"state-{node}"
         self.facts_file = root / f"facts-{node}.json"
@@ -83,8 +85,9 @@ class AgentProcess:
         # starts again on another port (callers read .port after start()).
         for _attempt in range(5):
             with self.log.open("ab") as log:
-                self.proc = subprocess.Popen([sys.executable, "-m", "gpusweep_agent.main", "--log-level", "DEBUG"],
-                                             env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                self.proc = subprocess.Popen(
+                    [*self.wrap, sys.executable, "-m", "gpusweep_agent.main", "--log-level", "DEBUG"],
+                    env=self.env, stdout=log, stderr=subprocess.STDOUT)
             wait_for(self._answers_or_exited, 20, what=f"agent {self.node} to answer /v1/health (log {self.log})")
             if self.proc.poll() is None or f"cannot listen on 127.0.0.1:{self.port}" not in self.log.read_text(
                     errors="replace"):

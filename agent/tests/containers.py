@@ -81,37 +81,73 @@ class Container:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        for cgroup in self.cgroups:
-            while cgroup.is_dir():
-                try:
-                    cgroup.rmdir()
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
+        remove_cgroups(self.cgroups)
         subprocess.run(["umount", "-l", str(self.merged)], check=False, capture_output=True)
 
 
-def start(folder: Path, name: str, mode: str, command: list[str], hostname: str = "",
-          cgroup_name: str = "") -> Container:
-    """A container `name` under `folder` running `command` (see the module docstring for `mode`), in the cgroup
-    `cgroup_name` (default `name`) under ``gpusweep-test`` (a runtime names it after the container id)."""
-    upper, work, merged = folder / "upper", folder / "work", folder / "rootfs"
-    for part in (upper, work, merged):
-        part.mkdir(parents=True, exist_ok=True)
-    (upper / f"only-in-{name}").write_text(name)
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/,upperdir={upper},workdir={work}",
-                    str(merged)], check=True)
+def make_cgroups(name: str) -> list[Path]:
+    """The cgroup `name` under ``gpusweep-test`` in every hierarchy mounted here, made if missing."""
     cgroups = []
     for mount in {str(p): p for p in cgroup_mounts().values()}.values():
-        cgroup = mount / CGROUP_PARENT / (cgroup_name or name)
+        cgroup = mount / CGROUP_PARENT / name
         for level in (cgroup.parent, cgroup):
             level.mkdir(exist_ok=True)
             for knob in ("cpuset.cpus", "cpuset.mems"):  # a v1 cpuset admits no task until they are set
                 if (level / knob).is_file() and not (level / knob).read_text().strip():
                     (level / knob).write_text((level.parent / knob).read_text())
         cgroups.append(cgroup)
+    return cgroups
+
+
+def remove_cgroups(cgroups: list[Path], wait: float = 10) -> None:
+    deadline = time.monotonic() + wait
+    for cgroup in cgroups:
+        while cgroup.is_dir():
+            try:
+                cgroup.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+
+
+def agent_container(folder: Path, name: str) -> tuple[list[str], list[Path]]:
+    """A command prefix that runs the agent as a Kubernetes DaemonSet's privileged container runs it with
+    ``hostPID`` (on containerd under cgroup v2): in a cgroup of its own and in its own mount namespace (no
+    mount made on the host after it started shows in it) and cgroup namespace (rooted at its cgroup, so
+    /proc/<pid>/cgroup names every other cgroup relative to it, ``/../...``), its /sys/fs/cgroup hierarchies
+    mounted again inside that namespace so they show its own subtree only, as a container's do. Its PID,
+    network, UTS and IPC namespaces stay the host's (hostPID; the test needs its port). Returns the prefix
+    and the agent's cgroups (for remove_cgroups once it has stopped)."""
+    cgroups = make_cgroups(f"agent-{name}")
+    remount = []
+    for key, point in cgroup_mounts().items():
+        kind = "cgroup2" if key == "" else "cgroup"
+        options = "" if key == "" else f"-o {'none,' + key if key.startswith('name=') else key} "
+        remount.append(f"umount -l {point} && mount -t {kind} {options}{kind} {point}")
+    script = folder / f"agent-container-{name}.sh"
+    script.write_text(
+        "set -e\n"
+        + "".join(f"echo $$ > {cgroup}/cgroup.procs\n" for cgroup in cgroups)
+        + "exec unshare --mount --cgroup --propagation private sh -c '"
+        + " && ".join(remount)
+        + " && exec \"$@\"' agent \"$@\"\n"
+    )
+    return ["sh", str(script)], cgroups
+
+
+def start(folder: Path, name: str, mode: str, command: list[str], hostname: str = "",
+          cgroup_name: str = "", cgroup_namespace: bool = False) -> Container:
+    """A container `name` under `folder` running `command` (see the module docstring for `mode`), in the cgroup
+    `cgroup_name` (default `name`) under ``gpusweep-test`` (a runtime names it after the container id); with
+    `cgroup_namespace`, in a cgroup namespace of its own rooted there (containerd's under cgroup v2)."""
+    upper, work, merged = folder / "upper", folder / "work", folder / "rootfs"
+    for part in (upper, work, merged):
+        part.mkdir(parents=True, exist_ok=True)
+    (upper / f"only-in-{name}").write_text(name)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir=/,upperdir={upper},workdir={work}",
+                    str(merged)], check=True)
+    cgroups = make_cgroups(cgroup_name or name)
 
     def enter() -> None:
         for cgroup in cgroups:
@@ -119,6 +155,7 @@ def start(folder: Path, name: str, mode: str, command: list[str], hostname: str 
 
     proc = subprocess.Popen(
         ["unshare", "--mount", "--net", "--uts", "--ipc", "--pid", "--fork", "--propagation", "private",
+         *(["--cgroup"] if cgroup_namespace else []),
          sys.executable, __file__, mode, str(merged), hostname or name, "--", *command],
         preexec_fn=enter, stdin=subprocess.DEVNULL, stdout=(folder / "out.log").open("ab"),
         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(AGENT_SRC)})

@@ -11,6 +11,13 @@ checks from outside: the restored process's namespaces are the target container'
 /proc/<pid>/ns/*), its cgroups are the container's, its root is the container's root (a file only that root
 has), and its counter went on without a reset.
 
+It runs twice: with both agents on the node, and with both as the DaemonSet runs them (hostPID, privileged,
+``host_exec``/``host_root`` set), each in a mount namespace of its own that lacks the containers' root mounts
+and a cgroup namespace of its own where the containers' cgroups are ``/../...`` and its /sys/fs/cgroup is its
+own subtree (``containers.agent_container``), both containers in cgroup namespaces of their own as containerd
+makes them under cgroup v2. Stand-in there: "the node" is this test's process (``host_root`` names it), not
+pid 1, which a sandbox may not let the test reach.
+
 Stand-in: the counter's log is in each container's own root, so the test copies it from the source's root
 to the target's between the checkpoint and the restore, as a pod's volume would move with it (CRIU reopens
 the file by its path and checks its size).
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -35,36 +43,63 @@ from conftest import need
 pytestmark = pytest.mark.criu
 
 
-@pytest.fixture
-def two_containers(tmp_path: Path) -> Iterator[tuple[AgentProcess, AgentProcess, containers.Container,
-                                                     containers.Container, str]]:
+@pytest.fixture(params=["agent-on-the-node", "agent-in-a-container"])
+def two_containers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
+        tuple[AgentProcess, AgentProcess, containers.Container, containers.Container, str]]:
+    """Two agents, a source container running the counter and a target container holding the placeholder.
+    ``agent-in-a-container``: both agents run as the DaemonSet's container runs one (``containers.agent_container``:
+    their own mount and cgroup namespaces, their own cgroup subtree mounted, hostPID), with ``host_exec`` and
+    ``host_root`` naming this test's process as the node (the sandbox's pid 1 may not be reachable), and both
+    containers in cgroup namespaces of their own, as containerd makes them under cgroup v2.
+    """
     need(criu_usable() and shutil.which("unshare") is not None, CRIU_HINT + " (and util-linux's unshare)")
+    in_container = request.param == "agent-in-a-container"
     store = tmp_path / "artifacts"
-    agent_a = AgentProcess(tmp_path, "gpu-a", store).start()
-    agent_b = AgentProcess(tmp_path, "gpu-b", store).start()
+    wrap_a, cgroups_a = containers.agent_container(tmp_path, "gpu-a") if in_container else ([], [])
+    wrap_b, cgroups_b = containers.agent_container(tmp_path, "gpu-b") if in_container else ([], [])
+    settings = {"host_exec": f"nsenter -t {os.getpid()} -m -u -i -n -p --",
+                "host_root": f"/proc/{os.getpid()}/root"} if in_container else {}
+    agent_a = AgentProcess(tmp_path, "gpu-a", store, wrap=wrap_a, **settings).start()
+    agent_b = AgentProcess(tmp_path, "gpu-b", store, wrap=wrap_b, **settings)
     started: list[containers.Container] = []
     target_id = uuid.uuid4().hex + uuid.uuid4().hex
     try:
+        agent_b.start()
+        # Containers start after the agents: their root mounts are not in a containerized agent's mount table.
         started.append(containers.start(tmp_path / "ctr-a", "a", "workload",
-                                        [sys.executable, str(COUNTER), "/counter.log", "1"]))
+                                        [sys.executable, str(COUNTER), "/counter.log", "1"],
+                                        cgroup_namespace=in_container))
         # The placeholder waits 4 s for the restore; it must stay while the restored workload runs.
         started.append(containers.start(tmp_path / "ctr-b", "b", "placeholder", ["4"],
-                                        cgroup_name=f"cri-containerd-{target_id}.scope"))
+                                        cgroup_name=f"cri-containerd-{target_id}.scope",
+                                        cgroup_namespace=in_container))
         yield agent_a, agent_b, started[0], started[1], target_id
     finally:
         for container in started:
             container.stop()
         agent_a.stop()
         agent_b.stop()
+        containers.remove_cgroups(cgroups_a + cgroups_b)
 
 
 def namespaces(pid: int) -> dict[str, int]:
-    return {kind: os.stat(f"/proc/{pid}/ns/{kind}").st_ino for kind in ("mnt", "net", "uts", "ipc", "pid")}
+    return {kind: os.stat(f"/proc/{pid}/ns/{kind}").st_ino for kind in ("mnt", "net", "uts", "ipc", "pid", "cgroup")}
 
 
 def test_a_checkpoint_of_a_containers_workload_is_restored_into_the_replacement_container(two_containers) -> None:
     agent_a, agent_b, source, target, target_id = two_containers
     target_started = time.time()
+    assert agent_b.proc is not None
+    if agent_b.wrap:
+        # The agent is in a container: the target's root mount is not in its mount table, and it sees the
+        # target's cgroups relative to its own cgroup namespace (what an agent on the node would not).
+        agent_ns, node_ns = namespaces(agent_b.proc.pid), namespaces(os.getpid())
+        assert agent_ns["mnt"] != node_ns["mnt"] and agent_ns["cgroup"] != node_ns["cgroup"]
+        assert str(target.merged) not in Path(f"/proc/{agent_b.proc.pid}/mountinfo").read_text()
+        seen = subprocess.run(["nsenter", "-t", str(agent_b.proc.pid), "-C", "cat", f"/proc/{target.pid}/cgroup"],
+                              capture_output=True, text=True, check=True).stdout
+        assert "/../" in seen, seen
+        assert namespaces(target.pid)["cgroup"] not in (agent_ns["cgroup"], node_ns["cgroup"])
     counter = wait_for(source.children, 10, what="the counter in the source container")[0]
     log_a, log_b = source.folder / "upper" / "counter.log", target.folder / "upper" / "counter.log"
     wait_steps(log_a, 10)
@@ -73,7 +108,7 @@ def test_a_checkpoint_of_a_containers_workload_is_restored_into_the_replacement_
     assert registered["state"] == "succeeded", registered
 
     taken = agent_a.client.call("/v1/checkpoint", "ck-ctr", workload_id="ml.trainer")
-    assert taken["state"] == "succeeded", taken
+    assert taken["state"] == "succeeded", f"{taken}"
     # What the restore needs is in the image's record: the pod's network and the container's PID namespace.
     container = taken["result"]["manifest"]["engine_data"]["container"]
     assert {"net", "pid", "mnt"} <= set(container) and not container.get("pid_init"), container
@@ -82,14 +117,15 @@ def test_a_checkpoint_of_a_containers_workload_is_restored_into_the_replacement_
 
     restored = agent_b.client.call("/v1/restore", "rs-ctr", checkpoint_id=taken["result"]["checkpoint_id"],
                                    container_id=f"containerd://{target_id}")
-    assert restored["state"] == "succeeded", restored
+    assert restored["state"] == "succeeded", f"{restored}"
     pid = int(restored["result"]["pid"])
     assert restored["result"]["container_pid"] == target.pid
     # Into the container's own PID namespace, under the pid it had (the placeholder is pid 1 there).
     assert restored["result"]["pid_in_container"] == 2
     inside, placeholder = namespaces(pid), namespaces(target.pid)
-    assert {k: inside[k] for k in ("net", "uts", "ipc", "pid")} == {
-        k: placeholder[k] for k in ("net", "uts", "ipc", "pid")}, "not in the replacement container's namespaces"
+    joined = ("net", "uts", "ipc", "pid", "cgroup") if agent_b.wrap else ("net", "uts", "ipc", "pid")
+    assert {k: inside[k] for k in joined} == {k: placeholder[k] for k in joined}, \
+        "not in the replacement container's namespaces"
     assert inside["mnt"] != namespaces(os.getpid())["mnt"]
     assert Path(f"/proc/{pid}/cgroup").read_text() == Path(f"/proc/{target.pid}/cgroup").read_text()
     assert f"cri-containerd-{target_id}.scope" in Path(f"/proc/{pid}/cgroup").read_text()

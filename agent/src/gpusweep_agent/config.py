@@ -71,8 +71,9 @@ class AgentConfig:
     # An agent in a container that patches its node (the Kubernetes DaemonSet, with hostPID): the command
     # prefix that runs a command in the node's namespaces ("nsenter -t 1 -m -u -i -n -p --") and the node's
     # root as a path here ("/proc/1/root"). Patch commands, the reboot, the package manager's queries and
-    # installs and the OS report's tools go through the prefix; /etc/os-release is read under the root.
-    # "" and "/": the agent runs on the node itself.
+    # installs and the OS report's tools go through the prefix; /etc/os-release is read under the root. A CRIU
+    # dump and a restore into a container take the node's view of cgroups (and the container's root), from the
+    # namespaces of the process whose root host_root is (util.host_pid). "" and "/": the agent runs on the node.
     host_exec: str = ""
     host_root: Path = Path("/")
     # With reboot_command "simulate": a command started (detached) at the simulated reboot, for what a real

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -21,6 +22,16 @@ HOST_PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin", "sbin", "
 def host_argv(config: AgentConfig, argv: list[str]) -> list[str]:
     """`argv` as run on the node: behind the host_exec prefix (nsenter into PID 1's namespaces) if set."""
     return [*shlex.split(config.host_exec), *argv] if config.host_exec else list(argv)
+
+
+def host_pid(config: AgentConfig) -> int | None:
+    """For an agent in a container (host_exec set): the pid, as the agent sees it (hostPID), of a process in the
+    node's namespaces, the one whose root host_root names (``/proc/<pid>/root``; else 1, the node's init).
+    None for an agent on the node itself."""
+    if not config.host_exec:
+        return None
+    match = re.fullmatch(r"/proc/(\d+)/root/?", str(config.host_root))
+    return int(match.group(1)) if match else 1
 
 
 def host_which(config: AgentConfig, name: str) -> bool:

@@ -13,17 +13,20 @@ with CRIU's words. Every round's figures (CRIU's own stats) and the frozen time 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..artifacts import fsync_tree
-from ..util import pid_alive, proc_stat
+from ..util import host_pid, pid_alive, proc_stat
 from . import lazy
 from .base import CheckpointEngine, EngineError, EngineUnavailable, Progress, log_tail
 
@@ -239,26 +242,103 @@ def container_root(pid: int) -> str:
     return f"/proc/{pid}/root"
 
 
-def enter_cgroups(pid: int) -> None:
-    """Move the calling process into every cgroup `pid` is in (each hierarchy the host mounts, v1 and v2),
-    so the processes it forks start there (CRIU's restored tree, with ``--manage-cgroups=ignore``)."""
-    mounts: dict[str, str] = {}
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+def cgroup_files(pid: int, mountinfo: str = "/proc/self/mountinfo", under: str = "") -> list[str]:
+    """The ``cgroup.procs`` file of each cgroup `pid` is in (each hierarchy mounted in the table `mountinfo`,
+    v1 and v2), its mount points taken under `under` ("" for the caller's own mounts). Paths are as the
+    caller's cgroup namespace shows them (/proc/<pid>/cgroup), each relative to its mount's root."""
+    mounts: dict[str, tuple[str, str]] = {}  # hierarchy key -> (mount point, root within the hierarchy)
+    for line in Path(mountinfo).read_text().splitlines():
         before, _, after = line.partition(" - ")
         fstype, _, options = after.split(" ", 2)
-        point = before.split()[4]
+        root, point = before.split()[3:5]
         if fstype == "cgroup2":
-            mounts.setdefault("", point)
+            mounts.setdefault("", (point, root))
         elif fstype == "cgroup":
             for option in options.split(","):
-                mounts.setdefault(option, point)
+                mounts.setdefault(option, (point, root))
+    found = []
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         mounted = mounts.get(controllers.split(",")[0])
         if mounted is None:
             continue
-        with open(os.path.join(mounted, path.lstrip("/"), "cgroup.procs"), "w") as fh:
+        point, root = mounted
+        if root != "/" and (path == root or path.startswith(root + "/")):
+            path = path[len(root):]
+        found.append(under + os.path.join(point, path.lstrip("/"), "cgroup.procs"))
+    return found
+
+
+def enter_cgroups(pid: int) -> None:
+    """Move the calling process into every cgroup `pid` is in (each hierarchy the host mounts, v1 and v2),
+    so the processes it forks start there (CRIU's restored tree, with ``--manage-cgroups=ignore``)."""
+    for procs in cgroup_files(pid):
+        with open(procs, "w") as fh:
             fh.write(str(os.getpid()))
+
+
+# Namespace and mount calls Python 3.11 lacks (os.setns and os.unshare came in 3.12), through libc.
+CLONE_NEWNS, CLONE_NEWCGROUP = 0x20000, 0x2000000
+MS_REC, MS_PRIVATE = 0x4000, 0x40000
+# open_tree and move_mount (Linux 5.2) have these numbers on every architecture.
+SYS_OPEN_TREE, SYS_MOVE_MOUNT = 428, 429
+AT_FDCWD, OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH = -100, 1, 0o2000000, 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _checked(result: int, what: str) -> int:
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+    return result
+
+
+def _setns(path: str, kind: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _checked(_libc.setns(fd, kind), f"setns {path}")
+    finally:
+        os.close(fd)
+
+
+def enter_container_from_host(target: int, host: int, root_at: str) -> None:
+    """For an agent in a container (its own mount and cgroup namespaces, hostPID): put the calling process
+    (CRIU, forked for the restore) where a restore into `target`'s container needs it, as the node sees it.
+
+    - cgroups: in the node's cgroup namespace (`host`'s), where /proc/<target>/cgroup names full paths and
+      the kernel lets a process move between any two cgroups, into each of `target`'s, through the node's
+      own cgroup mounts (/proc/<host>/mountinfo, under /proc/<host>/root): the agent's /sys/fs/cgroup shows
+      its own subtree only. Then into `target`'s cgroup namespace, which the restored tree inherits.
+    - root (`root_at`, "" for none): in a mount namespace of its own (a private copy of the agent's), the
+      root filesystem `target` sees, cloned from `target`'s mount namespace (open_tree) and mounted at
+      `root_at` for ``criu restore --root``: neither the host's mount of a container's rootfs nor
+      /proc/<target>/root can be bind-mounted from the agent's mount namespace. Called after the fork, in
+      the single-threaded child (setns into a mount namespace needs it)."""
+    _setns(f"/proc/{host}/ns/cgroup", CLONE_NEWCGROUP)
+    for procs in cgroup_files(target, f"/proc/{host}/mountinfo", f"/proc/{host}/root"):
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+    _setns(f"/proc/{target}/ns/cgroup", CLONE_NEWCGROUP)
+    if not root_at:
+        return
+    _checked(_libc.unshare(CLONE_NEWNS), "unshare a mount namespace")
+    # Private, so the container's root mounted here shows in no other namespace.
+    _checked(_libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None), "make the mounts private")
+    mine = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(f"/proc/{target}/ns/mnt", CLONE_NEWNS)
+        try:
+            tree = _checked(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, b"/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC),
+                            f"open_tree of the root of pid {target}")
+        finally:
+            _checked(_libc.setns(mine, CLONE_NEWNS), "setns back")
+    finally:
+        os.close(mine)
+    try:
+        _checked(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, root_at.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+                 f"move_mount to {root_at}")
+    finally:
+        os.close(tree)
 
 
 def has_tcp_connections(pid: int) -> bool:
@@ -381,7 +461,7 @@ class CriuEngine(CheckpointEngine):
                 *self._options(data), "--lazy-pages", "--address", address, "--port", str(port)]
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._in_host_cgroups())
         progress(helper_pid=proc.pid, log=str(log), leave_running=False)
         if not lazy.wait_for_line(proc, log, lazy.SERVING):
             proc.kill()
@@ -441,11 +521,17 @@ class CriuEngine(CheckpointEngine):
         # fails and thaws the process), and the log says which.
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._in_host_cgroups())
         progress(helper_pid=proc.pid, log=str(log), leave_running=leave_running)
         rc = proc.wait()
         ok = rc == 0 and DUMP_OK in log.read_text(errors="replace")
         return ok, rc, log, round(time.monotonic() - started, 3)
+
+    def _in_host_cgroups(self) -> Callable[[], None] | None:
+        """For an agent in a container: CRIU's dump runs in the node's cgroup namespace, where it reads the
+        workload's cgroups as full paths (in the agent's own, /../.. paths CRIU refuses). None on the node."""
+        host = host_pid(self.config)
+        return None if host is None else functools.partial(_setns, f"/proc/{host}/ns/cgroup", CLONE_NEWCGROUP)
 
     def _options(self, data: dict[str, Any]) -> list[str]:
         container = data.get("container") or {}
@@ -481,7 +567,8 @@ class CriuEngine(CheckpointEngine):
                 args += ["--prev-images-dir", f"../{rounds[-1]['folder']}"]
             started = time.monotonic()
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=self._in_host_cgroups())
             progress(helper_pid=proc.pid, log=str(log), leave_running=True)
             if proc.wait() != 0:
                 # A pre-dump leaves the workload running whatever happens: drop the rounds, dump plainly.
@@ -544,15 +631,28 @@ class CriuEngine(CheckpointEngine):
         args, pidfile = self.restore_args(manifest, image_dir, work_dir)
         log = self.log_path(image_dir, "restore")
         fds: list[int] = []
+        enter: Callable[[], None] | None = None
+        why = work_dir / "enter-container.error"
+        why.unlink(missing_ok=True)
         try:
             if into is not None:
-                extra, fds = into_container(engine_data, into)
+                host = host_pid(self.config)
+                # An agent in a container takes the node's view of the target's cgroups and root (see
+                # enter_container_from_host); one on the node has it already.
+                root_at = ""
+                if host is not None and "mnt" in (engine_data.get("container") or {}):
+                    root_at = str(work_dir / "root")
+                    os.makedirs(root_at, exist_ok=True)
+                extra, fds = into_container(engine_data, into, root_at)
                 args += extra
+                enter = functools.partial(enter_cgroups, into) if host is None else \
+                    functools.partial(enter_container_from_host, into, host, root_at)
             rc = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 timeout=600, check=False, pass_fds=fds,
-                                preexec_fn=(lambda: enter_cgroups(into)) if into is not None else None).returncode
-        except OSError as exc:  # the container is gone, or its cgroups cannot be entered
-            raise EngineError(f"cannot restore into the container of pid {into}: {exc}") from None
+                                preexec_fn=functools.partial(_noting, enter, why) if enter else None).returncode
+        except (OSError, subprocess.SubprocessError) as exc:  # the container is gone, or cannot be entered
+            said = why.read_text() if why.is_file() else str(exc)
+            raise EngineError(f"cannot restore into the container of pid {into}: {said}") from None
         finally:
             for fd in fds:
                 os.close(fd)
@@ -567,12 +667,23 @@ class CriuEngine(CheckpointEngine):
         return pid
 
 
-def into_container(engine_data: dict[str, Any], target: int) -> tuple[list[str], list[int]]:
+def _noting(enter: Callable[[], None], why: Path) -> None:
+    """Run `enter` in the forked child before CRIU starts, writing why it failed to `why` (subprocess reports
+    only that the child's preparation failed)."""
+    try:
+        enter()
+    except Exception as exc:
+        why.write_text(str(exc))
+        raise
+
+
+def into_container(engine_data: dict[str, Any], target: int, root: str = "") -> tuple[list[str], list[int]]:
     """The `criu restore` options that put the image's tree into the container whose process is `target`
     (host pid), and the descriptors they name (open, for the caller to pass and close).
 
     - root: an image with its own mount namespace (dumped in a container) gets a new one built on the
-      container's root filesystem (``--root``, its host path: ``container_root``); CRIU cannot join a
+      container's root filesystem (``--root``: `root`, where the caller mounts it, else its host path,
+      ``container_root``); CRIU cannot join a
       mount namespace while it restores one. An image without one joins the container's (``--join-ns mnt``).
     - network: the pod's namespace, external in the image, is the container's (``--inherit-fd``), else joined.
     - UTS and IPC: joined (``--join-ns``); an image that carries its own (dumped in a container) writes its
@@ -588,7 +699,7 @@ def into_container(engine_data: dict[str, Any], target: int) -> tuple[list[str],
     args = ["--manage-cgroups=ignore"]
     fds: list[int] = []
     if "mnt" in container:
-        args += ["--root", container_root(target)]
+        args += ["--root", root or container_root(target)]
     else:
         args += ["--join-ns", f"mnt:/proc/{target}/ns/mnt"]
     try:
