@@ -58,8 +58,9 @@ def test_the_plan_shows_gpu_users_the_scheduler_did_not_report_with_their_policy
 
 
 # Known intermittent, seen this stop only with other suites on the 2 cores (fresh-clone CI of 7025507:
-# "get() returned more than one EvidenceEvent", two STOPPED events for one process; 2 of 3 runs failed
-# beside CI's lanes, 0 of 16 alone, on this code and on 6ff5589). Suspected: a stop step retried after
+# "get() returned more than one EvidenceEvent", two STOPPED events for one process; then 2 of the first
+# 3 runs by hand beside CI's lanes, and 0 of the next 12 here and 0 of 4 on 6ff5589 the same way).
+# Suspected: a stop step retried after
 # a slow agent answer records its evidence again. One rerun keeps CI meaningful while it is found; a
 # second failure still fails the suite.
 @pytest.mark.flaky(reruns=1, reruns_delay=2)
