@@ -42,11 +42,11 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # node of every cluster: an agent lists only the Slurm steps whose cgroup names its node
 # (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list no Slurm step or
 # pod at all. The files are spread by their measured durations so that the lanes take about as
-# long. Fresh-clone CI (SQLite / PostgreSQL pass) with the untyped Slurm campaign (about 53 s) still
-# in slurm-executor: slurm 208/204 s, slurm-executor 287/91, demo 217/137, agents-browser 162/138;
-# test_contract_slurm and test_slurm_accounting touch no database, so they weigh on the SQLite pass
-# only. `alone`, last: real Celery workers killed mid-campaign and the heartbeat flush, whose timing
-# bounds failed with anything beside them on the 2-core machine.
+# long. Fresh-clone CI of d367f28 (SQLite / PostgreSQL pass): slurm 275/312 s, slurm-executor
+# 297/74, demo 272/164, agents-browser 328/307 (the lazy-move and container-restore agent tests,
+# the untyped Slurm campaign); test_contract_slurm and test_slurm_accounting touch no database, so
+# they weigh on the SQLite pass only. `alone`, last: real Celery workers killed mid-campaign and the
+# heartbeat flush, whose timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py",
               "tests/campaigns/test_kubernetes_volumes.py"),
