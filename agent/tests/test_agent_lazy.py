@@ -1,6 +1,7 @@
 """Lazy moves through real agents and real CRIU (engines/lazy.py): the receiver resumes the workload
 before its memory arrives, the pages stream from the source's CRIU page server, and the source's frozen
-copy goes only once every page has arrived; a stream cut mid-way ends in the defined fallback.
+copy goes only once the receiver reports every page in the restored process (the two-phase release); a
+stream cut at any moment leaves the workload alive on exactly one side, its progress continuing.
 
 Both agents run on this one host, so the workload runs in a PID namespace of its own (`unshare --pid`):
 the source's frozen copy and the restored one exist at once for as long as the pages stream, and CRIU
@@ -113,9 +114,11 @@ def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page
         assert receiver["all_pages_s"] > 0 and receiver["userfaultfds_held"] >= 1
         source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in ("complete", "failed")
                           and lazy_side(a, checkpoint_id, "source"), 30, what="the source's page server to end")
-        assert source["state"] == "complete", source
-        # The source's copy went only after the receiver had every page, and then it went.
-        assert source["at"] >= receiver["at"]
+        assert source["state"] == "complete" and source["decision"] == "released", source
+        assert source["receiver_report"] == "complete" and receiver["source_decision"] == "released"
+        # The source's copy went only after the receiver had every page, and the receiver counted the move
+        # as done only after the source had released its copy.
+        assert receiver["all_pages_at"] <= source["at"] <= receiver["at"]
         wait_for(lambda: not pid_alive(pid), 10, what="the source's frozen copy to go")
         assert pid_alive(new_pid)
         final = wait_steps(log, len(after) + 20)
@@ -129,7 +132,7 @@ def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page
 
 
 @pytest.mark.parametrize("cut", ["source page server", "receiver daemon"])
-def test_a_stream_cut_mid_way_kills_the_restored_copy_and_resumes_the_source(agents, tmp_path, cut) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_cut_leaves_the_workload_running_on_exactly_one_side(agents, tmp_path, cut) -> None:  # type: ignore[no-untyped-def]
     a, b = agents
     # Enough memory that the background stream is usually still running when it is cut. The cut must
     # come mid-stream: the helper is stopped first and its log read; a stream that had already ended
@@ -153,16 +156,20 @@ def test_a_stream_cut_mid_way_kills_the_restored_copy_and_resumes_the_source(age
             os.kill(helper, signal.SIGSTOP)
         # A source still sending is blocked on the stopped helper by now, unless it had sent its last
         # page: the source's page server then ends complete whatever becomes of the receiver's daemon
-        # (the window the closing note of issue 33 names), so that counts as an ended stream too.
+        # (the window of the defect the two-phase release fixed), so that counts as an ended stream too.
         time.sleep(0.5)
         if helpers and sources and not any(stream_ended(p) for p in {*helpers, *sources}):
             break
         for helper in helpers:
             os.kill(helper, signal.SIGCONT)
-        # Ended before the cut: both sides must agree it is complete, and the restored copy runs on.
+        # Ended before the cut: both sides must agree it is complete, and only the restored copy runs on.
         wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") == "complete", 30,  # noqa: B023
                  what="an ended stream to complete on the receiver")
+        assert lazy_side(a, checkpoint_id, "source")["state"] == "complete"
+        wait_for(lambda: not pid_alive(pid), 10, what="the released source copy to go")  # noqa: B023
         assert pid_alive(new_pid)
+        counted = len(steps(log))
+        wait_steps(log, counted + 10)
         kill_pid(new_pid)
         kill_pid(pid)
         proc.wait(10)
@@ -179,19 +186,14 @@ def test_a_stream_cut_mid_way_kills_the_restored_copy_and_resumes_the_source(age
         wait_for(lambda: not pid_alive(new_pid), 10, what="the restored copy to be killed")
         assert next(w for w in b.client.get("/v1/workloads")["workloads"] if w["id"] == workload)["state"] == "exited"
         source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in ("complete", "failed")
-                          and lazy_side(a, checkpoint_id, "source"), 30, what="the source's page server to end")
-        if cut == "receiver daemon" and source["state"] == "complete":
-            # A known defect (agent/README.md, lazy moves): CRIU 4.1.1's page server may end as complete
-            # when the receiver's daemon dies after the last page left the source but before it reached
-            # the process; the source's copy is then gone too. What must hold even so: the workload
-            # does not run twice, and both sides say what happened, so the move fails and is not
-            # counted as done.
-            assert not pid_alive(pid) and not pid_alive(new_pid)
-            assert receiver["pages_arrived"] < receiver["pages_expected"] or receiver["daemon_exit"] != 0, receiver
-            return
-        # The fallback: the source's frozen copy is thawed (by CRIU, or by the kernel when CRIU died) and
-        # runs on from where it was frozen; the receiver's steps since then are lost.
-        assert source["state"] == "failed" and source["resumed_on_source"] is True, source
+                          and lazy_side(a, checkpoint_id, "source"), 30, what="the source to settle")
+        # Whatever the moment of the cut (even after the source's page server had sent its last page and
+        # ended complete: the defect the two-phase release fixed), the source's copy was only stopped,
+        # never killed, and is resumed: it runs on from where it was frozen; the receiver's steps since
+        # then are lost.
+        assert source["state"] == "failed" and source["decision"] == "resumed", source
+        assert source["resumed_on_source"] is True, source
+        assert pid_alive(pid) and not pid_alive(new_pid), "the workload must run on exactly one side"
         counted = len(steps(log))
         wait_steps(log, counted + 20)  # every memory check still says ok
         assert next(w for w in a.client.get("/v1/workloads")["workloads"] if w["id"] == workload)["state"] == "running"

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..util import pid_alive
+from ..util import pid_alive, proc_stat
 from .base import EngineError, log_tail
 
 SERVING = "Starting page server"
@@ -171,6 +171,25 @@ def outcome(proc: subprocess.Popen[bytes], log: Path, started: float) -> dict[st
     ok = rc == 0 and SERVED in text
     return {"state": "complete" if ok else "failed", "exit": rc, "serving_s": round(time.monotonic() - started, 3),
             **({} if ok else {"error": log_tail(log)})}
+
+
+def ended_by_log(log: Path, started: float) -> dict[str, Any]:
+    """A lazy dump's outcome read from its log alone: for an agent restarted while CRIU served (not its child)."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    ok = SERVED in text
+    return {"state": "complete" if ok else "failed", "exit": None, "serving_s": round(time.monotonic() - started, 3),
+            **({} if ok else {"error": log_tail(log)})}
+
+
+def start_time(pid: int) -> str:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat): with the pid, one process
+    for good, so that an agent restarted later never signals a process that took over the number."""
+    fields = proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else ""
+
+
+def same_process(pid: int, started: str) -> bool:
+    return bool(pid) and bool(started) and start_time(pid) == started
 
 
 def kill_if_alive(pid: int) -> None:
