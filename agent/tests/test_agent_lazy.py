@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from agent_helpers import COUNTER, CRIU_HINT, AgentProcess, criu_usable, kill_pid, steps, wait_for, wait_steps
 from gpusweep_agent.engines import lazy
-from gpusweep_agent.engines.criu import processes_mentioning
+from gpusweep_agent.engines.criu import processes_mentioning, stopped
 from gpusweep_agent.engines.lazy import lazy_pages_missing
 from gpusweep_agent.transfer import image_digest
 from gpusweep_agent.util import pid_alive
@@ -129,6 +129,63 @@ def test_it_moves_a_counter_lazily_and_releases_the_source_only_after_every_page
         kill_pid(new_pid)
         kill_pid(pid)
         proc.wait(10)
+
+
+def test_a_source_agent_killed_mid_stream_takes_the_release_up_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The source's agent dies while CRIU serves the pages (CRIU runs on in its own session) and the
+    receiver's reports find nobody; restarted, it reads how the page server ended and waits for the
+    receiver's word again, which releases its stopped copy: the workload runs on once, on the receiver."""
+    need(criu_usable(), CRIU_HINT)
+    missing = lazy_pages_missing("criu")
+    need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
+    # A lease long enough for the restart on a loaded machine: the receiver waits 20 s for word.
+    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a", lazy_release_timeout_s="40").start()
+    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b", lazy_release_timeout_s="40").start()
+    log = tmp_path / "counter.log"
+    proc, pid = start_in_pid_namespace(log, megabytes=64)
+    new_pid = 0
+    try:
+        wait_steps(log, 20)
+        workload = "lazy-restart"
+        assert a.client.call("/v1/workloads", "reg", workload_id=workload, pid=pid)["state"] == "succeeded"
+        op = a.client.call("/v1/checkpoint", "ck", workload_id=workload, lazy_pages=True)
+        assert op["state"] == "succeeded", op
+        manifest, checkpoint_id = op["result"]["manifest"], op["result"]["checkpoint_id"]
+        share = a.client.call("/v1/share", "share", checkpoint_id=checkpoint_id, to=b.node)
+        fetched = b.client.call("/v1/fetch", "fetch", checkpoint_id=checkpoint_id,
+                                source=f"http://127.0.0.1:{a.port}", token=share["result"]["token"],
+                                sha256=image_digest(manifest))
+        assert fetched["state"] == "succeeded", fetched
+        assert a.proc is not None
+        a.proc.kill()  # no goodbye: the watch on the page server dies with it
+        a.proc.wait(10)
+        restored = b.client.call("/v1/restore", "rs", checkpoint_id=checkpoint_id)
+        assert restored["state"] == "succeeded", restored
+        new_pid = int(restored["result"]["pid"])
+        # The stream runs without the source's agent; the receiver, unanswered, keeps its copy for now.
+        wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") != "streaming", 30,
+                 what="every page to arrive")
+        assert lazy_side(b, checkpoint_id, "receiver")["state"] == "releasing"
+        # The source's copy waits, stopped, for a decision nobody can take yet.
+        assert pid_alive(new_pid) and stopped(pid)
+        a.start()
+        source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in ("complete", "failed")
+                          and lazy_side(a, checkpoint_id, "source"), 30, what="the restarted source to settle")
+        assert source["recovered"] is True and source["page_server"]["state"] == "complete", source
+        assert source["decision"] == "released" and source["state"] == "complete", source
+        receiver = wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") in ("complete", "failed")
+                            and lazy_side(b, checkpoint_id, "receiver"), 30, what="the receiver to settle")
+        assert receiver["state"] == "complete" and receiver["source_decision"] == "released", receiver
+        wait_for(lambda: not pid_alive(pid), 10, what="the released source copy to go")
+        counted = len(steps(log))
+        final = wait_steps(log, counted + 20)
+        assert final == list(range(1, len(final) + 1)) and pid_alive(new_pid)
+    finally:
+        kill_pid(new_pid)
+        kill_pid(pid)
+        proc.wait(10)
+        a.stop()
+        b.stop()
 
 
 @pytest.mark.parametrize("cut", ["source page server", "receiver daemon"])

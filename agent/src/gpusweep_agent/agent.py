@@ -32,7 +32,15 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine, lazy
 from .engines.base import SECRET_WORDS
-from .engines.criu import CriuEngine, container_process, kill_tree, ns_pid, processes_mentioning, resume_tree
+from .engines.criu import (
+    CriuEngine,
+    container_process,
+    has_tcp_connections,
+    kill_tree,
+    ns_pid,
+    processes_mentioning,
+    resume_tree,
+)
 from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
@@ -257,6 +265,10 @@ class Agent:
             # The plain criu engine only: cuda's GPU memory is not served page by page.
             lazy_because = lazy.lazy_pages_missing(self.config.criu) if type(engine) is CriuEngine else \
                 f"the {engine_name} engine moves no pages lazily"
+            if not lazy_because and has_tcp_connections(int(workload.get("pid") or 0)):
+                # --tcp-established locks its connections, and CRIU lifts the lock on the source only when
+                # the dump fails: a copy the two-phase release resumes would find them locked.
+                lazy_because = "the workload holds a connected TCP socket (its copy could not resume on the source)"
             if not lazy_because:
                 assert isinstance(engine, CriuEngine)
                 return self._checkpoint_lazy(record, workload, engine, checkpoint_id, progress)
@@ -986,6 +998,7 @@ class Agent:
         if source.get("decision"):
             self._settle_lazy_source(checkpoint_id)  # applies the decision taken before the restart
             return
+        self._write_lazy(checkpoint_id, "source", {"recovered": True})
         # Word from the receiver counts from now: it may have reported while no agent listened.
         with self._lazy_lock:
             self._lazy_heard[checkpoint_id] = time.monotonic()

@@ -9,12 +9,14 @@ the source's page server and ``criu restore --lazy-pages``: the process runs at 
 touches first is fetched on its fault (userfaultfd), and the rest are pushed in the background.
 
 What this trades: until all pages have arrived the restored workload depends on the source. The
-source keeps its frozen copy until the receiver's daemon says every page arrived (CRIU's dump ends
-then, and only then kills the source's process). If the stream breaks, CRIU's dump thaws the
-source's copy, which runs on (the fallback), and the receiver's agent kills the restored copy: its
-missing pages are gone. So that the restored copy never reads a page that did not arrive as zeros,
-the receiving agent holds a duplicate of each userfaultfd (``pidfd_getfd``) while the daemon works:
-if the daemon dies, the faults wait for the agent's kill instead of completing with empty pages.
+release is two-phase (agent.py): the dump runs with ``--leave-stopped``, so when the page server ends
+CRIU leaves the source's copy stopped, not killed; the source's agent kills it only when the
+receiver's agent reports every page in the restored process, and resumes it (SIGCONT) when the
+receiver reports a failure or falls silent. If the stream breaks, CRIU's dump thaws the source's copy
+itself, which runs on (the fallback), and the receiver's agent kills the restored copy: its missing
+pages are gone. So that the restored copy never reads a page that did not arrive as zeros, the
+receiving agent holds a duplicate of each userfaultfd (``pidfd_getfd``) while the daemon works: if the
+daemon dies, the faults wait for the agent's kill instead of completing with empty pages.
 
 The pages themselves travel over CRIU's page-server protocol, outside the manifest: not hashed, and
 without TLS unless the network is trusted (the page server listens on ``lazy_pages_address``).
