@@ -989,7 +989,9 @@ class Agent:
             if not isinstance(status, dict):
                 continue
             source, receiver = status.get("source") or {}, status.get("receiver") or {}
-            if source and not (source.get("decision") and source.get("applied")):
+            # Unsettled: still serving or awaiting the receiver, or decided but not yet acted on.
+            if source.get("state") in ("serving", "awaiting_receiver") or (
+                    source.get("decision") and not source.get("applied")):
                 threading.Thread(target=self._recover_lazy_source, args=(path.stem, source), daemon=True).start()
             if receiver.get("state") in ("streaming", "releasing", "failing"):
                 threading.Thread(target=self._recover_lazy_receiver, args=(path.stem, receiver), daemon=True).start()
