@@ -188,6 +188,50 @@ def test_a_source_agent_killed_mid_stream_takes_the_release_up_again(tmp_path) -
         b.stop()
 
 
+def test_a_receiving_agent_killed_mid_stream_never_lets_the_workload_run_twice(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The receiving agent dies after the restore and stays dead: the stream completes without it and
+    nobody tells the source. Its fence process kills the restored copy once the lease has gone without
+    word from the source (half of lazy_release_timeout_s); only then, at the whole timeout, does the
+    source resume its stopped copy. At no moment do both run."""
+    need(criu_usable(), CRIU_HINT)
+    missing = lazy_pages_missing("criu")
+    need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
+    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a", lazy_release_timeout_s="10").start()
+    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b", lazy_release_timeout_s="10").start()
+    log = tmp_path / "counter.log"
+    proc, pid = start_in_pid_namespace(log, megabytes=64)
+    new_pid = 0
+    try:
+        wait_steps(log, 20)
+        manifest, new_pid = move_lazily(a, b, "lazy-orphan", pid)
+        checkpoint_id = manifest["checkpoint_id"]
+        assert b.proc is not None
+        b.proc.kill()  # its daemon, its fence and the restored copy outlive it
+        b.proc.wait(10)
+        both = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if pid_alive(new_pid) and pid_alive(pid) and not stopped(pid):
+                both += 1
+            source = lazy_side(a, checkpoint_id, "source")
+            if source.get("state") in ("complete", "failed") and not pid_alive(new_pid):
+                break
+            time.sleep(0.02)
+        assert both == 0, f"both copies ran at once in {both} samples"
+        assert source["decision"] == "resumed" and source["resumed_on_source"] is True, source
+        assert "no word from the receiver" in source["decided_because"], source
+        assert not pid_alive(new_pid) and pid_alive(pid)
+        # The source's copy runs on from where it was frozen (the restored copy's steps since are lost).
+        counted = len(steps(log))
+        wait_steps(log, counted + 20)  # every memory check still says ok
+    finally:
+        kill_pid(new_pid)
+        kill_pid(pid)
+        proc.wait(10)
+        a.stop()
+        b.stop()
+
+
 @pytest.mark.parametrize("cut", ["source page server", "receiver daemon"])
 def test_a_stream_cut_leaves_the_workload_running_on_exactly_one_side(agents, tmp_path, cut) -> None:  # type: ignore[no-untyped-def]
     a, b = agents

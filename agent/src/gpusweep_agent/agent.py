@@ -449,6 +449,14 @@ class Agent:
         pid, watch = engine.restore_lazy(manifest, self.artifacts.image_dir(checkpoint_id),
                                          self.config.state_dir / "restore" / checkpoint_id)
         daemon = watch["daemon"]
+        # The backstop for a receiving agent that dies or hangs now: a process of its own kills the copy
+        # when the agent has had no word from the source for as long as the agent itself would wait.
+        lease = self._lazy_lease(checkpoint_id)
+        lazy.touch(lease)
+        watch["fence"] = subprocess.Popen(
+            [sys.executable, "-m", "gpusweep_agent.engines.lazy", "fence", str(lease), str(pid),
+             lazy.start_time(pid), str(self.config.lazy_release_timeout_s / 2)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._write_lazy(checkpoint_id, "receiver", {
             "state": "streaming", "restored_s": round(time.monotonic() - watch["started"], 3),
             "userfaultfds_held": len(watch["held"]), "pid": pid, "pid_started": lazy.start_time(pid),
@@ -468,6 +476,7 @@ class Agent:
                 said = time.monotonic()
                 if self._tell_lazy_source(checkpoint_id, "streaming") is not None:
                     last_ok = time.monotonic()
+                    lazy.touch(self._lazy_lease(checkpoint_id))
             if time.monotonic() - last_ok > fence:
                 # The source's agent may resume its copy soon: this one goes first, with its daemon.
                 kill_tree(pid)
@@ -485,6 +494,10 @@ class Agent:
             status["error"] = lazy.log_tail(watch["log"])
         self._settle_lazy_receiver(checkpoint_id, pid, complete, status, last_ok)
         lazy.release(watch["held"])
+        try:
+            watch["fence"].wait(5)
+        except subprocess.TimeoutExpired:
+            pass  # the agent, subreaper, collects it later
 
     def _settle_lazy_receiver(self, checkpoint_id: str, pid: int, complete: bool, status: dict[str, Any],
                               last_ok: float) -> None:
@@ -501,6 +514,7 @@ class Agent:
             if answer is not None:
                 last_ok = time.monotonic()
                 decision = str(answer.get("decision") or "pending")
+                lazy.touch(self._lazy_lease(checkpoint_id), "released" if decision == "released" else "")
             if decision == "pending":
                 time.sleep(0.1)
         kept = complete and decision == "released"
@@ -514,6 +528,9 @@ class Agent:
             if self.workloads.get(workload_id) is not None:
                 self.workloads.update(workload_id, state="exited")
         self._write_lazy(checkpoint_id, "receiver", status)
+
+    def _lazy_lease(self, checkpoint_id: str) -> Path:
+        return self.config.state_dir / "lazy" / f"{checkpoint_id}.lease"
 
     def _tell_lazy_source(self, checkpoint_id: str, state: str) -> dict[str, Any] | None:
         """Report to the source's agent: over HTTP to the agent the images were fetched from (with the share's

@@ -200,3 +200,43 @@ def kill_if_alive(pid: int) -> None:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+
+
+def fence(lease: Path, pid: int, started: str, seconds: float) -> None:
+    """The receiver's copy's backstop, in a process of its own (started by the receiving agent at the
+    restore): while the copy runs unreleased, the agent touches `lease` at each word from the source's
+    agent; a lease older than `seconds` (the agent dead or stuck, the source soon free to resume its own
+    copy) kills the copy. It ends when the lease says "released" or the copy is gone."""
+    from .criu import kill_tree  # criu imports this module
+
+    began = time.time()
+    while same_process(pid, started):
+        try:
+            said = lease.read_text().strip()
+            age = time.time() - lease.stat().st_mtime
+        except OSError:  # no lease (yet, or its folder went): it counts from the fence's start
+            said, age = "", time.time() - began
+        if said == "released":
+            return
+        if age > seconds:
+            kill_tree(pid)
+            return
+        time.sleep(0.2)
+
+
+def touch(lease: Path, text: str = "") -> None:
+    """Renew the fence's lease (or end it: "released")."""
+    try:
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        lease.write_text(text)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 6 and sys.argv[1] == "fence":
+        fence(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
+    else:
+        raise SystemExit("usage: python -m gpusweep_agent.engines.lazy fence <lease> <pid> <start time> <seconds>")
