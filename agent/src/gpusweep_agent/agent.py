@@ -944,6 +944,12 @@ class Agent:
         command = self.config.reboot_command
         if not command:
             raise OperationError("reboot is not configured on this node (set reboot_command, or 'simulate')")
+        unsettled = self.unsettled_lazy_sources()
+        if unsettled:
+            # A reboot would end the copy the two-phase release may still resume (and CRIU's page server).
+            raise OperationError(f"lazy moves from this node are not settled yet ({', '.join(unsettled)}): their "
+                                 "workloads' copies here may still be resumed; reboot once GET /v1/checkpoints/<id> "
+                                 "says lazy.source.state complete or failed")
         boot_id = current_boot_id()
         self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
         if command == "simulate":
@@ -998,17 +1004,26 @@ class Agent:
                 self.operations.update(record["id"], state="failed", finished_at=utcnow(),
                                        error="interrupted by an agent restart; nothing is rerun (use a new id)")
 
+    def unsettled_lazy_sources(self) -> list[str]:
+        """Checkpoints whose lazy move from this node has no decision acted on yet."""
+        found = []
+        for path in sorted((self.config.state_dir / "lazy").glob("*.json")):
+            source = (read_json(path, None) or {}).get("source") or {}
+            if source.get("state") in ("serving", "awaiting_receiver") or (
+                    source.get("decision") and not source.get("applied")):
+                found.append(path.stem)
+        return found
+
     def _recover_lazy(self) -> None:
         """Take up the lazy moves a previous agent process left unsettled (the two-phase release): the
         source's copy is never left stopped without a decision, the receiver's never runs on unreleased."""
+        unsettled = set(self.unsettled_lazy_sources())
         for path in sorted((self.config.state_dir / "lazy").glob("*.json")):
             status = read_json(path, None)
             if not isinstance(status, dict):
                 continue
             source, receiver = status.get("source") or {}, status.get("receiver") or {}
-            # Unsettled: still serving or awaiting the receiver, or decided but not yet acted on.
-            if source.get("state") in ("serving", "awaiting_receiver") or (
-                    source.get("decision") and not source.get("applied")):
+            if path.stem in unsettled:
                 threading.Thread(target=self._recover_lazy_source, args=(path.stem, source), daemon=True).start()
             if receiver.get("state") in ("streaming", "releasing", "failing"):
                 threading.Thread(target=self._recover_lazy_receiver, args=(path.stem, receiver), daemon=True).start()
