@@ -232,6 +232,75 @@ def test_a_receiving_agent_killed_mid_stream_never_lets_the_workload_run_twice(t
         b.stop()
 
 
+def quiet_connection(port: int) -> bool:
+    """Whether both ends of the loopback connection to `port` have empty send and receive queues."""
+    ends = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        if state == "01" and (int(local.split(":")[1], 16) == port or int(remote.split(":")[1], 16) == port):
+            ends.append(queues)
+    return len(ends) == 2 and all(q == "00000000:00000000" for q in ends)
+
+
+def test_a_receiver_daemon_killed_between_pages_ends_the_source_page_server_complete_and_the_source_resumes(
+        agents, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The defect the two-phase release fixed, provoked: CRIU 4.1.1's page server takes a connection closed
+    cleanly for the end of the stream (page-xfer.c: recv() == 0 ends it with success), so a receiver daemon
+    killed with nothing unread and no request open (a FIN, not a reset) ends
+    the source's page server "complete" with pages missing on the receiver (the test kills it when
+    neither end of the stream's connection has anything queued). Before, the source's copy was
+    killed then; now it stays stopped and is resumed on the receiver's "failed"."""
+    a, b = agents
+    windows = 0
+    for attempt in range(5):
+        log = tmp_path / f"counter-{attempt}.log"
+        proc, pid = start_in_pid_namespace(log, megabytes=400)
+        new_pid = 0
+        try:
+            wait_steps(log, 20, timeout=60)
+            workload = f"lazy-late-{attempt}"
+            manifest, new_pid = move_lazily(a, b, workload, pid)
+            checkpoint_id = manifest["checkpoint_id"]
+            daemons = [p for p in processes_mentioning("--page-server")
+                       if b"lazy-pages" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+            assert daemons
+            port = int(manifest["engine_data"]["dump"]["page_server"]["port"])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and pid_alive(daemons[0]):
+                # Nothing in flight either way on the stream's connection: the daemon has read every
+                # answer and the source waits for the next request (or is reading one: then it fails).
+                if quiet_connection(port):
+                    os.kill(daemons[0], signal.SIGKILL)
+                    break
+            source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in  # noqa: B023
+                              ("complete", "failed") and lazy_side(a, checkpoint_id, "source"),  # noqa: B023
+                              60, what="the source to settle")
+            receiver = wait_for(lambda: lazy_side(b, checkpoint_id, "receiver").get("state") in  # noqa: B023
+                                ("complete", "failed") and lazy_side(b, checkpoint_id, "receiver"),  # noqa: B023
+                                60, what="the receiver to settle")
+            # Whatever the moment: exactly one copy runs on, and its progress continues.
+            if receiver["state"] == "complete":
+                assert source["decision"] == "released", source
+                wait_for(lambda: not pid_alive(pid), 10, what="the released source copy to go")  # noqa: B023
+                assert pid_alive(new_pid)
+            else:
+                assert source["decision"] == "resumed" and source["resumed_on_source"] is True, source
+                wait_for(lambda: not pid_alive(new_pid), 10, what="the restored copy to go")  # noqa: B023
+                assert pid_alive(pid)
+                if source["page_server"]["state"] == "complete":
+                    windows += 1  # the defect's window: before the fix the workload was lost here
+            counted = len(steps(log))
+            wait_steps(log, counted + 10)
+        finally:
+            kill_pid(new_pid)
+            kill_pid(pid)
+            proc.wait(10)
+        if windows:
+            break
+    assert windows, "the daemon was never killed in the window where the source's page server ends complete"
+
+
 @pytest.mark.parametrize("cut", ["source page server", "receiver daemon"])
 def test_a_stream_cut_leaves_the_workload_running_on_exactly_one_side(agents, tmp_path, cut) -> None:  # type: ignore[no-untyped-def]
     a, b = agents
