@@ -232,6 +232,15 @@ def test_a_receiving_agent_killed_mid_stream_never_lets_the_workload_run_twice(t
         b.stop()
 
 
+def waiting_in_recv(pid: int) -> bool:
+    """Whether `pid`'s main thread is blocked in recvfrom(2) (x86_64: 45; aarch64: 207)."""
+    try:
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return bool(call) and call[0] == {"x86_64": "45", "aarch64": "207"}.get(os.uname().machine, "")
+
+
 def quiet_connection(port: int) -> bool:
     """Whether both ends of the loopback connection to `port` have empty send and receive queues."""
     ends = []
@@ -265,12 +274,15 @@ def test_a_receiver_daemon_killed_between_pages_ends_the_source_page_server_comp
             daemons = [p for p in processes_mentioning("--page-server")
                        if b"lazy-pages" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
             assert daemons
+            dumps = [p for p in processes_mentioning("--lazy-pages")
+                     if b"dump" in Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")]
+            assert dumps
             port = int(manifest["engine_data"]["dump"]["page_server"]["port"])
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and pid_alive(daemons[0]):
-                # Nothing in flight either way on the stream's connection: the daemon has read every
-                # answer and the source waits for the next request (or is reading one: then it fails).
-                if quiet_connection(port):
+                # Nothing in flight either way on the stream's connection, and the source's CRIU blocked
+                # waiting for the next request: the daemon has read every answer and asked nothing more.
+                if waiting_in_recv(dumps[0]) and quiet_connection(port):
                     os.kill(daemons[0], signal.SIGKILL)
                     break
             source = wait_for(lambda: lazy_side(a, checkpoint_id, "source").get("state") in  # noqa: B023
