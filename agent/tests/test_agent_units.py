@@ -440,3 +440,40 @@ def test_the_checkpoint_tools_versions_are_facts(tmp_path, monkeypatch):
     assert tool_version("no-such-tool-here") == ""
     tool.unlink()
     assert CheckpointToolsProbe(AgentConfig(criu=str(fake))).probe() == {"components": {"criu": "4.1.1"}}
+
+
+def test_a_lazy_source_decides_once_and_refuses_a_reboot_until_then(tmp_path: Path) -> None:
+    """The two-phase release's decision (agent.py, lazy moves) on a real stopped process, as CRIU's
+    --leave-stopped leaves it: the receiver's first final word stands, later reports get the same answer,
+    and the node refuses a reboot while the decision is open."""
+    from gpusweep_agent.engines import lazy
+    from gpusweep_agent.engines.criu import stopped
+
+    config = load_config(environ={"GPUSWEEP_AGENT_NODE": "n", "GPUSWEEP_AGENT_KEY": "k" * 32,
+                                  "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path / "state"),
+                                  "GPUSWEEP_AGENT_REBOOT_COMMAND": "true"})
+    agent = Agent(config)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(proc.pid), 5, what="the copy to stop")
+        agent._write_lazy("ck-lazy", "source", {"state": "awaiting_receiver", "pid": proc.pid,
+                                                "pid_started": lazy.start_time(proc.pid), "workload_id": "w"})
+        with pytest.raises(OperationError, match="ck-lazy"):
+            agent.run_reboot({"id": "rb", "params": {}})
+        with pytest.raises(LookupError):
+            agent.lazy_report("ck-other", "complete", "b")
+        with pytest.raises(ValueError):
+            agent.lazy_report("ck-lazy", "done", "b")
+        assert agent.lazy_report("ck-lazy", "failed", "b")["decision"] == "resumed"
+        assert not stopped(proc.pid) and proc.poll() is None  # thawed, running on
+        # A later "complete" (a retry, a confused receiver) changes nothing: the copy is not killed.
+        assert agent.lazy_report("ck-lazy", "complete", "b") == {"decision": "resumed", "state": "failed"}
+        assert proc.poll() is None
+        source = agent.lazy_status("ck-lazy")["source"]  # type: ignore[index]
+        assert source["receiver_report"] == "failed" and source["resumed_on_source"] is True
+        assert agent.unsettled_lazy_sources() == []
+    finally:
+        proc.kill()
+        proc.wait()

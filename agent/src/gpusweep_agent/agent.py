@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import re
@@ -18,6 +19,8 @@ from typing import Any
 
 from . import __version__, transfer
 from .artifacts import (
+    LAZY_DECISION,
+    LAZY_REPORT,
     ArtifactError,
     GrowingFileHasher,
     LocalArtifactStore,
@@ -29,7 +32,15 @@ from .artifacts import (
 from .config import AgentConfig
 from .engines import CheckpointEngine, EngineError, get_engine, lazy
 from .engines.base import SECRET_WORDS
-from .engines.criu import CriuEngine, container_process, kill_tree, ns_pid, processes_mentioning
+from .engines.criu import (
+    CriuEngine,
+    container_process,
+    has_tcp_connections,
+    kill_tree,
+    ns_pid,
+    processes_mentioning,
+    resume_tree,
+)
 from .facts import Facts, gather
 from .health import HealthRequest, run_checks
 from .operations import OperationDeferred, OperationError, OperationStore
@@ -82,6 +93,13 @@ class Agent:
         self.restart_requested = threading.Event()
         self._busy: set[str] = set()
         self._busy_lock = threading.Lock()
+        # Lazy moves' two-phase release: one decision at a time; when the receiver was last heard from
+        # (monotonic); the mailbox reports seen and answers read; the receiver's report numbers.
+        self._lazy_lock = threading.RLock()
+        self._lazy_heard: dict[str, float] = {}
+        self._lazy_seen: dict[str, Any] = {}
+        self._lazy_acks: dict[str, Any] = {}
+        self._lazy_seq = itertools.count(1)
         become_subreaper()
 
     # ----- facts, health, workloads -----
@@ -247,6 +265,10 @@ class Agent:
             # The plain criu engine only: cuda's GPU memory is not served page by page.
             lazy_because = lazy.lazy_pages_missing(self.config.criu) if type(engine) is CriuEngine else \
                 f"the {engine_name} engine moves no pages lazily"
+            if not lazy_because and has_tcp_connections(int(workload.get("pid") or 0)):
+                # --tcp-established locks its connections, and CRIU lifts the lock on the source only when
+                # the dump fails: a copy the two-phase release resumes would find them locked.
+                lazy_because = "the workload holds a connected TCP socket (its copy could not resume on the source)"
             if not lazy_because:
                 assert isinstance(engine, CriuEngine)
                 return self._checkpoint_lazy(record, workload, engine, checkpoint_id, progress)
@@ -265,11 +287,23 @@ class Agent:
                                        hasher.digests(), params.get("requires"))
 
     # ----- lazy moves (engines/lazy.py) -----
+    #
+    # The two-phase release. The source's CRIU serves the pages and, when its page server ends, leaves the
+    # workload stopped (--leave-stopped); a failed stream thaws it (CRIU). The receiver's agent reports to
+    # the source's agent (POST /v1/lazy/<checkpoint>/report with the share's token, or the mailbox files
+    # in a store both share): "streaming" while its daemon works, then "complete" (every page is in the
+    # restored process) or "failed" (its copy already killed). The source decides once, under a lock,
+    # writes the decision before it acts on it, and answers every report with it: "released" (its
+    # stopped copy killed) only on the receiver's "complete" after its own page server ended complete;
+    # "resumed" (its copy thawed, `resumed_on_source`) on a failed stream, the receiver's "failed", or
+    # no word from the receiver for lazy_release_timeout_s. The receiver keeps its copy only on
+    # "released"; it kills it on "resumed" and when it has had no answer for half that time, before the
+    # source could resume. Both sides' state is in state_dir/lazy, so a restarted agent carries on.
 
     def _checkpoint_lazy(self, record: dict[str, Any], workload: dict[str, Any], engine: CriuEngine,
                          checkpoint_id: str, progress: Any) -> dict[str, Any]:
-        """Seal the images but the memory; CRIU serves the pages from the frozen workload until the
-        receiver has them all, then ends it (or, if the stream breaks, thaws it here: the fallback)."""
+        """Seal the images but the memory; CRIU serves the pages from the frozen workload, which then
+        waits, stopped, for the receiver's word (the two-phase release above)."""
         address = self.config.lazy_pages_address or self.config.listen
         started = time.monotonic()
         try:
@@ -285,53 +319,242 @@ class Agent:
                                          requires=record["params"].get("requires"))
         if self.workloads.get(workload["id"]) is not None:
             self.workloads.update(workload["id"], state="serving_pages")
+        pid = int(workload["pid"])
         sealed = round(time.monotonic() - started, 3)
-        self._write_lazy(checkpoint_id, "source", {"state": "serving", "sealed_s": sealed})
-        threading.Thread(target=self._watch_lazy_source, args=(checkpoint_id, workload, dump, log, started),
+        # What a restarted agent needs to take the watch up again (recover()).
+        self._write_lazy(checkpoint_id, "source", {
+            "state": "serving", "sealed_s": sealed, "workload_id": workload["id"], "pid": pid,
+            "pid_started": lazy.start_time(pid), "dump_pid": dump.pid, "dump_started": lazy.start_time(dump.pid),
+            "log": str(log), "release_timeout_s": self.config.lazy_release_timeout_s})
+        threading.Thread(target=self._watch_lazy_source, args=(checkpoint_id, dump, log, started),
                          name=f"lazy-source-{checkpoint_id}", daemon=True).start()
         return result
 
-    def _watch_lazy_source(self, checkpoint_id: str, workload: dict[str, Any], dump: Any, log: Path,
-                           started: float) -> None:
-        ended = lazy.outcome(dump, log, started)
-        pid = int(workload.get("pid") or 0)
+    def _watch_lazy_source(self, checkpoint_id: str, dump: Any, log: Path, started: float) -> None:
+        while dump.poll() is None:
+            self._read_lazy_mailbox(checkpoint_id)  # a receiver on a shared store is heard while it streams
+            time.sleep(0.05)
+        self._lazy_source_ended(checkpoint_id, lazy.outcome(dump, log, started))
+
+    def _lazy_source_ended(self, checkpoint_id: str, ended: dict[str, Any]) -> None:
+        """CRIU's page server ended: decide at once on a failed stream, else wait for the receiver's word."""
         if ended["state"] == "failed":
-            # CRIU thawed the workload when the stream broke: it runs on here, the receiver's copy is killed there.
-            ended["resumed_on_source"] = pid_alive(pid)
-        if self.workloads.get(workload["id"]) is not None:
-            moved = ended["state"] == "complete"
-            self.workloads.update(workload["id"], state="checkpointed" if moved else
-                                  ("running" if ended.get("resumed_on_source") else "exited"))
-        self._write_lazy(checkpoint_id, "source", ended)
+            # CRIU thawed the workload when the stream broke: it runs on here, the receiver kills its copy.
+            self._write_lazy(checkpoint_id, "source", {"page_server": ended})
+            self._decide_lazy_source(checkpoint_id, "resumed", f"the page server failed: {ended.get('error', '')}")
+            return
+        self._write_lazy(checkpoint_id, "source", {"state": "awaiting_receiver", "page_server": ended})
+        timeout = self.config.lazy_release_timeout_s
+        with self._lazy_lock:
+            self._lazy_heard[checkpoint_id] = max(self._lazy_heard.get(checkpoint_id, 0.0), time.monotonic())
+        while True:
+            self._read_lazy_mailbox(checkpoint_id)
+            if self._settle_lazy_source(checkpoint_id) != "pending":
+                return
+            with self._lazy_lock:
+                quiet = time.monotonic() - self._lazy_heard[checkpoint_id]
+            if quiet > timeout:
+                self._decide_lazy_source(checkpoint_id, "resumed",
+                                         f"no word from the receiver for {timeout:g} s after the page server ended")
+                return
+            time.sleep(0.05)
+
+    def _read_lazy_mailbox(self, checkpoint_id: str) -> None:
+        """A receiver on a store both agents share reports in the checkpoint's folder: each new report counts
+        like one over HTTP."""
+        try:
+            report = read_json(self.artifacts.image_dir(checkpoint_id) / LAZY_REPORT, None)
+        except (ArtifactError, OSError, ValueError):
+            return
+        if isinstance(report, dict) and report.get("seq") != self._lazy_seen.get(checkpoint_id):
+            self._lazy_seen[checkpoint_id] = report.get("seq")
+            try:
+                answer = self.lazy_report(checkpoint_id, str(report.get("state") or ""), str(report.get("node") or ""))
+            except (LookupError, ValueError):
+                return
+            # The answer names the report it answers: the receiver counts it as word from this agent.
+            try:
+                write_json_atomic(self.artifacts.image_dir(checkpoint_id) / LAZY_DECISION,
+                                  {"decision": answer["decision"], "seen": report.get("seq"), "at": utcnow()})
+            except (ArtifactError, OSError):
+                pass
+
+    def lazy_report(self, checkpoint_id: str, state: str, node: str) -> dict[str, Any]:
+        """The receiver's word on a lazy move this node serves (POST /v1/lazy/<checkpoint>/report): recorded,
+        and answered with the source's decision ("pending" until there is one). Idempotent: the receiver's
+        first final word stands and every later report gets the same decision."""
+        if state not in ("streaming", "complete", "failed"):
+            raise ValueError("lazy report: state must be streaming, complete or failed")
+        with self._lazy_lock:
+            source = (self.lazy_status(checkpoint_id) or {}).get("source")
+            if not source:
+                raise LookupError(f"no lazy move of {checkpoint_id} served here")
+            self._lazy_heard[checkpoint_id] = time.monotonic()
+            if state != "streaming" and not source.get("receiver_report"):
+                self._write_lazy(checkpoint_id, "source", {"receiver_report": state, "receiver": node[:200]})
+        return {"decision": self._settle_lazy_source(checkpoint_id),
+                "state": (self.lazy_status(checkpoint_id) or {}).get("source", {}).get("state")}
+
+    def _settle_lazy_source(self, checkpoint_id: str) -> str:
+        """The decision on the source's copy, taken now if the receiver's word and the page server allow."""
+        with self._lazy_lock:
+            source = (self.lazy_status(checkpoint_id) or {}).get("source") or {}
+            if source.get("decision"):
+                if not source.get("applied"):
+                    self._apply_lazy_decision(checkpoint_id, source)
+                return str(source["decision"])
+            report = source.get("receiver_report")
+            if source.get("state") != "awaiting_receiver" or not report:
+                return "pending"
+            if report == "complete":
+                return self._decide_lazy_source(checkpoint_id, "released", "the receiver has every page")
+            return self._decide_lazy_source(checkpoint_id, "resumed", "the receiver's stream failed")
+
+    def _decide_lazy_source(self, checkpoint_id: str, decision: str, because: str) -> str:
+        """Record the decision (durably, first), then act on it; a decision already taken stands."""
+        with self._lazy_lock:
+            source = (self.lazy_status(checkpoint_id) or {}).get("source") or {}
+            if source.get("decision"):
+                decision = str(source["decision"])
+            else:
+                self._write_lazy(checkpoint_id, "source", {"decision": decision, "decided_because": because})
+                try:
+                    write_json_atomic(self.artifacts.image_dir(checkpoint_id) / LAZY_DECISION,
+                                      {"decision": decision, "because": because, "at": utcnow(),
+                                       "seen": self._lazy_seen.get(checkpoint_id)})
+                except (ArtifactError, OSError):
+                    pass  # the mailbox only; HTTP reports get the decision from the state file
+            source = (self.lazy_status(checkpoint_id) or {}).get("source") or {}
+            if not source.get("applied"):
+                self._apply_lazy_decision(checkpoint_id, source)
+            return decision
+
+    def _apply_lazy_decision(self, checkpoint_id: str, source: dict[str, Any]) -> None:
+        """Kill (released) or thaw (resumed) the source's copy: idempotent, and only the very process frozen."""
+        pid = int(source.get("pid") or 0)
+        ours = lazy.same_process(pid, str(source.get("pid_started") or ""))
+        released = source.get("decision") == "released"
+        if ours:
+            (kill_tree if released else resume_tree)(pid)
+        resumed = not released and ours and pid_alive(pid)
+        workload_id = str(source.get("workload_id") or "")
+        if self.workloads.get(workload_id) is not None:
+            self.workloads.update(workload_id, state="checkpointed" if released else
+                                  ("running" if resumed else "exited"))
+        self._write_lazy(checkpoint_id, "source", {"applied": True, "state": "complete" if released else "failed",
+                                                   "resumed_on_source": resumed,
+                                                   "serving_s": (source.get("page_server") or {}).get("serving_s")})
 
     def _restore_lazy(self, engine: CriuEngine, manifest: dict[str, Any], checkpoint_id: str) -> int:
         pid, watch = engine.restore_lazy(manifest, self.artifacts.image_dir(checkpoint_id),
                                          self.config.state_dir / "restore" / checkpoint_id)
-        self._write_lazy(checkpoint_id, "receiver", {"state": "streaming", "restored_s": round(
-            time.monotonic() - watch["started"], 3), "userfaultfds_held": len(watch["held"])})
-        threading.Thread(target=self._watch_lazy_receiver, args=(checkpoint_id, manifest, pid, watch),
+        daemon = watch["daemon"]
+        # The backstop for a receiving agent that dies or hangs now: a process of its own kills the copy
+        # when the agent has had no word from the source for as long as the agent itself would wait.
+        lease = self._lazy_lease(checkpoint_id)
+        lazy.touch(lease)
+        watch["fence"] = subprocess.Popen(
+            [sys.executable, "-m", "gpusweep_agent.engines.lazy", "fence", str(lease), str(pid),
+             lazy.start_time(pid), str(self.config.lazy_release_timeout_s / 2)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._write_lazy(checkpoint_id, "receiver", {
+            "state": "streaming", "restored_s": round(time.monotonic() - watch["started"], 3),
+            "userfaultfds_held": len(watch["held"]), "pid": pid, "pid_started": lazy.start_time(pid),
+            "daemon_pid": daemon.pid, "daemon_started": lazy.start_time(daemon.pid), "log": str(watch["log"]),
+            "workload_id": str(manifest.get("workload", {}).get("id") or "")})
+        threading.Thread(target=self._watch_lazy_receiver, args=(checkpoint_id, pid, watch),
                          name=f"lazy-receiver-{checkpoint_id}", daemon=True).start()
         return pid
 
-    def _watch_lazy_receiver(self, checkpoint_id: str, manifest: dict[str, Any], pid: int,
-                             watch: dict[str, Any]) -> None:
-        rc = watch["daemon"].wait()
+    def _watch_lazy_receiver(self, checkpoint_id: str, pid: int, watch: dict[str, Any]) -> None:
+        daemon = watch["daemon"]
+        fence = self.config.lazy_release_timeout_s / 2
+        last_ok = time.monotonic()
+        said = 0.0
+        while daemon.poll() is None:
+            if time.monotonic() - said >= 1:
+                said = time.monotonic()
+                if self._tell_lazy_source(checkpoint_id, "streaming") is not None:
+                    last_ok = time.monotonic()
+                    lazy.touch(self._lazy_lease(checkpoint_id))
+            if time.monotonic() - last_ok > fence:
+                # The source's agent may resume its copy soon: this one goes first, with its daemon.
+                kill_tree(pid)
+                daemon.kill()
+            time.sleep(0.05)
+        rc = daemon.wait()
         seconds = round(time.monotonic() - watch["started"], 3)
         arrived, expected = lazy.transferred(watch["log"])
         complete = rc == 0 and expected > 0 and arrived == expected
-        if not complete:
-            # Its missing pages are gone with the stream: the copy here must not run on (the source's does).
-            kill_tree(pid)
-        lazy.release(watch["held"])
-        status = {"state": "complete" if complete else "failed", "pages_arrived": arrived,
-                  "pages_expected": expected, "daemon_exit": rc,
-                  ("all_pages_s" if complete else "failed_after_s"): seconds}
-        if not complete:
+        status: dict[str, Any] = {"pages_arrived": arrived, "pages_expected": expected, "daemon_exit": rc,
+                                  ("all_pages_s" if complete else "failed_after_s"): seconds}
+        if complete:
+            status["all_pages_at"] = utcnow()
+        else:
             status["error"] = lazy.log_tail(watch["log"])
-            workload_id = str(manifest.get("workload", {}).get("id") or "")
+        self._settle_lazy_receiver(checkpoint_id, pid, complete, status, last_ok)
+        lazy.release(watch["held"])
+        try:
+            watch["fence"].wait(5)
+        except subprocess.TimeoutExpired:
+            pass  # the agent, subreaper, collects it later
+
+    def _settle_lazy_receiver(self, checkpoint_id: str, pid: int, complete: bool, status: dict[str, Any],
+                              last_ok: float) -> None:
+        """Tell the source how the stream ended and keep the restored copy only if the source released its own."""
+        if not complete and pid:
+            # Its missing pages are gone with the stream: the copy here must not run on (the source's does),
+            # and it goes before the source hears of it.
+            kill_tree(pid)
+        self._write_lazy(checkpoint_id, "receiver", {**status, "state": "releasing" if complete else "failing"})
+        fence = self.config.lazy_release_timeout_s / 2
+        decision = "pending"
+        while decision == "pending" and time.monotonic() - last_ok <= fence:
+            answer = self._tell_lazy_source(checkpoint_id, "complete" if complete else "failed")
+            if answer is not None:
+                last_ok = time.monotonic()
+                decision = str(answer.get("decision") or "pending")
+                lazy.touch(self._lazy_lease(checkpoint_id), "released" if decision == "released" else "")
+            if decision == "pending":
+                time.sleep(0.1)
+        kept = complete and decision == "released"
+        if complete and not kept and pid:
+            kill_tree(pid)
+            status["error"] = ("the source resumed its copy" if decision == "resumed" else
+                               f"no decision from the source's agent within {fence:g} s")
+        status.update(state="complete" if kept else "failed", source_decision=decision)
+        if not kept:
+            workload_id = str((self.lazy_status(checkpoint_id) or {}).get("receiver", {}).get("workload_id") or "")
             if self.workloads.get(workload_id) is not None:
                 self.workloads.update(workload_id, state="exited")
         self._write_lazy(checkpoint_id, "receiver", status)
+
+    def _lazy_lease(self, checkpoint_id: str) -> Path:
+        return self.config.state_dir / "lazy" / f"{checkpoint_id}.lease"
+
+    def _tell_lazy_source(self, checkpoint_id: str, state: str) -> dict[str, Any] | None:
+        """Report to the source's agent: over HTTP to the agent the images were fetched from (with the share's
+        token), else through the mailbox in the store both agents share. Its answer, or None without one."""
+        peer = read_json(self.config.state_dir / "lazy-peers" / f"{checkpoint_id}.json", None)
+        if isinstance(peer, dict) and peer.get("source"):
+            return transfer.lazy_report(str(peer["source"]), checkpoint_id, str(peer.get("token") or ""),
+                                        {"state": state, "node": self.config.identity})
+        try:
+            folder = self.artifacts.image_dir(checkpoint_id)
+            decided = read_json(folder / LAZY_DECISION, None)
+            write_json_atomic(folder / LAZY_REPORT, {"state": state, "node": self.config.identity,
+                                                     "seq": f"{os.getpid()}-{next(self._lazy_seq)}", "at": utcnow()})
+        except (ArtifactError, OSError, ValueError):
+            return None
+        if not isinstance(decided, dict):
+            return None
+        if decided.get("decision") in ("released", "resumed"):
+            return decided
+        # Word from the source's agent only when it has answered a report it had not answered before.
+        if decided.get("seen") is None or decided.get("seen") == self._lazy_acks.get(checkpoint_id):
+            return None
+        self._lazy_acks[checkpoint_id] = decided.get("seen")
+        return decided
 
     def _write_lazy(self, checkpoint_id: str, side: str, status: dict[str, Any]) -> None:
         path = self.config.state_dir / "lazy" / f"{checkpoint_id}.json"
@@ -561,6 +784,11 @@ class Agent:
                                       str(params["sha256"]))
         except (transfer.TransferError, ArtifactError) as exc:
             raise OperationError(str(exc)) from None
+        if is_lazy(manifest):
+            # Where the receiver reports on the stream (two-phase release); kept apart from the status
+            # GET /v1/checkpoints/<id> shows, since the token is the source's secret for this checkpoint.
+            write_json_atomic(self.config.state_dir / "lazy-peers" / f"{checkpoint_id}.json",
+                              {"source": str(params["source"]), "token": str(params["token"])})
         return {"checkpoint_id": checkpoint_id, "files": len(manifest.get("files", [])),
                 "total_bytes": manifest.get("total_bytes", 0)}
 
@@ -716,6 +944,12 @@ class Agent:
         command = self.config.reboot_command
         if not command:
             raise OperationError("reboot is not configured on this node (set reboot_command, or 'simulate')")
+        unsettled = self.unsettled_lazy_sources()
+        if unsettled:
+            # A reboot would end the copy the two-phase release may still resume (and CRIU's page server).
+            raise OperationError(f"lazy moves from this node are not settled yet ({', '.join(unsettled)}): their "
+                                 "workloads' copies here may still be resumed; reboot once GET /v1/checkpoints/<id> "
+                                 "says lazy.source.state complete or failed")
         boot_id = current_boot_id()
         self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
         if command == "simulate":
@@ -747,6 +981,7 @@ class Agent:
 
     def recover(self) -> None:
         """Finish or fail the operations a previous agent process left unfinished."""
+        self._recover_lazy()
         for record in self.operations.all():
             if record.get("state") not in ("pending", "running"):
                 continue
@@ -768,6 +1003,71 @@ class Agent:
             else:
                 self.operations.update(record["id"], state="failed", finished_at=utcnow(),
                                        error="interrupted by an agent restart; nothing is rerun (use a new id)")
+
+    def unsettled_lazy_sources(self) -> list[str]:
+        """Checkpoints whose lazy move from this node has no decision acted on yet."""
+        found = []
+        for path in sorted((self.config.state_dir / "lazy").glob("*.json")):
+            source = (read_json(path, None) or {}).get("source") or {}
+            if source.get("state") in ("serving", "awaiting_receiver") or (
+                    source.get("decision") and not source.get("applied")):
+                found.append(path.stem)
+        return found
+
+    def _recover_lazy(self) -> None:
+        """Take up the lazy moves a previous agent process left unsettled (the two-phase release): the
+        source's copy is never left stopped without a decision, the receiver's never runs on unreleased."""
+        unsettled = set(self.unsettled_lazy_sources())
+        for path in sorted((self.config.state_dir / "lazy").glob("*.json")):
+            status = read_json(path, None)
+            if not isinstance(status, dict):
+                continue
+            source, receiver = status.get("source") or {}, status.get("receiver") or {}
+            if path.stem in unsettled:
+                threading.Thread(target=self._recover_lazy_source, args=(path.stem, source), daemon=True).start()
+            if receiver.get("state") in ("streaming", "releasing", "failing"):
+                threading.Thread(target=self._recover_lazy_receiver, args=(path.stem, receiver), daemon=True).start()
+
+    def _recover_lazy_source(self, checkpoint_id: str, source: dict[str, Any]) -> None:
+        if source.get("decision"):
+            self._settle_lazy_source(checkpoint_id)  # applies the decision taken before the restart
+            return
+        self._write_lazy(checkpoint_id, "source", {"recovered": True})
+        # Word from the receiver counts from now: it may have reported while no agent listened.
+        with self._lazy_lock:
+            self._lazy_heard[checkpoint_id] = time.monotonic()
+        started = time.monotonic()
+        if source.get("state") == "serving":
+            # CRIU's dump runs on in its own session: wait for its page server to end, read the outcome.
+            dump_pid = int(source.get("dump_pid") or 0)
+            while lazy.same_process(dump_pid, str(source.get("dump_started") or "")):
+                self._read_lazy_mailbox(checkpoint_id)
+                reap(dump_pid)
+                time.sleep(0.05)
+            ended = lazy.ended_by_log(Path(str(source.get("log") or "")), started)
+            pid = int(source.get("pid") or 0)
+            if ended["state"] == "complete" and not lazy.same_process(pid, str(source.get("pid_started") or "")):
+                ended = {**ended, "state": "failed", "error": "the frozen copy is gone"}
+            self._lazy_source_ended(checkpoint_id, ended)
+        else:
+            self._lazy_source_ended(checkpoint_id, {**(source.get("page_server") or {}), "state": "complete"})
+
+    def _recover_lazy_receiver(self, checkpoint_id: str, receiver: dict[str, Any]) -> None:
+        """The userfaultfds the previous agent held are gone: unless every page had arrived, the restored
+        copy and the daemon go now, and the source hears so; it keeps its copy only on the source's release."""
+        pid = int(receiver.get("pid") or 0)
+        if not lazy.same_process(pid, str(receiver.get("pid_started") or "")):
+            pid = 0
+        daemon_pid = int(receiver.get("daemon_pid") or 0)
+        daemon_alive = lazy.same_process(daemon_pid, str(receiver.get("daemon_started") or ""))
+        arrived, expected = lazy.transferred(Path(str(receiver.get("log") or "")))
+        complete = bool(pid) and not daemon_alive and expected > 0 and arrived == expected
+        if daemon_alive:
+            lazy.kill_if_alive(daemon_pid)
+        status: dict[str, Any] = {"pages_arrived": arrived, "pages_expected": expected, "recovered": True}
+        if not complete:
+            status["error"] = "the agent restarted before every page had arrived"
+        self._settle_lazy_receiver(checkpoint_id, pid, complete, status, time.monotonic())
 
     def _recover_restore(self, record: dict[str, Any]) -> None:
         """A restore the previous agent process left unfinished: did the workload come back?

@@ -25,7 +25,11 @@ RESTORED = "restored.json"
 SCHEMA = "gpusweep.checkpoint/1"
 # What must match between the node a checkpoint was taken on and the restore target.
 FINGERPRINT_KEYS = ("gpu_model", "driver", "cuda", "engine", "engine_version", "model_name", "model_version")
-CONTROL_FILES = {MANIFEST, CLAIM, RESTORED}
+# A lazy move's mailbox in a store both agents share (agent.py, lazy moves): the receiver's report, the
+# source's decision on its frozen copy.
+LAZY_REPORT = "lazy-report.json"
+LAZY_DECISION = "lazy-decision.json"
+CONTROL_FILES = {MANIFEST, CLAIM, RESTORED, LAZY_REPORT, LAZY_DECISION}
 
 
 class ArtifactError(Exception):

@@ -62,6 +62,10 @@ class AgentConfig:
     # all have gone. A checkpoint request's `lazy_pages` overrides it. Off: the whole image first.
     criu_lazy_pages: bool = False
     lazy_pages_address: str = ""
+    # Two-phase release of a lazy move: once the page server ends, the source keeps its copy stopped until
+    # the receiver reports; with no word from the receiver for this long it resumes its copy (the receiver
+    # kills its own after half of it without an answer from the source, so the two never both run).
+    lazy_release_timeout_s: float = 30.0
     signal_timeout: float = 60.0
     # name -> dotted path of a CheckpointEngine / PatchMethod / Probe class; merged over the built-ins.
     engines: dict[str, str] = field(default_factory=dict)

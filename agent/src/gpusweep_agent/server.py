@@ -31,6 +31,7 @@ POST_KINDS = {"/v1/checkpoint": "checkpoint", "/v1/restore": "restore", "/v1/pat
 OPERATION_RE = re.compile(r"^/v1/operations/([^/]+)$")
 CHECKPOINT_RE = re.compile(r"^/v1/checkpoints/([^/]+)$")
 TRANSFER_RE = re.compile(r"^/v1/transfer/([^/]+)/(.+)$")
+LAZY_REPORT_RE = re.compile(r"^/v1/lazy/([^/]+)/report$")
 KUBELET_ARCHIVE_RE = re.compile(r"^/v1/kubelet-checkpoints/([^/]+)$")
 
 
@@ -194,9 +195,31 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("GET %s", path)
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
 
+    def _lazy_report(self, checkpoint_id: str, body: bytes) -> None:
+        """A lazy move's receiver reporting to this source (agent.py, two-phase release), with the share's token."""
+        agent = self.server.agent
+        if not agent.shares.allows(self.headers.get(transfer.TOKEN_HEADER, ""), checkpoint_id):
+            self._send(HTTPStatus.UNAUTHORIZED, {"error": f"no valid transfer token for {checkpoint_id}"})
+            return
+        try:
+            data = json.loads(body or b"{}")
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+            self._send(HTTPStatus.OK, agent.lazy_report(checkpoint_id, str(data.get("state") or ""),
+                                                        str(data.get("node") or "")))
+        except LookupError as exc:
+            self._send(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except ValueError as exc:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"{self.path}: {exc}"})
+
     def do_POST(self) -> None:
         body = self._body()
-        if body is None or not self._authenticate(body):
+        if body is None:
+            return
+        if match := LAZY_REPORT_RE.match(self.path.split("?", 1)[0]):
+            self._lazy_report(unquote(match.group(1)), body)
+            return
+        if not self._authenticate(body):
             return
         kind = POST_KINDS.get(self.path.split("?", 1)[0])
         if kind is None:

@@ -298,3 +298,32 @@ def fetch(store: LocalArtifactStore, checkpoint_id: str, source: str, token: str
         raise
     # Every byte was hashed as it arrived (no second pass here); the restore verifies the folder again.
     return manifest
+
+
+def lazy_report(source: str, checkpoint_id: str, token: str, report: dict[str, Any],
+                timeout: float = 3.0) -> dict[str, Any] | None:
+    """A receiver's word on a lazy move to the source's agent (POST /v1/lazy/<checkpoint>/report, with the
+    share's token): the source's answer ({"decision": "pending"|"released"|"resumed"}), or None when there
+    was none (unreachable, refused): the receiver then counts the time without word (agent.py)."""
+    parts = urlsplit(source)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if parts.scheme == "https":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        conn.request("POST", f"{parts.path.rstrip('/')}/v1/lazy/{quote(checkpoint_id)}/report",
+                     body=json.dumps(report).encode(), headers={TOKEN_HEADER: token,
+                                                                "Content-Type": "application/json"})
+        response = conn.getresponse()
+        body = response.read(10000)
+        if response.status != 200:
+            return None
+        answer = json.loads(body)
+        return answer if isinstance(answer, dict) else None
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    finally:
+        conn.close()

@@ -184,6 +184,15 @@ def kill_tree(pid: int) -> None:
             continue
 
 
+def resume_tree(pid: int) -> None:
+    """SIGCONT the tree CRIU left stopped (--leave-stopped stops each task with SIGSTOP; no cgroup freezer)."""
+    for member in process_tree(pid):
+        try:
+            os.kill(member, signal.SIGCONT)
+        except ProcessLookupError:
+            continue
+
+
 # Keys naming the container's namespaces in the image (``--external`` on dump, ``--inherit-fd`` on restore).
 NET_KEY, PID_KEY = "gpusweep-netns", "gpusweep-pidns"
 CLONE_NEWPID = 0x20000000
@@ -446,7 +455,8 @@ class CriuEngine(CheckpointEngine):
                         progress: Progress) -> tuple[dict[str, Any], subprocess.Popen[bytes], Path]:
         """A lazy dump (engines/lazy.py): the images but the memory contents in `image_dir`, and CRIU
         left serving the pages from the frozen workload on `address`:`port`. Returns the engine data, the
-        running `criu dump` (it ends when every page has gone, or the stream broke) and its log."""
+        running `criu dump` (it ends when every page has gone, leaving the workload stopped, or when the
+        stream broke, thawing it) and its log."""
         self.check()
         pid = int(workload["pid"])
         if not pid_alive(pid):
@@ -458,7 +468,12 @@ class CriuEngine(CheckpointEngine):
         work.mkdir(parents=True)
         log = self.log_path(image_dir, "dump")
         args = [self.config.criu, "dump", "-t", str(pid), "-D", str(work), "-o", str(log), "-v3",
-                *self._options(data), "--lazy-pages", "--address", address, "--port", str(port)]
+                *self._options(data), "--lazy-pages", "--address", address, "--port", str(port),
+                # Two-phase release: when the page server ends, CRIU leaves the workload stopped (not
+                # killed); the agent kills it once the receiver says every page is in the restored
+                # process, and resumes it otherwise (agent.py, _decide_lazy_source). A failed stream
+                # still thaws it (CRIU resumes the tasks whenever the dump fails).
+                "--leave-stopped"]
         started = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._in_host_cgroups())

@@ -9,12 +9,14 @@ the source's page server and ``criu restore --lazy-pages``: the process runs at 
 touches first is fetched on its fault (userfaultfd), and the rest are pushed in the background.
 
 What this trades: until all pages have arrived the restored workload depends on the source. The
-source keeps its frozen copy until the receiver's daemon says every page arrived (CRIU's dump ends
-then, and only then kills the source's process). If the stream breaks, CRIU's dump thaws the
-source's copy, which runs on (the fallback), and the receiver's agent kills the restored copy: its
-missing pages are gone. So that the restored copy never reads a page that did not arrive as zeros,
-the receiving agent holds a duplicate of each userfaultfd (``pidfd_getfd``) while the daemon works:
-if the daemon dies, the faults wait for the agent's kill instead of completing with empty pages.
+release is two-phase (agent.py): the dump runs with ``--leave-stopped``, so when the page server ends
+CRIU leaves the source's copy stopped, not killed; the source's agent kills it only when the
+receiver's agent reports every page in the restored process, and resumes it (SIGCONT) when the
+receiver reports a failure or falls silent. If the stream breaks, CRIU's dump thaws the source's copy
+itself, which runs on (the fallback), and the receiver's agent kills the restored copy: its missing
+pages are gone. So that the restored copy never reads a page that did not arrive as zeros, the
+receiving agent holds a duplicate of each userfaultfd (``pidfd_getfd``) while the daemon works: if the
+daemon dies, the faults wait for the agent's kill instead of completing with empty pages.
 
 The pages themselves travel over CRIU's page-server protocol, outside the manifest: not hashed, and
 without TLS unless the network is trusted (the page server listens on ``lazy_pages_address``).
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..util import pid_alive
+from ..util import pid_alive, proc_stat
 from .base import EngineError, log_tail
 
 SERVING = "Starting page server"
@@ -173,9 +175,68 @@ def outcome(proc: subprocess.Popen[bytes], log: Path, started: float) -> dict[st
             **({} if ok else {"error": log_tail(log)})}
 
 
+def ended_by_log(log: Path, started: float) -> dict[str, Any]:
+    """A lazy dump's outcome read from its log alone: for an agent restarted while CRIU served (not its child)."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    ok = SERVED in text
+    return {"state": "complete" if ok else "failed", "exit": None, "serving_s": round(time.monotonic() - started, 3),
+            **({} if ok else {"error": log_tail(log)})}
+
+
+def start_time(pid: int) -> str:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat): with the pid, one process
+    for good, so that an agent restarted later never signals a process that took over the number."""
+    fields = proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else ""
+
+
+def same_process(pid: int, started: str) -> bool:
+    return bool(pid) and bool(started) and start_time(pid) == started
+
+
 def kill_if_alive(pid: int) -> None:
     if pid and pid_alive(pid):
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
+
+
+def fence(lease: Path, pid: int, started: str, seconds: float) -> None:
+    """The receiver's copy's backstop, in a process of its own (started by the receiving agent at the
+    restore): while the copy runs unreleased, the agent touches `lease` at each word from the source's
+    agent; a lease older than `seconds` (the agent dead or stuck, the source soon free to resume its own
+    copy) kills the copy. It ends when the lease says "released" or the copy is gone."""
+    from .criu import kill_tree  # criu imports this module
+
+    began = time.time()
+    while same_process(pid, started):
+        try:
+            said = lease.read_text().strip()
+            age = time.time() - lease.stat().st_mtime
+        except OSError:  # no lease (yet, or its folder went): it counts from the fence's start
+            said, age = "", time.time() - began
+        if said == "released":
+            return
+        if age > seconds:
+            kill_tree(pid)
+            return
+        time.sleep(0.2)
+
+
+def touch(lease: Path, text: str = "") -> None:
+    """Renew the fence's lease (or end it: "released")."""
+    try:
+        lease.parent.mkdir(parents=True, exist_ok=True)
+        lease.write_text(text)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) == 6 and sys.argv[1] == "fence":
+        fence(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
+    else:
+        raise SystemExit("usage: python -m gpusweep_agent.engines.lazy fence <lease> <pid> <start time> <seconds>")
