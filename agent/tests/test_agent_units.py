@@ -451,7 +451,8 @@ def test_a_lazy_source_decides_once_and_refuses_a_reboot_until_then(tmp_path: Pa
 
     config = load_config(environ={"GPUSWEEP_AGENT_NODE": "n", "GPUSWEEP_AGENT_KEY": "k" * 32,
                                   "GPUSWEEP_AGENT_STATE_DIR": str(tmp_path / "state"),
-                                  "GPUSWEEP_AGENT_REBOOT_COMMAND": "true"})
+                                  "GPUSWEEP_AGENT_REBOOT_COMMAND": "true",
+                                  "GPUSWEEP_AGENT_LAZY_RELEASE_TIMEOUT_S": "0.5"})
     agent = Agent(config)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
     proc = subprocess.Popen(["sleep", "60"])
@@ -460,8 +461,13 @@ def test_a_lazy_source_decides_once_and_refuses_a_reboot_until_then(tmp_path: Pa
         wait_for(lambda: stopped(proc.pid), 5, what="the copy to stop")
         agent._write_lazy("ck-lazy", "source", {"state": "awaiting_receiver", "pid": proc.pid,
                                                 "pid_started": lazy.start_time(proc.pid), "workload_id": "w"})
+        agent.operations.create("rb", "reboot", {})
+        started = time.monotonic()
         with pytest.raises(OperationError, match="ck-lazy"):
             agent.run_reboot({"id": "rb", "params": {}})
+        # It waited for the move to settle (4 x the release timeout) before refusing, and said why.
+        assert time.monotonic() - started >= 2.0
+        assert agent.operations.get("rb")["progress"]["waiting_for_lazy_moves"] == ["ck-lazy"]
         with pytest.raises(LookupError):
             agent.lazy_report("ck-other", "complete", "b")
         with pytest.raises(ValueError):

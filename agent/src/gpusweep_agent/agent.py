@@ -944,12 +944,20 @@ class Agent:
         command = self.config.reboot_command
         if not command:
             raise OperationError("reboot is not configured on this node (set reboot_command, or 'simulate')")
+        # A reboot would end the copy the two-phase release may still resume (and CRIU's page server):
+        # wait for the moves to settle (a campaign reboots the source right after its moves), bounded.
         unsettled = self.unsettled_lazy_sources()
         if unsettled:
-            # A reboot would end the copy the two-phase release may still resume (and CRIU's page server).
+            self.operations.update(record["id"], progress={"waiting_for_lazy_moves": unsettled})
+        deadline = time.monotonic() + 4 * self.config.lazy_release_timeout_s
+        while unsettled and time.monotonic() < deadline:
+            time.sleep(0.5)
+            unsettled = self.unsettled_lazy_sources()
+        if unsettled:
             raise OperationError(f"lazy moves from this node are not settled yet ({', '.join(unsettled)}): their "
                                  "workloads' copies here may still be resumed; reboot once GET /v1/checkpoints/<id> "
-                                 "says lazy.source.state complete or failed")
+                                 "says lazy.source.state complete or failed (waited "
+                                 f"{4 * self.config.lazy_release_timeout_s:.0f} s)")
         boot_id = current_boot_id()
         self.operations.update(record["id"], progress={"boot_id": boot_id, "simulated": command == "simulate"})
         if command == "simulate":
