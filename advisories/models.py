@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -156,6 +157,13 @@ class Exposure(models.Model):
                              db_constraint=False)
     advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures", db_index=False,
                                  db_constraint=False)
+    # The node's cluster, copied so the exposure list's cluster filter reads no node row (with the
+    # join, a page of one cluster's exposures probed ten nodes per row shown: bench/api.py). Written
+    # with every new exposure (the recompute's inserts, save()) and moved with its node in the
+    # transaction that moves it (inventory.services.move_node -> advisories.signals). The rows
+    # go with their node (its cascade), never with the cluster directly.
+    cluster = models.ForeignKey(Cluster, on_delete=models.DO_NOTHING, related_name="+", db_index=False,
+                                db_constraint=False)
     affected_range = models.ForeignKey(AffectedRange, on_delete=models.CASCADE, related_name="exposures",
                                        db_index=False, db_constraint=False)
     component = models.CharField(max_length=63)
@@ -201,6 +209,11 @@ class Exposure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} {self.advisory} {self.state}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.cluster_id is None and self.node_id is not None:  # the node's, unless given
+            self.cluster_id = self.node.cluster_id
+        super().save(*args, **kwargs)
 
 
 class DeadlinePolicy(models.Model):
