@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -41,6 +42,7 @@ class CVE(models.Model):
         return self.cve_id
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function the exposure list calls for each row (two regex passes)
 def public_id(publisher: str, publisher_id: str) -> str:
     """`<publisher>-<bulletin id>`, lower case: the publisher part has no hyphen, so the first one splits."""
     name = re.sub(r"[^a-z0-9]", "", publisher.lower()) or "advisory"

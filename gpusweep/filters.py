@@ -165,11 +165,21 @@ class FilterSet(DRFFilterSet):
         found = _FORM_CLASSES.get(key)
         if found is None:
             found = super().get_form_class()
+            found.base_fields = _SharedFields(found.base_fields)
             _FORM_CLASSES[key] = found
         return found
 
 
 _FORM_CLASSES: dict[tuple[type, Any], type[forms.Form]] = {}
+
+
+class _SharedFields(dict[str, forms.Field]):
+    """A filter form's fields: each form gets shallow copies sharing their widgets and choices.
+    Django's Form deep-copies its fields (choices, widgets) per instance, for forms that change
+    them while rendering; a filter form only validates the query string."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, forms.Field]:
+        return {name: copy.copy(field) for name, field in self.items()}
 
 
 def _copy_filter(base: django_filters.Filter, model: Any, parent: FilterSet) -> django_filters.Filter:

@@ -1,4 +1,3 @@
-from collections.abc import Sequence
 from typing import Any
 
 from django import forms
@@ -61,7 +60,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     inlines = [NodeComponentInline]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> Sequence[str]:
+    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> tuple[str, ...]:
         # A node changes cluster through inventory.services.move_node only: its exposures keep a copy.
         return ("cluster",) if obj is not None else ()
 
