@@ -259,7 +259,8 @@ class AffectedRangeFilter(FilterSet):
 class ExposureFilter(FilterSet):
     severity = MultipleChoiceFilter(choices=Severity.choices())
     state = MultipleChoiceFilter(choices=ExposureState.choices())
-    cluster = django_filters.CharFilter(field_name="node__cluster__name")
+    # The exposure's copy of its node's cluster (Exposure.cluster): no join to the nodes.
+    cluster = django_filters.CharFilter(field_name="cluster__name")
     advisory = PublicAdvisoryFilter(field_name="advisory")
     overdue = BooleanFilter(method="filter_overdue", help_text="open and past its deadline")
     source = django_filters.ChoiceFilter(choices=findings.SOURCES, method="filter_source", help_text=(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -40,6 +42,7 @@ class CVE(models.Model):
         return self.cve_id
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function the exposure list calls for each row (two regex passes)
 def public_id(publisher: str, publisher_id: str) -> str:
     """`<publisher>-<bulletin id>`, lower case: the publisher part has no hyphen, so the first one splits."""
     name = re.sub(r"[^a-z0-9]", "", publisher.lower()) or "advisory"
@@ -156,6 +159,13 @@ class Exposure(models.Model):
                              db_constraint=False)
     advisory = models.ForeignKey(Advisory, on_delete=models.CASCADE, related_name="exposures", db_index=False,
                                  db_constraint=False)
+    # The node's cluster, copied so the exposure list's cluster filter reads no node row (with the
+    # join, a page of one cluster's exposures probed ten nodes per row shown: bench/api.py). Written
+    # with every new exposure (the recompute's inserts, save()) and moved with its node in the
+    # transaction that moves it (inventory.services.move_node -> advisories.signals). The rows
+    # go with their node (its cascade), never with the cluster directly.
+    cluster = models.ForeignKey(Cluster, on_delete=models.DO_NOTHING, related_name="+", db_index=False,
+                                db_constraint=False)
     affected_range = models.ForeignKey(AffectedRange, on_delete=models.CASCADE, related_name="exposures",
                                        db_index=False, db_constraint=False)
     component = models.CharField(max_length=63)
@@ -201,6 +211,11 @@ class Exposure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} {self.advisory} {self.state}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.cluster_id is None and self.node_id is not None:  # the node's, unless given
+            self.cluster_id = self.node.cluster_id
+        super().save(*args, **kwargs)
 
 
 class DeadlinePolicy(models.Model):

@@ -164,7 +164,7 @@ def clusters_of_nodes(n_scope: str) -> str:
 
 
 # The new rows' fields the statement gives; every other field gets its default (a parameter).
-_INSERTED = ("node", "advisory", "affected_range", "component", "detected_version", "severity", "state",
+_INSERTED = ("node", "cluster", "advisory", "affected_range", "component", "detected_version", "severity", "state",
              "first_seen", "deadline", "deadline_source", "updated_at")
 
 
@@ -177,7 +177,7 @@ def insert_new(with_m: str, d_values: str, n_scope: str, existing: bool = True) 
     sql = f"""
         {with_m}, {d_values}
         INSERT INTO {EC} ({EC.list(_INSERTED + extra)})
-        SELECT {X.node}, {X.advisory}, {X.affected_range}, {X.component}, {X.version}, {X.severity},
+        SELECT {X.node}, {X.cluster}, {X.advisory}, {X.affected_range}, {X.component}, {X.version}, {X.severity},
                {X.state}, %s, {D_NEW.deadline}, {D_NEW.deadline_source}, %s{', %s' * len(extra)}
         FROM ({NODE_MATCHES} WHERE 1 = 1 {n_scope} {fence}) x
         JOIN d ON {pairs(D_NEW, X, ('affected_range', 'cluster'))}
@@ -357,7 +357,7 @@ def package_set_groups(n_scope: str) -> str:
 D_CLUSTER = Derived("d", cluster=(Node, "cluster"), deadline=(Exposure, "deadline"),
                     deadline_source=(Exposure, "deadline_source"))
 # The fields insert_os gives; every other field gets its default (a parameter).
-_OS_INSERTED = ("node", "advisory", "affected_range", "component", "detected_version", "severity", "state",
+_OS_INSERTED = ("node", "cluster", "advisory", "affected_range", "component", "detected_version", "severity", "state",
                 "first_seen", "deadline", "deadline_source", "fixed_by_version", "remediated_at", "remediated_by",
                 "note", "updated_at")
 
@@ -382,8 +382,8 @@ def _insert_os(clusters: int, done: bool, livepatch: bool, n_scope: str, extra: 
     return f"""
         WITH {D_CLUSTER.header()} AS (VALUES {D_CLUSTER.values(clusters)})
         INSERT INTO {EC} ({EC.list(_OS_INSERTED + extra)})
-        SELECT {N.id}, %s, %s, %s, %s, %s, %s, %s, {deadline}, {D_CLUSTER.deadline_source}, %s, %s, %s, %s,
-               %s{', %s' * len(extra)}
+        SELECT {N.id}, {N.cluster_id}, %s, %s, %s, %s, %s, %s, %s, {deadline}, {D_CLUSTER.deadline_source},
+               %s, %s, %s, %s, %s{', %s' * len(extra)}
         FROM {N} JOIN d ON {D_CLUSTER.cluster} = {N.cluster_id}
         WHERE {N.package_set_id} = %s AND {N.running_kernel} = %s AND {same_livepatch} AND {N.gone_at} IS NULL
           {n_scope}

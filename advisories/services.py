@@ -260,3 +260,11 @@ def credit_sweep(node_id: int, since: dt.datetime, components: Iterable[str], re
         node_id=node_id, state=ExposureState.REMEDIATED, remediated_by=ChangeSource.AGENT,
         remediated_at__gte=since,
     ).update(remediated_by=reference[:200], updated_at=timezone.now())
+
+
+def move_exposures(node_ids: list[int], cluster_id: int) -> int:
+    """The nodes moved to `cluster_id` (inventory.services.move_node, in its transaction): their
+    exposures' copy of the cluster follows. Returns the rows changed."""
+    with transaction.atomic():
+        moved = Exposure.objects.filter(node_id__in=node_ids).exclude(cluster_id=cluster_id)
+        return moved.update(cluster_id=cluster_id)

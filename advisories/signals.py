@@ -16,9 +16,10 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal, receiver
 
+from advisories import services
 from advisories.exposure import recompute
 from advisories.osmatch import recompute_os
-from inventory.signals import node_packages_changed, node_versions_changed
+from inventory.signals import node_moved, node_packages_changed, node_versions_changed
 
 advisories_matched = Signal()
 
@@ -40,3 +41,9 @@ def rematch_node_packages(sender: Any, node_ids: Iterable[int] = (), reference: 
     ids = sorted(set(node_ids))
     if ids:
         recompute_os(node_ids=ids, remediated_by=reference)
+
+
+@receiver(node_moved, dispatch_uid="advisories.move_exposures")
+def move_exposures(sender: Any, node_ids: Iterable[int] = (), cluster_id: int = 0, **kwargs: Any) -> None:
+    """Inside the move's transaction: the exposures' copy of their node's cluster (Exposure.cluster)."""
+    services.move_exposures(sorted(set(node_ids)), cluster_id)

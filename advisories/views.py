@@ -205,7 +205,7 @@ def _filtered_exposures(request: HttpRequest) -> tuple[QuerySet[Exposure], dict[
     if filters["severity"]:
         exposures = exposures.filter(severity=filters["severity"])
     if filters["cluster"]:
-        exposures = exposures.filter(node__cluster__name=filters["cluster"])
+        exposures = exposures.filter(cluster__name=filters["cluster"])  # the exposure's copy: no node join
     if filters["advisory"]:  # a public id; one that no advisory has lists nothing
         named = resolve(filters["advisory"])
         exposures = exposures.filter(advisory_id=named.pk) if named else exposures.none()

@@ -18,13 +18,16 @@ unknown ordering term the same way.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
+from collections import OrderedDict
 from copy import deepcopy
 from typing import Any
 
 import django_filters
 from django import forms
 from django.db import connection, models
+from django.http import QueryDict
 from django_filters.fields import IsoDateTimeField
 from django_filters.rest_framework import DjangoFilterBackend
 from django_filters.rest_framework import FilterSet as DRFFilterSet
@@ -134,7 +137,63 @@ DEFAULTS[models.BooleanField] = {"filter_class": BooleanFilter}
 
 
 class FilterSet(DRFFilterSet):
+    """django-filter's FilterSet, made per request from copies that share what never changes.
+
+    django-filter deep-copies every filter on each request and builds its form class and form
+    fields anew: about 1.5 ms of CPU per list request (a fifth of an uncached page). A filter's
+    form field and the form class depend only on the FilterSet class and the model, so they are
+    built once per class; each request gets shallow copies of the filters (their own `model` and
+    `parent`, a method filter bound to its copy) and a form of its own (Django's Form copies the
+    fields it binds)."""
+
     FILTER_DEFAULTS = DEFAULTS
+
+    def __init__(self, data: Any = None, queryset: Any = None, *, request: Any = None, prefix: Any = None) -> None:
+        if queryset is None:
+            queryset = self._meta.model._default_manager.all()
+        model = queryset.model
+        self.is_bound = data is not None
+        self.data = data or QueryDict()
+        self.queryset = queryset
+        self.request = request
+        self.form_prefix = prefix
+        self.filters = OrderedDict((name, _copy_filter(base, model, self)) for name, base in self.base_filters.items())
+
+    def get_form_class(self) -> type[forms.Form]:
+        # The fields are the base filters' own (built once, _copy_filter): the class is too.
+        key = (type(self), self._meta.model)
+        found = _FORM_CLASSES.get(key)
+        if found is None:
+            found = super().get_form_class()
+            found.base_fields = _SharedFields(found.base_fields)
+            _FORM_CLASSES[key] = found
+        return found
+
+
+_FORM_CLASSES: dict[tuple[type, Any], type[forms.Form]] = {}
+
+
+class _SharedFields(dict[str, forms.Field]):
+    """A filter form's fields: each form gets shallow copies sharing their widgets and choices.
+    Django's Form deep-copies its fields (choices, widgets) per instance, for forms that change
+    them while rendering; a filter form only validates the query string."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, forms.Field]:
+        return {name: copy.copy(field) for name, field in self.items()}
+
+
+def _copy_filter(base: django_filters.Filter, model: Any, parent: FilterSet) -> django_filters.Filter:
+    """A request's filter: a shallow copy of the class's filter, whose form field it shares."""
+    if getattr(base, "model", None) is not model:  # the label (and so the field) is the model's
+        base.model = model
+        base.__dict__.pop("_field", None)
+    base.field  # noqa: B018  # built once per class; the copies share it (gthread: a race builds an equal one)
+    copied = copy.copy(base)
+    copied.model = model
+    copied.parent = parent
+    if copied._method is not None:  # a method filter calls through its filter's parent: bind the copy
+        copied.method = copied._method
+    return copied
 
 
 # Parameters every list understands: pagination, ordering and DRF's renderer override.

@@ -2,6 +2,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpRequest
 
 from gpusweep import registry, secret_env
 from gpusweep.admin import ReadOnlyAdmin
@@ -58,6 +59,10 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ("cluster", "service_state", "gpu_model")
     search_fields = ("name",)
     inlines = [NodeComponentInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Node | None = None) -> tuple[str, ...]:
+        # A node changes cluster through inventory.services.move_node only: its exposures keep a copy.
+        return ("cluster",) if obj is not None else ()
 
 
 @admin.register(NodeComponent)

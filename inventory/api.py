@@ -23,7 +23,7 @@ from rest_framework.response import Response
 
 from gpusweep import registry, secret_env
 from gpusweep.filters import BooleanFilter, DateTimeFilter, FilterSet, IntegerFilter, MultipleChoiceFilter
-from gpusweep.narrow import NarrowListMixin, Times, among
+from gpusweep.narrow import NarrowListMixin, Times, among, json_column, json_value
 from gpusweep.responses import CachedListMixin
 from gpusweep.routers import ApiRouter
 from inventory import agent
@@ -251,27 +251,33 @@ NODE_COLUMNS = ("id", "cluster_id", "cluster__name", "name", "pool", "labels", "
                 "os_family", "cpu_milli", "memory_mib", "scheduler_state", "service_state", "agent_endpoint",
                 "fact_sources", "fact_conflicts", "last_seen", "gone_at", "created_at", "updated_at")
 NODE_TIMES = ("last_seen", "gone_at", "created_at", "updated_at")
+NODE_JSON = ("labels", "fact_sources", "fact_conflicts")
 
 
 def node_rows(ids: list[int]) -> list[dict[str, Any]]:
     """NodeSerializer's rows for these nodes, in this order, from two narrow reads (gpusweep.narrow)."""
     times = Times()
+    write = times.write
     components: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
     for node_id, component, version, branch, flagged, source, updated in NodeComponent.objects.filter(
             among("node_id", ids)).order_by("node_id", "component").annotate(
             unknown=Q(version_key__isnull=True), updated=times.column("updated_at")).values_list(
             "node_id", "component", "version", "branch", "unknown", "source", "updated"):
         components[node_id].append({"component": component, "version": version, "branch": branch,
-                                    "flagged": flagged, "source": source, "updated_at": times.write(updated)})
+                                    "flagged": flagged, "source": source, "updated_at": write(updated)})
     found = {}
-    columns = [f"{name}_" if name in NODE_TIMES else name for name in NODE_COLUMNS]
+    read = {**{name: times.column(name) for name in NODE_TIMES}, **{name: json_column(name) for name in NODE_JSON}}
+    columns = [f"{name}_" if name in read else name for name in NODE_COLUMNS]
+    names = tuple("cluster" if n == "cluster_id" else "cluster_name" if n == "cluster__name" else n
+                  for n in NODE_COLUMNS)
+    converters = [(i, write if name in NODE_TIMES else json_value) for i, name in enumerate(NODE_COLUMNS)
+                  if name in read]
     for values in Node.objects.filter(among("id", ids)).order_by().annotate(
-            **{f"{name}_": times.column(name) for name in NODE_TIMES}).values_list(*columns):
-        row = dict(zip(NODE_COLUMNS, values, strict=True))
-        row["cluster"] = row.pop("cluster_id")
-        row["cluster_name"] = row.pop("cluster__name")
-        for name in NODE_TIMES:
-            row[name] = times.write(row[name])
+            **{f"{name}_": column for name, column in read.items()}).values_list(*columns):
+        values = list(values)
+        for i, convert in converters:
+            values[i] = convert(values[i])
+        row = dict(zip(names, values, strict=True))
         row["components"] = components[row["id"]]
         found[row["id"]] = {name: row[name] for name in NodeSerializer.Meta.fields}
     return [found[i] for i in ids if i in found]

@@ -35,7 +35,7 @@ from gpusweep.db.reads import prepared_cursor, select_rows
 from inventory import identity, owners, queries
 from inventory.choices import ChangeAction, ChangeSource, CheckpointEngine, ServiceState, WorkloadKind, WorkloadPolicy
 from inventory.models import ChangeLog, Cluster, Node, NodeComponent, Workload
-from inventory.signals import node_versions_changed
+from inventory.signals import node_moved, node_versions_changed
 from inventory.versions import ParsedVersion, VersionError, normalize_component, normalize_fact, parse_version
 
 BATCH = 2000
@@ -897,3 +897,26 @@ def move_workload(workload_id: int, node_id: int, scheduler_id: str, source: str
         _write_logs([_Log(source, ChangeAction.UPDATE, "workload", workload_id,
                           f"{cluster}/{kind}:{before_ref}"[:300], changes, user_id, reference)], now)
     return True
+
+
+def move_node(node_id: int, cluster_id: int, user_id: int | None = None) -> Node:
+    """Move a node to another cluster (an admin's correction: every source names a node within its
+    own cluster). What other apps keep of the node's cluster (its exposures' copy) follows in this
+    transaction (node_moved); a node of that name in the target is an InventoryError, nothing moved."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().select_related("cluster").get(pk=node_id)
+        target = Cluster.objects.filter(pk=cluster_id).first()
+        if target is None:
+            raise InventoryError(f"no cluster with id {cluster_id}")
+        if node.cluster_id == target.pk:
+            return node
+        if Node.objects.filter(cluster=target, name=node.name).exists():
+            raise InventoryError(f"{target.name} has a node named {node.name} already")
+        before = node.cluster.name
+        node.cluster = target
+        node.save(update_fields=["cluster", "updated_at"])
+        ChangeLog.objects.create(source=ChangeSource.ADMIN, action=ChangeAction.UPDATE, object_type="node",
+                                 object_id=node.pk, object_repr=f"{target.name}/{node.name}",
+                                 changes={"cluster": [before, target.name]}, user_id=user_id)
+        node_moved.send(sender=Node, node_ids=[node.pk], cluster_id=target.pk)
+    return node
