@@ -49,10 +49,10 @@ def test_a_json_column_reads_as_django_reads_it():
     assert json_value(empty) == {} and json_value(None) is None
 
 
+@pytest.mark.postgres  # elsewhere the times are parsed and written in Python
 @pytest.mark.django_db
 def test_postgresql_writes_the_times_itself():
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL only: elsewhere the times are parsed and written in Python")
+    assert connection.vendor == "postgresql"
     assert Times().as_text
