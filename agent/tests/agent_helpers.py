@@ -27,6 +27,12 @@ FACTS = {
     "components": {"driver": "570.86.15", "cuda": "12.8"},
 }
 CRIU_HINT = "needs CRIU 4 and root: run scripts/build-criu.sh as root"
+# For an agent standing in for a node with no scheduler (a static cluster on the local executor): every
+# test agent shares this host's /proc, so with the default scheduler_workloads it would list every
+# Kubernetes pod and Slurm step of other tests (their kubepods/slurm cgroups) as its own workloads, and
+# a campaign on it would stop or checkpoint (CRIU-kill) them: the other test's process is killed and
+# this one records a STOPPED event too many.
+NO_SCHEDULER = {"scheduler_workloads": "false"}
 
 
 def criu_usable() -> bool:
