@@ -194,6 +194,17 @@ def wait_steps(log: Path, at_least: int, timeout: float = 30) -> list[int]:
                     what=f"{at_least} steps in {log}")
 
 
+# What an agent lists by cgroup (workloads.discover_cgroup_workloads): on this shared host, any test's pod
+# or Slurm step, so never this test's to kill at its teardown.
+FOUND_BY_CGROUP = ("k8s_pod", "slurm_step")
+
+
+def own_pids(listed: list[dict[str, Any]]) -> list[int]:
+    """The pids of an agent's GET /v1/workloads entries `listed` that are its own (registered with it, or a
+    bare process holding its stand-in GPU), for a teardown to kill: not the pods and steps found by cgroup."""
+    return [int(w["pid"]) for w in listed if w.get("pid") and w.get("kind") not in FOUND_BY_CGROUP]
+
+
 def kill_pid(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
