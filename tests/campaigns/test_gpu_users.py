@@ -71,8 +71,10 @@ def test_a_real_gpu_user_found_by_the_agent_is_planned_and_stopped_by_the_policy
     bystander = subprocess.Popen(["sleep", "120"])
     agent = None
     try:
-        pod = f"/kubepods/besteffort/pod{uuid.uuid4()}/{'ab' * 32}"
-        with in_cgroup(bystander.pid, pod) if cgroups_writable()[0] else contextlib.nullcontext(pod):
+        with contextlib.ExitStack() as stack:
+            if cgroups_writable()[0]:
+                stack.enter_context(in_cgroup(bystander.pid, f"/kubepods/besteffort/pod{uuid.uuid4()}/{'ab' * 32}"))
+            stack.callback(_end, bystander)  # reaped before its cgroup is removed (a zombie keeps it)
             agents.wait_for(lambda: (Path(f"/proc/{holder.pid}/fd/3").exists()), 10, what="the holder's descriptor")
             agent = agents.AgentProcess(tmp_path, "gpu00", tmp_path / "artifacts", reboot_command="simulate",
                                         patch_methods='{"package": {"simulate": true}}',
@@ -101,8 +103,13 @@ def test_a_real_gpu_user_found_by_the_agent_is_planned_and_stopped_by_the_policy
             assert bystander.poll() is None, "the campaign stopped a process of no workload of its node"
     finally:
         for proc in (holder, bystander):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+            _end(proc)
         if agent is not None:
             agent.stop()
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill `proc` if it still runs, and reap it either way."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
