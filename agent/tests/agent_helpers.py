@@ -27,6 +27,12 @@ FACTS = {
     "components": {"driver": "570.86.15", "cuda": "12.8"},
 }
 CRIU_HINT = "needs CRIU 4 and root: run scripts/build-criu.sh as root"
+# For an agent standing in for a node with no scheduler (a static cluster on the local executor): every
+# test agent shares this host's /proc, so with the default scheduler_workloads it would list every
+# Kubernetes pod and Slurm step of other tests (their kubepods/slurm cgroups) as its own workloads, and
+# a campaign on it would stop or checkpoint (CRIU-kill) them: the other test's process is killed and
+# this one records a STOPPED event too many.
+NO_SCHEDULER = {"scheduler_workloads": "false"}
 
 
 def criu_usable() -> bool:
@@ -186,6 +192,17 @@ def unbroken(steps: list[int]) -> int:
 def wait_steps(log: Path, at_least: int, timeout: float = 30) -> list[int]:
     return wait_for(lambda: log.exists() and len(steps(log)) >= at_least and steps(log), timeout,
                     what=f"{at_least} steps in {log}")
+
+
+# What an agent lists by cgroup (workloads.discover_cgroup_workloads): on this shared host, any test's pod
+# or Slurm step, so never this test's to kill at its teardown.
+FOUND_BY_CGROUP = ("k8s_pod", "slurm_step")
+
+
+def own_pids(listed: list[dict[str, Any]]) -> list[int]:
+    """The pids of an agent's GET /v1/workloads entries `listed` that are its own (registered with it, or a
+    bare process holding its stand-in GPU), for a teardown to kill: not the pods and steps found by cgroup."""
+    return [int(w["pid"]) for w in listed if w.get("pid") and w.get("kind") not in FOUND_BY_CGROUP]
 
 
 def kill_pid(pid: int) -> None:

@@ -9,7 +9,7 @@ import os
 import stat
 from pathlib import Path
 
-from agent_helpers import CLUSTER, AgentProcess, kill_pid, start_workload, wait_for, wait_steps
+from agent_helpers import CLUSTER, AgentProcess, kill_pid, own_pids, start_workload, wait_for, wait_steps
 from gpusweep_agent.client import AgentClient
 
 
@@ -39,9 +39,8 @@ def test_gpusweep_run_registers_through_the_socket_and_unsigned_calls_are_refuse
         assert "pod-ml.trainer" in [w["id"] for w in agent.client.get("/v1/workloads")["workloads"]]
     finally:
         if workload is not None:
-            for w in agent.client.get("/v1/workloads")["workloads"]:
-                if w.get("pid"):
-                    kill_pid(int(w["pid"]))
+            for pid in own_pids(agent.client.get("/v1/workloads")["workloads"]):
+                kill_pid(pid)
             kill_pid(workload.pid)
         agent.stop()
     assert not sock.exists(), "the agent removes its socket when it stops"

@@ -138,7 +138,8 @@ def test_real_agents_sweep_six_nodes_and_every_counter_continues_while_the_worke
     # Planning (in this process) reads each agent's state: sign with the agents' fleet secret.
     settings.GPUSWEEP_AGENT_FLEET_SECRET = helpers.FLEET_SECRET
     store = tmp_path / "artifacts"
-    simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
+    simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}',
+                **helpers.NO_SCHEDULER}
     names = [f"gpu{i:02d}" for i in range(6)] + ["spare00", "spare01"]
     agents = {}
     counters: dict[str, Path] = {}

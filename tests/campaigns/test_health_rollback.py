@@ -61,7 +61,7 @@ class Nodes:
         agent = agents.AgentProcess(self.root, name, self.root / "artifacts", **{
             "reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}',
             "health_options": self.health_options, "package_manager": "recording",
-            "package_db": str(self.db(name)), **settings}).start()
+            "package_db": str(self.db(name)), **agents.NO_SCHEDULER, **settings}).start()
         self.agents[name] = agent
         node = Node.objects.create(cluster=self.cluster, name=name, gpu_model=agents.FACTS["gpu_model"],
                                    gpu_count=8, agent_endpoint=f"http://127.0.0.1:{agent.port}",

@@ -355,11 +355,6 @@ def test_pods_without_a_gpu_request_that_the_agent_finds_holding_a_gpu_are_moved
             assert untouched(fleet, node)
 
 
-# Known intermittent (about one run in three on this 2-core machine, since before issue 24): the
-# DaemonSet pod's first container is found SIGKILLed and restarted by the test kubelet mid-campaign,
-# and its new process is then seen as a bare GPU user. One rerun keeps CI meaningful while the cause
-# is found (issue 27's Kubernetes work); a second failure still fails the suite.
-@pytest.mark.flaky(reruns=1, reruns_delay=2)
 def test_gpu_processes_in_no_pod_are_checkpointed_stopped_or_waited_for_and_a_daemonset_pod_stays(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19, item 6: three processes started on the host by hand, in no pod, each hold their node's

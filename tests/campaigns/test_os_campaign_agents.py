@@ -54,6 +54,7 @@ def _node(root: Path, cluster: Cluster, name: str, kernel: str) -> tuple[agents.
         reboot_command="simulate",
         patch_methods=json.dumps({"package": {"simulate": True}, "livepatch": {"simulate": True}}),
         health_options=json.dumps({"gpus": {"libnvidia_ml": ""}}),
+        **agents.NO_SCHEDULER,
     ).start()
     node = Node.objects.create(
         cluster=cluster,
@@ -183,7 +184,7 @@ def _packaged_node(root: Path, cluster: Cluster, name: str, packages: list[list[
         root, name, root / "artifacts", facts=facts, reboot_command="simulate", probes="packages",
         package_manager="recording", package_db=str(db),
         patch_methods=json.dumps({"package": {"commands": {"packages": install}}}),
-        health_options=json.dumps({"gpus": {"libnvidia_ml": ""}}),
+        health_options=json.dumps({"gpus": {"libnvidia_ml": ""}}), **agents.NO_SCHEDULER,
     ).start()
     node = Node.objects.create(cluster=cluster, name=name, gpu_model=facts["gpu_model"], gpu_count=8,
                                agent_endpoint=f"http://127.0.0.1:{agent.port}", labels={"sweep": "yes"})

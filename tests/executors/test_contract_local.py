@@ -24,7 +24,7 @@ class TestLocalExecutor(ExecutorContract):
         store = tmp_path / "artifacts"
         health_options, fail = agents.site_check(tmp_path)
         simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}',
-                    "health_options": health_options}
+                    "health_options": health_options, **agents.NO_SCHEDULER}
         started = {name: agents.AgentProcess(tmp_path, name, store, **simulate).start() for name in ("a", "b")}
         log = tmp_path / "counter.log"
         proc = agents.start_workload(started["a"], "wl-1", log, megabytes=1, engine="signal")

@@ -136,7 +136,8 @@ class Fleet:
     def __init__(self, root: Path, artifacts: Path, megabytes: int) -> None:
         helpers = _agents()
         self.helpers = helpers
-        simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}'}
+        simulate = {"reboot_command": "simulate", "patch_methods": '{"package": {"simulate": true}}',
+                    **helpers.NO_SCHEDULER}
         self.agents = {name: helpers.AgentProcess(root, name, artifacts, **simulate).start() for name in NODES}
         self.counters = {name: root / f"counter-{name}.log" for name in SWEPT}
         self.procs = [helpers.start_workload(self.agents[name], f"wl-{name}", self.counters[name],

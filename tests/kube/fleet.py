@@ -93,8 +93,10 @@ class KubeFleet:
             kubelet.stop()
         for agent in self.agents.values():
             if agent.proc and agent.proc.poll() is None:
-                for workload in self.workloads(agent.node):
-                    if workload.get("pid") and workload.get("state") in ("running", "restored"):
-                        self.helpers.kill_pid(int(workload["pid"]))
+                # Not the pods its agent finds by cgroup: another test's on this host (a DaemonSet pod
+                # SIGKILLed mid-campaign); this fleet's containers end with kubelet.stop().
+                running = [w for w in self.workloads(agent.node) if w.get("state") in ("running", "restored")]
+                for pid in self.helpers.own_pids(running):
+                    self.helpers.kill_pid(pid)
             agent.stop()
         self.api.__exit__()
