@@ -317,6 +317,29 @@ def test_it_hashes_page_images_while_they_are_written(tmp_path: Path) -> None:
     assert store.verify("ck-grow")["total_bytes"] == 20 * 1_000_003 + len(b"new content") + 4
 
 
+def test_a_folder_vanishing_while_it_is_listed_does_not_end_the_hashing(tmp_path: Path) -> None:
+    """A failed pre-dump's round folders are removed while the hasher lists the image folder (the
+    plain dump follows); the listing's FileNotFoundError once ended the hasher's thread, and every page
+    image written after it went unhashed until the manifest. Here the folder's listing fails the way
+    a removal under os.scandir makes it fail (a stand-in for the race, which is rare)."""
+    fails = [1, 1]
+
+    class VanishingFolder(type(tmp_path)):  # type: ignore[misc]
+        def glob(self, pattern: str, *args: Any, **kwargs: Any) -> Any:
+            if fails:
+                fails.pop()
+                raise FileNotFoundError(2, "No such file or directory", str(self / "pre-1"))
+            return super().glob(pattern, *args, **kwargs)
+
+    folder = VanishingFolder(tmp_path / "ck-vanish")
+    folder.mkdir()
+    with GrowingFileHasher(folder) as hasher:
+        time.sleep(0.1)  # both failed listings happen here
+        (folder / "pages-1.img").write_bytes(b"after the removal")
+    assert not fails
+    assert hasher.digests()["pages-1.img"][2] == hashlib.sha256(b"after the removal").hexdigest()
+
+
 TCP_CHILD = """
 import socket, sys, time
 server = socket.socket()

@@ -155,7 +155,13 @@ class GrowingFileHasher:
         if not self.folder.is_dir():
             return False
         # "**" takes in the pre-dump rounds' folders (engines/criu.py), never following their `parent` links.
-        for path in self.folder.glob(self.pattern):
+        try:
+            paths = list(self.folder.glob(self.pattern))
+        except OSError:
+            # A folder removed while it was listed (a failed pre-dump's rounds go before the plain dump):
+            # list again on the next pass; an exception here would end the thread, and the hashing with it.
+            return True
+        for path in paths:
             rel = path.relative_to(self.folder).as_posix()
             try:
                 with path.open("rb") as fh:
