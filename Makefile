@@ -8,7 +8,8 @@ PORT ?= 8000
 STAMP := $(VENV)/.installed
 # pytest-xdist workers (0: one process) for the tests that share no outside resource; those that
 # do (conftest.py's GROUPS: Slurm, CRIU, the browser) run after them, its LANES side by side
-# (scripts/pytest-phases.sh).
+# (scripts/pytest-phases.sh). `auto` is one and a half per core: those tests wait on subprocesses,
+# servers and sockets more than they compute (2 cores: 3 workers took the phase from 353 s to 200 s).
 PYTEST_WORKERS ?= auto
 POSTGRES_URL ?= postgres://root@127.0.0.1:5432/test
 REDIS_URL ?= redis://127.0.0.1:6379/0
