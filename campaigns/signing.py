@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from campaigns import verify
+from gpusweep.env import write_once
 
 
 def _from_text(text: str, where: str) -> Ed25519PrivateKey:
@@ -40,14 +41,9 @@ def _generate(path: Path) -> Ed25519PrivateKey:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    try:
-        # O_EXCL: web and worker starting together must agree on one key.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _from_text(path.read_text(), str(path))
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(pem)
-    return key
+    # Web and workers starting together agree on one key, and none reads it half-written.
+    written = write_once(path, pem)
+    return key if written == pem else _from_text(written.decode(), str(path))
 
 
 @functools.lru_cache(maxsize=1)

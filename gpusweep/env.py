@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -96,7 +97,7 @@ def env_url(name: str, default: str, *, schemes: set[str]) -> str:
 def persistent_secret(var_dir: Path, env_name: str, *, generate: bool, min_length: int = 32) -> str:
     """A secret from the environment; when absent and `generate` is true, made once and kept under var/.
 
-    Two processes starting at once (web and worker) must agree on one value, hence O_EXCL.
+    Two processes starting at once (web and worker) must agree on one value (write_once).
     Returns "" when absent and not generated; callers decide whether that is an error.
     """
     OWN_NAMES.add(env_name)
@@ -110,15 +111,30 @@ def persistent_secret(var_dir: Path, env_name: str, *, generate: bool, min_lengt
     key_file = var_dir / env_name.lower()
     if key_file.exists():
         return key_file.read_text().strip()
-    var_dir.mkdir(parents=True, exist_ok=True)
+    return write_once(key_file, secrets.token_urlsafe(50).encode()).decode().strip()
+
+
+def write_once(path: Path, data: bytes) -> bytes:
+    """Put `data` at `path` (mode 0600) unless a file is there already; returns what `path` holds.
+
+    Processes starting together (web and workers) must agree on one value and none may read it
+    half-written: the data goes whole into a file of its own, then link() places it only where
+    nothing is (atomic); whoever loses the race reads the winner's complete file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return key_file.read_text().strip()
-    generated = secrets.token_urlsafe(50)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(generated)
-    return generated
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return path.read_bytes()
+    finally:
+        os.unlink(tmp)
+    return data
 
 
 def secret_key(var_dir: Path, *, debug: bool) -> str:

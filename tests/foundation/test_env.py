@@ -48,3 +48,35 @@ def test_it_requires_a_secret_key_when_debug_is_off(monkeypatch, tmp_path: Path)
     monkeypatch.setenv("SECRET_KEY", "short")
     with pytest.raises(ImproperlyConfigured, match="at least 32"):
         env.secret_key(tmp_path, debug=False)
+
+
+RACE = """
+import sys, time
+from pathlib import Path
+from gpusweep import env
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+print(env.write_once(Path(sys.argv[1]), env.secrets.token_urlsafe(4000).encode()).decode())
+"""
+
+
+def test_processes_starting_together_all_read_one_whole_value(tmp_path: Path):
+    """Web and workers started at once each generate a key (SECRET_KEY, the evidence signing key):
+    they must all end with the same, complete value; a reader once got an empty or half-written file
+    (the evidence key then failed with "An Ed25519 private key is 32 bytes long")."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "var" / "key"
+    for _round in range(3):
+        path.unlink(missing_ok=True)
+        start = time.time() + 1.5  # every process is started and spinning by then
+        procs = [subprocess.Popen([sys.executable, "-c", RACE, str(path), str(start)], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+        values = {proc.communicate(timeout=30)[0].strip() for proc in procs}
+        assert all(proc.returncode == 0 for proc in procs)
+        assert values == {path.read_text()} and len(path.read_text()) > 5000
+        assert path.stat().st_mode & 0o077 == 0
+        assert [p.name for p in path.parent.iterdir()] == ["key"]  # no temporary file left
