@@ -42,10 +42,10 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # node of every cluster: an agent lists only the Slurm steps whose cgroup names its node
 # (multiple-slurmd), and the demo's agents, named as the Slurm fleets' nodes, list no Slurm step or
 # pod at all. The files are spread by their measured durations so that the lanes take about as
-# long. Fresh-clone CI of d367f28 (SQLite / PostgreSQL pass): slurm 275/312 s, slurm-executor
-# 297/74, demo 272/164, agents-browser 328/307 (the lazy-move and container-restore agent tests,
-# the untyped Slurm campaign); test_contract_slurm and test_slurm_accounting touch no database, so
-# they weigh on the SQLite pass only. `alone`, last: real Celery workers killed mid-campaign and the
+# long. Fresh-clone CI of f3f288d (SQLite / PostgreSQL pass): slurm 248/258 s, slurm-executor
+# 276/59, demo 219/150, agents-browser 318/235; then the boot test (26/15 s) and the walk in the
+# browser (12/13 s) moved from agents-browser to demo. test_contract_slurm and test_slurm_accounting
+# touch no database, so they weigh on the SQLite pass only. `alone`, last: real Celery workers killed mid-campaign and the
 # heartbeat flush, whose timing bounds failed with anything beside them on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py",
@@ -53,13 +53,13 @@ GROUPS = {
     "slurm-executor": ("tests/executors/test_contract_slurm.py", "tests/costs/test_slurm_accounting.py",
                        "tests/ui/test_narrow_browser.py"),
     "demo": ("tests/campaigns/test_demo_ui.py", "tests/costs/test_slurm_campaign_vs_simulator.py",
-             "tests/executors/test_kubelet_checkpoint_image.py"),
+             "tests/executors/test_kubelet_checkpoint_image.py", "tests/foundation/test_boot.py",
+             "tests/ui/test_walk_browser.py"),
     "agents-browser": ("agent/tests/test_agent_checkpoint.py", "agent/tests/test_agent_cuda.py",
                        "agent/tests/test_agent_lazy.py", "agent/tests/test_agent_container_restore.py",
                        "tests/campaigns/test_kubernetes_campaign.py", "tests/campaigns/test_kubernetes_rbac.py",
-                       "tests/foundation/test_boot.py",
                        "tests/costs/test_charts_browser.py", "tests/foundation/test_ui.py",
-                       "tests/ui/test_walk_browser.py", "tests/oidc/test_sso_browser.py",
+                       "tests/oidc/test_sso_browser.py",
                        "tests/ui/test_wizard_browser.py", "tests/campaigns/test_slurm_untyped_campaign.py"),
     "alone": ("tests/campaigns/test_e2e.py", "tests/faults/test_faults.py", "tests/inventory/test_heartbeat_digest.py"),
 }
