@@ -45,8 +45,9 @@ SERVICES = {"postgres": ("DATABASE_URL", ("postgres", "pgsql")), "redis": ("CELE
 # long. Fresh-clone CI of f3f288d (SQLite / PostgreSQL pass): slurm 248/258 s, slurm-executor
 # 276/59, demo 219/150, agents-browser 318/235; then the boot test (26/15 s) and the walk in the
 # browser (12/13 s) moved from agents-browser to demo. test_contract_slurm and test_slurm_accounting
-# touch no database, so they weigh on the SQLite pass only. `alone`, last: real Celery workers killed mid-campaign and the
-# heartbeat flush, whose timing bounds failed with anything beside them on the 2-core machine.
+# touch no database, so they weigh on the SQLite pass only. `alone`, last: real Celery workers
+# killed mid-campaign and the heartbeat flush, whose timing bounds failed with anything beside them
+# on the 2-core machine.
 GROUPS = {
     "slurm": ("tests/campaigns/test_slurm_campaign.py", "tests/inventory/test_slurm_sync.py",
               "tests/campaigns/test_kubernetes_volumes.py"),
