@@ -33,13 +33,18 @@ from conftest import need
 pytestmark = pytest.mark.criu
 
 
-@pytest.fixture
-def agents(tmp_path: Path) -> Iterator[tuple[AgentProcess, AgentProcess]]:
+def lazy_agents(tmp_path: Path, **settings: str) -> tuple[AgentProcess, AgentProcess]:
+    """Two agents with their own stores (settings: agent settings, e.g. lazy_release_timeout_s)."""
     need(criu_usable(), CRIU_HINT)
     missing = lazy_pages_missing("criu")
     need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
-    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a").start()
-    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b").start()
+    return (AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a", **settings).start(),
+            AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b", **settings).start())
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[tuple[AgentProcess, AgentProcess]]:
+    a, b = lazy_agents(tmp_path)
     yield a, b
     a.stop()
     b.stop()
@@ -135,12 +140,8 @@ def test_a_source_agent_killed_mid_stream_takes_the_release_up_again(tmp_path) -
     """The source's agent dies while CRIU serves the pages (CRIU runs on in its own session) and the
     receiver's reports find nobody; restarted, it reads how the page server ended and waits for the
     receiver's word again, which releases its stopped copy: the workload runs on once, on the receiver."""
-    need(criu_usable(), CRIU_HINT)
-    missing = lazy_pages_missing("criu")
-    need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
     # A lease long enough for the restart on a loaded machine: the receiver waits 20 s for word.
-    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a", lazy_release_timeout_s="40").start()
-    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b", lazy_release_timeout_s="40").start()
+    a, b = lazy_agents(tmp_path, lazy_release_timeout_s="40")
     log = tmp_path / "counter.log"
     proc, pid = start_in_pid_namespace(log, megabytes=64)
     new_pid = 0
@@ -193,11 +194,7 @@ def test_a_receiving_agent_killed_mid_stream_never_lets_the_workload_run_twice(t
     nobody tells the source. Its fence process kills the restored copy once the lease has gone without
     word from the source (half of lazy_release_timeout_s); only then, at the whole timeout, does the
     source resume its stopped copy. At no moment do both run."""
-    need(criu_usable(), CRIU_HINT)
-    missing = lazy_pages_missing("criu")
-    need(not missing, f"lazy pages: {missing} (scripts/build-criu.sh sets it)")
-    a = AgentProcess(tmp_path, "lazy-a", tmp_path / "store-a", lazy_release_timeout_s="10").start()
-    b = AgentProcess(tmp_path, "lazy-b", tmp_path / "store-b", lazy_release_timeout_s="10").start()
+    a, b = lazy_agents(tmp_path, lazy_release_timeout_s="10")
     log = tmp_path / "counter.log"
     proc, pid = start_in_pid_namespace(log, megabytes=64)
     new_pid = 0
