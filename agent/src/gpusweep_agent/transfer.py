@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import SplitResult, quote, urlsplit
 
 from .artifacts import CONTROL_FILES, MANIFEST, ArtifactError, LocalArtifactStore
 from .util import read_json, write_json_atomic
@@ -86,6 +86,14 @@ def served_file(store: LocalArtifactStore, checkpoint_id: str, name: str) -> Pat
     return folder / name
 
 
+def connect(parts: SplitResult, timeout: float) -> http.client.HTTPConnection:
+    """An HTTP(S) connection to another agent's endpoint (https: the system's trust store)."""
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeout,
+                                           context=ssl.create_default_context())
+    return http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
+
+
 class _Source:
     """Keep-alive HTTP connections to the holder, one per worker thread (files in parallel)."""
 
@@ -100,11 +108,7 @@ class _Source:
     def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            if self.parts.scheme == "https":
-                conn = http.client.HTTPSConnection(self.parts.hostname or "", self.parts.port, timeout=self.timeout,
-                                                   context=ssl.create_default_context())
-            else:
-                conn = http.client.HTTPConnection(self.parts.hostname or "", self.parts.port, timeout=self.timeout)
+            conn = connect(self.parts, self.timeout)
             self._local.conn = conn
         return conn
 
@@ -308,11 +312,7 @@ def lazy_report(source: str, checkpoint_id: str, token: str, report: dict[str, A
     parts = urlsplit(source)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return None
-    if parts.scheme == "https":
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=timeout, context=ssl.create_default_context())
-    else:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    conn = connect(parts, timeout)
     try:
         conn.request("POST", f"{parts.path.rstrip('/')}/v1/lazy/{quote(checkpoint_id)}/report",
                      body=json.dumps(report).encode(), headers={TOKEN_HEADER: token,
